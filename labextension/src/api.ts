@@ -1,0 +1,119 @@
+/**
+ * REST client for the nbtrain server extension (`/nbtrain/api/...`).
+ *
+ * Every request goes through ServerConnection, so it carries the Jupyter
+ * token/XSRF cookie like the rest of JupyterLab; the server rejects anything
+ * else with 403.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+/** A run's lifecycle state, as written by the notebook side's registry. */
+export type RunState =
+  | 'pending'
+  | 'starting'
+  | 'running'
+  | 'restarting'
+  | 'succeeded'
+  | 'failed'
+  | 'stopped';
+
+export const TERMINAL_STATES: ReadonlySet<string> = new Set([
+  'succeeded',
+  'failed',
+  'stopped'
+]);
+
+/** What the server knows about a stop it was asked for. */
+export interface IStopRequest {
+  status: 'stopping' | 'failed';
+  requested: number;
+  message: string | null;
+}
+
+export interface IRun {
+  name: string;
+  state: RunState;
+  address: string | null;
+  created: number | null;
+  updated: number | null;
+  ended: number | null;
+  notebook: string | null;
+  workers: number | null;
+  attempt: number | null;
+  progress: {
+    step: number | null;
+    total_steps: number | null;
+    fraction: number | null;
+  } | null;
+  latest: Record<string, unknown> | null;
+  error: string | null;
+  /** Added by the server: no registry update for a while on a live run. */
+  stale?: boolean;
+  /** Added by the server when a stop was requested through it. */
+  stop?: IStopRequest | null;
+}
+
+export interface IRunList {
+  runs: IRun[];
+  /** The server's clock, so elapsed times do not depend on the browser's. */
+  now: number;
+}
+
+export interface ICluster {
+  address: string;
+  kind: 'local' | 'remote' | string;
+  nodes: number | null;
+  resources: Record<string, [number, number]>;
+  updated: number | null;
+}
+
+/** Error raised for a non-2xx answer, carrying the server's message. */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string
+  ) {
+    super(message);
+  }
+}
+
+async function request<T>(path: string, init: RequestInit = {}): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'nbtrain', 'api', path);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new ServerConnection.NetworkError(error as TypeError);
+  }
+  const text = await response.text();
+  let body: any = null;
+  if (text) {
+    try {
+      body = JSON.parse(text);
+    } catch {
+      body = { message: text };
+    }
+  }
+  if (!response.ok) {
+    const message = body?.message || body?.reason || response.statusText;
+    throw new ApiError(response.status, message);
+  }
+  return body as T;
+}
+
+export function listRuns(): Promise<IRunList> {
+  return request<IRunList>('runs');
+}
+
+export async function getCluster(): Promise<ICluster | null> {
+  const body = await request<{ cluster: ICluster | null }>('cluster');
+  return body.cluster;
+}
+
+export function stopRun(name: string): Promise<IRun> {
+  return request<IRun>(`runs/${encodeURIComponent(name)}/stop`, {
+    method: 'POST'
+  });
+}

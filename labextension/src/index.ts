@@ -1,0 +1,60 @@
+/**
+ * Plugin wiring: one RunsModel shared by the sidebar, the status bar item
+ * and the commands.
+ */
+import {
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { ICommandPalette } from '@jupyterlab/apputils';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { IStatusBar } from '@jupyterlab/statusbar';
+
+import { CommandIDs, SIDEBAR_ID, addCommands } from './commands';
+import { RunsModel } from './model';
+import { RaySidebar } from './sidebar';
+import { RayStatus } from './status';
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'nbtrain:plugin',
+  description: 'Ray Training sidebar, status bar item and commands for nbtrain.',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [ICommandPalette, IStatusBar],
+  activate: (
+    app: JupyterFrontEnd,
+    notebooks: INotebookTracker,
+    palette: ICommandPalette | null,
+    statusBar: IStatusBar | null
+  ) => {
+    const model = new RunsModel();
+    addCommands({ app, model, notebooks, palette });
+
+    const sidebar = new RaySidebar({
+      model,
+      onStop: run =>
+        void app.commands
+          .execute(CommandIDs.stopRun, { name: run.name })
+          .catch(console.error),
+      onOpen: run =>
+        void app.commands
+          .execute(CommandIDs.openRun, { name: run.name })
+          .catch(console.error)
+    });
+    sidebar.id = SIDEBAR_ID;
+    app.shell.add(sidebar, 'left', { rank: 700 });
+
+    if (statusBar) {
+      const item = new RayStatus(model, () =>
+        app.shell.activateById(SIDEBAR_ID)
+      );
+      statusBar.registerStatusItem('nbtrain:status', {
+        item,
+        align: 'left',
+        rank: 100
+      });
+    }
+  }
+};
+
+export default plugin;

@@ -1,0 +1,123 @@
+/**
+ * One poller shared by the sidebar and the status bar item.
+ *
+ * It polls fast (FAST_MS) while the sidebar is visible and slowly otherwise,
+ * stands by while the browser tab is hidden, and backs off when the server
+ * does not answer, so an idle JupyterLab costs the server almost nothing.
+ */
+import { Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import {
+  ICluster,
+  IRun,
+  TERMINAL_STATES,
+  getCluster,
+  listRuns,
+  stopRun
+} from './api';
+
+const FAST_MS = 1500;
+const SLOW_MS = 10000;
+
+export class RunsModel {
+  constructor() {
+    this._poll = new Poll({
+      factory: () => this._fetch(),
+      frequency: { interval: SLOW_MS, backoff: true, max: 60000 },
+      standby: 'when-hidden',
+      name: 'nbtrain:runs'
+    });
+  }
+
+  /** Emitted after every poll, successful or not. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get runs(): readonly IRun[] {
+    return this._runs;
+  }
+
+  get cluster(): ICluster | null {
+    return this._cluster;
+  }
+
+  /** The last error message from the server, or null when the last poll worked. */
+  get error(): string | null {
+    return this._error;
+  }
+
+  /** Whether at least one poll has completed (an empty list means "no runs"). */
+  get loaded(): boolean {
+    return this._loaded;
+  }
+
+  get runningCount(): number {
+    return this._runs.filter(run => !TERMINAL_STATES.has(run.state)).length;
+  }
+
+  /** Seconds since the run was created, on the server's clock. */
+  elapsed(run: IRun): number | null {
+    if (run.created === null || run.created === undefined) {
+      return null;
+    }
+    const end = TERMINAL_STATES.has(run.state)
+      ? (run.ended ?? run.updated ?? this._serverNow)
+      : this._serverNow + (Date.now() - this._fetchedAt) / 1000;
+    return Math.max(0, end - run.created);
+  }
+
+  /** Poll fast while someone is looking at the runs. */
+  setActive(active: boolean): void {
+    const interval = active ? FAST_MS : SLOW_MS;
+    if (this._poll.frequency.interval !== interval) {
+      this._poll.frequency = { ...this._poll.frequency, interval };
+      if (active) {
+        void this.refresh();
+      }
+    }
+  }
+
+  refresh(): Promise<void> {
+    return this._poll.refresh();
+  }
+
+  async stop(name: string): Promise<void> {
+    try {
+      await stopRun(name);
+    } finally {
+      await this.refresh();
+    }
+  }
+
+  dispose(): void {
+    this._poll.dispose();
+  }
+
+  private async _fetch(): Promise<void> {
+    try {
+      const [list, cluster] = await Promise.all([listRuns(), getCluster()]);
+      this._runs = list.runs;
+      this._serverNow = list.now;
+      this._fetchedAt = Date.now();
+      this._cluster = cluster;
+      this._error = null;
+    } catch (error) {
+      this._error = (error as Error).message || String(error);
+      throw error;
+    } finally {
+      this._loaded = true;
+      this._changed.emit();
+    }
+  }
+
+  private _poll: Poll;
+  private _changed = new Signal<this, void>(this);
+  private _runs: IRun[] = [];
+  private _cluster: ICluster | null = null;
+  private _error: string | null = null;
+  private _loaded = false;
+  private _serverNow = Date.now() / 1000;
+  private _fetchedAt = Date.now();
+}

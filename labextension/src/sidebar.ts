@@ -1,0 +1,352 @@
+/**
+ * The "Ray Training" sidebar: the connected cluster and one row per run.
+ *
+ * Rows are keyed by run name and updated in place on every poll (never
+ * rebuilt), so a button does not vanish under the pointer between polls.
+ */
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { ICluster, IRun, TERMINAL_STATES } from './api';
+import { RunsModel } from './model';
+
+import raySvg from '../style/ray.svg';
+
+export const rayIcon = new LabIcon({ name: 'nbtrain:ray', svgstr: raySvg });
+
+/** Metrics shown first when a run reports them; the rest follow in order. */
+const PREFERRED_METRICS = ['loss', 'accuracy', 'val_loss', 'val_accuracy'];
+const MAX_METRICS = 4;
+
+export interface ISidebarOptions {
+  model: RunsModel;
+  onStop: (run: IRun) => void;
+  onOpen: (run: IRun) => void;
+}
+
+export class RaySidebar extends Widget {
+  constructor(options: ISidebarOptions) {
+    super();
+    this._model = options.model;
+    this._options = options;
+    this.id = 'nbtrain-sidebar';
+    this.title.icon = rayIcon;
+    this.title.caption = 'Ray Training';
+    this.addClass('jp-nbtrain-Sidebar');
+
+    const header = el('header', 'jp-nbtrain-header');
+    header.appendChild(el('h2', 'jp-nbtrain-title', 'Ray Training'));
+    this.node.appendChild(header);
+
+    this._clusterNode = el('section', 'jp-nbtrain-cluster');
+    this.node.appendChild(this._clusterNode);
+
+    const runsSection = el('section', 'jp-nbtrain-runs');
+    this._runsHeading = el('h3', 'jp-nbtrain-section-title', 'Runs');
+    this._list = el('ul', 'jp-nbtrain-run-list');
+    this._empty = el(
+      'p',
+      'jp-nbtrain-empty',
+      'No runs yet. Start one with %%ray_train in a notebook ' +
+        '(command palette: "nbtrain: Insert training cell").'
+    );
+    runsSection.append(this._runsHeading, this._list, this._empty);
+    this.node.appendChild(runsSection);
+
+    this._errorNode = el('p', 'jp-nbtrain-error');
+    this.node.appendChild(this._errorNode);
+
+    this._model.changed.connect(this._render, this);
+    this._render();
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._model.changed.disconnect(this._render, this);
+    window.clearInterval(this._ticker);
+    super.dispose();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this._model.setActive(true);
+    // Elapsed times tick between polls.
+    this._ticker = window.setInterval(() => this._renderElapsed(), 1000);
+  }
+
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    this._model.setActive(false);
+    window.clearInterval(this._ticker);
+  }
+
+  private _render(): void {
+    this._renderCluster(this._model.cluster);
+
+    const runs = this._model.runs;
+    const seen = new Set<string>();
+    runs.forEach((run, index) => {
+      seen.add(run.name);
+      let row = this._rows.get(run.name);
+      if (!row) {
+        row = new RunRow(this._options);
+        this._rows.set(run.name, row);
+      }
+      row.update(run, this._model.elapsed(run));
+      if (this._list.children[index] !== row.node) {
+        this._list.insertBefore(row.node, this._list.children[index] ?? null);
+      }
+    });
+    for (const [name, row] of this._rows) {
+      if (!seen.has(name)) {
+        row.node.remove();
+        this._rows.delete(name);
+      }
+    }
+
+    const running = this._model.runningCount;
+    this._runsHeading.textContent = runs.length
+      ? `Runs (${running} running, ${runs.length} total)`
+      : 'Runs';
+    this._empty.hidden = !this._model.loaded || runs.length > 0;
+    this._errorNode.textContent = this._model.error
+      ? `Cannot reach the nbtrain server extension: ${this._model.error}`
+      : '';
+    this._errorNode.hidden = !this._model.error;
+  }
+
+  private _renderElapsed(): void {
+    for (const run of this._model.runs) {
+      this._rows.get(run.name)?.setElapsed(this._model.elapsed(run));
+    }
+  }
+
+  private _renderCluster(cluster: ICluster | null): void {
+    const node = this._clusterNode;
+    node.textContent = '';
+    node.appendChild(el('h3', 'jp-nbtrain-section-title', 'Cluster'));
+    if (!cluster) {
+      node.appendChild(
+        el(
+          'p',
+          'jp-nbtrain-muted',
+          'Not connected. Use "nbtrain: Connect to cluster…" or %ray_connect.'
+        )
+      );
+      return;
+    }
+    const table = el('dl', 'jp-nbtrain-cluster-info');
+    const add = (label: string, value: string) => {
+      table.append(el('dt', '', label), el('dd', '', value));
+    };
+    add('Address', cluster.address + (cluster.kind ? ` (${cluster.kind})` : ''));
+    add('Nodes', cluster.nodes === null ? '–' : String(cluster.nodes));
+    for (const resource of ['CPU', 'GPU']) {
+      const pair = cluster.resources?.[resource];
+      if (pair) {
+        add(`${resource}s`, `${fmtCount(pair[0])} / ${fmtCount(pair[1])} used`);
+      }
+    }
+    node.appendChild(table);
+  }
+
+  private _model: RunsModel;
+  private _options: ISidebarOptions;
+  private _clusterNode: HTMLElement;
+  private _runsHeading: HTMLElement;
+  private _list: HTMLElement;
+  private _empty: HTMLElement;
+  private _errorNode: HTMLElement;
+  private _rows = new Map<string, RunRow>();
+  private _ticker = 0;
+}
+
+/** One run's row; its DOM nodes live as long as the run is listed. */
+class RunRow {
+  readonly node = el('li', 'jp-nbtrain-run');
+
+  constructor(options: ISidebarOptions) {
+    const top = el('div', 'jp-nbtrain-run-top');
+    top.append(this._name, this._badge, this._elapsed);
+
+    const bar = el('div', 'jp-nbtrain-progress');
+    bar.appendChild(this._fill);
+    const progress = el('div', 'jp-nbtrain-progress-row');
+    progress.append(bar, this._progressLabel);
+
+    this._stop.addEventListener('click', () => {
+      if (this._run) {
+        this._stop.disabled = true;
+        options.onStop(this._run);
+      }
+    });
+    this._open.addEventListener('click', () => {
+      if (this._run) {
+        options.onOpen(this._run);
+      }
+    });
+    const actions = el('div', 'jp-nbtrain-run-actions');
+    actions.append(this._stop, this._open);
+
+    this.node.append(top, progress, this._metrics, this._message, actions);
+  }
+
+  update(run: IRun, elapsed: number | null): void {
+    this._run = run;
+    const state = run.stale ? `${run.state}?` : run.state;
+    this.node.dataset.runName = run.name;
+    this.node.dataset.state = run.state;
+    this._name.textContent = run.name;
+    this._name.title = run.notebook
+      ? `${run.name} — from ${run.notebook}`
+      : run.name;
+    this._badge.textContent = state;
+    this._badge.className = `jp-nbtrain-badge jp-nbtrain-state-${run.state}`;
+    this._badge.title = run.stale
+      ? 'No update from this run for a while; its notebook may be closed. ' +
+        'The state shown is the last one recorded.'
+      : `Attempt ${(run.attempt ?? 0) + 1}, ${run.workers ?? '?'} workers`;
+    this.setElapsed(elapsed);
+
+    const fraction = progressFraction(run);
+    this._fill.style.width = `${Math.round((fraction ?? 0) * 1000) / 10}%`;
+    this._fill.className = `jp-nbtrain-progress-fill jp-nbtrain-state-${run.state}`;
+    this._fill.classList.toggle('jp-mod-indeterminate', fraction === null);
+    this._progressLabel.textContent = progressLabel(run, fraction);
+
+    this._metrics.textContent = metricsText(run.latest);
+    this._metrics.hidden = !this._metrics.textContent;
+
+    const message = run.error
+      ? run.error
+      : run.stop?.status === 'failed'
+        ? `Stop failed: ${run.stop.message ?? 'unknown error'}`
+        : run.stop?.status === 'stopping'
+          ? 'Stopping…'
+          : '';
+    this._message.textContent = message;
+    this._message.hidden = !message;
+    this._message.classList.toggle(
+      'jp-mod-error',
+      Boolean(run.error) || run.stop?.status === 'failed'
+    );
+
+    const terminal = TERMINAL_STATES.has(run.state);
+    this._stop.disabled = terminal || run.stop?.status === 'stopping';
+    this._stop.hidden = terminal;
+    this._open.title = run.notebook
+      ? `Open ${run.notebook}`
+      : `Insert "%ray_attach ${run.name}" into the active notebook`;
+  }
+
+  setElapsed(seconds: number | null): void {
+    this._elapsed.textContent = seconds === null ? '' : fmtDuration(seconds);
+  }
+
+  private _run: IRun | null = null;
+  private _name = el('span', 'jp-nbtrain-run-name');
+  private _badge = el('span', 'jp-nbtrain-badge');
+  private _elapsed = el('span', 'jp-nbtrain-elapsed');
+  private _fill = el('div', 'jp-nbtrain-progress-fill');
+  private _progressLabel = el('span', 'jp-nbtrain-progress-label');
+  private _metrics = el('div', 'jp-nbtrain-metrics');
+  private _message = el('div', 'jp-nbtrain-message');
+  private _stop = button('Stop', 'jp-nbtrain-stop jp-mod-warn');
+  private _open = button('Open dashboard', 'jp-nbtrain-open');
+}
+
+function progressFraction(run: IRun): number | null {
+  const p = run.progress;
+  if (run.state === 'succeeded') {
+    return 1;
+  }
+  if (!p) {
+    return null;
+  }
+  if (typeof p.fraction === 'number') {
+    return Math.min(1, Math.max(0, p.fraction));
+  }
+  if (typeof p.step === 'number' && p.total_steps) {
+    return Math.min(1, Math.max(0, p.step / p.total_steps));
+  }
+  return null;
+}
+
+function progressLabel(run: IRun, fraction: number | null): string {
+  const p = run.progress;
+  const step = p && typeof p.step === 'number' ? p.step : null;
+  if (step !== null && p?.total_steps) {
+    return `step ${step}/${p.total_steps}`;
+  }
+  if (step !== null) {
+    return `step ${step}`;
+  }
+  return fraction === null ? '' : `${Math.round(fraction * 100)}%`;
+}
+
+function metricsText(latest: Record<string, unknown> | null): string {
+  if (!latest) {
+    return '';
+  }
+  const keys = Object.keys(latest).filter(
+    key => typeof latest[key] === 'number'
+  );
+  keys.sort((a, b) => rank(a) - rank(b));
+  return keys
+    .slice(0, MAX_METRICS)
+    .map(key => `${key} ${fmtMetric(latest[key] as number)}`)
+    .join(' · ');
+}
+
+function rank(key: string): number {
+  const index = PREFERRED_METRICS.indexOf(key);
+  return index === -1 ? PREFERRED_METRICS.length : index;
+}
+
+function fmtMetric(value: number): string {
+  if (Number.isInteger(value)) {
+    return String(value);
+  }
+  const abs = Math.abs(value);
+  return abs !== 0 && (abs < 1e-3 || abs >= 1e5)
+    ? value.toExponential(2)
+    : String(Number(value.toPrecision(4)));
+}
+
+function fmtCount(value: number): string {
+  return Number.isInteger(value) ? String(value) : value.toFixed(1);
+}
+
+export function fmtDuration(seconds: number): string {
+  const s = Math.floor(seconds);
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const rest = s % 60;
+  const pad = (n: number) => String(n).padStart(2, '0');
+  if (h > 0) {
+    return `${h}h ${pad(m)}m`;
+  }
+  return m > 0 ? `${m}m ${pad(rest)}s` : `${rest}s`;
+}
+
+function el(tag: string, className: string, text?: string): HTMLElement {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+function button(label: string, className: string): HTMLButtonElement {
+  const node = document.createElement('button');
+  node.type = 'button';
+  node.className = `jp-Button jp-mod-styled jp-mod-small ${className}`;
+  node.textContent = label;
+  return node;
+}

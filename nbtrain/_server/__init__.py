@@ -1,0 +1,29 @@
+"""Jupyter server extension behind the JupyterLab "Ray Training" sidebar.
+
+Enabled by ``etc/jupyter/jupyter_server_config.d/nbtrain.json`` (shipped in
+the wheel). It serves the on-disk run registry over an authenticated REST API
+(see :mod:`nbtrain._server.handlers`) and shells out to ``python -m nbtrain``
+to stop runs and refresh the registry, so the server itself never imports
+Ray or torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["_jupyter_server_extension_points", "_load_jupyter_server_extension"]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "nbtrain._server"}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    from ._commands import CommandRunner, NbtrainServer
+    from ._registry_reader import registry_home
+    from .handlers import setup_handlers
+
+    settings = NbtrainServer(config=serverapp.config, parent=serverapp)
+    commands = CommandRunner(settings, registry_home(), serverapp.root_dir, serverapp.log)
+    setup_handlers(serverapp.web_app, commands, settings)
+    serverapp.log.info("nbtrain: serving the run registry in %s at /nbtrain/api/", commands.home)

@@ -1,0 +1,191 @@
+"""Run the ``nbtrain`` command-line tool from the Jupyter server.
+
+The server never imports Ray: stopping a run and refreshing the registry go
+through ``python -m nbtrain stop NAME`` and ``python -m nbtrain runs --json``
+in child processes (asyncio subprocesses, so the IOLoop never waits on them).
+
+* A stop is fire-and-forget for the browser: the POST answers 202 at once and
+  the outcome shows in the run list (``stop.status`` is ``stopping`` until
+  the registry says the run ended, ``failed`` with the tool's message if the
+  tool failed).
+* The registry refresh runs only while a browser is polling and some run is
+  still live, one at a time, and backs off (up to ``refresh_max_backoff``)
+  while the tool fails or does not exist yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from traitlets import Float, Int, List, Unicode
+from traitlets.config import Configurable
+
+from ._registry_reader import is_terminal, read_runs
+
+_OUTPUT_CHARS = 2000
+
+
+class NbtrainServer(Configurable):
+    """Settings of the nbtrain server extension (``c.NbtrainServer.*``)."""
+
+    stop_command = List(
+        Unicode(),
+        default_value=[sys.executable, "-m", "nbtrain", "stop"],
+        help="Command that stops a run; the run name is appended.",
+    ).tag(config=True)
+
+    refresh_command = List(
+        Unicode(),
+        default_value=[sys.executable, "-m", "nbtrain", "runs", "--json"],
+        help="Command that refreshes the registry files from the cluster.",
+    ).tag(config=True)
+
+    refresh_interval = Float(
+        5.0, help="Seconds between registry refreshes while a browser watches; 0 disables them."
+    ).tag(config=True)
+
+    refresh_max_backoff = Float(
+        300.0, help="Longest wait between refresh attempts while the refresh command fails."
+    ).tag(config=True)
+
+    watch_window = Float(
+        30.0, help="A browser counts as watching for this many seconds after its last poll."
+    ).tag(config=True)
+
+    command_timeout = Float(
+        120.0, help="Seconds before a stop or refresh command is killed."
+    ).tag(config=True)
+
+    stale_after = Float(
+        60.0, help="A live run whose registry file is older than this is flagged stale."
+    ).tag(config=True)
+
+    max_stop_history = Int(100, help="How many stop outcomes to remember.").tag(config=True)
+
+
+class CommandRunner:
+    """Owns the child processes of one server: stops and registry refreshes."""
+
+    def __init__(self, settings: NbtrainServer, home: Path, cwd: str, log: logging.Logger) -> None:
+        self.settings = settings
+        self.home = home
+        self.cwd = cwd
+        self.log = log
+        self._stops: dict[str, dict[str, Any]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._last_watch = float("-inf")
+        self._refresh_wanted = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    # -- stops ---------------------------------------------------------------
+
+    def request_stop(self, name: str) -> dict[str, Any]:
+        """Start ``stop_command NAME`` unless a stop of that run is under way."""
+        current = self._stops.get(name)
+        if current is None or current["status"] != "stopping":
+            current = {"status": "stopping", "requested": time.time(), "message": None}
+            self._stops[name] = current
+            self._spawn(self._stop(name, current))
+        return dict(current)
+
+    async def _stop(self, name: str, record: dict[str, Any]) -> None:
+        ok, output = await self._run([*self.settings.stop_command, name])
+        if ok:
+            self.log.info("nbtrain: stopped run %r", name)
+            self._refresh_wanted.set()
+        else:
+            record["status"] = "failed"
+            record["message"] = output or "the stop command failed without a message"
+            self.log.warning("nbtrain: stopping run %r failed: %s", name, record["message"])
+        while len(self._stops) > self.settings.max_stop_history:
+            self._stops.pop(next(iter(self._stops)))
+
+    def annotate(self, run: dict[str, Any]) -> dict[str, Any]:
+        """Attach what this server knows about a stop it was asked for."""
+        record = self._stops.get(run["name"])
+        if record is not None and is_terminal(run) and record["status"] == "stopping":
+            # The registry caught up: the stop is done.
+            self._stops.pop(run["name"], None)
+            record = None
+        run["stop"] = dict(record) if record is not None else None
+        return run
+
+    # -- registry refresh ----------------------------------------------------
+
+    def watched(self) -> None:
+        """A browser asked for the runs: keep refreshing for a while."""
+        first = time.monotonic() - self._last_watch > self.settings.watch_window
+        self._last_watch = time.monotonic()
+        if self.settings.refresh_interval <= 0:
+            return
+        if self._loop_task is None:
+            # Started on the first poll, inside the running IOLoop.
+            self._loop_task = asyncio.ensure_future(self._refresh_loop())
+        if first:
+            self._refresh_wanted.set()
+
+    async def _refresh_loop(self) -> None:
+        delay = self.settings.refresh_interval
+        while True:
+            try:
+                await asyncio.wait_for(self._refresh_wanted.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+            self._refresh_wanted.clear()
+            try:
+                if not self._worth_refreshing():
+                    continue
+                ok, output = await self._run(list(self.settings.refresh_command))
+            except Exception:  # keep refreshing whatever one attempt ran into
+                self.log.exception("nbtrain: registry refresh crashed")
+                ok, output = False, ""
+            if ok:
+                delay = self.settings.refresh_interval
+            else:
+                # Not installed yet, or the cluster is unreachable: try less often.
+                delay = min(max(delay * 2, self.settings.refresh_interval), self.settings.refresh_max_backoff)
+                self.log.debug("nbtrain: registry refresh failed (next try in %.0f s): %s", delay, output)
+
+    def _worth_refreshing(self) -> bool:
+        if time.monotonic() - self._last_watch > self.settings.watch_window:
+            return False
+        return any(not is_terminal(run) for run in read_runs(self.home))
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, command: list[str]) -> tuple[bool, str]:
+        """Run ``command``; return (exit status was 0, tail of its output)."""
+        env = {**os.environ, "NBTRAIN_HOME": str(self.home)}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                cwd=self.cwd,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+        except OSError as error:
+            return False, f"could not run {command[0]!r}: {error}"
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout=self.settings.command_timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return False, f"{' '.join(command)} did not finish within {self.settings.command_timeout:.0f} s"
+        except asyncio.CancelledError:
+            proc.kill()  # the server is shutting down: leave no orphan behind
+            raise
+        text = out.decode(errors="replace").strip()[-_OUTPUT_CHARS:]
+        return proc.returncode == 0, text

@@ -1,0 +1,242 @@
+"""Start a real JupyterLab server for tests, and the Chromium flags that work here.
+
+    lab = start_jupyterlab(tmp_path, env={"NBTRAIN_HOME": str(home)})
+    page.goto(lab.lab_url("tree/demo.ipynb"))
+    ...
+    lab.stop()
+
+Every server gets throwaway config/runtime/data/workspace directories, a
+random token and a free port on 127.0.0.1; the nbtrain server extension is
+enabled and the lab extension is served from this checkout
+(``nbtrain/labextension``, built on demand with npm), so the tests see the
+code under test whether or not nbtrain is pip-installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+LABEXTENSION_SRC = REPO / "labextension"
+LABEXTENSION_BUILD = REPO / "nbtrain" / "labextension"
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
+
+# Keep toasts and network look-ups out of the page under test.
+_DISABLED_LAB_PLUGINS = {"@jupyterlab/apputils-extension:announcements": True}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _newest_mtime(paths: list[Path]) -> float:
+    newest = 0.0
+    for path in paths:
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        newest = max([newest, *(p.stat().st_mtime for p in files)])
+    return newest
+
+
+def labextension_is_stale() -> bool:
+    built = LABEXTENSION_BUILD / "package.json"
+    if not built.exists():
+        return True
+    sources = [LABEXTENSION_SRC / name for name in ("src", "style", "package.json")]
+    return _newest_mtime(sources) > built.stat().st_mtime
+
+
+def ensure_labextension_built() -> Path:
+    """Return the built lab extension, (re)building it with npm if needed.
+
+    Raises ``RuntimeError`` when it must be built and npm is not installed.
+    """
+    if not labextension_is_stale():
+        return LABEXTENSION_BUILD
+    npm = shutil.which("npm")
+    if npm is None:
+        msg = (
+            f"{LABEXTENSION_BUILD} is missing or older than labextension/src and npm is not "
+            "installed; install Node.js >= 20 or run `pip install -e .` on a machine that has it."
+        )
+        raise RuntimeError(msg)
+    for args in (["install", "--no-audit", "--no-fund"], ["run", "build:prod"]):
+        subprocess.run([npm, *args], cwd=LABEXTENSION_SRC, check=True, capture_output=True, timeout=600)
+    return LABEXTENSION_BUILD
+
+
+@dataclass
+class JupyterLab:
+    """A running ``jupyter lab``; stop it with :meth:`stop`."""
+
+    url: str
+    token: str
+    port: int
+    root_dir: Path
+    log_path: Path
+    env: dict[str, str]
+    _proc: subprocess.Popen[bytes] = field(repr=False)
+    _tmp: Path = field(repr=False)
+
+    def lab_url(self, path: str = "") -> str:
+        """``/lab/<path>`` with the token, ready for ``page.goto``."""
+        return f"{self.url}lab/{path}?token={self.token}"
+
+    def api_url(self, path: str) -> str:
+        return f"{self.url}{path.lstrip('/')}"
+
+    def request(self, method: str, path: str, *, token: bool = True, body: Any = None) -> tuple[int, Any]:
+        """One HTTP request to the server; returns (status, decoded JSON or text)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.api_url(path), method=method, data=data)
+        if token:
+            req.add_header("Authorization", f"token {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as error:
+            status, raw = error.code, error.read()
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, raw.decode(errors="replace")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)  # the server shuts its kernels down
+            try:
+                self._proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def start_jupyterlab(
+    root_dir: str | os.PathLike[str],
+    env: dict[str, str] | None = None,
+    *,
+    server_config: dict[str, Any] | None = None,
+    labextension: bool = True,
+    timeout: float = 90.0,
+) -> JupyterLab:
+    """Start ``jupyter lab`` on 127.0.0.1 and wait until it answers.
+
+    Args:
+        root_dir: the server's root (notebooks are opened relative to it).
+        env: extra environment variables (``NBTRAIN_HOME`` above all).
+        server_config: extra traitlets config merged into the server's
+            ``jupyter_server_config.json``, e.g. ``{"NbtrainServer": {...}}``.
+        labextension: serve this checkout's built lab extension (building it
+            first if it is stale).
+        timeout: seconds to wait for the server to answer.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="nbtrain-lab-"))
+    dirs = {name: tmp / name for name in ("config", "data", "runtime", "workspaces", "labextensions")}
+    for path in dirs.values():
+        path.mkdir()
+
+    config: dict[str, Any] = {
+        "ServerApp": {"jpserver_extensions": {"nbtrain._server": True}},
+        "NbtrainServer": {"refresh_interval": 0},
+    }
+    for section, values in (server_config or {}).items():
+        config.setdefault(section, {}).update(values)
+    (dirs["config"] / "jupyter_server_config.json").write_text(json.dumps(config))
+    (dirs["config"] / "labconfig").mkdir()
+    (dirs["config"] / "labconfig" / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": _DISABLED_LAB_PLUGINS})
+    )
+    if labextension:
+        (dirs["labextensions"] / "nbtrain").symlink_to(ensure_labextension_built())
+
+    token = secrets.token_hex(16)
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(dirs["config"]),
+        "JUPYTER_DATA_DIR": str(dirs["data"]),
+        "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        **(env or {}),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--port-retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root_dir}",
+        "--allow-root",
+        "--LabApp.news_url=None",
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.expose_app_in_browser=True",
+        f"--LabApp.workspaces_dir={dirs['workspaces']}",
+        f"--LabApp.extra_labextensions_path={dirs['labextensions']}",
+    ]
+    log_path = tmp / "jupyterlab.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, env=full_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    lab = JupyterLab(
+        url=f"http://127.0.0.1:{port}/",
+        token=token,
+        port=port,
+        root_dir=Path(root_dir),
+        log_path=log_path,
+        env=full_env,
+        _proc=proc,
+        _tmp=tmp,
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            text = lab.log()
+            shutil.rmtree(tmp, ignore_errors=True)
+            msg = f"jupyter lab exited with {proc.returncode} before answering:\n{text[-4000:]}"
+            raise RuntimeError(msg)
+        try:
+            status, _ = lab.request("GET", "api/status")
+            if status == 200:
+                return lab
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            text = lab.log()
+            lab.stop()
+            msg = f"jupyter lab did not answer within {timeout:.0f} s:\n{text[-4000:]}"
+            raise RuntimeError(msg)
+        time.sleep(0.25)
