@@ -1,0 +1,264 @@
+"""The nbtrain server extension's REST API, against a real JupyterLab server.
+
+The stop and refresh commands are swapped for small scripts (through the
+``NbtrainServer`` settings) that record how they were called and act on the
+registry the way ``python -m nbtrain`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _jupyterlab import JupyterLab, start_jupyterlab
+
+FAKE_NBTRAIN = textwrap.dedent(
+    """
+    import json, os, sys, time
+    home = os.environ["NBTRAIN_HOME"]
+    with open(os.path.join(home, "calls.jsonl"), "a") as f:
+        f.write(json.dumps({"time": time.time(), "argv": sys.argv[1:]}) + "\\n")
+    if sys.argv[1] == "stop":
+        name = sys.argv[2]
+        if name.startswith("unreachable"):
+            print("Cannot reach ray://127.0.0.1:1: connection refused. Is the cluster running?")
+            sys.exit(3)
+        path = os.path.join(home, "runs", name + ".json")
+        run = json.load(open(path))
+        run.update(state="stopped", ended=time.time(), updated=time.time())
+        json.dump(run, open(path + ".tmp", "w"))
+        os.replace(path + ".tmp", path)
+    """
+)
+
+
+def make_run(name: str, **fields: Any) -> dict[str, Any]:
+    now = time.time()
+    run = {
+        "name": name,
+        "state": "running",
+        "address": "ray://127.0.0.1:9999",
+        "created": now - 60,
+        "updated": now,
+        "ended": None,
+        "notebook": None,
+        "workers": 2,
+        "attempt": 0,
+        "progress": {"step": 10, "total_steps": 100, "fraction": 0.1},
+        "latest": {"loss": 0.5},
+        "error": None,
+    }
+    run.update(fields)
+    return run
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("nbtrain-home")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Iterator[JupyterLab]:
+    script = tmp_path_factory.mktemp("bin") / "fake_nbtrain.py"
+    script.write_text(FAKE_NBTRAIN)
+    server = start_jupyterlab(
+        tmp_path_factory.mktemp("root"),
+        env={"NBTRAIN_HOME": str(home)},
+        server_config={
+            "NbtrainServer": {
+                "stop_command": [sys.executable, str(script), "stop"],
+                "refresh_command": [sys.executable, str(script), "runs", "--json"],
+                "refresh_interval": 0.5,
+                "refresh_max_backoff": 1.0,
+                "stale_after": 30,
+            }
+        },
+        labextension=False,
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def registry(home: Path) -> Iterator[Path]:
+    """An empty registry for each test."""
+    for path in [*home.glob("runs/*"), home / "cluster.json", home / "calls.jsonl"]:
+        path.unlink(missing_ok=True)
+    yield home
+
+
+def calls(home: Path, since: float = 0.0) -> list[list[str]]:
+    """How the fake ``nbtrain`` tool was called (after ``since``)."""
+    path = home / "calls.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [call["argv"] for call in map(json.loads, lines) if call["time"] >= since]
+
+
+ROUTES = [
+    ("GET", "nbtrain/api/runs", 200),
+    ("GET", "nbtrain/api/runs/alpha", 200),
+    ("GET", "nbtrain/api/cluster", 200),
+    ("POST", "nbtrain/api/runs/alpha/stop", 202),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "ok"), ROUTES, ids=[f"{m} {p}" for m, p, _ in ROUTES])
+def test_every_route_needs_the_token(lab: JupyterLab, registry: Path, method: str, path: str, ok: int) -> None:
+    write_json(registry / "runs" / "alpha.json", make_run("alpha"))
+    assert lab.request(method, path, token=False)[0] == 403
+    assert lab.request(method, path + f"?token=wrong{lab.token}", token=False)[0] == 403
+    status, body = lab.request(method, path)
+    assert status == ok, body
+
+
+def test_runs_lists_registry_files_live_first(lab: JupyterLab, registry: Path) -> None:
+    now = time.time()
+    write_json(registry / "runs" / "old.json", make_run("old", state="succeeded", created=now - 500, ended=now - 400))
+    write_json(registry / "runs" / "new.json", make_run("new", created=now - 10))
+    write_json(registry / "runs" / "older-live.json", make_run("older-live", state="pending", created=now - 100))
+    (registry / "runs" / "broken.json").write_text('{"name": "brok')
+    (registry / "runs" / ".new.json.1234.tmp").write_text("{}")
+
+    status, body = lab.request("GET", "nbtrain/api/runs")
+
+    assert status == 200
+    assert [run["name"] for run in body["runs"]] == ["new", "older-live", "old"]
+    assert abs(body["now"] - time.time()) < 5
+    first = body["runs"][0]
+    assert first["progress"] == {"step": 10, "total_steps": 100, "fraction": 0.1}
+    assert first["latest"] == {"loss": 0.5}
+    assert first["stale"] is False
+    assert first["stop"] is None
+
+
+def test_run_whose_kernel_is_gone_still_lists(lab: JupyterLab, registry: Path) -> None:
+    # A "kernel" writes its run, then dies without cleaning up.
+    writer = textwrap.dedent(
+        f"""
+        import json, os, time
+        path = {str(registry / "runs" / "orphan.json")!r}
+        run = {make_run("orphan", updated=time.time() - 600)!r}
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        json.dump(run, open(path + ".tmp", "w")); os.replace(path + ".tmp", path)
+        os._exit(1)
+        """
+    )
+    subprocess.run([sys.executable, "-c", writer], check=False, timeout=30)
+
+    status, body = lab.request("GET", "nbtrain/api/runs")
+
+    assert status == 200
+    (orphan,) = body["runs"]
+    assert orphan["name"] == "orphan"
+    assert orphan["state"] == "running"
+    assert orphan["stale"] is True  # the sidebar says the state may be outdated
+
+
+def test_get_one_run(lab: JupyterLab, registry: Path) -> None:
+    write_json(registry / "runs" / "alpha.json", make_run("alpha", latest={"loss": 0.25, "accuracy": 0.9}))
+
+    status, run = lab.request("GET", "nbtrain/api/runs/alpha")
+    assert status == 200
+    assert run["latest"] == {"loss": 0.25, "accuracy": 0.9}
+
+    status, body = lab.request("GET", "nbtrain/api/runs/missing")
+    assert status == 404
+    assert "missing" in body["message"]
+    assert lab.request("GET", "nbtrain/api/runs/..%2Fcluster")[0] == 404
+
+
+def test_stop_runs_nbtrain_stop_and_the_list_shows_it(lab: JupyterLab, registry: Path) -> None:
+    write_json(registry / "runs" / "alpha.json", make_run("alpha"))
+
+    status, run = lab.request("POST", "nbtrain/api/runs/alpha/stop")
+
+    assert status == 202
+    assert run["stop"]["status"] == "stopping"
+    stopped = wait_for(
+        lambda: (r := lab.request("GET", "nbtrain/api/runs/alpha")[1])["state"] == "stopped" and r,
+        what="the run to be stopped",
+    )
+    assert stopped["stop"] is None  # the registry caught up; nothing pending
+    assert ["stop", "alpha"] in calls(registry)
+
+
+def test_stop_failure_shows_the_tools_message(lab: JupyterLab, registry: Path) -> None:
+    write_json(registry / "runs" / "unreachable.json", make_run("unreachable"))
+
+    assert lab.request("POST", "nbtrain/api/runs/unreachable/stop")[0] == 202
+
+    run = wait_for(
+        lambda: (r := lab.request("GET", "nbtrain/api/runs/unreachable")[1])["stop"]["status"] == "failed" and r,
+        what="the stop to fail",
+    )
+    assert "connection refused" in run["stop"]["message"]
+    assert run["state"] == "running"
+
+
+def test_stop_of_an_ended_run_is_a_conflict(lab: JupyterLab, registry: Path) -> None:
+    start = time.time()
+    write_json(registry / "runs" / "done.json", make_run("done", state="succeeded", ended=time.time()))
+
+    status, body = lab.request("POST", "nbtrain/api/runs/done/stop")
+
+    assert status == 409
+    assert "already ended" in body["message"]
+    assert lab.request("POST", "nbtrain/api/runs/missing/stop")[0] == 404
+    assert ["stop", "done"] not in calls(registry, since=start)
+
+
+def test_cluster_is_the_last_connected_one(lab: JupyterLab, registry: Path) -> None:
+    assert lab.request("GET", "nbtrain/api/cluster") == (200, {"cluster": None})
+    cluster = {
+        "address": "ray://127.0.0.1:10001",
+        "kind": "local",
+        "nodes": 1,
+        "resources": {"CPU": [2, 4], "GPU": [0, 0]},
+        "updated": time.time(),
+    }
+    write_json(registry / "cluster.json", cluster)
+
+    assert lab.request("GET", "nbtrain/api/cluster") == (200, {"cluster": cluster})
+
+
+def test_registry_refreshes_while_someone_watches_a_live_run(lab: JupyterLab, registry: Path) -> None:
+    write_json(registry / "runs" / "alpha.json", make_run("alpha"))
+    lab.request("GET", "nbtrain/api/runs")  # a browser polls
+
+    wait_for(lambda: ["runs", "--json"] in calls(registry), timeout=10, what="a registry refresh")
+
+
+def test_no_refresh_when_every_run_has_ended(lab: JupyterLab, registry: Path) -> None:
+    write_json(registry / "runs" / "done.json", make_run("done", state="failed", error="boom"))
+    time.sleep(0.5)  # let a refresh started by the previous test finish
+    start = time.time()
+    lab.request("GET", "nbtrain/api/runs")
+    time.sleep(1.5)
+    assert calls(registry, since=start) == []
