@@ -1,0 +1,95 @@
+"""nbtrain: distributed PyTorch training on Ray, from a notebook cell.
+
+Driver side::
+
+    import nbtrain
+    nbtrain.connect()                              # embedded local cluster, or "ray://head:10001"
+    run = nbtrain.launch(train, config={"lr": 0.01}, workers=2)
+    run.dashboard()
+
+Worker side (inside the training function): ``get_context``, ``report``,
+``prepare_model``, ``prepare_loader``, ``save_checkpoint``, ``load_checkpoint``,
+``get_dataset_shard``.
+
+In a notebook: ``%load_ext nbtrain``, then ``%ray_connect`` and ``%%ray_train``.
+Heavy imports (torch, widgets, plotly) happen only where they are used, so
+``import nbtrain`` stays cheap for the cluster processes that import it too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _auth_env  # noqa: F401  (must run before anything imports ray)
+from ._connection import Cluster, connect, disconnect
+from ._exceptions import (
+    ConnectionFailedError,
+    NbtrainError,
+    NotConnectedError,
+    NotSerializableError,
+    ResourcesUnavailableError,
+    RunExistsError,
+    RunFailedError,
+    RunNotFoundError,
+    VersionMismatchError,
+)
+from ._run import Run, attach, launch, runs
+from ._session import TrainContext
+from ._states import RunState, WorkerState
+from ._worker_api import (
+    get_context,
+    get_dataset_shard,
+    load_checkpoint,
+    prepare_loader,
+    prepare_model,
+    report,
+    save_checkpoint,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cluster",
+    "ConnectionFailedError",
+    "LaunchPanel",
+    "NbtrainError",
+    "NotConnectedError",
+    "NotSerializableError",
+    "ResourcesUnavailableError",
+    "Run",
+    "RunExistsError",
+    "RunFailedError",
+    "RunNotFoundError",
+    "RunState",
+    "TrainContext",
+    "VersionMismatchError",
+    "WorkerState",
+    "attach",
+    "connect",
+    "disconnect",
+    "get_context",
+    "get_dataset_shard",
+    "launch",
+    "load_checkpoint",
+    "prepare_loader",
+    "prepare_model",
+    "report",
+    "runs",
+    "save_checkpoint",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LaunchPanel":
+        from ._launch_panel import LaunchPanel
+
+        return LaunchPanel
+    msg = f"module 'nbtrain' has no attribute {name!r}"
+    raise AttributeError(msg)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext nbtrain``: registers ``%ray_connect``, ``%%ray_train`` and friends."""
+    from ._magics import register
+
+    register(ipython)

@@ -1,0 +1,234 @@
+"""The embedded local cluster: a Ray head on 127.0.0.1 that the notebook reaches over ``ray://``.
+
+Why a real head rather than ``ray.init()`` in the kernel: runs must outlive the
+kernel (restart it, the run goes on), and the notebook should talk to a laptop
+exactly as it talks to a 100-GPU cluster, through Ray Client.
+
+The head is started as ``ray start --head --block`` in its own process session,
+so stopping it means signalling that one process group: we never run a bare
+``ray stop``, which would hit every Ray cluster on the machine. Every socket is
+bound to 127.0.0.1 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` plus
+``--node-ip-address``) and token authentication is on, so other local users
+cannot drive it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ._exceptions import ConnectionFailedError
+from ._home import nbtrain_home, read_json, write_json_atomic
+
+LOOPBACK = "127.0.0.1"
+START_TIMEOUT_S = 90.0
+Progress = Callable[[str], None]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclasses.dataclass
+class LocalClusterInfo:
+    pid: int
+    gcs_port: int
+    client_port: int
+    token_path: str
+    temp_dir: str
+    num_cpus: int
+    num_gpus: int
+    started: float
+
+    @property
+    def address(self) -> str:
+        return f"ray://{LOOPBACK}:{self.client_port}"
+
+    @property
+    def gcs_address(self) -> str:
+        return f"{LOOPBACK}:{self.gcs_port}"
+
+
+def _state_dir() -> Path:
+    path = nbtrain_home() / "cluster"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _state_file() -> Path:
+    return _state_dir() / "local.json"
+
+
+def token_path() -> Path:
+    """The token file, created once with owner-only permissions."""
+    path = _state_dir() / "auth_token"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32))
+    return path
+
+
+def ray_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for any Ray process of the local cluster, and for clients of it."""
+    env = dict(os.environ if base is None else base)
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    env["RAY_AUTH_MODE"] = "token"
+    env["RAY_AUTH_TOKEN_PATH"] = str(token_path())
+    # On a busy laptop Ray's agents can take longer than the 30 s the raylet waits by default.
+    env.setdefault("RAY_agent_register_timeout_ms", "180000")
+    env.pop("RAY_AUTH_TOKEN", None)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def status() -> LocalClusterInfo | None:
+    """The running local cluster, or ``None`` (stale state files are cleaned up)."""
+    data = read_json(_state_file())
+    if not data:
+        return None
+    info = LocalClusterInfo(**data)
+    if pid_alive(info.pid) and port_is_open(LOOPBACK, info.client_port):
+        return info
+    if not pid_alive(info.pid):
+        _state_file().unlink(missing_ok=True)
+    return None
+
+
+def _ray_executable() -> str:
+    candidate = Path(sys.executable).with_name("ray")
+    return str(candidate) if candidate.exists() else (shutil.which("ray") or "ray")
+
+
+def start(
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    progress: Progress | None = None,
+    timeout: float = START_TIMEOUT_S,
+) -> LocalClusterInfo:
+    """Start the local cluster, or return the one already running.
+
+    ``num_gpus`` defaults to what Ray detects; passing a number on a machine
+    without GPUs creates *logical* GPUs (resources only), which tests use.
+    """
+    say = progress or (lambda _msg: None)
+    running = status()
+    if running is not None:
+        say(f"Reusing the local Ray cluster at {running.address}")
+        return running
+    num_cpus = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
+    temp_dir = f"/tmp/nbtrain-ray-{secrets.token_hex(3)}"  # short: Ray's unix sockets have a path limit
+    ports = {name: free_port() for name in (
+        "port", "ray-client-server-port", "node-manager-port", "object-manager-port",
+        "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+        "runtime-env-agent-port")}
+    cmd = [
+        _ray_executable(), "start", "--head", "--block",
+        f"--node-ip-address={LOOPBACK}", f"--num-cpus={num_cpus}",
+        "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+        *(f"--{name}={port}" for name, port in ports.items()),
+    ]
+    if num_gpus is not None:
+        cmd.append(f"--num-gpus={num_gpus}")
+    log_path = _state_dir() / "ray-start.log"
+    say(f"Starting a local Ray cluster on {LOOPBACK} ({num_cpus} CPUs)…")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=ray_env(), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    info = LocalClusterInfo(pid=proc.pid, gcs_port=ports["port"],
+                            client_port=ports["ray-client-server-port"], token_path=str(token_path()),
+                            temp_dir=temp_dir, num_cpus=num_cpus, num_gpus=num_gpus or 0,
+                            started=time.time())
+    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    last_said = began
+    while not (_started(log_path) and port_is_open(LOOPBACK, info.client_port, timeout=0.5)):
+        if proc.poll() is not None:
+            msg = (f"The local Ray cluster exited while starting (exit code {proc.returncode}). "
+                   f"Its output is in {log_path}:\n{_tail(log_path)}")
+            raise ConnectionFailedError(msg)
+        if time.monotonic() > deadline:
+            _kill_group(proc.pid)
+            msg = (f"The local Ray cluster did not open its client port within {timeout:.0f} s. "
+                   f"See {log_path}:\n{_tail(log_path)}")
+            raise ConnectionFailedError(msg)
+        if time.monotonic() - last_said >= 2:
+            say(f"Starting a local Ray cluster… {time.monotonic() - began:.0f} s")
+            last_said = time.monotonic()
+        time.sleep(0.25)
+    write_json_atomic(_state_file(), dataclasses.asdict(info))
+    say(f"Local Ray cluster ready at {info.address} ({time.monotonic() - began:.1f} s)")
+    return info
+
+
+def _started(log_path: Path) -> bool:
+    try:
+        return "Ray runtime started" in log_path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _kill_group(pid: int, grace: float = 10.0) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and pid_alive(pid):
+        time.sleep(0.2)
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stop() -> bool:
+    """Stop the local cluster this home started; returns whether one was running."""
+    data = read_json(_state_file())
+    if not data:
+        return False
+    info = LocalClusterInfo(**data)
+    _kill_group(info.pid)
+    _state_file().unlink(missing_ok=True)
+    shutil.rmtree(info.temp_dir, ignore_errors=True)
+    return True

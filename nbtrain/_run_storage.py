@@ -1,0 +1,74 @@
+"""A run's durable record on the supervisor's node: metrics, logs, events, checkpoints.
+
+The supervisor appends every row as it arrives (JSON lines, flushed per batch),
+so if its process dies Ray restarts it and :meth:`RunStorage.load` gives back
+everything recorded; the notebook's cursor then continues where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ._home import nbtrain_home, read_json, write_json_atomic
+
+KEEP_CHECKPOINTS = 2
+
+
+def default_storage_root() -> Path:
+    return nbtrain_home() / "storage"
+
+
+class RunStorage:
+    def __init__(self, root: str | Path, run_name: str) -> None:
+        self.dir = Path(root) / run_name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "checkpoints").mkdir(exist_ok=True)
+        self._files = {kind: open(self.dir / f"{kind}.jsonl", "a", encoding="utf-8")
+                       for kind in ("metrics", "logs", "events")}
+
+    def append(self, kind: str, records: list[dict[str, Any]]) -> None:
+        if not records:
+            return
+        handle = self._files[kind]
+        handle.write("".join(json.dumps(record, default=str) + "\n" for record in records))
+        handle.flush()
+
+    def load(self, kind: str) -> list[dict[str, Any]]:
+        path = self.dir / f"{kind}.jsonl"
+        records = []
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    break  # a line cut short by the crash: everything before it is intact
+        return records
+
+    def save_state(self, state: dict[str, Any]) -> None:
+        write_json_atomic(self.dir / "state.json", state)
+
+    def load_state(self) -> dict[str, Any] | None:
+        return read_json(self.dir / "state.json")
+
+    def write_checkpoint(self, meta: dict[str, Any], data: bytes) -> str:
+        path = self.dir / "checkpoints" / f"checkpoint-a{meta['attempt']}-s{meta['step']}.pt"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        kept = sorted((self.dir / "checkpoints").glob("checkpoint-*.pt"), key=os.path.getmtime)
+        for old in kept[:-KEEP_CHECKPOINTS]:
+            if old != path:
+                old.unlink(missing_ok=True)
+        return str(path)
+
+    def close(self) -> None:
+        for handle in self._files.values():
+            handle.close()
+
+    def delete(self) -> None:
+        self.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,216 @@
+"""The per-worker training session: what ``report()`` and friends talk to.
+
+``report()`` is on the training step's hot path, so it only appends a tuple to
+a list (a few hundred nanoseconds). A background thread swaps that list out
+every ``flush_interval_s`` and sends one fire-and-forget actor call to the
+supervisor carrying the rows, a heartbeat and any new log text. Nothing on the
+step path waits for the supervisor, let alone the notebook.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from ._exceptions import NbtrainError
+
+
+@dataclasses.dataclass
+class TrainContext:
+    """What a rank knows about itself; returned by :func:`nbtrain.get_context`."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    device: Any
+    attempt: int
+    config: dict[str, Any]
+    run_name: str
+
+
+class _LogTee(io.TextIOBase):
+    """Keeps what a rank prints (for its log pane) and still writes it to Ray's log file."""
+
+    def __init__(self, session: TrainingSession, stream: str, original: Any) -> None:
+        self._session = session
+        self._stream = stream
+        self._original = original
+
+    def write(self, text: str) -> int:
+        if text:
+            self._session.logs.append((self._stream, time.time(), text))
+            try:
+                self._original.write(text)
+            except Exception:  # noqa: BLE001 - a closed Ray log must not break training
+                pass
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._original.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+
+class TrainingSession:
+    """State of one rank during one attempt; created by the worker actor."""
+
+    def __init__(self, context: TrainContext, supervisor: Any, flush_interval_s: float,
+                 storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
+                 resume_step: int = 0) -> None:
+        self.context = context
+        self.supervisor = supervisor
+        self.flush_interval_s = flush_interval_s
+        self.storage = storage
+        self.weights_only = weights_only
+        self.datasets = datasets or {}
+        self.buffer: list[tuple[int, float, dict[str, Any]]] = []
+        self.logs: list[tuple[str, float, str]] = []
+        self.step = resume_step          # batches yielded by prepared loaders (or reports)
+        self.epoch = 0
+        self.uses_loader = False
+        self.report_calls = 0
+        self.samples = 0
+        self.last_progress = time.time()
+        self.seq = 0
+        self._process = psutil.Process()
+        self._rate_mark = (time.time(), 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
+        self._saved_stdio: tuple[Any, Any] | None = None
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> None:
+        self._saved_stdio = (sys.stdout, sys.stderr)
+        sys.stdout = _LogTee(self, "stdout", sys.stdout)  # type: ignore[assignment]
+        sys.stderr = _LogTee(self, "stderr", sys.stderr)  # type: ignore[assignment]
+        self._thread.start()
+
+    def close(self, state: str) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self._saved_stdio is not None:
+            sys.stdout, sys.stderr = self._saved_stdio
+        self.flush(state=state, wait=True)
+
+    # -- hot path --------------------------------------------------------
+    def report(self, metrics: dict[str, Any]) -> None:
+        step = metrics.pop("step", None)
+        self.report_calls += 1
+        if step is None:
+            step = self.step if self.uses_loader else self.report_calls
+        self.buffer.append((int(step), time.time(), metrics))
+        self.last_progress = time.time()
+
+    def on_batch(self, batch_size: int) -> None:
+        self.step += 1
+        self.samples += batch_size
+        self.last_progress = time.time()
+
+    # -- background ------------------------------------------------------
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            try:
+                self.flush(state="running")
+            except Exception:  # noqa: BLE001 - the supervisor may be restarting; retry next tick
+                pass
+
+    def _heartbeat(self, state: str) -> dict[str, Any]:
+        now = time.time()
+        mark_time, mark_samples = self._rate_mark
+        rate = None
+        if now - mark_time >= 1.0:
+            rate = (self.samples - mark_samples) / (now - mark_time)
+            self._rate_mark = (now, self.samples)
+        beat: dict[str, Any] = {
+            "time": now, "step": self.step if self.uses_loader else self.report_calls,
+            "epoch": self.epoch, "state": state, "last_progress": self.last_progress,
+            "rss_mb": self._process.memory_info().rss / 2**20,
+        }
+        if rate is not None:
+            beat["samples_per_s"] = rate
+        device = self.context.device
+        if getattr(device, "type", "cpu") == "cuda":
+            import torch
+
+            beat["gpu_mem_mb"] = torch.cuda.memory_allocated(device) / 2**20
+        return beat
+
+    def flush(self, state: str, wait: bool = False) -> None:
+        rows, self.buffer = self.buffer, []
+        logs, self.logs = self.logs, []
+        ctx = self.context
+        out_rows = []
+        for step, when, metrics in rows:
+            row: dict[str, Any] = {"rank": ctx.rank, "step": step, "attempt": ctx.attempt, "time": when}
+            for key, value in metrics.items():
+                row[key] = _to_number(value)
+            out_rows.append(row)
+        self.seq += 1
+        ref = self.supervisor.push.remote(ctx.rank, ctx.attempt, self.seq, out_rows,
+                                          self._heartbeat(state), logs)
+        if wait:
+            import ray
+
+            try:
+                ray.get(ref, timeout=10)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _to_number(value: Any) -> Any:
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except Exception:  # noqa: BLE001 - multi-element tensors fall through to float()
+            pass
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+_current: TrainingSession | None = None
+_lock = threading.Lock()
+
+
+def set_session(session: TrainingSession | None) -> None:
+    global _current
+    with _lock:
+        _current = session
+
+
+def current_session() -> TrainingSession:
+    session = _current
+    if session is None:
+        msg = ("This nbtrain function only works inside a training function run by "
+               "nbtrain.launch() or %%ray_train, on a worker. In the notebook, use the Run object instead.")
+        raise NbtrainError(msg)
+    return session
+
+
+def in_worker() -> bool:
+    return _current is not None
+
+
+def worker_pid() -> int:
+    return os.getpid()

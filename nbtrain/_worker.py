@@ -1,0 +1,118 @@
+"""The TrainWorker actor: one process per rank that runs the user's function.
+
+The supervisor creates N of these inside a placement group, asks each where it
+landed, then calls :meth:`TrainWorker.run` on all of them at once. ``run``
+joins the ``torch.distributed`` process group, runs the function, and returns
+an *outcome* dict instead of raising, so the supervisor gets the rank, step
+and formatted traceback without unwrapping Ray's error types. A process that
+dies shows up on the supervisor as ``RayActorError`` instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+import linecache
+import os
+import socket
+import sys
+import traceback
+from typing import Any
+
+import cloudpickle
+import ray
+
+from ._session import TrainContext, TrainingSession, set_session
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+class TrainWorker:
+    def __init__(self) -> None:
+        # Ray starts workers at a low CPU priority; training is the job, so ask for
+        # normal priority when allowed (needs privileges; otherwise stay as we are).
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except OSError:
+            pass
+        import torch  # noqa: F401 - pay the import while the run is "starting", not in the first step
+
+    def where(self) -> dict[str, Any]:
+        """Where this rank landed, for local ranks, the worker table and MASTER_ADDR."""
+        ctx = ray.get_runtime_context()
+        return {
+            "node_ip": ray.util.get_node_ip_address(),
+            "node_id": ctx.get_node_id(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "port": _free_port(),
+        }
+
+    def run(self, payload: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+
+        rank = payload["rank"]
+        visible = payload.get("cuda_visible_devices")
+        if visible is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+        threads = max(1, int(payload.get("cpus_per_worker") or 1))
+        torch.set_num_threads(threads)
+        if payload["gpu_index"] is not None:
+            device = torch.device("cuda", payload["gpu_index"])
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        context = TrainContext(
+            rank=rank, world_size=payload["world_size"], local_rank=payload["local_rank"],
+            local_world_size=payload["local_world_size"], node_rank=payload["node_rank"],
+            device=device, attempt=payload["attempt"], config=dict(payload["config"]),
+            run_name=payload["run_name"],
+        )
+        session = TrainingSession(
+            context, payload["supervisor"], payload["flush_interval_s"], payload["storage"],
+            payload["weights_only"], payload.get("datasets"),
+        )
+        set_session(session)
+        session.start()
+        state = "finished"
+        try:
+            dist.init_process_group(
+                backend=payload["backend"], init_method=f"tcp://{payload['master_addr']}:{payload['master_port']}",
+                rank=rank, world_size=payload["world_size"],
+                timeout=datetime.timedelta(seconds=payload["collective_timeout_s"]),
+            )
+            fn = cloudpickle.loads(payload["fn_bytes"])
+            for filename, source in (payload.get("sources") or {}).items():
+                linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            result = fn(context.config) if payload["fn_takes_config"] else fn()
+            return {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
+            state = "failed"
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            sys.stderr.write(text)
+            return {
+                "ok": False, "rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000],
+                "traceback": _trim_traceback(text), "step": session.step if session.uses_loader else session.report_calls,
+            }
+        finally:
+            session.close(state)
+            set_session(None)
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception:  # noqa: BLE001
+                    pass
+
+
+def _trim_traceback(text: str) -> str:
+    """Drop nbtrain's own frames so the traceback starts at the user's code."""
+    lines = text.splitlines(True)
+    marker = next((i for i, line in enumerate(lines) if "nbtrain/_worker.py" in line and "in run" in line), None)
+    if marker is None:
+        return text
+    return lines[0] + "".join(lines[marker + 2:])

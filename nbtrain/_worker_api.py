@@ -1,0 +1,212 @@
+"""The names a training function uses on a worker: ``report``, ``prepare_model``, ...
+
+Each one finds the rank's :class:`~nbtrain._session.TrainingSession`; called
+in the notebook they raise an error that says to use the ``Run`` object instead.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ._session import TrainContext, current_session
+
+
+def get_context() -> TrainContext:
+    """This rank's ``rank``, ``world_size``, ``local_rank``, ``device``, ``attempt`` and ``config``.
+
+    Example::
+
+        ctx = nbtrain.get_context()
+        if ctx.rank == 0:
+            print("training on", ctx.world_size, "workers")
+    """
+    return current_session().context
+
+
+def report(**metrics: Any) -> None:
+    """Record metrics for this rank; returns at once (the rows are sent in the background).
+
+    Each call is one row with ``rank``, ``step``, ``attempt`` and ``time`` added.
+    ``step`` defaults to the number of batches drawn from loaders made by
+    :func:`prepare_loader` (or, without one, the number of ``report`` calls);
+    pass ``step=`` to set it yourself. Example::
+
+        nbtrain.report(loss=loss.item(), lr=scheduler.get_last_lr()[0])
+    """
+    current_session().report(metrics)
+
+
+def prepare_model(model: Any, **ddp_kwargs: Any) -> Any:
+    """Move ``model`` to this rank's device and wrap it in DistributedDataParallel.
+
+    With one worker the model is only moved, so the same code runs at any scale.
+    """
+    import torch
+
+    ctx = current_session().context
+    model = model.to(ctx.device)
+    if ctx.world_size > 1:
+        if ctx.device.type == "cuda":
+            ddp_kwargs.setdefault("device_ids", [ctx.device.index])
+        model = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
+    return model
+
+
+class PreparedLoader:
+    """A DataLoader that shards with DistributedSampler, moves batches to the device,
+    reshuffles per epoch, and counts steps for ``report()``."""
+
+    def __init__(self, loader: Any, move_to_device: bool) -> None:
+        self._loader = loader
+        self._move = move_to_device
+        self._epoch = 0
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        session = current_session()
+        sampler = getattr(self._loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self._epoch)
+        session.epoch = self._epoch
+        device = session.context.device
+        for batch in self._loader:
+            session.on_batch(_batch_size(batch))
+            yield _to_device(batch, device) if self._move else batch
+        self._epoch += 1
+
+
+def prepare_loader(loader: Any, move_to_device: bool = True) -> PreparedLoader:
+    """Give each rank its own shard of ``loader``'s data (a ``DistributedSampler``).
+
+    Keeps the loader's batch size, workers and collate function; ``shuffle=True``
+    loaders stay shuffled, differently each epoch. Example::
+
+        loader = nbtrain.prepare_loader(DataLoader(train_set, batch_size=64, shuffle=True))
+    """
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+    ctx = current_session().context
+    session = current_session()
+    session.uses_loader = True
+    if ctx.world_size > 1 and not isinstance(loader.sampler, DistributedSampler):
+        shuffle = isinstance(loader.sampler, RandomSampler)
+        sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                                     shuffle=shuffle)
+        loader = DataLoader(
+            loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+            timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+            persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
+        )
+    return PreparedLoader(loader, move_to_device)
+
+
+def _batch_size(batch: Any) -> int:
+    first = batch
+    while isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    if isinstance(first, dict) and first:
+        first = next(iter(first.values()))
+    shape = getattr(first, "shape", None)
+    return int(shape[0]) if shape else 1
+
+
+def _to_device(batch: Any, device: Any) -> Any:
+    if hasattr(batch, "to"):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(item, device) for item in batch)
+    if isinstance(batch, dict):
+        return {key: _to_device(value, device) for key, value in batch.items()}
+    return batch
+
+
+def save_checkpoint(obj: Any) -> None:
+    """Store ``obj`` (e.g. ``{"model": model.state_dict(), "epoch": epoch}``) as the run's latest checkpoint.
+
+    Only rank 0 writes; on other ranks this returns at once, so call it on every
+    rank without an ``if``. The checkpoint is kept by the run's supervisor (or in
+    ``storage=`` on a shared file system), so it survives the workers, and
+    :func:`load_checkpoint` returns it after a restart.
+    """
+    import ray
+    import torch
+
+    session = current_session()
+    ctx = session.context
+    if ctx.rank != 0:
+        return
+    obj = _unwrap_models(obj)
+    step = session.step if session.uses_loader else session.report_calls
+    meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time()}
+    if session.storage:
+        directory = os.path.join(session.storage, ctx.run_name, "checkpoints")
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"checkpoint-a{ctx.attempt}-s{step}.pt")
+        torch.save(obj, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        ray.get(session.supervisor.record_checkpoint.remote(meta, None, path))
+        return
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    ray.get(session.supervisor.record_checkpoint.remote(meta, buffer.getvalue(), None))
+
+
+def _unwrap_models(obj: Any) -> Any:
+    """Store a DDP model's plain state dict so it loads into an unwrapped model."""
+    module = getattr(obj, "module", None)
+    if module is not None and hasattr(obj, "state_dict"):
+        return module
+    return obj
+
+
+def load_checkpoint() -> Any | None:
+    """The run's latest checkpoint, or ``None`` on a fresh start.
+
+    After a restart (``max_failures``), this returns what was saved before the
+    failure and makes ``report()``'s default step continue from it. Loaded with
+    ``torch.load(weights_only=True)`` unless the run was launched with
+    ``checkpoint_weights_only=False``.
+    """
+    import ray
+    import torch
+
+    session = current_session()
+    found = ray.get(session.supervisor.latest_checkpoint.remote())
+    if found is None:
+        return None
+    meta, data, path = found
+    source: Any = io.BytesIO(data) if data is not None else path
+    obj = torch.load(source, map_location=session.context.device, weights_only=session.weights_only)
+    session.step = int(meta.get("step", 0))
+    session.report_calls = int(meta.get("step", 0))
+    return obj
+
+
+def get_dataset_shard(name: str = "train") -> Any:
+    """This rank's shard of a Ray Dataset passed as ``datasets={name: ds}`` to ``launch()``.
+
+    Example::
+
+        for batch in nbtrain.get_dataset_shard("train").iter_torch_batches(batch_size=64):
+            ...
+    """
+    session = current_session()
+    try:
+        return session.datasets[name]
+    except KeyError:
+        known = ", ".join(sorted(session.datasets)) or "none"
+        msg = f"No dataset named {name!r} was passed to launch(datasets=...); this run has: {known}."
+        from ._exceptions import NbtrainError
+
+        raise NbtrainError(msg) from None
