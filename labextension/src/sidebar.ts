@@ -142,7 +142,10 @@ export class RaySidebar extends Widget {
     const add = (label: string, value: string) => {
       table.append(el('dt', '', label), el('dd', '', value));
     };
-    add('Address', cluster.address + (cluster.kind ? ` (${cluster.kind})` : ''));
+    add('Address', cluster.address);
+    if (cluster.kind) {
+      add('Kind', cluster.kind);
+    }
     add('Nodes', cluster.nodes === null ? '–' : String(cluster.nodes));
     for (const resource of ['CPU', 'GPU']) {
       const pair = cluster.resources?.[resource];
