@@ -134,17 +134,31 @@ def start(
     num_gpus: int | None = None,
     progress: Progress | None = None,
     timeout: float = START_TIMEOUT_S,
+    attempts: int = 2,
 ) -> LocalClusterInfo:
     """Start the local cluster, or return the one already running.
 
     ``num_gpus`` defaults to what Ray detects; passing a number on a machine
     without GPUs creates *logical* GPUs (resources only), which tests use.
+    Ray gives its raylet a fixed 30 s to register; on a heavily loaded machine
+    that can run out, so one failed start is retried from scratch.
     """
     say = progress or (lambda _msg: None)
     running = status()
     if running is not None:
         say(f"Reusing the local Ray cluster at {running.address}")
         return running
+    for attempt in range(1, attempts + 1):
+        try:
+            return _start_once(num_cpus, num_gpus, say, timeout)
+        except ConnectionFailedError:
+            if attempt == attempts:
+                raise
+            say("The local Ray cluster failed to start (the machine may be busy); trying once more…")
+    raise AssertionError("unreachable")
+
+
+def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeout: float) -> LocalClusterInfo:
     num_cpus = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
     temp_dir = f"/tmp/nbtrain-ray-{secrets.token_hex(3)}"  # short: Ray's unix sockets have a path limit
     ports = {name: free_port() for name in (
@@ -173,6 +187,7 @@ def start(
     last_said = began
     while not (_started(log_path) and port_is_open(LOOPBACK, info.client_port, timeout=0.5)):
         if proc.poll() is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
             msg = (f"The local Ray cluster exited while starting (exit code {proc.returncode}). "
                    f"Its output is in {log_path}:\n{_tail(log_path)}")
             raise ConnectionFailedError(msg)

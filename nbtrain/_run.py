@@ -102,6 +102,12 @@ class Run:
         except OSError:
             pass
 
+    @property
+    def cached_summary(self) -> dict[str, Any]:
+        """The run's summary as of the last read, without asking the cluster (for redraw loops)."""
+        with self._lock:
+            return dict(self._summary)
+
     def _fresh_summary(self) -> dict[str, Any]:
         self.refresh()
         return self._summary

@@ -86,6 +86,7 @@ class TrainingSession:
         self.epoch = 0
         self.uses_loader = False
         self.report_calls = 0
+        self.last_step = resume_step
         self.samples = 0
         self.last_progress = time.time()
         self.seq = 0
@@ -115,6 +116,7 @@ class TrainingSession:
         self.report_calls += 1
         if step is None:
             step = self.step if self.uses_loader else self.report_calls
+        self.last_step = step
         self.buffer.append((int(step), time.time(), metrics))
         self.last_progress = time.time()
 
@@ -122,6 +124,9 @@ class TrainingSession:
         self.step += 1
         self.samples += batch_size
         self.last_progress = time.time()
+
+    def current_step(self) -> int:
+        return int(self.step if self.uses_loader else self.last_step)
 
     # -- background ------------------------------------------------------
     def _flush_loop(self) -> None:
@@ -139,7 +144,7 @@ class TrainingSession:
             rate = (self.samples - mark_samples) / (now - mark_time)
             self._rate_mark = (now, self.samples)
         beat: dict[str, Any] = {
-            "time": now, "step": self.step if self.uses_loader else self.report_calls,
+            "time": now, "step": self.current_step(),
             "epoch": self.epoch, "state": state, "last_progress": self.last_progress,
             "rss_mb": self._process.memory_info().rss / 2**20,
         }

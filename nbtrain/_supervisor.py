@@ -524,7 +524,7 @@ def _format_error(failures: list[dict[str, Any]], spec: RunSpec, attempt: int, f
     others = spec.workers - len({f["rank"] for f in primary if f["rank"] is not None})
     lines = [f["summary"] for f in primary]
     if any(f["rank"] is not None for f in primary):
-        lines.append(f"The other {others} worker{'s' if others != 1 else ''} were stopped; fix the code and re-run."
+        lines.append(f"The other {others} worker{'s were' if others != 1 else ' was'} stopped; fix the code and re-run."
                      if others else "Fix the code and re-run.")
     if spec.max_failures:
         lines.append(f"The run failed {failed_attempts} time(s), more than max_failures={spec.max_failures}.")

@@ -97,7 +97,7 @@ class TrainWorker:
             sys.stderr.write(text)
             return {
                 "ok": False, "rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000],
-                "traceback": _trim_traceback(text), "step": session.step if session.uses_loader else session.report_calls,
+                "traceback": _trim_traceback(text), "step": session.current_step(),
             }
         finally:
             session.close(state)

@@ -137,7 +137,9 @@ def save_checkpoint(obj: Any) -> None:
     Only rank 0 writes; on other ranks this returns at once, so call it on every
     rank without an ``if``. The checkpoint is kept by the run's supervisor (or in
     ``storage=`` on a shared file system), so it survives the workers, and
-    :func:`load_checkpoint` returns it after a restart.
+    :func:`load_checkpoint` returns it after a restart. State dicts of
+    ``prepare_model`` (DDP) models are stored without the ``module.`` prefix,
+    so they load straight into an unwrapped model in the notebook.
     """
     import ray
     import torch
@@ -147,7 +149,7 @@ def save_checkpoint(obj: Any) -> None:
     if ctx.rank != 0:
         return
     obj = _unwrap_models(obj)
-    step = session.step if session.uses_loader else session.report_calls
+    step = session.current_step()
     meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time()}
     if session.storage:
         directory = os.path.join(session.storage, ctx.run_name, "checkpoints")
@@ -163,10 +165,14 @@ def save_checkpoint(obj: Any) -> None:
 
 
 def _unwrap_models(obj: Any) -> Any:
-    """Store a DDP model's plain state dict so it loads into an unwrapped model."""
-    module = getattr(obj, "module", None)
-    if module is not None and hasattr(obj, "state_dict"):
-        return module
+    """Store DDP state dicts without DDP's ``module.`` key prefix, so they load into a plain model."""
+    if hasattr(obj, "module") and hasattr(obj, "state_dict"):
+        return obj.module
+    if isinstance(obj, dict):
+        keys = list(obj)
+        if keys and all(isinstance(k, str) and k.startswith("module.") for k in keys):
+            return type(obj)((k[len("module."):], v) for k, v in obj.items())
+        return {k: _unwrap_models(v) for k, v in obj.items()}
     return obj
 
 
@@ -188,8 +194,7 @@ def load_checkpoint() -> Any | None:
     meta, data, path = found
     source: Any = io.BytesIO(data) if data is not None else path
     obj = torch.load(source, map_location=session.context.device, weights_only=session.weights_only)
-    session.step = int(meta.get("step", 0))
-    session.report_calls = int(meta.get("step", 0))
+    session.step = session.report_calls = session.last_step = int(meta.get("step", 0))
     return obj
 
 

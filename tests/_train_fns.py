@@ -1,0 +1,66 @@
+"""Training functions used by several cluster tests (sent to workers by value)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import nbtrain
+
+
+class TinyNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def make_data(n: int = 256, seed: int = 0) -> torch.utils.data.TensorDataset:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=gen)
+    y = x @ torch.arange(1.0, 9.0).unsqueeze(1) + 0.1 * torch.randn(n, 1, generator=gen)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def param_checksum(model: torch.nn.Module) -> float:
+    module = getattr(model, "module", model)
+    return float(sum(p.detach().double().sum() for p in module.parameters()))
+
+
+def train_regression(config):
+    """A few epochs of DDP regression; returns this rank's parameter checksum."""
+    torch.manual_seed(config.get("init_seed", 0))
+    model = nbtrain.prepare_model(TinyNet())
+    loader = nbtrain.prepare_loader(torch.utils.data.DataLoader(
+        make_data(seed=config.get("data_seed", 0)), batch_size=16, shuffle=True))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _epoch in range(config.get("epochs", 2)):
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            nbtrain.report(loss=loss.item())
+            time.sleep(config.get("sleep", 0.0))
+    return param_checksum(model)
+
+
+def train_steps(config):
+    """Report once per step with a sleep, so a test can watch it live; optional checkpoints."""
+    ctx = nbtrain.get_context()
+    start = 0
+    resumed = nbtrain.load_checkpoint()
+    if resumed is not None:
+        start = int(resumed["step"]) + 1
+    for step in range(start, config["steps"]):
+        nbtrain.report(step=step, loss=1.0 / (step + 1), sent=time.time())
+        every = config.get("checkpoint_every")
+        if every and step % every == 0:
+            nbtrain.save_checkpoint({"step": step, "weights": torch.full((3,), float(step))})
+        if config.get("fail_rank") == ctx.rank and step == config.get("fail_step") and ctx.attempt == 1:
+            raise ValueError(f"boom at step {step}")
+        time.sleep(config.get("sleep", 0.05))
+    return ctx.rank

@@ -1,0 +1,44 @@
+"""One loopback Ray cluster per test session, reached over ray:// as users do.
+
+NBTRAIN_HOME points at a throwaway directory *before* nbtrain is imported, so
+the session's cluster, token and run registry never touch the user's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("NBTRAIN_HOME", tempfile.mkdtemp(prefix="nbtrain-test-home-"))
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+import cloudpickle  # noqa: E402
+import pytest  # noqa: E402
+
+import nbtrain  # noqa: E402
+from nbtrain import _local_cluster  # noqa: E402
+
+TEST_CPUS = 4  # logical CPUs: room for 2 workers + a second small run on 2 real cores
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The embedded local cluster, started by nbtrain's own code (loopback + token)."""
+    started = time.monotonic()
+    connected = nbtrain.connect(num_cpus=TEST_CPUS, progress=lambda msg: print(msg, file=sys.stderr))
+    print(f"test cluster up in {time.monotonic() - started:.1f} s: {connected.address}", file=sys.stderr)
+    yield connected
+    nbtrain.disconnect()
+    _local_cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _ship_test_code_by_value(request):
+    """Workers cannot import tests/ modules, so send their functions by value (as for a notebook)."""
+    import _train_fns
+
+    cloudpickle.register_pickle_by_value(request.module)
+    cloudpickle.register_pickle_by_value(_train_fns)
+    yield

@@ -1,0 +1,114 @@
+"""Connecting: the embedded cluster stays on loopback with a token; bad addresses fail fast and clearly."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+import nbtrain
+from nbtrain import _local_cluster
+
+pytestmark = pytest.mark.cluster
+
+
+def _cluster_processes() -> list[psutil.Process]:
+    info = _local_cluster.status()
+    assert info is not None
+    return [p for p in psutil.process_iter() if _safe_pgid(p.pid) == info.pid]
+
+
+def _safe_pgid(pid: int) -> int | None:
+    import os
+
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def test_every_listening_socket_of_the_local_cluster_is_on_loopback(cluster):
+    listening = []
+    for proc in _cluster_processes():
+        try:
+            conns = proc.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        listening += [(proc.name(), c.laddr) for c in conns if c.status == psutil.CONN_LISTEN]
+    assert listening, "found no listening sockets of the cluster"
+    loopback = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
+    assert all(addr.ip in loopback for _name, addr in listening), listening
+
+
+def test_client_port_refuses_a_connection_without_the_token(cluster):
+    from nbtrain._connection import _host_port, _preflight
+
+    host, port = _host_port(cluster.address)
+    began = time.monotonic()
+    with pytest.raises(nbtrain.ConnectionFailedError, match="requires a token"):
+        _preflight(cluster.address, host, port, token=None)
+    with pytest.raises(nbtrain.ConnectionFailedError, match="rejected the authentication token"):
+        _preflight(cluster.address, host, port, token="not-the-token")
+    assert time.monotonic() - began < 5
+
+
+def test_unreachable_address_fails_within_15_s_naming_it(cluster):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again when the block ends: nobody listens there
+    began = time.monotonic()
+    with pytest.raises(nbtrain.ConnectionFailedError, match=f"Nothing is listening at ray://127.0.0.1:{port}"):
+        from nbtrain._connection import _host_port, _preflight
+
+        _preflight(f"ray://127.0.0.1:{port}", *_host_port(f"ray://127.0.0.1:{port}"), token=None)
+    assert time.monotonic() - began < 15
+
+
+def test_a_port_that_is_not_ray_client_is_named_as_such(cluster):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def accept_and_hang_up():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                conn.close()
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept_and_hang_up, daemon=True)
+    thread.start()
+    try:
+        from nbtrain._connection import _host_port, _preflight
+
+        began = time.monotonic()
+        with pytest.raises(nbtrain.ConnectionFailedError, match="does not answer as a Ray Client server"):
+            _preflight(f"ray://127.0.0.1:{port}", *_host_port(f"ray://127.0.0.1:{port}"), token=None)
+        assert time.monotonic() - began < 15
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+def test_non_ray_scheme_is_refused():
+    with pytest.raises(nbtrain.ConnectionFailedError, match="must look like ray://host:10001"):
+        nbtrain.connect("http://example.invalid:8265")
+
+
+def test_versions_that_differ_are_both_named():
+    from nbtrain._connection import check_versions
+
+    with pytest.raises(nbtrain.VersionMismatchError) as raised:
+        check_versions({"ray": "2.50.0", "python": "3.10.12", "nbtrain": "0.1.0"},
+                       {"ray": "2.60.0", "python": "3.11.7"})
+    message = str(raised.value)
+    assert "Ray 2.60.0 in the notebook but Ray 2.50.0 on the cluster" in message
+    assert "Python 3.11.7 in the notebook but Python 3.10.12 on the cluster" in message

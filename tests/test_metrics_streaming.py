@@ -1,0 +1,72 @@
+"""Metrics reach the notebook while the run goes, through a cursor that loses and repeats nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from _train_fns import train_steps
+
+import nbtrain
+
+pytestmark = pytest.mark.cluster
+
+
+def test_rows_arrive_live_and_the_cursor_neither_drops_nor_repeats(cluster):
+    run = nbtrain.launch(train_steps, config={"steps": 60, "sleep": 0.05}, workers=2, name="stream")
+    delivered: list[dict] = []
+    counts_while_running = []
+    latencies = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        new = run.refresh()  # only what arrived since the last read
+        now = time.time()
+        latencies += [now - row["sent"] for row in new]
+        delivered += new
+        summary = run.cached_summary
+        if summary["state"] == "running":
+            counts_while_running.append(len(delivered))
+        if nbtrain.RunState(summary["state"]).is_terminal:
+            break
+        time.sleep(0.1)
+    assert run.state == nbtrain.RunState.SUCCEEDED
+    growth = sorted(set(counts_while_running))
+    assert len([c for c in growth if 0 < c < 120]) >= 3, f"metrics did not arrive while running: {growth}"
+    delivered += run.refresh()
+    keys = [(r["attempt"], r["rank"], r["step"]) for r in delivered]
+    assert len(keys) == len(set(keys)), "a row was delivered twice"
+    assert sorted(keys) == sorted((1, rank, step) for rank in (0, 1) for step in range(60)), "rows were lost"
+    assert run.metrics == delivered  # the Run's own history is the same stream, in the same order
+    latencies.sort()
+    print(f"report → notebook latency p50 {latencies[len(latencies) // 2] * 1000:.0f} ms")
+
+
+def test_a_second_driver_process_attaches_and_sees_the_same_history(cluster):
+    run = nbtrain.launch(train_steps, config={"steps": 40, "sleep": 0.02}, workers=2, name="attach-me")
+    run.wait(timeout=120)
+    expected = len(run.metrics)
+    script = textwrap.dedent(f"""
+        import nbtrain
+        nbtrain.connect({cluster.address!r}, progress=lambda m: None)
+        run = nbtrain.attach("attach-me")
+        print("ROWS", len(run.metrics), run.state.value, run.result)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ})
+    assert f"ROWS {expected} succeeded [0, 1]" in out.stdout, out.stdout + out.stderr
+    assert expected == 80
+
+
+def test_runs_lists_this_run_and_attach_refuses_unknown_names(cluster):
+    run = nbtrain.launch(train_steps, config={"steps": 5, "sleep": 0.0}, workers=1, name="listed")
+    run.wait(timeout=120)
+    listed = {r["name"]: r for r in nbtrain.runs()}
+    assert listed["listed"]["state"] == "succeeded"
+    with pytest.raises(nbtrain.RunNotFoundError, match="No run named 'nope'.*listed"):
+        nbtrain.attach("nope")
+    with pytest.raises(nbtrain.RunExistsError, match="already exists"):
+        nbtrain.launch(train_steps, config={"steps": 5}, workers=1, name="listed")
