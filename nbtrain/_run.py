@@ -108,6 +108,15 @@ class Run:
         with self._lock:
             return dict(self._summary)
 
+    def cached_log_entries(self, start: int = 0) -> list[dict[str, Any]]:
+        """Log chunks (rank, stream, time, text) already fetched, from index ``start`` on."""
+        with self._lock:
+            return self._logs[start:]
+
+    def cached_events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._events)
+
     def _fresh_summary(self) -> dict[str, Any]:
         self.refresh()
         return self._summary

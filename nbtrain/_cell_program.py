@@ -1,0 +1,56 @@
+"""A ``%%ray_train`` cell body turned into a training function.
+
+Only the notebook names the body actually uses are shipped (found from the
+compiled code's names, nested functions included), not the whole namespace:
+a 10 GB DataFrame sitting in the notebook stays there unless the cell uses it.
+On the worker the body runs with ``config``, ``rank``, ``world_size`` and
+``nbtrain`` defined; a variable named ``result`` becomes that rank's result.
+"""
+
+from __future__ import annotations
+
+import builtins
+import types
+from collections.abc import Iterator
+from typing import Any
+
+CELL_FILENAME = "<%%ray_train cell>"
+INJECTED = ("config", "rank", "world_size", "local_rank", "device", "nbtrain")
+_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
+
+
+def _names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+def referenced_names(source: str, namespace: dict[str, Any]) -> dict[str, Any]:
+    """The notebook values ``source`` refers to (modules included; they pickle by name)."""
+    code = compile(source, CELL_FILENAME, "exec")
+    wanted = set(_names(code))
+    return {name: namespace[name] for name in sorted(wanted)
+            if name in namespace and name not in INJECTED and name not in _IPYTHON_NAMES
+            and not name.startswith("_") and not hasattr(builtins, name)}
+
+
+class CellProgram:
+    """Callable with ``config``: runs the cell body on a worker."""
+
+    def __init__(self, source: str, captured: dict[str, Any]) -> None:
+        compile(source, CELL_FILENAME, "exec")  # syntax errors surface in the notebook, not on workers
+        self.source = source
+        self.captured = captured
+
+    def __call__(self, config: dict[str, Any]) -> Any:
+        import nbtrain
+
+        ctx = nbtrain.get_context()
+        scope: dict[str, Any] = {
+            "__name__": "__ray_train_cell__", "__builtins__": builtins, **self.captured,
+            "config": config, "rank": ctx.rank, "world_size": ctx.world_size,
+            "local_rank": ctx.local_rank, "device": ctx.device, "nbtrain": nbtrain,
+        }
+        exec(compile(self.source, CELL_FILENAME, "exec"), scope)  # noqa: S102 - running the user's cell is the job
+        return scope.get("result")

@@ -1,0 +1,35 @@
+"""Shrink a long curve for drawing without losing its shape.
+
+Per bucket we keep the first, minimum, maximum and last point (the "M4"
+scheme): spikes survive, the first and last points are always kept, and a
+1,000,000-point history becomes a few thousand points the browser draws at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    n = len(x)
+    if n <= max_points:
+        return x, y
+    buckets = max(1, max_points // 4)
+    edges = np.linspace(0, n, buckets + 1, dtype=np.int64)
+    keep: list[np.ndarray] = []
+    for start, stop in zip(edges[:-1], edges[1:]):
+        if stop <= start:
+            continue
+        segment = y[start:stop]
+        finite = np.where(np.isfinite(segment), segment, np.nan)
+        if np.all(np.isnan(finite)):
+            picks = [start, stop - 1]
+        else:
+            picks = [start, start + int(np.nanargmin(finite)), start + int(np.nanargmax(finite)), stop - 1]
+        keep.append(np.asarray(picks, dtype=np.int64))
+    index = np.unique(np.concatenate(keep))
+    return x[index], y[index]

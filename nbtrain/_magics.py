@@ -1,0 +1,309 @@
+"""IPython magics: ``%ray_connect``, ``%%ray_train``, ``%ray_status``, ``%ray_attach``, ``%ray_stop``.
+
+They parse and delegate: every run goes through :func:`nbtrain.launch`, every
+view through the dashboard. Misuse raises ``UsageError`` with the fix, which
+IPython prints as one line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import _connection
+from ._cell_program import CELL_FILENAME, CellProgram, referenced_names
+from ._exceptions import NbtrainError, RunFailedError
+from ._serialization import check_values
+
+
+def parse_config(pairs: list[str]) -> dict[str, Any]:
+    """``["lr=0.01", "epochs=5", "opt=adam"]`` → ``{"lr": 0.01, "epochs": 5, "opt": "adam"}``."""
+    config: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.isidentifier():
+            msg = (f"--config expects key=value pairs like `--config lr=0.01 epochs=5`, got {pair!r}. "
+                   f"Keys must be Python identifiers.")
+            raise UsageError(msg)
+        try:
+            config[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            config[key] = raw
+    return config
+
+
+class _RunFailedInCell(Exception):
+    """Ends a blocking ``%%ray_train`` cell (so Run All stops) with a short rendering, not a traceback."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def _render_traceback_(self) -> list[str]:
+        return [self.message]
+
+
+@magics_class
+class NbtrainMagics(Magics):
+    """The nbtrain magics; ``%load_ext nbtrain`` registers them."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.last_run: Any = None
+
+    # ------------------------------------------------------------------ %ray_connect
+    @magic_arguments()
+    @argument("address", nargs="?", default=None,
+              help="ray://host:port of the cluster's Ray Client server; omit for the embedded local cluster")
+    @argument("--token", default=None, help="authentication token of a cluster with RAY_AUTH_MODE=token")
+    @argument("--num-cpus", type=int, default=None, help="CPUs of the local cluster (when starting it)")
+    @argument("--num-gpus", type=int, default=None, help="GPUs of the local cluster (when starting it)")
+    @line_magic
+    def ray_connect(self, line: str) -> Any:
+        """Connect this notebook to a Ray cluster (default: an embedded local one on 127.0.0.1).
+
+        Example::
+
+            In [1]: %ray_connect
+            Local Ray cluster ready at ray://127.0.0.1:41837 (11.2 s)
+            In [2]: %ray_connect ray://head.example.com:10001 --token $TOKEN
+        """
+        args = self._parse(self.ray_connect, line)
+        if args is None:
+            return None
+        try:
+            cluster = _connection.connect(args.address, token=args.token, num_cpus=args.num_cpus,
+                                          num_gpus=args.num_gpus, progress=_Progress().say)
+        except NbtrainError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"Connected: {cluster.describe()}")
+        return None
+
+    # ------------------------------------------------------------------ %%ray_train
+    @magic_arguments()
+    @argument("--workers", "-w", type=int, default=2, help="number of DDP workers (ranks), default 2")
+    @argument("--cpus-per-worker", type=float, default=1, help="CPUs reserved per worker, default 1")
+    @argument("--gpus-per-worker", type=float, default=0, help="GPUs per worker (nccl backend when > 0), default 0")
+    @argument("--config", "-c", nargs="+", default=[], metavar="KEY=VALUE",
+              help="values for the `config` dict, e.g. --config lr=0.01 epochs=5")
+    @argument("--name", "-n", default=None, help="run name (unique on the cluster); default run-<time>")
+    @argument("--max-failures", type=int, default=0, help="restarts allowed after a worker fails, default 0")
+    @argument("--bg", action="store_true", help="return at once; the run and its dashboard keep going")
+    @argument("--out", "-o", default=None, metavar="VAR", help="store the Run in this notebook variable")
+    @argument("--total-steps", type=int, default=None, help="expected steps, for the progress bar and ETA")
+    @argument("--collective-timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
+    @argument("--stall-timeout", type=float, default=300.0, help="seconds without progress before a rank is stalled")
+    @argument("--on-stall", choices=("warn", "fail", "restart"), default="warn", help="what a stall does")
+    @argument("--stop-on-nan", action="store_true", help="fail the run when a reported metric is NaN")
+    @argument("--storage", default=None, help="shared directory for checkpoints on multi-node clusters")
+    @cell_magic
+    def ray_train(self, line: str, cell: str) -> Any:
+        """Run this cell's body on every DDP worker; the output becomes the run's live dashboard.
+
+        Inside the cell: ``config``, ``rank``, ``world_size``, ``device`` and the
+        ``nbtrain`` worker API; notebook names the cell uses are sent along.
+        Blocks until the run ends (interrupt ■ stops it) unless ``--bg``.
+
+        Example::
+
+            In [3]: %%ray_train --workers 2 --config lr=0.01 epochs=3 --out run
+               ...: model = nbtrain.prepare_model(Net())
+               ...: for epoch in range(config["epochs"]):
+               ...:     for x, y in nbtrain.prepare_loader(loader):
+               ...:         ...
+               ...:         nbtrain.report(loss=loss.item())
+        """
+        import nbtrain
+
+        args = self._parse(self.ray_train, line)
+        if args is None:
+            return None
+        if not cell.strip():
+            msg = "The %%ray_train cell is empty: put the per-worker training code below the magic line."
+            raise UsageError(msg)
+        if args.workers < 1:
+            raise UsageError(f"--workers must be at least 1, got {args.workers}.")
+        if args.out is not None and not args.out.isidentifier():
+            raise UsageError(f"--out needs a Python variable name, got {args.out!r}.")
+        config = parse_config(args.config)
+        source = self.shell.transform_cell(cell)
+        try:
+            captured = referenced_names(source, self.shell.user_ns)
+        except SyntaxError as exc:
+            msg = f"The %%ray_train cell has a syntax error on line {exc.lineno}: {exc.msg}."
+            raise UsageError(msg) from None
+        try:
+            _connection.current()
+            check_values(captured)
+            run = nbtrain.launch(
+                CellProgram(source, captured), config=config, workers=args.workers,
+                cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker, name=args.name,
+                max_failures=args.max_failures, total_steps=args.total_steps,
+                collective_timeout_s=args.collective_timeout, stall_timeout_s=args.stall_timeout,
+                on_stall=args.on_stall, stop_on_nan=args.stop_on_nan, storage=args.storage,
+                sources={CELL_FILENAME: source},
+            )
+        except NbtrainError as exc:
+            raise UsageError(str(exc)) from None
+        self.last_run = run
+        if args.out:
+            self.shell.user_ns[args.out] = run
+        if args.bg:
+            run.dashboard()
+            return None
+        return self._follow_blocking(run)
+
+    def _follow_blocking(self, run: Any) -> None:
+        from ._dashboard import show_dashboard
+
+        view = show_dashboard(run, follow="none")
+        try:
+            state = view.follow()
+        except KeyboardInterrupt:
+            run.stop()
+            view.update()
+            print(f"Interrupted: run {run.name!r} was stopped; its workers are gone and their resources freed.")
+            return None
+        if state.value == "failed":
+            raise _RunFailedInCell(f"RunFailedError: run {run.name!r} failed.\n{run.cached_summary.get('error')}")
+        return None
+
+    # ------------------------------------------------------------------ %ray_status
+    @magic_arguments()
+    @line_magic
+    def ray_status(self, line: str) -> None:
+        """Cluster resources, nodes, and the runs on the cluster.
+
+        Example::
+
+            In [4]: %ray_status
+            ray://127.0.0.1:41837 (local): 1 node(s), CPU 2/4 used
+            cifar   running    attempt 1  step 120/400
+        """
+        import nbtrain
+
+        if self._parse(self.ray_status, line) is None:
+            return
+        try:
+            cluster = _connection.current()
+        except NbtrainError as exc:
+            raise UsageError(str(exc)) from None
+        print(cluster.describe())
+        for node in cluster.nodes():
+            role = "head" if node["head"] else "worker"
+            print(f"  node {node['address']} ({role}, {'alive' if node['alive'] else 'dead'}): "
+                  f"{node['cpus']:g} CPU, {node['gpus']:g} GPU")
+        found = nbtrain.runs()
+        if not found:
+            print("No runs on this cluster yet.")
+            return
+        print(f"{'run':<32} {'state':<11} {'attempt':>7} {'step':>10}  owner")
+        for info in found:
+            total = f"/{info['total_steps']}" if info.get("total_steps") else ""
+            owner = (info.get("owner") or {}).get("notebook") or ""
+            print(f"{info['name']:<32} {info['state']:<11} {info.get('attempt', ''):>7} "
+                  f"{str(info.get('step', '')) + total:>10}  {owner}")
+
+    # ------------------------------------------------------------------ %ray_attach
+    @magic_arguments()
+    @argument("name", help="the run's name (see %ray_status)")
+    @argument("--out", "-o", default=None, metavar="VAR", help="store the Run in this notebook variable")
+    @line_magic
+    def ray_attach(self, line: str) -> None:
+        """Re-open a run's live dashboard (after a kernel restart, or from another notebook).
+
+        Example::
+
+            In [1]: %load_ext nbtrain
+            In [2]: %ray_connect
+            In [3]: %ray_attach cifar --out run
+        """
+        import nbtrain
+
+        args = self._parse(self.ray_attach, line)
+        if args is None:
+            return None
+        try:
+            run = nbtrain.attach(args.name)
+        except NbtrainError as exc:
+            raise UsageError(str(exc)) from None
+        self.last_run = run
+        if args.out:
+            self.shell.user_ns[args.out] = run
+        run.dashboard()
+
+    # ------------------------------------------------------------------ %ray_stop
+    @magic_arguments()
+    @argument("name", nargs="?", default=None, help="run to stop; default: the last run started here")
+    @line_magic
+    def ray_stop(self, line: str) -> None:
+        """Stop a run (all workers stopped, resources freed).
+
+        Example::
+
+            In [5]: %ray_stop cifar
+            Run 'cifar' stopped.
+        """
+        import nbtrain
+
+        args = self._parse(self.ray_stop, line)
+        if args is None:
+            return None
+        try:
+            if args.name:
+                run = nbtrain.attach(args.name)
+            elif self.last_run is not None:
+                run = self.last_run
+            else:
+                raise UsageError("Which run? Give its name: %ray_stop NAME (see %ray_status).")
+            state = run.stop()
+        except NbtrainError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"Run {run.name!r} {state.value}.")
+
+    # ------------------------------------------------------------------ parsing
+    def _parse(self, magic: Any, line: str) -> Any:
+        """Parsed options, or ``None`` after printing usage for ``--help``/``-h``."""
+        tokens = line.split()
+        if "--help" in tokens or "-h" in tokens:
+            print(magic.__doc__)
+            return None
+        try:
+            return parse_argstring(magic, line)
+        except UsageError as exc:
+            raise UsageError(_with_suggestion(str(exc), magic, line)) from None
+
+
+def _with_suggestion(message: str, magic: Any, line: str) -> str:
+    parser = magic.parser
+    options = [opt for action in parser._actions for opt in action.option_strings]
+    hints = []
+    for token in shlex.split(line, posix=True) if line else []:
+        if token.startswith("--") and token.split("=")[0] not in options:
+            close = difflib.get_close_matches(token.split("=")[0], options, n=1)
+            if close:
+                hints.append(f"did you mean {close[0]} instead of {token.split('=')[0]}?")
+    name = magic.__name__
+    prefix = "%%" if name == "ray_train" else "%"
+    fix = f" ({'; '.join(hints)})" if hints else ""
+    return f"{prefix}{name}: {message}{fix}. See `{prefix}{name} --help` for every option."
+
+
+class _Progress:
+    """Prints connection progress on one line in a notebook."""
+
+    def say(self, message: str) -> None:
+        print(message, flush=True)
+
+
+def register(ipython: Any) -> None:
+    ipython.register_magics(NbtrainMagics)
+
+
+__all__ = ["NbtrainMagics", "RunFailedError", "parse_config", "register"]

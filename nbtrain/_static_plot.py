@@ -1,0 +1,54 @@
+"""A small SVG of a run's final curves, saved in the notebook's output.
+
+JupyterLab does not restore widget state when a notebook is reopened, and
+plotly's widget state is megabytes. So when a run ends the dashboard also
+leaves this static picture (a few KB, no JavaScript) and a text summary.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+from ._downsample import downsample
+
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def svg_chart(title: str, series: dict[str, tuple[Sequence[float], Sequence[float]]],
+              width: int = 420, height: int = 240) -> str:
+    left, right, top, bottom = 52, 10, 24, 30
+    points = {name: downsample(xs, ys, 400) for name, (xs, ys) in series.items() if len(xs)}
+    finite = [(x, y) for xs, ys in points.values() for x, y in zip(xs, ys) if math.isfinite(y)]
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'style="font:11px sans-serif;background:#fff">',
+             f'<text x="{left}" y="15" font-weight="bold">{html.escape(title)}</text>']
+    if not finite:
+        parts.append(f'<text x="{left}" y="{height // 2}">no data</text></svg>')
+        return "".join(parts)
+    x0, x1 = min(p[0] for p in finite), max(p[0] for p in finite)
+    y0, y1 = min(p[1] for p in finite), max(p[1] for p in finite)
+    x1 = x1 if x1 > x0 else x0 + 1
+    y1 = y1 if y1 > y0 else y0 + 1
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * (width - left - right)
+
+    def sy(y: float) -> float:
+        return height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)
+
+    parts.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
+                 f'fill="none" stroke="#ccc"/>')
+    for value, y in ((y0, height - bottom), (y1, top)):
+        parts.append(f'<text x="{left - 4}" y="{y + 4}" text-anchor="end">{value:.4g}</text>')
+    parts.append(f'<text x="{left}" y="{height - 12}">{x0:g}</text>'
+                 f'<text x="{width - right}" y="{height - 12}" text-anchor="end">step {x1:g}</text>')
+    for i, (name, (xs, ys)) in enumerate(points.items()):
+        colour = COLOURS[i % len(COLOURS)]
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys) if math.isfinite(y))
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{path}"/>')
+        parts.append(f'<text x="{width - right - 4}" y="{top + 12 + 12 * i}" text-anchor="end" '
+                     f'fill="{colour}">{html.escape(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
