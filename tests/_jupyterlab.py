@@ -146,7 +146,9 @@ def start_jupyterlab(
     env: dict[str, str] | None = None,
     *,
     server_config: dict[str, Any] | None = None,
+    from_checkout: bool = True,
     labextension: bool = True,
+    python: str = sys.executable,
     timeout: float = 90.0,
 ) -> JupyterLab:
     """Start ``jupyter lab`` on 127.0.0.1 and wait until it answers.
@@ -156,8 +158,12 @@ def start_jupyterlab(
         env: extra environment variables (``NBTRAIN_HOME`` above all).
         server_config: extra traitlets config merged into the server's
             ``jupyter_server_config.json``, e.g. ``{"NbtrainServer": {...}}``.
-        labextension: serve this checkout's built lab extension (building it
-            first if it is stale).
+        from_checkout: put this checkout first on ``PYTHONPATH``, so the
+            server runs the code under test; False leaves it to what is
+            installed for ``python``.
+        labextension: with ``from_checkout``, also serve the checkout's built
+            lab extension (building it first if it is stale).
+        python: the interpreter that runs the server.
         timeout: seconds to wait for the server to answer.
     """
     tmp = Path(tempfile.mkdtemp(prefix="nbtrain-lab-"))
@@ -176,7 +182,7 @@ def start_jupyterlab(
     (dirs["config"] / "labconfig" / "page_config.json").write_text(
         json.dumps({"disabledExtensions": _DISABLED_LAB_PLUGINS})
     )
-    if labextension:
+    if from_checkout and labextension:
         (dirs["labextensions"] / "nbtrain").symlink_to(ensure_labextension_built())
 
     token = secrets.token_hex(16)
@@ -187,11 +193,12 @@ def start_jupyterlab(
         "JUPYTER_DATA_DIR": str(dirs["data"]),
         "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
         "JUPYTER_PLATFORM_DIRS": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        **(env or {}),
     }
+    if from_checkout:
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    full_env.update(env or {})
     command = [
-        sys.executable,
+        python,
         "-m",
         "jupyterlab",
         "--no-browser",
@@ -210,7 +217,14 @@ def start_jupyterlab(
     ]
     log_path = tmp / "jupyterlab.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, env=full_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            command,
+            cwd=root_dir,  # `python -m` puts the cwd first on sys.path: never the checkout by accident
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     lab = JupyterLab(
         url=f"http://127.0.0.1:{port}/",
         token=token,
