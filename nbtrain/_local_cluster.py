@@ -134,14 +134,14 @@ def start(
     num_gpus: int | None = None,
     progress: Progress | None = None,
     timeout: float = START_TIMEOUT_S,
-    attempts: int = 2,
+    attempts: int = 3,
 ) -> LocalClusterInfo:
     """Start the local cluster, or return the one already running.
 
     ``num_gpus`` defaults to what Ray detects; passing a number on a machine
     without GPUs creates *logical* GPUs (resources only), which tests use.
     Ray gives its raylet a fixed 30 s to register; on a heavily loaded machine
-    that can run out, so one failed start is retried from scratch.
+    that can run out, so a failed start is retried from scratch.
     """
     say = progress or (lambda _msg: None)
     running = status()

@@ -1,0 +1,100 @@
+"""Magic parsing and errors, through a real IPython InteractiveShell (no cluster needed)."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+from nbtrain._cell_program import CellProgram, referenced_names
+from nbtrain._magics import parse_config
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "nbtrain")
+    return shell
+
+
+def _usage_error(ip, cell: str) -> str:
+    result = ip.run_cell(cell)
+    assert isinstance(result.error_in_exec, UsageError), f"expected a UsageError, got {result.error_in_exec!r}"
+    return str(result.error_in_exec)
+
+
+def test_config_values_are_parsed_as_python_literals():
+    assert parse_config(["lr=0.01", "epochs=5", "opt=adam", "layers=[64, 32]", "amp=True"]) == {
+        "lr": 0.01, "epochs": 5, "opt": "adam", "layers": [64, 32], "amp": True}
+
+
+@pytest.mark.parametrize("bad", ["lr", "=3", "2x=1"])
+def test_bad_config_pairs_say_the_expected_form(bad):
+    with pytest.raises(UsageError, match="key=value pairs like `--config lr=0.01 epochs=5`"):
+        parse_config([bad])
+
+
+def test_unknown_option_suggests_the_right_one(ip):
+    message = _usage_error(ip, "%%ray_train --wrokers 2\nx = 1\n")
+    assert "unrecognized arguments: --wrokers" in message
+    assert "did you mean --workers" in message
+    assert "%%ray_train --help" in message
+
+
+def test_bad_value_names_the_option(ip):
+    message = _usage_error(ip, "%%ray_train --workers two\nx = 1\n")
+    assert "argument --workers/-w: invalid int value: 'two'" in message
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("--workers 0", "--workers must be at least 1"),
+    ("--out 1run", "--out needs a Python variable name"),
+    ("--on-stall explode", "invalid choice: 'explode'"),
+])
+def test_invalid_values_are_usage_errors(ip, line, expected):
+    assert expected in _usage_error(ip, f"%%ray_train {line}\nx = 1\n")
+
+
+def test_empty_cell_and_syntax_errors_are_reported_before_launch(ip):
+    assert "cell is empty" in _usage_error(ip, "%%ray_train --workers 2\n\n")
+    assert "syntax error on line 2" in _usage_error(ip, "%%ray_train --workers 2\nx = 1\ny = (\n")
+
+
+def test_running_without_a_connection_says_to_connect(ip):
+    import nbtrain
+
+    nbtrain.disconnect()
+    message = _usage_error(ip, "%%ray_train --workers 2\nx = 1\n")
+    assert "Not connected to a Ray cluster. Run `nbtrain.connect()` (or `%ray_connect`) first." in message
+
+
+def test_help_prints_usage_with_an_example(ip, capsys):
+    for magic in ("%%ray_train --help\nx = 1\n", "%ray_connect --help", "%ray_attach -h", "%ray_stop --help",
+                  "%ray_status --help"):
+        result = ip.run_cell(magic)
+        assert result.error_in_exec is None
+    out = capsys.readouterr().out
+    for option in ("--workers", "--cpus-per-worker", "--gpus-per-worker", "--config", "--name", "--max-failures",
+                   "--bg", "--out"):
+        assert option in out
+    assert "Example::" in out and "In [3]: %%ray_train --workers 2" in out
+
+
+def test_ray_stop_without_a_name_or_run_says_which(ip):
+    assert "Which run? Give its name" in _usage_error(ip, "%ray_stop")
+
+
+def test_only_the_names_the_cell_uses_are_captured():
+    import threading
+
+    namespace = {"model_cls": object, "LR": 0.1, "helper": len, "big_frame": list(range(10)),
+                 "lock": threading.Lock(), "np": pytest, "_private": 1, "In": []}
+    source = "m = model_cls()\nx = helper([LR])\nimport math\ny = np.approx(1)\n"
+    assert set(referenced_names(source, namespace)) == {"model_cls", "LR", "helper", "np"}
+
+
+def test_cell_program_defines_config_and_returns_result():
+    program = CellProgram("result = config['a'] * 2", {})
+    assert program.source == "result = config['a'] * 2"
+    with pytest.raises(SyntaxError):
+        CellProgram("x = (", {})

@@ -1,0 +1,116 @@
+"""%%ray_train on the real loopback cluster, driven through IPython as a notebook would."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+
+import pytest
+from _helpers import run_actor_names, wait_for
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+import nbtrain
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def ip(cluster):
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "nbtrain")
+    result = shell.run_cell(f"%ray_connect {cluster.address}")
+    assert result.error_in_exec is None
+    return shell
+
+
+NOTEBOOK_DEFINITIONS = '''
+import torch
+SCALE = 3.0
+class Doubler(torch.nn.Module):
+    def forward(self, x):
+        return 2 * x
+def helper(x):
+    return x * SCALE
+unused_big = list(range(100_000))
+'''
+
+
+def test_notebook_function_class_and_constant_reach_the_workers(ip):
+    assert ip.run_cell(NOTEBOOK_DEFINITIONS).error_in_exec is None
+    result = ip.run_cell('''%%ray_train --workers 2 --name cell-capture --out run --config k=7
+value = helper(Doubler()(torch.ones(1))).item()
+nbtrain.report(value=value, k=config["k"])
+result = (rank, world_size, value, config["k"], "unused_big" in globals())
+''')
+    assert result.error_in_exec is None, result.error_in_exec
+    run = ip.user_ns["run"]
+    assert run.state == nbtrain.RunState.SUCCEEDED
+    assert run.result == [(0, 2, 6.0, 7, False), (1, 2, 6.0, 7, False)]
+
+
+def test_unpicklable_notebook_object_is_named(ip):
+    ip.run_cell("import threading\nlock = threading.Lock()")
+    result = ip.run_cell("%%ray_train --workers 2 --name uses-lock\nwith lock:\n    pass\n")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "`lock` (a threading.Lock) cannot be sent to the workers" in str(result.error_in_exec)
+    assert not run_actor_names("uses-lock")
+
+
+def test_failing_rank_fails_the_cell_with_its_traceback(ip, capsys):
+    result = ip.run_cell('''%%ray_train --workers 2 --name cell-fails
+for step in range(30):
+    nbtrain.report(loss=1.0 / (step + 1))
+    if rank == 1 and step == 5:
+        raise ZeroDivisionError("rank one divided by zero")
+''')
+    error = result.error_in_exec
+    assert error is not None and "run 'cell-fails' failed" in str(error)
+    assert "Rank 1 raised ZeroDivisionError at step 6: rank one divided by zero" in str(error)
+    assert 'raise ZeroDivisionError("rank one divided by zero")' in str(error)  # the cell's own line
+    assert not run_actor_names("cell-fails")
+
+
+def test_interrupting_a_blocking_cell_stops_the_run(ip, capsys):
+    def interrupt_when_running():
+        def running():
+            try:
+                return nbtrain.attach("interrupted").metrics
+            except nbtrain.NbtrainError:
+                return False
+        wait_for(running, 120, interval=0.3, message="the run to report")
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_running, daemon=True).start()
+    began = time.monotonic()
+    result = ip.run_cell('''%%ray_train --workers 2 --name interrupted
+import time
+for step in range(100000):
+    nbtrain.report(loss=1.0)
+    time.sleep(0.05)
+''')
+    assert result.error_in_exec is None
+    assert time.monotonic() - began < 150
+    assert "Interrupted: run 'interrupted' was stopped" in capsys.readouterr().out
+    assert nbtrain.attach("interrupted").state == nbtrain.RunState.STOPPED
+    wait_for(lambda: not run_actor_names("interrupted"), 10, message="no actors left")
+
+
+def test_background_run_returns_at_once_and_ray_stop_stops_it(ip, capsys):
+    began = time.monotonic()
+    result = ip.run_cell('''%%ray_train --workers 1 --bg --name in-background --out bg_run
+import time
+for step in range(100000):
+    nbtrain.report(loss=1.0)
+    time.sleep(0.05)
+''')
+    assert result.error_in_exec is None
+    assert time.monotonic() - began < 10
+    run = ip.user_ns["bg_run"]
+    wait_for(lambda: run.metrics, 120, message="rows from the background run")
+    ip.run_cell("%ray_status")
+    assert "in-background" in capsys.readouterr().out
+    ip.run_cell("%ray_stop in-background")
+    assert "Run 'in-background' stopped." in capsys.readouterr().out
+    assert run.state == nbtrain.RunState.STOPPED
