@@ -109,9 +109,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Iterator[Jupyte
     server.stop()
 
 
-@pytest.fixture
-def lab_page(page: Page, lab: JupyterLab, request: pytest.FixtureRequest) -> Iterator[Page]:
-    page.set_viewport_size({"width": 1400, "height": 850})
+@pytest.fixture(scope="module")
+def lab_page(browser: Any, lab: JupyterLab) -> Iterator[Page]:
+    """One JupyterLab page for the module: loading it is the slow part."""
+    context = browser.new_context(viewport={"width": 1400, "height": 850})
+    page = context.new_page()
     page.goto(lab.lab_url("tree/demo.ipynb"))
     page.wait_for_function(
         "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
@@ -121,7 +123,14 @@ def lab_page(page: Page, lab: JupyterLab, request: pytest.FixtureRequest) -> Ite
         timeout=60_000,
     )
     yield page
-    shot(page, f"{request.node.name}-end")  # look at it when a test fails
+    context.close()
+
+
+@pytest.fixture(autouse=True)
+def screenshot_at_end(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "lab_page" in request.fixturenames:
+        shot(request.getfixturevalue("lab_page"), f"{request.node.name}-end")  # look at it when a test fails
 
 
 def shot(page: Page, name: str) -> None:
