@@ -1,0 +1,139 @@
+"""The ``nbtrain`` command: the embedded local cluster, runs, and the lab entry point.
+
+    nbtrain cluster start [--num-cpus N] [--num-gpus N]   start (or reuse) the loopback cluster
+    nbtrain cluster stop                                  stop it (only it: never a bare `ray stop`)
+    nbtrain cluster status                                is it running, at which address
+    nbtrain runs [--json] [--address ADDR]               runs on the cluster (refreshes the lab sidebar)
+    nbtrain stop NAME [--address ADDR]                    stop a run
+    nbtrain lab [NOTEBOOK]                                local cluster + JupyterLab on 127.0.0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import _local_cluster
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _connect(address: str | None) -> None:
+    import nbtrain
+
+    nbtrain.connect(address, progress=lambda _m: None)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    if args.action == "start":
+        info = _local_cluster.start(num_cpus=args.num_cpus, num_gpus=args.num_gpus, progress=_say)
+        print(info.address)
+        return 0
+    if args.action == "stop":
+        stopped = _local_cluster.stop()
+        _say("Local Ray cluster stopped." if stopped else "No local Ray cluster was running.")
+        return 0
+    info = _local_cluster.status()
+    if info is None:
+        print("stopped")
+        return 1
+    print(f"running at {info.address} (pid {info.pid}, {info.num_cpus} CPUs)")
+    return 0
+
+
+def _address_for(name: str | None, given: str | None) -> str | None:
+    if given:
+        return given
+    if name:
+        from ._registry import read_run
+
+        record = read_run(name)
+        if record and record.get("address"):
+            local = _local_cluster.status()
+            if local is None or record["address"] != local.address:
+                return record["address"]
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    import nbtrain
+
+    _connect(_address_for(None, args.address))
+    found = nbtrain.runs()
+    if args.json:
+        print(json.dumps(found, default=str))
+        return 0
+    for info in found:
+        print(f"{info['name']:<32} {info['state']:<11} attempt {info.get('attempt')} step {info.get('step')}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    import nbtrain
+
+    _connect(_address_for(args.name, args.address))
+    run = nbtrain.attach(args.name)
+    state = run.stop()
+    print(f"Run {args.name!r} {state.value}.")
+    return 0
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    info = _local_cluster.start(progress=_say)
+    env = {**os.environ, "RAY_ADDRESS": info.address}
+    notebook = args.notebook or _default_notebook()
+    command = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1"]
+    if notebook:
+        command.append(str(notebook))
+    command += args.jupyter_args
+    _say(f"JupyterLab on 127.0.0.1 with the local Ray cluster at {info.address}")
+    return subprocess.call(command, env=env)
+
+
+def _default_notebook() -> Path | None:
+    candidate = Path.cwd() / "notebooks" / "01_quickstart.ipynb"
+    return candidate if candidate.exists() else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nbtrain", description="Distributed PyTorch training on Ray, from notebooks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cluster = sub.add_parser("cluster", help="the embedded local Ray cluster (127.0.0.1 only, token auth)")
+    cluster.add_argument("action", choices=("start", "stop", "status"))
+    cluster.add_argument("--num-cpus", type=int, default=None)
+    cluster.add_argument("--num-gpus", type=int, default=None)
+    cluster.set_defaults(func=cmd_cluster)
+    runs = sub.add_parser("runs", help="list runs on the cluster")
+    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--address", default=None)
+    runs.set_defaults(func=cmd_runs)
+    stop = sub.add_parser("stop", help="stop a run")
+    stop.add_argument("name")
+    stop.add_argument("--address", default=None)
+    stop.set_defaults(func=cmd_stop)
+    lab = sub.add_parser("lab", help="start the local cluster and JupyterLab")
+    lab.add_argument("notebook", nargs="?", default=None)
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER)
+    lab.set_defaults(func=cmd_lab)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ._exceptions import NbtrainError
+
+    try:
+        return int(args.func(args))
+    except NbtrainError as exc:
+        print(f"nbtrain: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
