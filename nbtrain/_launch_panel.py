@@ -1,0 +1,214 @@
+"""``LaunchPanel``: a widget form in front of :func:`nbtrain.launch`.
+
+The form's bounds come from the connected cluster (the workers slider stops at
+what fits; GPU controls are disabled on a cluster without GPUs, with a tooltip
+saying why), the hyperparameter inputs come from the ``config`` defaults, and
+Launch calls the same ``launch()`` as ``%%ray_train``; the run's dashboard
+appears under the panel.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+from . import _connection
+from ._exceptions import NbtrainError
+
+_LOG_SCALE_NAMES = re.compile(r"(^|_)(lr|learning_rate|weight_decay|wd|eps|epsilon)($|_)", re.IGNORECASE)
+INVALID_CLASS = "nbtrain-invalid"
+
+
+def _is_log_scale(name: str, value: float) -> bool:
+    return bool(_LOG_SCALE_NAMES.search(name)) or (0 < abs(value) < 0.01)
+
+
+def config_control(name: str, default: Any) -> Any:
+    """The input widget for one config entry, chosen by the default's type."""
+    import ipywidgets as w
+
+    style = {"description_width": "initial"}
+    if isinstance(default, bool):
+        return w.Checkbox(value=default, description=name, style=style)
+    if isinstance(default, int):
+        upper = max(10 * abs(default), 100)
+        lower = 0 if default >= 0 else -upper
+        return w.BoundedIntText(value=default, min=lower, max=upper, description=name, style=style)
+    if isinstance(default, float):
+        if default > 0 and _is_log_scale(name, default):
+            exponent = math.log10(default)
+            return w.FloatLogSlider(value=default, base=10, min=min(-6.0, math.floor(exponent) - 2),
+                                    max=max(0.0, math.ceil(exponent) + 1), step=0.1, description=name,
+                                    readout_format=".2e", style=style)
+        bound = max(10 * abs(default), 1.0)
+        return w.BoundedFloatText(value=default, min=-bound if default < 0 else 0.0, max=bound,
+                                  description=name, style=style)
+    if isinstance(default, (list, tuple)) and default:
+        return w.Dropdown(options=list(default), value=default[0], description=name, style=style)
+    return w.Text(value=str(default), description=name, style=style)
+
+
+class LaunchPanel:
+    """A form to launch ``train_fn`` with chosen workers, resources and hyperparameters.
+
+    Example::
+
+        panel = nbtrain.LaunchPanel(train, config={"lr": 0.01, "epochs": 3, "optimizer": ["sgd", "adam"]})
+        panel            # shows the form; Launch starts the run and shows its dashboard below
+        panel.run        # the last Run launched from the panel
+    """
+
+    def __init__(self, train_fn: Callable[..., Any], config: dict[str, Any] | None = None, *,
+                 name: str | None = None, workers: int = 2, cpus_per_worker: float = 1,
+                 **launch_options: Any) -> None:
+        import ipywidgets as w
+
+        self.train_fn = train_fn
+        self.defaults = dict(config or {})
+        self.launch_options = launch_options
+        self.run: Any = None
+        self.runs: list[Any] = []
+        cluster = _connection.current()
+        resources = cluster.resources()
+        self.total_cpus = resources.get("CPU", (0.0, 0.0))[1]
+        self.total_gpus = resources.get("GPU", (0.0, 0.0))[1]
+        style = {"description_width": "initial"}
+        max_workers = max(1, int(self.total_cpus // max(cpus_per_worker, 1e-9)))
+        self.workers = w.IntSlider(value=min(workers, max_workers), min=1, max=max_workers,
+                                   description="workers", style=style)
+        self.cpus = w.BoundedFloatText(value=cpus_per_worker, min=0.1, max=max(self.total_cpus, 0.1), step=0.5,
+                                       description="CPUs per worker", style=style)
+        self.gpus = w.BoundedFloatText(value=0.0, min=0.0, max=max(self.total_gpus, 0.0), step=1.0,
+                                       description="GPUs per worker", style=style)
+        if self.total_gpus == 0:
+            self.gpus.disabled = True
+            self.gpus.description_tooltip = self.gpus.tooltip = "This cluster has no GPUs."
+        self.name = w.Text(value=name or "", placeholder="run-<time> if empty", description="run name", style=style)
+        self.max_failures = w.BoundedIntText(value=0, min=0, max=100, description="max failures", style=style)
+        self.mode = w.ToggleButtons(options=["background", "blocking"], value="background",
+                                    tooltips=["return at once; the dashboard keeps updating",
+                                              "wait here until the run ends"])
+        self.config_controls = {key: config_control(key, value) for key, value in self.defaults.items()}
+        self.message = w.HTML()
+        self.launch_button = w.Button(description="Launch", button_style="primary", icon="play")
+        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.confirm = w.HBox(layout=w.Layout(display="none"))
+        self.output = w.Output()
+        self.launch_button.on_click(lambda _b: self._on_launch())
+        self.stop_button.on_click(lambda _b: self._on_stop())
+        for control in [self.cpus, self.gpus, *self.config_controls.values()]:
+            control.observe(lambda _change: self.validate(), names="value")
+        self.cpus.observe(self._rebound_workers, names="value")
+        self.gpus.observe(self._rebound_workers, names="value")
+        resources_box = w.VBox([w.HTML("<b>Resources</b>"), self.workers, self.cpus, self.gpus, self.name,
+                                self.max_failures, self.mode])
+        config_box = w.VBox([w.HTML("<b>Hyperparameters</b>"), *self.config_controls.values()])
+        self.widget = w.VBox([w.HBox([resources_box, config_box]), self.message,
+                              w.HBox([self.launch_button, self.stop_button]), self.confirm, self.output])
+        self.widget.add_class("nbtrain-launch-panel")
+        self.validate()
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    # ------------------------------------------------------------------ form state
+    def _rebound_workers(self, _change: Any = None) -> None:
+        per_worker = max(self.cpus.value, 1e-9)
+        limit = int(self.total_cpus // per_worker)
+        if self.gpus.value > 0:
+            limit = min(limit, int(self.total_gpus // self.gpus.value))
+        self.workers.max = max(1, limit)
+
+    def values(self) -> dict[str, Any]:
+        """The hyperparameters as the form has them now."""
+        return {key: control.value for key, control in self.config_controls.items()}
+
+    def validate(self) -> list[str]:
+        """Mark invalid inputs and block Launch while any remain; returns the problems."""
+        problems = []
+        for key, control in self.config_controls.items():
+            default = self.defaults[key]
+            value = control.value
+            bad = (isinstance(default, (int, float)) and not isinstance(default, bool)
+                   and (not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value))))
+            bad = bad or (isinstance(default, str) and not str(value).strip())
+            if bad:
+                problems.append(f"{key}: {value!r} is not a valid value")
+                control.add_class(INVALID_CLASS)
+            else:
+                control.remove_class(INVALID_CLASS)
+        if self.gpus.value > self.total_gpus:
+            problems.append(f"GPUs per worker: the cluster has {self.total_gpus:g} GPUs")
+        if self.cpus.value > self.total_cpus:
+            problems.append(f"CPUs per worker: the cluster has {self.total_cpus:g} CPUs")
+        self.launch_button.disabled = bool(problems)
+        self.message.value = ("<span style='color:#d62728'>Fix before launching: " + "; ".join(problems) + "</span>"
+                              if problems else "")
+        return problems
+
+    def active_run(self) -> Any:
+        if self.run is not None and not self.run.state.is_terminal:
+            return self.run
+        return None
+
+    # ------------------------------------------------------------------ actions
+    def launch(self) -> Any:
+        """Launch with what the form says now (what the Launch button does); returns the Run."""
+        problems = self.validate()
+        if problems:
+            msg = "The launch form has invalid values: " + "; ".join(problems)
+            raise NbtrainError(msg)
+        import nbtrain
+
+        run = nbtrain.launch(
+            self.train_fn, config=self.values(), workers=self.workers.value, cpus_per_worker=self.cpus.value,
+            gpus_per_worker=self.gpus.value, name=self.name.value.strip() or None,
+            max_failures=self.max_failures.value, **self.launch_options)
+        self.run = run
+        self.runs.append(run)
+        self.stop_button.disabled = False
+        with self.output:
+            view = run.dashboard(follow="none" if self.mode.value == "blocking" else "background")
+        if self.mode.value == "blocking":
+            view.follow()
+        return run
+
+    def _on_launch(self) -> None:
+        if self.active_run() is not None:
+            self._ask_about_active_run()
+            return
+        self._launch_reporting_errors()
+
+    def _launch_reporting_errors(self) -> None:
+        self.confirm.layout.display = "none"
+        try:
+            self.launch()
+            self.message.value = ""
+        except NbtrainError as exc:
+            self.message.value = f"<pre style='color:#d62728;white-space:pre-wrap'>{exc}</pre>"
+
+    def _ask_about_active_run(self) -> None:
+        import ipywidgets as w
+
+        stop_first = w.Button(description="Stop it, then launch", button_style="warning")
+        parallel = w.Button(description="Run both")
+        cancel = w.Button(description="Cancel")
+
+        def stop_then_launch(_b: Any) -> None:
+            self.run.stop()
+            self._launch_reporting_errors()
+
+        stop_first.on_click(stop_then_launch)
+        parallel.on_click(lambda _b: self._launch_reporting_errors())
+        cancel.on_click(lambda _b: setattr(self.confirm.layout, "display", "none"))
+        self.confirm.children = (w.HTML(f"Run <b>{self.run.name}</b> is still active. "), stop_first, parallel, cancel)
+        self.confirm.layout.display = "flex"
+
+    def _on_stop(self) -> None:
+        if self.run is not None:
+            self.run.stop()
+        self.stop_button.disabled = True
