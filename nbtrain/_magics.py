@@ -102,6 +102,8 @@ class NbtrainMagics(Magics):
     @argument("--on-stall", choices=("warn", "fail", "restart"), default="warn", help="what a stall does")
     @argument("--stop-on-nan", action="store_true", help="fail the run when a reported metric is NaN")
     @argument("--storage", default=None, help="shared directory for checkpoints on multi-node clusters")
+    @argument("--resume", action="store_true",
+              help="continue the ended run named by --name from its latest checkpoint")
     @cell_magic
     def ray_train(self, line: str, cell: str) -> Any:
         """Run this cell's body on every DDP worker; the output becomes the run's live dashboard.
@@ -131,6 +133,8 @@ class NbtrainMagics(Magics):
             raise UsageError(f"--workers must be at least 1, got {args.workers}.")
         if args.out is not None and not args.out.isidentifier():
             raise UsageError(f"--out needs a Python variable name, got {args.out!r}.")
+        if args.resume and not args.name:
+            raise UsageError("--resume continues an existing run: name it with --name NAME.")
         config = parse_config(args.config)
         source = self.shell.transform_cell(cell)
         try:
@@ -147,7 +151,7 @@ class NbtrainMagics(Magics):
                 max_failures=args.max_failures, total_steps=args.total_steps,
                 collective_timeout_s=args.collective_timeout, stall_timeout_s=args.stall_timeout,
                 on_stall=args.on_stall, stop_on_nan=args.stop_on_nan, storage=args.storage,
-                sources={CELL_FILENAME: source},
+                sources={CELL_FILENAME: source}, resume=args.resume,
             )
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None

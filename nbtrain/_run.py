@@ -34,6 +34,7 @@ from ._spec import RunSpec
 from ._states import RunState
 
 POLL_TIMEOUT_S = 15.0
+SUPERVISOR_RESTART_GRACE_S = 60.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -67,15 +68,7 @@ class Run:
         with self._lock:
             while True:
                 cursor, log_cursor, event_cursor = self._cursors
-                try:
-                    reply = ray.get(self._handle.poll.remote(cursor, log_cursor, event_cursor),
-                                    timeout=POLL_TIMEOUT_S)
-                except ray.exceptions.GetTimeoutError:
-                    raise NbtrainError(f"Run {self.name!r}'s supervisor did not answer within "
-                                       f"{POLL_TIMEOUT_S:.0f} s; it may be restarting. Try again shortly.") from None
-                except ray.exceptions.RayActorError as exc:
-                    raise RunNotFoundError(f"Run {self.name!r}'s supervisor is gone ({exc}). "
-                                           f"The run was deleted or its cluster restarted.") from None
+                reply = self._poll(cursor, log_cursor, event_cursor)
                 self._rows.extend(reply["rows"])
                 new_rows.extend(reply["rows"])
                 self._logs.extend(reply["logs"])
@@ -90,6 +83,25 @@ class Run:
                     break
             self._mirror()
         return new_rows
+
+    def _poll(self, cursor: int, log_cursor: int, event_cursor: int) -> dict[str, Any]:
+        """One poll; while the supervisor restarts (Ray brings it back) keep asking, within limits."""
+        import ray
+
+        deadline = time.monotonic() + SUPERVISOR_RESTART_GRACE_S
+        while True:
+            try:
+                return ray.get(self._handle.poll.remote(cursor, log_cursor, event_cursor), timeout=POLL_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                msg = (f"Run {self.name!r}'s supervisor did not answer within {POLL_TIMEOUT_S:.0f} s; "
+                       f"it may be restarting. Try again shortly.")
+                raise NbtrainError(msg) from None
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                if time.monotonic() > deadline or _find_supervisor(self.name) is None:
+                    msg = (f"Run {self.name!r}'s supervisor is gone ({type(exc).__name__}). "
+                           f"The run was deleted or its cluster restarted.")
+                    raise RunNotFoundError(msg) from None
+                time.sleep(0.5)
 
     def _mirror(self) -> None:
         now = time.time()
@@ -231,7 +243,7 @@ class Run:
             return None
         _meta, data, path = found
         source: Any = io.BytesIO(data) if data is not None else path
-        return torch.load(source, map_location="cpu", weights_only=weights_only)
+        return load_trusted(torch, source, weights_only)
 
     def delete(self) -> None:
         """Forget a finished run on the cluster (its supervisor and stored history)."""
@@ -277,6 +289,7 @@ def launch(
     checkpoint_weights_only: bool = True,
     env: dict[str, str] | None = None,
     sources: dict[str, str] | None = None,
+    resume: bool = False,
 ) -> Run:
     """Start ``train_fn`` on ``workers`` DDP ranks on the connected cluster.
 
@@ -308,10 +321,15 @@ def launch(
         msg = f"Run name {name!r} is not valid: use letters, digits, '-', '_' or '.', starting with a letter or digit."
         raise NbtrainError(msg)
     check_resources(workers, cpus_per_worker, gpus_per_worker)
-    if _find_supervisor(name) is not None:
+    existing = _find_supervisor(name)
+    if existing is not None and not resume:
         msg = (f"A run named {name!r} already exists on {cluster.address}. Pick another name, "
+               f"continue it from its latest checkpoint with resume=True (%%ray_train --resume), "
                f"attach to it with nbtrain.attach({name!r}), or delete it with nbtrain.attach({name!r}).delete().")
         raise RunExistsError(msg)
+    if existing is None and resume:
+        msg = f"resume=True needs an existing run named {name!r}, and there is none on {cluster.address}."
+        raise RunNotFoundError(msg)
     fn_bytes = dumps_checked(train_fn)
     spec = RunSpec(
         name=name, fn_bytes=fn_bytes, fn_takes_config=takes_config, config=config, workers=workers,
@@ -322,6 +340,15 @@ def launch(
         total_epochs=total_epochs or _guess_epochs(config), datasets=datasets, owner=_owner(),
         env=dict(env or {}), sources=dict(sources or {}),
     )
+    if existing is not None:
+        state = ray.get(existing.resume.remote(cloudpickle.dumps(spec)), timeout=POLL_TIMEOUT_S)
+        if state != RunState.RESTARTING.value:
+            msg = f"Run {name!r} is still {state}; only an ended run can be resumed. Attach to it instead."
+            raise RunExistsError(msg)
+        run = Run(name, existing, cluster.address)
+        if wait:
+            run.wait()
+        return run
     handle = ray.remote(RunSupervisor).options(
         name=actor_name(name), namespace=NAMESPACE, lifetime="detached", max_restarts=-1,
         max_task_retries=0, max_concurrency=64, num_cpus=0,
@@ -331,6 +358,21 @@ def launch(
     if wait:
         run.wait()
     return run
+
+
+def load_trusted(torch: Any, source: Any, weights_only: bool) -> Any:
+    """``torch.load`` that explains the weights-only refusal instead of dumping pickle internals."""
+    import pickle
+
+    try:
+        return torch.load(source, map_location="cpu", weights_only=weights_only)
+    except pickle.UnpicklingError as exc:
+        if not weights_only:
+            raise
+        msg = ("The checkpoint holds objects other than tensors and plain containers, so it was not loaded "
+               "(weights_only=True protects against code in untrusted pickles). Save state_dicts instead, or, "
+               f"if you trust this checkpoint, load it with weights_only=False. Detail: {str(exc).splitlines()[0]}")
+        raise NbtrainError(msg) from None
 
 
 def _check_signature(train_fn: Callable[..., Any]) -> bool:

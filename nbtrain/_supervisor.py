@@ -89,19 +89,19 @@ class RunSupervisor:
         self.started = time.time()
         self.ended: float | None = None
         self._group: tuple[list[Any], Any] | None = None
-        recovered = self._recover()
+        self._recover()
         if not self.state.is_terminal:
             self._control_thread = threading.Thread(target=self._control, name="nbtrain-control",
-                                                    daemon=True, args=(recovered,))
+                                                    daemon=True, args=(False,))
             self._control_thread.start()
 
     # ------------------------------------------------------------------ persistence
-    def _recover(self) -> bool:
+    def _recover(self) -> None:
         saved = self._storage.load_state()
         if not saved:
             self._persist_state()
             self._event("state", f"run {self.spec.name} created")
-            return False
+            return
         self.rows = self._storage.load("metrics")
         self.logs = self._storage.load("logs")
         self.events = self._storage.load("events")
@@ -115,9 +115,9 @@ class RunSupervisor:
         self.state = RunState(saved["state"])
         if not self.state.is_terminal:
             self.state = RunState.RESTARTING
+            _remove_leftover_group(self.spec.name, self.attempt)
             self._event("restart", "the run's supervisor process was restarted; its workers died with it. "
                                    "Restarting them from the latest checkpoint (history kept).")
-        return True
 
     def _persist_state(self) -> None:
         self._storage.save_state({
@@ -156,8 +156,9 @@ class RunSupervisor:
             if rows:
                 self.rows.extend(rows)
                 self._storage.append("metrics", rows)
-                if self.spec.stop_on_nan and any(_has_nan(row) for row in rows):
-                    self._nan_event.set()
+                for row in rows:
+                    if _has_nan(row):
+                        self._note_nan(row)
             if logs:
                 records = [{"rank": rank, "attempt": attempt, "stream": stream, "time": when, "text": text}
                            for stream, when, text in logs]
@@ -170,6 +171,33 @@ class RunSupervisor:
                 worker["last_heartbeat"] = beat["time"]
                 if state == "running" and worker["state"] in (WorkerState.STARTING, WorkerState.STALLED):
                     worker["state"] = WorkerState.RUNNING
+
+    def _note_nan(self, row: dict[str, Any]) -> None:
+        keys = ", ".join(_nan_keys(row))
+        if not any(e["kind"] == "nan" and e["attempt"] == self.attempt for e in self.events):
+            action = "stopping the run (stop_on_nan)" if self.spec.stop_on_nan else "training continues"
+            self._event("nan", f"Rank {row['rank']} reported NaN for {keys} at step {row['step']}; {action}.")
+        if self.spec.stop_on_nan:
+            self._nan_event.set()
+
+    def resume(self, spec_bytes: bytes) -> str:
+        """Start an ended run again as a new attempt from its latest checkpoint (``launch(resume=True)``)."""
+        with self._lock:
+            if not self.state.is_terminal:
+                return self.state.value
+            spec: RunSpec = cloudpickle.loads(spec_bytes)
+            self.spec = spec
+            self.state = RunState.RESTARTING  # the one move out of a terminal state, on the user's request
+            self.error = None
+            self.ended = None
+            self._stop_event.clear()
+            self._nan_event.clear()
+            self._persist_state()
+        self._event("restart", f"resumed by the user from {'the latest checkpoint' if self.checkpoint else 'scratch'}")
+        self._control_thread = threading.Thread(target=self._control, name="nbtrain-control", daemon=True,
+                                                args=(True,))
+        self._control_thread.start()
+        return self.state.value
 
     def record_checkpoint(self, meta: dict[str, Any], data: bytes | None, path: str | None) -> None:
         if data is not None:
@@ -247,9 +275,10 @@ class RunSupervisor:
         return True
 
     # ------------------------------------------------------------------ control thread
-    def _control(self, recovered: bool) -> None:
+    def _control(self, fresh_budget: bool) -> None:
         try:
-            failed_attempts = len({f["attempt"] for f in self.failures if not f.get("secondary")})
+            # a user's resume starts the failure budget afresh; a supervisor restart does not
+            failed_attempts = 0 if fresh_budget else len({f["attempt"] for f in self.failures})
             while True:
                 with self._lock:
                     self.attempt += 1
@@ -298,7 +327,9 @@ class RunSupervisor:
                 self._set_state(RunState.PENDING)
             bundles = [{"CPU": float(spec.cpus_per_worker), **({"GPU": float(spec.gpus_per_worker)} if spec.gpus_per_worker else {})}
                        for _ in range(spec.workers)]
-            group = placement_group(bundles, strategy=spec.placement_strategy, name=f"nbtrain:{spec.name}:{self.attempt}")
+            # Detached: the notebook's Ray Client job ending must not take the workers' resources with it.
+            group = placement_group(bundles, strategy=spec.placement_strategy, name=_group_name(spec.name, self.attempt),
+                                    lifetime="detached")
             self._group = ([], group)
             self._wait(group.ready(), spec.placement_timeout_s, on_timeout=lambda: _Failure(
                 None, "resources",
@@ -486,6 +517,23 @@ class _AttemptFailed(Exception):
     def __init__(self, failure: _Failure) -> None:
         super().__init__(failure.summary)
         self.failure = failure
+
+
+def _group_name(run_name: str, attempt: int) -> str:
+    return f"nbtrain:{run_name}:{attempt}"
+
+
+def _remove_leftover_group(run_name: str, attempt: int) -> None:
+    from ray.util import get_placement_group
+
+    try:
+        remove_placement_group(get_placement_group(_group_name(run_name, attempt)))
+    except Exception:  # noqa: BLE001 - nothing left over
+        pass
+
+
+def _nan_keys(row: dict[str, Any]) -> list[str]:
+    return [k for k, v in row.items() if isinstance(v, float) and math.isnan(v)]
 
 
 def _has_nan(row: dict[str, Any]) -> bool:

@@ -1,0 +1,216 @@
+"""Failure injection on the real loopback cluster: restarts, reattach, supervisor loss, hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from _helpers import run_actor_names, wait_for
+from _train_fns import train_steps
+
+import nbtrain
+from nbtrain import _local_cluster
+
+pytestmark = pytest.mark.cluster
+
+
+def _rows_of(run, attempt):
+    return [r for r in run.metrics if r["attempt"] == attempt]
+
+
+def _assert_no_duplicate_rows(run):
+    keys = [(r["attempt"], r["rank"], r["step"]) for r in run.metrics]
+    assert len(keys) == len(set(keys)), "duplicated (attempt, rank, step) rows"
+
+
+def _kill_rank_at_step(run, rank: int, step: int) -> tuple[float, int]:
+    wait_for(lambda: any(r["rank"] == rank and r["step"] >= step for r in run.metrics), 180,
+             message=f"rank {rank} to reach step {step}")
+    pid = next(w["pid"] for w in run.workers if w["rank"] == rank)
+    os.kill(pid, signal.SIGKILL)
+    return time.monotonic(), pid
+
+
+@pytest.mark.parametrize("checkpoint_every", [5, None], ids=["with-checkpoint", "without-checkpoint"])
+def test_killed_worker_restarts_the_group_and_training_resumes(cluster, checkpoint_every):
+    name = f"restart-{'ckpt' if checkpoint_every else 'scratch'}"
+    run = nbtrain.launch(train_steps, config={"steps": 40, "sleep": 0.05, "checkpoint_every": checkpoint_every},
+                         workers=2, max_failures=1, name=name)
+    killed_at, pid = _kill_rank_at_step(run, rank=1, step=20)
+    wait_for(lambda: run.attempt == 2, 30, interval=0.05, message="the restart")
+    detected = time.monotonic() - killed_at
+    wait_for(lambda: _rows_of(run, 2), 120, interval=0.1, message="rows from attempt 2")
+    restarted = time.monotonic() - killed_at
+    assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
+    print(f"{name}: failure detected {detected:.1f} s after kill -9, training again after {restarted:.1f} s")
+    assert detected < 10
+    attempt2 = _rows_of(run, 2)
+    first_step = min(r["step"] for r in attempt2)
+    if checkpoint_every:
+        checkpoint_step = max(s for s in range(0, 40, checkpoint_every)
+                              if any(r["step"] == s for r in _rows_of(run, 1) if r["rank"] == 0))
+        assert first_step == checkpoint_step + 1 or first_step <= checkpoint_step + 1
+        assert first_step > 0, "resumed from scratch although a checkpoint existed"
+    else:
+        assert first_step == 0
+    assert {r["attempt"] for r in run.metrics} == {1, 2}
+    assert {(r["rank"], r["step"]) for r in attempt2} >= {(rank, 39) for rank in (0, 1)}
+    _assert_no_duplicate_rows(run)
+    events = " ".join(e["message"] for e in run.events)
+    assert f"Rank 1's worker process died (pid {pid}" in events and "attempt 2/2" in events
+
+
+def test_more_failures_than_allowed_fail_the_run_listing_every_cause(cluster):
+    def always_fails(config):
+        ctx = nbtrain.get_context()
+        nbtrain.report(loss=1.0)
+        if ctx.rank == 0:
+            raise RuntimeError(f"attempt {ctx.attempt} broke")
+        import time as t
+        t.sleep(60)
+
+    run = nbtrain.launch(always_fails, workers=2, max_failures=1, name="fails-twice")
+    assert run.wait(timeout=180, raise_on_failure=False) == nbtrain.RunState.FAILED
+    assert "Rank 0 raised RuntimeError at step 1: attempt 2 broke" in run.error
+    assert "attempt 1: Rank 0 raised RuntimeError at step 1: attempt 1 broke" in run.error
+    assert "more than max_failures=1" in run.error
+
+
+def test_killed_driver_leaves_the_run_going_and_a_new_process_sees_everything(cluster):
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import cloudpickle, _train_fns, nbtrain
+        cloudpickle.register_pickle_by_value(_train_fns)
+        nbtrain.connect({cluster.address!r}, progress=lambda m: None)
+        run = nbtrain.launch(_train_fns.train_steps, config={{"steps": 80, "sleep": 0.05}}, workers=2,
+                             name="orphaned")
+        while len(run.metrics) < 20:
+            time.sleep(0.1)
+        print("READY", flush=True)
+        time.sleep(600)
+    """)
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout.readline().strip() == "READY"
+    finally:
+        driver.kill()
+        driver.wait()
+    run = nbtrain.attach("orphaned")
+    assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
+    keys = {(r["rank"], r["step"]) for r in run.metrics}
+    assert keys == {(rank, step) for rank in (0, 1) for step in range(80)}
+    _assert_no_duplicate_rows(run)
+
+
+def test_killed_supervisor_is_restarted_with_its_history(cluster):
+    import ray
+
+    from nbtrain._supervisor import NAMESPACE, actor_name
+
+    run = nbtrain.launch(train_steps, config={"steps": 60, "sleep": 0.05, "checkpoint_every": 10}, workers=2,
+                         name="supervisor-dies")
+    wait_for(lambda: len(run.metrics) > 40, 180, message="some history")
+    before = run.metrics
+    ray.kill(ray.get_actor(actor_name("supervisor-dies"), namespace=NAMESPACE), no_restart=False)
+    assert run.wait(timeout=240) == nbtrain.RunState.SUCCEEDED
+    after = nbtrain.attach("supervisor-dies").metrics
+    assert after[:len(before)] == before, "history recorded before the supervisor died was lost or changed"
+    assert max(r["attempt"] for r in after) == 2
+    assert any("supervisor process was restarted" in e["message"] for e in run.events)
+    _assert_no_duplicate_rows(run)
+
+
+def test_rank_stuck_before_a_collective_fails_by_the_collective_timeout(cluster):
+    def stuck(config):
+        import time as t
+
+        import torch
+        import torch.distributed as dist
+
+        if nbtrain.get_context().rank == 1:
+            t.sleep(3600)  # never joins the all-reduce
+        dist.all_reduce(torch.ones(1))
+
+    began = time.monotonic()
+    run = nbtrain.launch(stuck, workers=2, name="stuck", collective_timeout_s=5)
+    assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.FAILED
+    assert time.monotonic() - began < 90
+    assert "Rank 0 raised" in run.error
+    wait_for(lambda: not run_actor_names("stuck"), 10, message="no actors left")
+
+
+def test_rank_without_progress_is_reported_stalled_and_on_stall_fail_ends_the_run(cluster):
+    def silent(config):
+        import time as t
+
+        nbtrain.report(loss=1.0)
+        t.sleep(3600)
+
+    run = nbtrain.launch(silent, workers=2, name="stalled", stall_timeout_s=4, on_stall="fail")
+    assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.FAILED
+    assert "made no progress for" in run.error and "stall_timeout=4 s" in run.error
+    assert any(e["kind"] == "stall" for e in run.events)
+
+
+def test_nan_loss_is_reported_and_stop_on_nan_stops(cluster):
+    def diverges(config):
+        import time as t
+
+        for step in range(1000):
+            nbtrain.report(loss=float("nan") if step >= 5 else 1.0)
+            t.sleep(0.05)
+
+    run = nbtrain.launch(diverges, workers=1, name="nan-stop", stop_on_nan=True)
+    assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.FAILED
+    assert "NaN" in run.error
+    assert any(e["kind"] == "nan" and "NaN for loss at step 6" in e["message"] for e in run.events)
+
+
+def test_existing_name_is_refused_and_resume_continues_from_the_checkpoint(cluster):
+    config = {"steps": 10, "sleep": 0.0, "checkpoint_every": 3}
+    first = nbtrain.launch(train_steps, config=config, workers=1, name="resumable")
+    first.wait(timeout=120)
+    with pytest.raises(nbtrain.RunExistsError, match="resume=True"):
+        nbtrain.launch(train_steps, config=config, workers=1, name="resumable")
+    resumed = nbtrain.launch(train_steps, config={**config, "steps": 15}, workers=1, name="resumable", resume=True)
+    assert resumed.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
+    attempt2 = [r["step"] for r in resumed.metrics if r["attempt"] == 2]
+    assert attempt2 == list(range(10, 15))  # last checkpoint at step 9 → continues at 10
+
+
+def test_token_never_appears_in_logs_errors_or_the_registry(cluster):
+    token = open(_local_cluster.status().token_path).read().strip()
+
+    def leaky(config):
+        import os as o
+
+        print(dict(o.environ))
+        raise RuntimeError(str(dict(o.environ)))
+
+    run = nbtrain.launch(leaky, workers=1, name="leaky")
+    run.wait(timeout=120, raise_on_failure=False)
+    assert "RAY_AUTH_TOKEN_PATH" in run.logs()  # the environment was printed...
+    assert token not in run.logs() and token not in run.error  # ...but it holds no token
+    home = os.environ["NBTRAIN_HOME"]
+    for root, _dirs, files in os.walk(os.path.join(home, "runs")):
+        for file in files:
+            assert token not in open(os.path.join(root, file)).read()
+
+
+def test_checkpoints_load_weights_only_unless_the_user_opts_out(cluster):
+    def saves_an_object(config):
+        import collections
+
+        nbtrain.save_checkpoint({"counter": collections.Counter(a=1), "note": "x"})
+
+    run = nbtrain.launch(saves_an_object, workers=1, name="pickled-object", checkpoint_weights_only=False)
+    run.wait(timeout=120)
+    with pytest.raises(nbtrain.NbtrainError, match="weights_only=True protects against code in untrusted pickles"):
+        run.load_checkpoint()
+    assert run.load_checkpoint(weights_only=False)["counter"]["a"] == 1
