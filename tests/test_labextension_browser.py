@@ -68,7 +68,7 @@ def make_run(name: str, **fields: Any) -> dict[str, Any]:
     run = {
         "name": name,
         "state": "running",
-        "address": "ray://127.0.0.1:10001",
+        "address": "ray://127.0.0.1:1",  # nothing listens there: attaching fails fast
         "created": now - 95,
         "updated": now,
         "ended": None,
@@ -277,20 +277,6 @@ def test_insert_training_cell_from_the_command_palette(lab_page: Page) -> None:
     shot(page, "training-cell")
 
 
-def test_open_dashboard_of_a_run_without_notebook_attaches_here(lab_page: Page, home: Path) -> None:
-    page = lab_page
-    write_json(home / "runs" / "orphan.json", make_run("orphan", state="succeeded", ended=time.time()))
-    page.locator(".jp-nbtrain-Status").click()
-    page.locator('#nbtrain-sidebar li[data-run-name="orphan"] .jp-nbtrain-open').click()
-
-    page.wait_for_function(
-        "() => window.jupyterapp.shell.currentWidget.content.widgets"
-        ".some(cell => cell.model.sharedModel.getSource().endsWith('%ray_attach orphan'))",
-        timeout=10_000,
-    )
-    assert "%load_ext nbtrain\n%ray_attach orphan" in cell_sources(page)
-
-
 def test_connect_command_asks_for_an_address(lab_page: Page) -> None:
     page = lab_page
     page.evaluate("() => { window.jupyterapp.commands.execute('nbtrain:connect'); }")
@@ -305,6 +291,21 @@ def test_connect_command_asks_for_an_address(lab_page: Page) -> None:
         timeout=10_000,
     )
     assert "%load_ext nbtrain\n%ray_connect ray://127.0.0.1:1" in cell_sources(page)
+
+
+def test_open_dashboard_of_a_run_without_notebook_attaches_here(lab_page: Page, home: Path) -> None:
+    page = lab_page
+    write_json(home / "runs" / "orphan.json", make_run("orphan", state="succeeded", ended=time.time()))
+    page.locator(".jp-nbtrain-Status").click()
+    page.locator('#nbtrain-sidebar li[data-run-name="orphan"] .jp-nbtrain-open').click()
+
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.content.widgets"
+        ".some(cell => cell.model.sharedModel.getSource().endsWith('%ray_attach orphan'))",
+        timeout=10_000,
+    )
+    # This notebook already loads nbtrain (previous test), so no second %load_ext.
+    assert "%ray_connect ray://127.0.0.1:1\n%ray_attach orphan" in cell_sources(page)
 
 
 def test_commands_are_in_the_palette(lab_page: Page) -> None:

@@ -82,8 +82,9 @@ export function addCommands(options: ICommandsOptions): void {
         return;
       }
       const address = (result.value ?? '').trim();
-      const source = `%load_ext nbtrain\n%ray_connect${address ? ' ' + address : ''}`;
       const panel = await activeNotebook(app, notebooks);
+      const source =
+        loadExtLine(panel) + `%ray_connect${address ? ' ' + address : ''}`;
       await insertCell(app, panel, source, true);
       void model.refresh();
     }
@@ -209,11 +210,22 @@ async function openRun(
     }
   }
   const panel = await activeNotebook(app, notebooks);
+  // Connecting again to the same address is a no-op for nbtrain, and it
+  // makes the attach work in a notebook that never connected.
+  const connect = run.address ? `%ray_connect ${run.address}\n` : '';
+  const source = loadExtLine(panel) + connect + `%ray_attach ${run.name}`;
+  await insertCell(app, panel, source, true);
+}
+
+/**
+ * `%load_ext nbtrain` unless a cell of the notebook already has it: loading
+ * twice only prints a warning, but a cell should not start with noise.
+ */
+function loadExtLine(panel: NotebookPanel): string {
   const loaded = panel.content.widgets.some(cell =>
     cell.model.sharedModel.getSource().includes('%load_ext nbtrain')
   );
-  const source = `${loaded ? '' : '%load_ext nbtrain\n'}%ray_attach ${run.name}`;
-  await insertCell(app, panel, source, true);
+  return loaded ? '' : '%load_ext nbtrain\n';
 }
 
 /** The notebook the user last worked in, or a new one when there is none. */
