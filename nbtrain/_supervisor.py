@@ -391,35 +391,19 @@ class RunSupervisor:
 
     def _payloads(self, places: list[dict[str, Any]]) -> list[dict[str, Any]]:
         spec = self.spec
-        by_node: dict[str, list[int]] = {}
-        for rank, place in enumerate(places):
-            by_node.setdefault(place["node_id"], []).append(rank)
-        node_order = list(by_node)
+        layout = layout_ranks(places, spec.gpus_per_worker)
         datasets = self._split_datasets()
-        payloads = []
-        for rank, place in enumerate(places):
-            node_ranks = by_node[place["node_id"]]
-            gpu_index = None
-            visible = None
-            if spec.gpus_per_worker > 0:
-                node_gpus = sorted({g for r in node_ranks for g in places[r]["gpu_ids"]}, key=_gpu_sort_key)
-                visible = ",".join(node_gpus)
-                gpu_index = node_gpus.index(place["gpu_ids"][0]) if place["gpu_ids"] else 0
-            payloads.append({
-                "rank": rank, "world_size": spec.workers, "local_rank": node_ranks.index(rank),
-                "local_world_size": len(node_ranks), "node_rank": node_order.index(place["node_id"]),
-                "attempt": self.attempt, "config": spec.config, "run_name": spec.name,
-                "supervisor": self._handle, "flush_interval_s": spec.flush_interval_s,
-                "storage": spec.storage, "weights_only": spec.checkpoint_weights_only,
-                "backend": spec.resolved_backend, "master_addr": places[0]["node_ip"],
-                "master_port": places[0]["port"], "collective_timeout_s": spec.collective_timeout_s,
-                "fn_bytes": spec.fn_bytes, "fn_takes_config": spec.fn_takes_config,
-                "cpus_per_worker": spec.cpus_per_worker, "gpu_index": gpu_index,
-                "cuda_visible_devices": visible, "sources": spec.sources,
-                "datasets": {name: shards[rank] for name, shards in datasets.items()},
-                "device_name": f"cuda:{gpu_index}" if gpu_index is not None else "cpu",
-            })
-        return payloads
+        return [{
+            **layout[rank],
+            "rank": rank, "world_size": spec.workers, "attempt": self.attempt, "config": spec.config,
+            "run_name": spec.name, "supervisor": self._handle, "flush_interval_s": spec.flush_interval_s,
+            "storage": spec.storage, "weights_only": spec.checkpoint_weights_only,
+            "backend": spec.resolved_backend, "master_addr": places[0]["node_ip"],
+            "master_port": places[0]["port"], "collective_timeout_s": spec.collective_timeout_s,
+            "fn_bytes": spec.fn_bytes, "fn_takes_config": spec.fn_takes_config,
+            "cpus_per_worker": spec.cpus_per_worker, "sources": spec.sources,
+            "datasets": {name: shards[rank] for name, shards in datasets.items()},
+        } for rank in range(len(places))]
 
     def _split_datasets(self) -> dict[str, list[Any]]:
         if not self.spec.datasets:
@@ -517,6 +501,35 @@ class _AttemptFailed(Exception):
     def __init__(self, failure: _Failure) -> None:
         super().__init__(failure.summary)
         self.failure = failure
+
+
+def layout_ranks(places: list[dict[str, Any]], gpus_per_worker: float) -> list[dict[str, Any]]:
+    """Local ranks, node ranks and GPU visibility for each rank, from where the workers landed.
+
+    As torchrun does, every rank on a node sees all of that node's GPUs given
+    to the run (``CUDA_VISIBLE_DEVICES``) and uses the one Ray assigned it, by
+    index — NCCL then finds its peers on the node.
+    """
+    by_node: dict[str, list[int]] = {}
+    for rank, place in enumerate(places):
+        by_node.setdefault(place["node_id"], []).append(rank)
+    node_order = list(by_node)
+    layout = []
+    for rank, place in enumerate(places):
+        node_ranks = by_node[place["node_id"]]
+        gpu_index = None
+        visible = None
+        if gpus_per_worker > 0:
+            node_gpus = sorted({g for r in node_ranks for g in places[r]["gpu_ids"]}, key=_gpu_sort_key)
+            visible = ",".join(node_gpus)
+            gpu_index = node_gpus.index(place["gpu_ids"][0]) if place["gpu_ids"] else 0
+        layout.append({
+            "local_rank": node_ranks.index(rank), "local_world_size": len(node_ranks),
+            "node_rank": node_order.index(place["node_id"]), "gpu_index": gpu_index,
+            "cuda_visible_devices": visible,
+            "device_name": f"cuda:{gpu_index}" if gpu_index is not None else "cpu",
+        })
+    return layout
 
 
 def _group_name(run_name: str, attempt: int) -> str:

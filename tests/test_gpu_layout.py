@@ -1,0 +1,35 @@
+"""The --gpus-per-worker path without GPUs: rank layout and backend choice.
+
+There is no GPU on this machine, so the places below are *fakes* of what Ray
+reports on a two-node, two-GPUs-per-node cluster; the real NCCL path is
+exercised on a GPU machine (see the closing notes / benchmarks README).
+"""
+
+from __future__ import annotations
+
+from nbtrain._spec import RunSpec
+from nbtrain._supervisor import layout_ranks
+
+
+def _place(node: str, gpus: list[str]) -> dict:
+    return {"node_id": node, "node_ip": f"10.0.0.{node[-1]}", "gpu_ids": gpus, "port": 1234}
+
+
+def test_two_nodes_two_gpus_each_give_local_ranks_and_visible_devices():
+    places = [_place("node1", ["1"]), _place("node2", ["0"]), _place("node1", ["0"]), _place("node2", ["1"])]
+    layout = layout_ranks(places, gpus_per_worker=1)
+    assert [entry["local_rank"] for entry in layout] == [0, 0, 1, 1]
+    assert [entry["node_rank"] for entry in layout] == [0, 1, 0, 1]
+    assert [entry["cuda_visible_devices"] for entry in layout] == ["0,1"] * 4
+    assert [entry["device_name"] for entry in layout] == ["cuda:1", "cuda:0", "cuda:0", "cuda:1"]
+
+
+def test_cpu_workers_get_no_gpu():
+    layout = layout_ranks([_place("node1", []), _place("node1", [])], gpus_per_worker=0)
+    assert [entry["device_name"] for entry in layout] == ["cpu", "cpu"]
+    assert all(entry["cuda_visible_devices"] is None for entry in layout)
+
+
+def test_backend_is_nccl_on_gpus_and_gloo_on_cpus():
+    assert RunSpec(name="a", fn_bytes=b"", fn_takes_config=True, config={}, gpus_per_worker=1).resolved_backend == "nccl"
+    assert RunSpec(name="a", fn_bytes=b"", fn_takes_config=True, config={}).resolved_backend == "gloo"
