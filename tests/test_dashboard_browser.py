@@ -1,0 +1,176 @@
+"""What a person sees of %%ray_train in a real JupyterLab, driven by Chromium.
+
+The notebooks connect (``%ray_connect``) to the session's loopback cluster: the
+kernel inherits NBTRAIN_HOME, so it reuses that cluster. Screenshots go to
+``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, start_jupyterlab
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+ARTIFACTS = REPO / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
+    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    path.write_text(json.dumps({
+        "cells": [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
+                  for src in cells],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }))
+
+
+SETUP = "%load_ext nbtrain\n%ray_connect"
+
+
+@pytest.fixture(scope="module")
+def lab(cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab-root")
+    write_notebook(root / "live.ipynb", [SETUP, (
+        "%%ray_train --workers 2 --name browser-live --total-steps 120\n"
+        "import time\n"
+        "for step in range(120):\n"
+        "    nbtrain.report(loss=1.0 / (step + 1), accuracy=step / 120)\n"
+        "    time.sleep(0.1)\n")])
+    write_notebook(root / "background.ipynb", [SETUP, (
+        "%%ray_train --workers 2 --bg --name browser-stop\n"
+        "import time\n"
+        "for step in range(100000):\n"
+        "    nbtrain.report(loss=1.0)\n"
+        "    time.sleep(0.05)\n")])
+    write_notebook(root / "failing.ipynb", [SETUP, (
+        "%%ray_train --workers 2 --name browser-fails\n"
+        "for step in range(50):\n"
+        "    nbtrain.report(loss=1.0)\n"
+        "    if rank == 1 and step == 10:\n"
+        "        raise ZeroDivisionError('rank one cannot divide')\n")])
+    write_notebook(root / "million.ipynb", [SETUP, (
+        "%%ray_train --workers 1 --name browser-million\n"
+        "import math\n"
+        "for step in range(1_000_000):\n"
+        "    nbtrain.report(step=step, loss=math.sin(step / 5000.0))\n")])
+    server = start_jupyterlab(root)
+    yield server
+    server.stop()
+
+
+def open_and_run(page, lab, notebook: str) -> None:
+    page.goto(lab.lab_url(f"tree/{notebook}"))
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+        " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
+        " && w.sessionContext.session.kernel.status === 'idle'; }", timeout=120_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+def plot_points(page) -> int:
+    return page.evaluate(
+        "() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
+        " return p && p.data && p.data.length ? p.data.reduce((n, t) => n + (t.x ? t.x.length : 0), 0) : 0; }")
+
+
+def worker_steps(page) -> dict[str, int]:
+    return page.evaluate(
+        "() => Object.fromEntries([...document.querySelectorAll('table.nbtrain-workers tbody tr')]"
+        ".map(r => [r.dataset.rank, parseInt(r.querySelector('.nbtrain-worker-step').textContent)]))")
+
+
+def state_badge(page) -> str | None:
+    return page.evaluate("() => { const b = document.querySelector('.nbtrain-dashboard .nbtrain-state');"
+                         " return b ? b.dataset.state : null; }")
+
+
+def test_live_plot_grows_and_the_worker_table_advances(page, lab):
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        open_and_run(page, lab, "live.ipynb")
+        page.wait_for_function("() => document.querySelector('.nbtrain-dashboard .js-plotly-plot')", timeout=180_000)
+        page.wait_for_function("() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
+                               " return p && p.data && p.data.length && p.data[0].x.length > 0; }", timeout=120_000)
+        first_points, first_steps = plot_points(page), worker_steps(page)
+        time.sleep(2.5)
+        second_points, second_steps = plot_points(page), worker_steps(page)
+        assert state_badge(page) == "running"
+        assert second_points > first_points > 0, (first_points, second_points)
+        assert set(second_steps) == {"0", "1"}
+        assert all(second_steps[r] > first_steps.get(r, 0) for r in ("0", "1")), (first_steps, second_steps)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
+        page.wait_for_function("() => document.querySelector('.nbtrain-dashboard .nbtrain-state')"
+                               ".dataset.state === 'succeeded'", timeout=120_000)
+        page.wait_for_selector(".nbtrain-summary svg", timeout=30_000)  # the static picture for the saved notebook
+        page.screenshot(path=str(ARTIFACTS / "dashboard-succeeded.png"), full_page=True)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "dashboard-live-failure.png"), full_page=True)
+        raise
+
+
+def test_stop_button_stops_a_background_run(page, lab):
+    try:
+        open_and_run(page, lab, "background.ipynb")
+        page.wait_for_function("() => { const t = document.querySelector('table.nbtrain-workers tbody tr .nbtrain-worker-step');"
+                               " return t && parseInt(t.textContent) > 0; }", timeout=180_000)
+        page.locator(".nbtrain-dashboard button", has_text="Stop").click()
+        began = time.monotonic()
+        page.wait_for_function("() => document.querySelector('.nbtrain-dashboard .nbtrain-state')"
+                               ".dataset.state === 'stopped'", timeout=30_000)
+        assert time.monotonic() - began < 20
+        page.screenshot(path=str(ARTIFACTS / "dashboard-stopped.png"), full_page=True)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "dashboard-stop-failure.png"), full_page=True)
+        raise
+
+
+def test_failing_rank_opens_its_traceback_pane(page, lab):
+    try:
+        open_and_run(page, lab, "failing.ipynb")
+        page.wait_for_function("() => document.querySelector('.nbtrain-dashboard .nbtrain-state')"
+                               " && document.querySelector('.nbtrain-dashboard .nbtrain-state').dataset.state === 'failed'",
+                               timeout=180_000)
+        pane = page.locator('.nbtrain-log[data-rank="1"]')
+        pane.wait_for(state="visible", timeout=20_000)
+        assert "ZeroDivisionError: rank one cannot divide" in pane.inner_text()
+        assert page.locator(".nbtrain-dashboard", has_text="rank 1 log — failed").count() == 1
+        page.screenshot(path=str(ARTIFACTS / "dashboard-failed.png"), full_page=True)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "dashboard-failed-failure.png"), full_page=True)
+        raise
+
+
+def test_a_million_point_history_renders_without_freezing(page, lab):
+    try:
+        open_and_run(page, lab, "million.ipynb")
+        page.wait_for_function("() => document.querySelector('.nbtrain-dashboard .nbtrain-state')"
+                               " && document.querySelector('.nbtrain-dashboard .nbtrain-state').dataset.state === 'succeeded'",
+                               timeout=300_000, polling=1000)
+        page.wait_for_selector(".nbtrain-summary svg", timeout=60_000)
+        # the page answers at once and the drawn curve is small, with the last step on it
+        began = time.monotonic()
+        drawn = page.evaluate("() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
+                              " return p.data.map(t => [t.x.length, t.x[t.x.length - 1]]); }")
+        answered_ms = (time.monotonic() - began) * 1000
+        assert all(n <= 2000 for n, _last in drawn) and max(last for _n, last in drawn) == 999_999
+        render_began = time.monotonic()
+        page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        frame_ms = (time.monotonic() - render_began) * 1000
+        print(f"1,000,000-point history: {sum(n for n, _ in drawn)} points drawn, page answered in "
+              f"{answered_ms:.0f} ms, next frames in {frame_ms:.0f} ms")
+        assert frame_ms < 1000
+        page.screenshot(path=str(ARTIFACTS / "dashboard-million.png"), full_page=True)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "dashboard-million-failure.png"), full_page=True)
+        raise
