@@ -35,7 +35,7 @@ FAKE_STOP = textwrap.dedent(
     home = os.environ["NBTRAIN_HOME"]
     with open(os.path.join(home, "stop-calls.txt"), "a") as f:
         f.write(" ".join(sys.argv[1:]) + "\\n")
-    path = os.path.join(home, "runs", sys.argv[-1] + ".json")
+    path = os.path.join(home, "runs", sys.argv[2] + ".json")  # argv: stop NAME --address ADDR
     run = json.load(open(path))
     run.update(state="stopped", ended=time.time(), updated=time.time())
     json.dump(run, open(path + ".tmp", "w"))
@@ -256,7 +256,7 @@ def test_stop_button_stops_the_run(lab_page: Page, lab: JupyterLab, home: Path) 
 
     expect(row.locator(".jp-nbtrain-badge")).to_have_text("stopped", timeout=15_000)
     expect(row.locator(".jp-nbtrain-stop")).to_be_hidden()
-    assert "stop longrun" in (home / "stop-calls.txt").read_text().splitlines()
+    assert "stop longrun --address ray://127.0.0.1:1" in (home / "stop-calls.txt").read_text().splitlines()
     assert json.loads((home / "runs" / "longrun.json").read_text())["state"] == "stopped"
 
 

@@ -97,6 +97,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Iterator[Jupyte
                 "refresh_command": [sys.executable, str(script), "runs", "--json"],
                 "refresh_interval": 0.5,
                 "refresh_max_backoff": 1.0,
+                "refresh_after": 10,
                 "stale_after": 30,
             }
         },
@@ -206,7 +207,7 @@ def test_stop_runs_nbtrain_stop_and_the_list_shows_it(lab: JupyterLab, registry:
         what="the run to be stopped",
     )
     assert stopped["stop"] is None  # the registry caught up; nothing pending
-    assert ["stop", "alpha"] in calls(registry)
+    assert ["stop", "alpha", "--address", "ray://127.0.0.1:9999"] in calls(registry)
 
 
 def test_stop_failure_shows_the_tools_message(lab: JupyterLab, registry: Path) -> None:
@@ -231,7 +232,7 @@ def test_stop_of_an_ended_run_is_a_conflict(lab: JupyterLab, registry: Path) -> 
     assert status == 409
     assert "already ended" in body["message"]
     assert lab.request("POST", "nbtrain/api/runs/missing/stop")[0] == 404
-    assert ["stop", "done"] not in calls(registry, since=start)
+    assert not [call for call in calls(registry, since=start) if call[0] == "stop"]
 
 
 def test_cluster_is_the_last_connected_one(lab: JupyterLab, registry: Path) -> None:
@@ -248,15 +249,21 @@ def test_cluster_is_the_last_connected_one(lab: JupyterLab, registry: Path) -> N
     assert lab.request("GET", "nbtrain/api/cluster") == (200, {"cluster": cluster})
 
 
-def test_registry_refreshes_while_someone_watches_a_live_run(lab: JupyterLab, registry: Path) -> None:
-    write_json(registry / "runs" / "alpha.json", make_run("alpha"))
+def test_registry_refreshes_the_cluster_of_a_silent_live_run(lab: JupyterLab, registry: Path) -> None:
+    # Nobody (no open notebook) has updated this run for a while.
+    write_json(registry / "runs" / "alpha.json", make_run("alpha", updated=time.time() - 30))
     lab.request("GET", "nbtrain/api/runs")  # a browser polls
 
-    wait_for(lambda: ["runs", "--json"] in calls(registry), timeout=10, what="a registry refresh")
+    wait_for(
+        lambda: ["runs", "--json", "--address", "ray://127.0.0.1:9999"] in calls(registry),
+        timeout=10,
+        what="a registry refresh of the run's cluster",
+    )
 
 
-def test_no_refresh_when_every_run_has_ended(lab: JupyterLab, registry: Path) -> None:
+def test_no_refresh_for_ended_runs_or_runs_a_notebook_keeps_current(lab: JupyterLab, registry: Path) -> None:
     write_json(registry / "runs" / "done.json", make_run("done", state="failed", error="boom"))
+    write_json(registry / "runs" / "shown.json", make_run("shown", updated=time.time() + 5))
     time.sleep(0.5)  # let a refresh started by the previous test finish
     start = time.time()
     lab.request("GET", "nbtrain/api/runs")

@@ -8,9 +8,12 @@ in child processes (asyncio subprocesses, so the IOLoop never waits on them).
   the outcome shows in the run list (``stop.status`` is ``stopping`` until
   the registry says the run ended, ``failed`` with the tool's message if the
   tool failed).
-* The registry refresh runs only while a browser is polling and some run is
-  still live, one at a time, and backs off (up to ``refresh_max_backoff``)
-  while the tool fails or does not exist yet.
+* The registry refresh runs only while a browser is polling, and only for the
+  clusters of live runs that nobody has updated for ``refresh_after`` seconds
+  (a notebook that shows a run mirrors it itself; a closed one does not). It
+  always names the cluster (``--address``): the tool must never start a local
+  cluster on the server's behalf. One refresh at a time; it backs off (up to
+  ``refresh_max_backoff``) while the tool fails.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 from traitlets import Float, Int, List, Unicode
 from traitlets.config import Configurable
 
-from ._registry_reader import is_terminal, read_runs
+from ._registry_reader import is_terminal, number, read_runs
 
 _OUTPUT_CHARS = 2000
 
@@ -37,13 +40,13 @@ class NbtrainServer(Configurable):
     stop_command = List(
         Unicode(),
         default_value=[sys.executable, "-m", "nbtrain", "stop"],
-        help="Command that stops a run; the run name is appended.",
+        help="Command that stops a run; NAME and --address ADDRESS (from the registry) are appended.",
     ).tag(config=True)
 
     refresh_command = List(
         Unicode(),
         default_value=[sys.executable, "-m", "nbtrain", "runs", "--json"],
-        help="Command that refreshes the registry files from the cluster.",
+        help="Command that refreshes the registry files from a cluster; --address ADDRESS is appended.",
     ).tag(config=True)
 
     refresh_interval = Float(
@@ -52,6 +55,10 @@ class NbtrainServer(Configurable):
 
     refresh_max_backoff = Float(
         300.0, help="Longest wait between refresh attempts while the refresh command fails."
+    ).tag(config=True)
+
+    refresh_after = Float(
+        10.0, help="Refresh a live run's cluster once its registry file is this many seconds old."
     ).tag(config=True)
 
     watch_window = Float(
@@ -85,17 +92,21 @@ class CommandRunner:
 
     # -- stops ---------------------------------------------------------------
 
-    def request_stop(self, name: str) -> dict[str, Any]:
-        """Start ``stop_command NAME`` unless a stop of that run is under way."""
+    def request_stop(self, run: dict[str, Any]) -> dict[str, Any]:
+        """Start ``stop_command NAME --address ADDR`` unless that run is already stopping."""
+        name = run["name"]
         current = self._stops.get(name)
         if current is None or current["status"] != "stopping":
             current = {"status": "stopping", "requested": time.time(), "message": None}
             self._stops[name] = current
-            self._spawn(self._stop(name, current))
+            command = [*self.settings.stop_command, name]
+            if isinstance(run.get("address"), str) and run["address"]:
+                command += ["--address", run["address"]]
+            self._spawn(self._stop(name, command, current))
         return dict(current)
 
-    async def _stop(self, name: str, record: dict[str, Any]) -> None:
-        ok, output = await self._run([*self.settings.stop_command, name])
+    async def _stop(self, name: str, command: list[str], record: dict[str, Any]) -> None:
+        ok, output = await self._run(command)
         if ok:
             self.log.info("nbtrain: stopped run %r", name)
             self._refresh_wanted.set()
@@ -139,9 +150,11 @@ class CommandRunner:
                 pass
             self._refresh_wanted.clear()
             try:
-                if not self._worth_refreshing():
-                    continue
-                ok, output = await self._run(list(self.settings.refresh_command))
+                ok, output = True, ""
+                for address in self._addresses_to_refresh():
+                    done, said = await self._run([*self.settings.refresh_command, "--address", address])
+                    if not done:
+                        ok, output = False, said
             except Exception:  # keep refreshing whatever one attempt ran into
                 self.log.exception("nbtrain: registry refresh crashed")
                 ok, output = False, ""
@@ -152,10 +165,20 @@ class CommandRunner:
                 delay = min(max(delay * 2, self.settings.refresh_interval), self.settings.refresh_max_backoff)
                 self.log.debug("nbtrain: registry refresh failed (next try in %.0f s): %s", delay, output)
 
-    def _worth_refreshing(self) -> bool:
+    def _addresses_to_refresh(self) -> list[str]:
+        """Clusters of live runs whose files nobody has updated lately."""
         if time.monotonic() - self._last_watch > self.settings.watch_window:
-            return False
-        return any(not is_terminal(run) for run in read_runs(self.home))
+            return []
+        now = time.time()
+        addresses = {
+            run["address"]
+            for run in read_runs(self.home)
+            if not is_terminal(run)
+            and isinstance(run.get("address"), str)
+            and run["address"]
+            and now - number(run.get("updated")) > self.settings.refresh_after
+        }
+        return sorted(addresses)
 
     # -- plumbing ------------------------------------------------------------
 

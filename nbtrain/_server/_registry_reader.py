@@ -57,7 +57,7 @@ def read_runs(home: Path) -> list[dict[str, Any]]:
         data = _read_json(path)
         if _valid_run(data):
             runs.append(data)
-    runs.sort(key=lambda run: (is_terminal(run), -_number(run.get("created"))))
+    runs.sort(key=lambda run: (is_terminal(run), -number(run.get("created"))))
     return runs
 
 
@@ -88,10 +88,11 @@ def mark_stale(run: dict[str, Any], stale_after: float, now: float | None = None
     vanish) but says that the state shown is the last one recorded.
     """
     now = time.time() if now is None else now
-    updated = _number(run.get("updated") or run.get("created"))
+    updated = number(run.get("updated") or run.get("created"))
     run["stale"] = (not is_terminal(run)) and stale_after > 0 and now - updated > stale_after
     return run
 
 
-def _number(value: Any) -> float:
+def number(value: Any) -> float:
+    """A JSON number as a float; anything else (null, a typo) as 0."""
     return float(value) if isinstance(value, (int, float)) else 0.0

@@ -3,8 +3,8 @@
 ==========================  =======================================================
 ``GET  runs``               ``{"runs": [run, ...], "now": server_time}``
 ``GET  runs/<name>``        one run (404 if unknown)
-``POST runs/<name>/stop``   202; runs ``python -m nbtrain stop <name>`` in the
-                            background (409 if the run already ended)
+``POST runs/<name>/stop``   202; runs ``python -m nbtrain stop <name> --address
+                            <its cluster>`` in the background (409 if it ended)
 ``GET  cluster``            ``{"cluster": {...} | null}``
 ==========================  =======================================================
 
@@ -77,7 +77,7 @@ class StopRunHandler(_BaseHandler):
         run = self.find_run(name)
         if is_terminal(run):
             raise tornado.web.HTTPError(409, f"Run {run['name']!r} already ended ({run['state']}); nothing to stop.")
-        self.commands.request_stop(run["name"])
+        self.commands.request_stop(run)
         self.set_status(202)
         self.finish(json.dumps(self.present(run, time.time())))
 
