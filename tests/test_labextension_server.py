@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from _jupyterlab import JupyterLab, start_jupyterlab
+from _jupyterlab import REPO, JupyterLab, start_jupyterlab
 
 FAKE_NBTRAIN = textwrap.dedent(
     """
@@ -269,3 +269,27 @@ def test_no_refresh_for_ended_runs_or_runs_a_notebook_keeps_current(lab: Jupyter
     lab.request("GET", "nbtrain/api/runs")
     time.sleep(1.5)
     assert calls(registry, since=start) == []
+
+
+def test_default_stop_command_is_the_nbtrain_cli_and_says_why_it_failed(tmp_path: Path) -> None:
+    """The real ``python -m nbtrain stop``, against a cluster that is not there."""
+    import asyncio
+    import logging
+
+    from nbtrain._server._commands import CommandRunner, NbtrainServer
+
+    settings = NbtrainServer()
+    assert settings.stop_command == [sys.executable, "-m", "nbtrain", "stop"]
+    assert settings.refresh_command == [sys.executable, "-m", "nbtrain", "runs", "--json"]
+    # cwd: `python -m` finds this checkout's nbtrain first.
+    runner = CommandRunner(settings, tmp_path, str(REPO), logging.getLogger("test"))
+
+    async def stop() -> dict[str, Any]:
+        runner.request_stop(make_run("ghost", address="ray://127.0.0.1:1"))
+        await asyncio.gather(*runner._tasks)
+        return runner.annotate(make_run("ghost"))["stop"]
+
+    outcome = asyncio.run(stop())
+
+    assert outcome["status"] == "failed"
+    assert "Nothing is listening at ray://127.0.0.1:1" in outcome["message"]

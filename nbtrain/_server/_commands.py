@@ -49,8 +49,10 @@ class NbtrainServer(Configurable):
         help="Command that refreshes the registry files from a cluster; --address ADDRESS is appended.",
     ).tag(config=True)
 
+    # Each refresh is a Python process that imports Ray (~5 CPU-seconds), so
+    # not much more often than this.
     refresh_interval = Float(
-        5.0, help="Seconds between registry refreshes while a browser watches; 0 disables them."
+        15.0, help="Seconds between registry refreshes while a browser watches; 0 disables them."
     ).tag(config=True)
 
     refresh_max_backoff = Float(
