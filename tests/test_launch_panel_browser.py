@@ -1,0 +1,61 @@
+"""The launch panel in a real JupyterLab: fill the form, click Launch, the run matches the form."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from _jupyterlab import start_jupyterlab
+from test_dashboard_browser import ARTIFACTS, browser_type_launch_args, open_and_run, write_notebook  # noqa: F401
+
+import nbtrain
+
+pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+
+PANEL_CELL = '''import time
+def train(config):
+    for step in range(config["epochs"] * 10):
+        nbtrain.report(loss=1.0 / (step + 1))
+        time.sleep(0.05)
+
+panel = nbtrain.LaunchPanel(train, config={"lr": 0.01, "epochs": 3, "optimizer": ["sgd", "adam"]})
+panel'''
+
+
+@pytest.fixture(scope="module")
+def lab(cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("panel-root")
+    write_notebook(root / "panel.ipynb", ["import nbtrain\n%load_ext nbtrain\n%ray_connect", PANEL_CELL])
+    server = start_jupyterlab(root)
+    yield server
+    server.stop()
+
+
+def test_form_values_reach_the_run(page, lab):
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        open_and_run(page, lab, "panel.ipynb")
+        panel = page.locator(".nbtrain-launch-panel")
+        panel.wait_for(timeout=180_000)
+        handle = panel.locator(".noUi-handle").first  # the workers slider: 2 → 1
+        handle.focus()
+        page.keyboard.press("ArrowLeft")
+        epochs = panel.locator(".widget-inline-hbox", has_text="epochs").locator("input")
+        epochs.fill("4")
+        epochs.press("Enter")
+        panel.locator(".widget-inline-hbox", has_text="optimizer").locator("select").select_option("adam")
+        name = panel.locator(".widget-inline-hbox", has_text="run name").locator("input")
+        name.fill("panel-browser")
+        name.press("Enter")
+        time.sleep(0.5)
+        panel.locator("button", has_text="Launch").click()
+        page.locator(".nbtrain-launch-panel .nbtrain-dashboard").wait_for(timeout=60_000)
+        run = nbtrain.attach("panel-browser")
+        assert run.config == {"lr": 0.01, "epochs": 4, "optimizer": "adam"}
+        assert run.summary()["world_size"] == 1
+        page.wait_for_function("() => document.querySelector('.nbtrain-launch-panel .nbtrain-state')"
+                               ".dataset.state === 'succeeded'", timeout=120_000)
+        page.screenshot(path=str(ARTIFACTS / "launch-panel.png"), full_page=True)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "launch-panel-failure.png"), full_page=True)
+        raise
