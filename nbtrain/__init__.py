@@ -88,6 +88,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(msg)
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the built JupyterLab extension lives (``jupyter labextension develop``)."""
+    return [{"src": "labextension", "dest": "nbtrain"}]
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext nbtrain``: registers ``%ray_connect``, ``%%ray_train`` and friends."""
     from ._magics import register
