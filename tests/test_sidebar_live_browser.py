@@ -1,0 +1,56 @@
+"""The lab sidebar with a real run started from a notebook on the loopback cluster.
+
+The notebook's kernel mirrors the run into the registry; the sidebar shows it,
+its progress grows, the status bar counts it, and the sidebar's Stop button
+stops it for real (through ``python -m nbtrain stop --address ...``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from _jupyterlab import start_jupyterlab
+from test_dashboard_browser import ARTIFACTS, browser_type_launch_args, open_and_run, write_notebook  # noqa: F401
+
+import nbtrain
+
+pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+expect = pytest.importorskip("playwright.sync_api").expect
+
+
+@pytest.fixture(scope="module")
+def lab(cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sidebar-root")
+    write_notebook(root / "sidebar.ipynb", ["%load_ext nbtrain\n%ray_connect", (
+        "%%ray_train --workers 2 --bg --name sidebar-live --total-steps 3000\n"
+        "import time\n"
+        "for step in range(3000):\n"
+        "    nbtrain.report(loss=1.0 / (step + 1))\n"
+        "    time.sleep(0.05)\n")])
+    server = start_jupyterlab(root)
+    yield server
+    server.stop()
+
+
+def test_sidebar_follows_and_stops_a_real_run(page, lab):
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        open_and_run(page, lab, "sidebar.ipynb")
+        page.locator(".jp-nbtrain-Status").click()
+        row = page.locator('#nbtrain-sidebar li[data-run-name="sidebar-live"]')
+        expect(row.locator(".jp-nbtrain-badge")).to_have_text("running", timeout=180_000)
+        expect(page.locator(".jp-nbtrain-Status")).to_contain_text("1 running", timeout=20_000)
+        label = row.locator(".jp-nbtrain-progress-label")
+        expect(label).not_to_have_text("step 0/3000", timeout=30_000)
+        first = int(label.inner_text().split()[1].split("/")[0])
+        expect(label).not_to_have_text(label.inner_text(), timeout=15_000)
+        second = int(label.inner_text().split()[1].split("/")[0])
+        assert second > first
+        page.screenshot(path=str(ARTIFACTS / "sidebar-live.png"), full_page=True)
+        row.locator(".jp-nbtrain-stop").click()
+        page.locator(".jp-Dialog").get_by_role("button", name="Stop run").click()
+        expect(row.locator(".jp-nbtrain-badge")).to_have_text("stopped", timeout=60_000)
+        assert nbtrain.attach("sidebar-live").state == nbtrain.RunState.STOPPED
+        page.screenshot(path=str(ARTIFACTS / "sidebar-stopped.png"), full_page=True)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "sidebar-live-failure.png"), full_page=True)
+        raise
