@@ -1,0 +1,547 @@
+#!/usr/bin/env python
+"""nbtrain against torchrun and Ray Train v2 on the same CPU DDP workload (see BENCHMARKS.md).
+
+One command::
+
+    python benchmarks/run_benchmarks.py [--reps 3] [--steps 200] [--warmup 20] [--json out.json]
+    python benchmarks/run_benchmarks.py --quick          # smoke run: 40 steps, 1 rep, no Ray Train
+
+It starts its own loopback Ray cluster (nbtrain's embedded local cluster, token
+auth, 127.0.0.1 only) under a throwaway ``NBTRAIN_HOME``, so it never touches
+another cluster, and stops it at the end. Per repetition it runs, interleaved
+(the order rotates each repetition):
+
+* ``torchrun``  — ``torchrun --nproc_per_node 2 benchmarks/workload.py``; a report is a stdout line;
+* ``raytrain``  — Ray Train v2 ``TorchTrainer`` with ``ray.train.report`` every step, driven by a
+  separate driver process connected to the same cluster over ``ray://`` (steps capped by
+  ``--raytrain-steps``: its reports are slow);
+* ``nbtrain``   — ``nbtrain.launch(fn, workers=2)`` from this process over ``ray://``, while this
+  process polls ``run.refresh()`` every ``--poll-ms`` like a live dashboard.
+
+Every variant runs :func:`workload.train_loop`; only the report function and the
+launcher differ. Figures (medians over repetitions):
+
+* launch → first step: wall time from the launch call (``Popen``, ``TorchTrainer(...)``,
+  ``nbtrain.launch``) to the end of the first training step on the earliest rank;
+* steady samples/s: measured inside rank 0 from per-step timestamps after the warm-up;
+* report() cost: median time of one report call inside the training loop (µs);
+* report → driver p50: arrival time in the driver (for Ray Train: in its controller, via a
+  ``UserCallback``) minus the ``time.time()`` the worker put in the report;
+* total wall: launch call until the launcher sees the run finished.
+
+Hidden mode ``--raytrain-driver`` is the Ray Train driver subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import workload  # noqa: E402
+from workload import train_loop  # noqa: E402  (a module-level name, so cloudpickle ships it by value)
+
+VARIANTS = ("torchrun", "raytrain", "nbtrain", "nbtrain_slowpoll")
+TITLES = {"torchrun": "torchrun", "raytrain": "Ray Train v2", "nbtrain": "nbtrain",
+          "nbtrain_slowpoll": "nbtrain, slow poll"}
+WORKERS = 2
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _median(values: list[float | None]) -> float | None:
+    clean = [v for v in values if v is not None]
+    return statistics.median(clean) if clean else None
+
+
+def _load_results(out_dir: Path, variant: str) -> list[dict[str, Any]]:
+    results = []
+    for rank in range(WORKERS):
+        path = out_dir / f"{variant}-rank{rank}.json"
+        if path.exists():
+            results.append(json.loads(path.read_text()))
+    return results
+
+
+def _summarise(variant: str, launched: float, ended: float, results: list[dict[str, Any]],
+               latencies_ms: list[float] | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    if len(results) != WORKERS:
+        raise RuntimeError(f"{variant}: expected {WORKERS} rank results, got {len(results)}")
+    by_rank = sorted(results, key=lambda r: r["rank"])
+    summary = {
+        "variant": variant,
+        "launch_to_first_step_s": min(r["first_step_end"] for r in by_rank) - launched,
+        "samples_per_s": by_rank[0]["samples_per_s"],
+        "report_us": statistics.median(r["report_us_median"] for r in by_rank),
+        "report_us_p90": max(r["report_us_p90"] for r in by_rank),
+        "latency_p50_ms": _quantile(latencies_ms, 0.5) if latencies_ms else None,
+        "latency_p90_ms": _quantile(latencies_ms, 0.9) if latencies_ms else None,
+        "latency_samples": len(latencies_ms or []),
+        "total_wall_s": ended - launched,
+        "steps": by_rank[0]["steps"], "warmup": by_rank[0]["warmup"],
+        "worker_nice": [r["nice"] for r in by_rank], "final_loss": by_rank[0]["final_loss"],
+        "params": by_rank[0]["params"],
+    }
+    summary.update(extra or {})
+    return summary
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+# ---------------------------------------------------------------------------- torchrun
+def run_torchrun(steps: int, warmup: int, out_dir: Path, timeout: float) -> dict[str, Any]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "NBTRAIN_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORKERS}", "--nnodes=1",
+           "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+           str(HERE / "workload.py"), "--steps", str(steps), "--warmup", str(warmup), "--out", str(out_dir)]
+    with open(out_dir / "torchrun.log", "w") as log:
+        launched = time.time()
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"torchrun did not finish within {timeout:.0f} s") from None
+        ended = time.time()
+    if code != 0:
+        raise RuntimeError(f"torchrun exited {code}; see {out_dir / 'torchrun.log'}:\n"
+                           + (out_dir / "torchrun.log").read_text()[-2000:])
+    return _summarise("torchrun", launched, ended, _load_results(out_dir, "torchrun"), None)
+
+
+# ---------------------------------------------------------------------------- Ray Train v2
+def run_raytrain(steps: int, warmup: int, out_dir: Path, timeout: float, address: str,
+                 poll_s: float | None) -> dict[str, Any]:
+    import nbtrain._local_cluster as local_cluster
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = local_cluster.ray_env()          # loopback, RAY_AUTH_MODE=token, this cluster's token file
+    env["RAY_TRAIN_V2_ENABLED"] = "1"
+    env.pop("NBTRAIN_HOME", None)
+    if poll_s is not None:
+        env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(poll_s)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--raytrain-driver", "--address", address,
+           "--steps", str(steps), "--warmup", str(warmup), "--out", str(out_dir)]
+    with open(out_dir / "raytrain-driver.log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=str(out_dir))
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"the Ray Train driver did not finish within {timeout:.0f} s") from None
+    timing_path = out_dir / "raytrain-driver.json"
+    if code != 0 or not timing_path.exists():
+        raise RuntimeError(f"the Ray Train driver exited {code}; see {out_dir / 'raytrain-driver.log'}:\n"
+                           + (out_dir / "raytrain-driver.log").read_text()[-3000:])
+    timing = json.loads(timing_path.read_text())
+    latencies = []
+    arrivals = out_dir / "raytrain-arrivals.jsonl"
+    if arrivals.exists():
+        for line in arrivals.read_text().splitlines():
+            record = json.loads(line)
+            if record["step"] > warmup and record["t"] is not None:
+                latencies.append((record["arrival"] - record["t"]) * 1000.0)
+    return _summarise("raytrain", timing["launched"], timing["ended"], _load_results(out_dir, "raytrain"),
+                      latencies, {"connect_s": timing["connect_s"], "latency_where": "controller",
+                                  "health_check_interval_s": poll_s})
+
+
+def raytrain_driver(args: argparse.Namespace) -> None:
+    """The Ray Train v2 driver, in its own process: connect over ray://, fit, record timings."""
+    import ray
+    import ray.cloudpickle
+
+    out_dir = Path(args.out)
+    ray.cloudpickle.register_pickle_by_value(workload)   # workers cannot import benchmarks/
+    began = time.time()
+    ray.init(args.address, logging_level="ERROR", log_to_driver=False)
+    connect_s = time.time() - began
+
+    from ray.train import RunConfig, ScalingConfig, UserCallback
+    from ray.train.torch import TorchTrainer
+
+    train_loop, write_result = workload.train_loop, workload.write_result
+    arrivals_path = str(out_dir / "raytrain-arrivals.jsonl")
+
+    class ArrivalRecorder(UserCallback):
+        """Runs in the Ray Train controller: when did each report get there?"""
+
+        def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+            now = time.time()
+            with open(arrivals_path, "a") as handle:
+                for item in metrics:
+                    handle.write(json.dumps({"arrival": now, "t": item.get("t"), "step": item.get("step")}) + "\n")
+
+    def train_fn(config: dict[str, Any]) -> None:
+        import ray.train
+
+        result = train_loop(lambda **metrics: ray.train.report(metrics), steps=config["steps"],
+                            warmup=config["warmup"], variant="raytrain")
+        write_result(result, config["out"])
+
+    launched = time.time()
+    trainer = TorchTrainer(
+        train_fn,
+        train_loop_config={"steps": args.steps, "warmup": args.warmup, "out": str(out_dir)},
+        scaling_config=ScalingConfig(num_workers=WORKERS, use_gpu=False, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=f"bench-{os.getpid()}", storage_path=str(out_dir / "raytrain-storage"),
+                             callbacks=[ArrivalRecorder()]),
+    )
+    trainer.fit()
+    ended = time.time()
+    (out_dir / "raytrain-driver.json").write_text(json.dumps(
+        {"launched": launched, "ended": ended, "connect_s": connect_s}))
+    ray.shutdown()
+
+
+# ---------------------------------------------------------------------------- nbtrain
+def _nbtrain_train(config: dict[str, Any]) -> dict[str, Any]:
+    import nbtrain
+
+    return train_loop(nbtrain.report, steps=config["steps"], warmup=config["warmup"], variant="nbtrain")
+
+
+def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: str,
+                variant: str = "nbtrain") -> dict[str, Any]:
+    import nbtrain
+    from nbtrain import RunState
+
+    arrivals: list[tuple[float, dict[str, Any]]] = []
+    poll_costs: list[float] = []
+    launched = time.time()
+    run = nbtrain.launch(_nbtrain_train, config={"steps": steps, "warmup": warmup}, workers=WORKERS,
+                         cpus_per_worker=1, name=name)
+    deadline = time.monotonic() + timeout
+    state = RunState.PENDING
+    while True:
+        before = time.perf_counter()
+        new_rows = run.refresh()
+        now = time.time()
+        poll_costs.append(time.perf_counter() - before)
+        arrivals.extend((now, row) for row in new_rows)
+        # refresh() just fetched the summary too; reading it via run.state would poll a second time
+        # and swallow the rows it fetched, so peek at the copy refresh() keeps.
+        state = RunState(run._summary["state"])
+        if state.is_terminal:
+            break
+        if time.monotonic() > deadline:
+            run.stop()
+            raise RuntimeError(f"nbtrain run {name} did not finish within {timeout:.0f} s")
+        time.sleep(poll_ms / 1000.0)
+    ended = time.time()
+    if state != RunState.SUCCEEDED:
+        raise RuntimeError(f"nbtrain run {name} ended {state.value}:\n{run.error}")
+    results = list(run.result or [])
+    latencies = [(arrival - row["t"]) * 1000.0 for arrival, row in arrivals
+                 if "t" in row and row.get("step", 0) > warmup]
+    try:
+        run.delete()
+    except Exception:  # noqa: BLE001 - cleanup only
+        pass
+    return _summarise(variant, launched, ended, results, latencies, {
+        "rows_received": len(arrivals), "latency_where": "driver (run.refresh())",
+        "poll_ms": poll_ms, "refresh_ms_median": statistics.median(poll_costs) * 1000.0 if poll_costs else None,
+    })
+
+
+# ---------------------------------------------------------------------------- report
+def _fmt(value: float | None, digits: int) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}".replace(",", " ")
+
+
+def build_table(summary: dict[str, dict[str, Any]], variants: list[str], args: argparse.Namespace) -> str:
+    head_cells = []
+    for variant in variants:
+        title = TITLES[variant]
+        info = summary[variant]
+        if variant == "raytrain":
+            title += f" ({info.get('steps', args.raytrain_steps)} steps)"
+        if variant == "nbtrain":
+            title += f" (poll {args.poll_ms:g} ms)"
+        if variant == "nbtrain_slowpoll":
+            title = f"nbtrain (poll {args.slow_poll_ms:g} ms)"
+        head_cells.append(title)
+    lines = ["| figure | " + " | ".join(head_cells) + " |", "|---|" + "---|" * len(variants)]
+    torch_rate = summary.get("torchrun", {}).get("samples_per_s")
+
+    def row(label: str, key: str, digits: int) -> None:
+        cells = []
+        for variant in variants:
+            value = summary[variant].get(key)
+            cells.append(_fmt(value, digits))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("launch → first step (s)", "launch_to_first_step_s", 1)
+    row("steady samples/s", "samples_per_s", 0)
+    ratios = []
+    for variant in variants:
+        rate = summary[variant].get("samples_per_s")
+        ratios.append(_fmt(rate / torch_rate if rate and torch_rate else None, 2))
+    lines.append("| ratio to torchrun | " + " | ".join(ratios) + " |")
+    costs = []
+    for variant in variants:
+        value = summary[variant].get("report_us")
+        costs.append(_fmt(value, 1 if value is not None and value < 1000 else 0))
+    lines.append("| report() cost (µs, median) | " + " | ".join(costs) + " |")
+    latency = []
+    for variant in variants:
+        value = summary[variant].get("latency_p50_ms")
+        text = _fmt(value, 0)
+        if variant == "raytrain" and value is not None:
+            text += " (to controller)"
+        latency.append(text)
+    lines.append("| report → driver latency p50 (ms) | " + " | ".join(latency) + " |")
+    row("total wall (s)", "total_wall_s", 1)
+    return "\n".join(lines)
+
+
+def targets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    nb = summary.get("nbtrain", {})
+    tr = summary.get("torchrun", {})
+    rt = summary.get("raytrain", {})
+    checks = []
+
+    def add(name: str, value: float | None, limit: float | None, ok: bool | None, text: str) -> None:
+        verdict = "N/A" if ok is None else ("PASS" if ok else "MISS")
+        checks.append({"target": name, "value": value, "limit": limit, "verdict": verdict, "text": text})
+
+    rate, base = nb.get("samples_per_s"), tr.get("samples_per_s")
+    ratio = rate / base if rate and base else None
+    add("throughput ≥ 0.97 × torchrun", ratio, 0.97, None if ratio is None else ratio >= 0.97,
+        f"{_fmt(ratio, 3)} × torchrun")
+    launch, rt_launch = nb.get("launch_to_first_step_s"), rt.get("launch_to_first_step_s")
+    limit = 0.5 * rt_launch if rt_launch else None
+    add("launch ≤ 0.5 × Ray Train's", launch, limit,
+        None if launch is None or limit is None else launch <= limit,
+        f"{_fmt(launch, 1)} s vs limit {_fmt(limit, 1)} s" if limit else "Ray Train not run")
+    cost = nb.get("report_us")
+    add("report() ≤ 20 µs median", cost, 20.0, None if cost is None else cost <= 20.0, f"{_fmt(cost, 1)} µs")
+    lat = nb.get("latency_p50_ms")
+    add("report → notebook p50 < 250 ms", lat, 250.0, None if lat is None else lat < 250.0, f"{_fmt(lat, 0)} ms")
+    return checks
+
+
+# ---------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--raytrain-steps", type=int, default=40,
+                        help="steps for Ray Train (its per-step report costs ~2 s; default 40)")
+    parser.add_argument("--raytrain-warmup", type=int, default=None,
+                        help="warm-up steps for Ray Train (default: min(--warmup, raytrain-steps // 4))")
+    parser.add_argument("--raytrain-poll-s", type=float, default=None,
+                        help="set RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (Ray's default 2 s) for the Ray Train variant")
+    parser.add_argument("--skip-raytrain", action="store_true")
+    parser.add_argument("--poll-ms", type=float, default=25.0, help="nbtrain driver poll interval (ms)")
+    parser.add_argument("--slow-poll-ms", type=float, default=None,
+                        help="also run nbtrain polled only every this many ms (an extra column that shows "
+                             "what the driver's polling costs the workers)")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated subset of torchrun,raytrain,nbtrain (default: all)")
+    parser.add_argument("--num-cpus", type=int, default=4, help="logical CPUs of the benchmark's Ray cluster")
+    parser.add_argument("--no-prewarm", action="store_true",
+                        help="skip the untimed short run of each variant before the repetitions")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 40 steps, 10 warm-up, 1 rep, no Ray Train")
+    parser.add_argument("--json", default=None, help="write all results here as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, per-rank results)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="per-variant-run timeout (s)")
+    # hidden: the Ray Train driver subprocess
+    parser.add_argument("--raytrain-driver", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.warmup, args.reps, args.skip_raytrain = 40, 10, 1, True
+    if args.raytrain_warmup is None:
+        args.raytrain_warmup = min(args.warmup, args.raytrain_steps // 4)
+    if not args.raytrain_driver:
+        if args.steps <= args.warmup or args.warmup < 1:
+            parser.error("need 1 ≤ --warmup < --steps")
+        if not args.skip_raytrain and not 1 <= args.raytrain_warmup < args.raytrain_steps:
+            parser.error("need 1 ≤ --raytrain-warmup < --raytrain-steps")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.raytrain_driver:
+        raytrain_driver(args)
+        return 0
+
+    work = Path(tempfile.mkdtemp(prefix="nbtrain-bench-"))
+    os.environ["NBTRAIN_HOME"] = str(work / "home")       # before nbtrain is imported: its own cluster + token
+    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        os.environ.pop(key, None)
+    import cloudpickle
+
+    import nbtrain
+    import nbtrain._local_cluster as local_cluster
+
+    cloudpickle.register_pickle_by_value(workload)       # nbtrain workers cannot import benchmarks/
+    wanted = set(args.variants.split(",")) if args.variants else {"torchrun", "raytrain", "nbtrain"}
+    if args.slow_poll_ms:
+        wanted.add("nbtrain_slowpoll")
+    if args.skip_raytrain:
+        wanted.discard("raytrain")
+    unknown = wanted - set(VARIANTS)
+    if unknown:
+        print(f"unknown variant(s): {', '.join(sorted(unknown))}; choose from torchrun, raytrain, nbtrain")
+        return 2
+    variants = [v for v in VARIANTS if v in wanted]
+    date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    command = "python benchmarks/run_benchmarks.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    def log(*parts: Any) -> None:
+        print(*parts, flush=True)       # the run is long; keep a redirected log current
+
+    log(f"# nbtrain benchmark — {date}")
+    log(f"command: {command.strip()}")
+    log(f"machine: {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"work dir {work}")
+    log(f"workload: {WORKERS} DDP workers (gloo, CPU, 1 thread), {workload.build_model.__doc__.split(':')[0]}, "
+        f"batch {workload.BATCH_SIZE}/worker, {workload.NUM_SAMPLES} synthetic samples; "
+        f"{args.steps} steps ({args.warmup} warm-up), {args.reps} rep(s), variants {', '.join(variants)}")
+    if "raytrain" in variants:
+        log(f"NOTE: Ray Train runs only {args.raytrain_steps} steps ({args.raytrain_warmup} warm-up): "
+            f"its per-step report is slow; its total wall is for those steps, not {args.steps}.")
+    all_runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    errors: list[str] = []
+    started = time.time()
+    try:
+        t0 = time.monotonic()
+        cluster = nbtrain.connect(num_cpus=args.num_cpus, progress=lambda m: log(f"  [cluster] {m}"))
+        address = cluster.address
+        log(f"cluster ready at {address} in {time.monotonic() - t0:.1f} s (token: {local_cluster.token_path()})")
+        import ray
+
+        log(f"Ray {ray.__version__}; cluster resources {ray.cluster_resources().get('CPU')} CPU")
+
+        def one(variant: str, rep: str, steps: int, warmup: int) -> dict[str, Any]:
+            out = work / f"{variant}-{rep}"
+            if variant == "torchrun":
+                return run_torchrun(steps, warmup, out, args.timeout)
+            if variant == "raytrain":
+                return run_raytrain(steps, warmup, out, args.timeout, address, args.raytrain_poll_s)
+            if variant == "nbtrain_slowpoll":
+                return run_nbtrain(steps, warmup, args.timeout, args.slow_poll_ms, variant=variant,
+                                   name=f"bench-slow-{rep}-{os.getpid()}")
+            return run_nbtrain(steps, warmup, args.timeout, args.poll_ms, name=f"bench-{rep}-{os.getpid()}")
+
+        if not args.no_prewarm:
+            for variant in [v for v in variants if v != "nbtrain_slowpoll"]:
+                began = time.monotonic()
+                try:
+                    one(variant, "prewarm", 4, 1)
+                    log(f"prewarm {variant}: {time.monotonic() - began:.1f} s")
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"prewarm {variant}: {exc}")
+                    log(f"prewarm {variant} FAILED: {exc}")
+
+        for rep in range(args.reps):
+            order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+            for variant in order:
+                steps, warmup = ((args.raytrain_steps, args.raytrain_warmup) if variant == "raytrain"
+                                 else (args.steps, args.warmup))
+                began = time.monotonic()
+                try:
+                    result = one(variant, f"r{rep}", steps, warmup)
+                except Exception as exc:  # noqa: BLE001 - one failed variant must not lose the others
+                    errors.append(f"rep {rep} {variant}: {exc}")
+                    log(f"rep {rep} {variant} FAILED after {time.monotonic() - began:.1f} s: {exc}")
+                    traceback.print_exc()
+                    continue
+                result["rep"] = rep
+                all_runs[variant].append(result)
+                lat = result["latency_p50_ms"]
+                log(f"rep {rep} {variant:8s}: launch→first step {result['launch_to_first_step_s']:.2f} s, "
+                    f"{result['samples_per_s']:.0f} samples/s, report {result['report_us']:.1f} µs, "
+                    f"latency p50 {'—' if lat is None else f'{lat:.0f} ms'}, wall {result['total_wall_s']:.1f} s, "
+                    f"worker nice {result['worker_nice']}")
+    finally:
+        try:
+            nbtrain.disconnect()
+        except Exception:  # noqa: BLE001
+            pass
+        stopped = local_cluster.stop()
+        log(f"local cluster stopped: {stopped}")
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    keys = ("launch_to_first_step_s", "samples_per_s", "report_us", "report_us_p90", "latency_p50_ms",
+            "latency_p90_ms", "total_wall_s")
+    summary: dict[str, dict[str, Any]] = {}
+    for variant in variants:
+        runs = all_runs[variant]
+        summary[variant] = {key: _median([r.get(key) for r in runs]) for key in keys}
+        summary[variant]["reps_ok"] = len(runs)
+        if runs:
+            summary[variant]["steps"] = runs[0]["steps"]
+            summary[variant]["warmup"] = runs[0]["warmup"]
+    table = build_table(summary, variants, args)
+    checks = targets(summary)
+    log("")
+    log(f"## Results (medians over {args.reps} rep(s); {args.steps} steps, {args.warmup} warm-up"
+        + (f"; Ray Train {args.raytrain_steps} steps, {args.raytrain_warmup} warm-up" if "raytrain" in variants else "")
+        + ")")
+    log("")
+    log(table)
+    log("")
+    log("## nbtrain targets")
+    log("")
+    for check in checks:
+        log(f"- {check['verdict']}: {check['target']} — {check['text']}")
+    if errors:
+        log("")
+        log("## Errors")
+        for error in errors:
+            log(f"- {error.splitlines()[0]}")
+    log(f"\ntotal benchmark time {time.time() - started:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "date": date, "command": command.strip(), "machine": {"host": platform.node(), "cores": os.cpu_count(),
+                                                                  "python": platform.python_version()},
+            "args": {k: v for k, v in vars(args).items() if k not in ("raytrain_driver", "address", "out")},
+            "summary": summary, "runs": all_runs, "targets": checks, "errors": errors, "table": table,
+        }, indent=1, default=str))
+        log(f"JSON written to {args.json}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
