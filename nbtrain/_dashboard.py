@@ -22,6 +22,7 @@ from ._static_plot import svg_chart
 from ._states import RunState
 
 REDRAW_INTERVAL_S = 0.25
+LONG_POLL_S = 1.0
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000
 STATE_COLOURS = {
@@ -84,12 +85,20 @@ class _Follower:
 
     run: Any
 
-    def update(self) -> bool:  # returns True once the run is terminal and drawn
+    def update(self, wait_s: float = 0.0) -> bool:  # True once the run is terminal and drawn
         raise NotImplementedError
 
-    def follow(self, poll_interval: float = REDRAW_INTERVAL_S) -> RunState:
-        while not self.update():
-            time.sleep(poll_interval)
+    def _tick(self) -> bool:
+        """One long-poll update, then a pause so redraws stay at a few per second."""
+        began = time.monotonic()
+        done = self.update(wait_s=LONG_POLL_S)
+        if not done:
+            time.sleep(max(0.0, REDRAW_INTERVAL_S - (time.monotonic() - began)))
+        return done
+
+    def follow(self) -> RunState:
+        while not self._tick():
+            pass
         return RunState(self.run.cached_summary["state"])
 
     def follow_in_background(self) -> threading.Thread:
@@ -102,7 +111,7 @@ class _Follower:
         failures = 0
         while True:
             try:
-                if self.update():
+                if self._tick():
                     return
                 failures = 0
             except Exception as exc:  # noqa: BLE001 - a lost connection must not kill the view
@@ -111,7 +120,6 @@ class _Follower:
                 if failures > 120:
                     return
                 time.sleep(1.0)
-            time.sleep(REDRAW_INTERVAL_S)
 
     def note_problem(self, message: str) -> None:
         pass
@@ -137,8 +145,8 @@ class TextProgress(_Follower):
         return (f"[nbtrain] {self.run.name} {state_label(summary)}{share} step {summary.get('step', 0)} "
                 f"{len(summary.get('workers') or [])} workers {_fmt_duration(_elapsed(summary))} {metrics}").rstrip()
 
-    def update(self) -> bool:
-        self.history.add(self.run.refresh())
+    def update(self, wait_s: float = 0.0) -> bool:
+        self.history.add(self.run.refresh(wait_s=wait_s))
         summary = self.run.cached_summary
         terminal = RunState(summary["state"]).is_terminal
         now = time.monotonic()
@@ -208,9 +216,9 @@ class WidgetDashboard(_Follower):
         self.notice.value = f'<span style="color:#d62728">{html.escape(message)}</span>'
 
     # ------------------------------------------------------------------ drawing
-    def update(self) -> bool:
+    def update(self, wait_s: float = 0.0) -> bool:
+        new_rows = self.run.refresh(wait_s=wait_s)  # outside the lock: a long poll must not block Stop's redraw
         with self._lock:
-            new_rows = self.run.refresh()
             self.history.add(new_rows)
             summary = self.run.cached_summary
             terminal = RunState(summary["state"]).is_terminal

@@ -60,15 +60,18 @@ class Run:
         self._result: list[Any] | None = None
 
     # ------------------------------------------------------------------ reading
-    def refresh(self) -> list[dict[str, Any]]:
-        """Fetch everything new; returns the new metric rows (also appended to ``metrics``)."""
-        import ray
+    def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
+        """Fetch everything new; returns the new metric rows (also appended to ``metrics``).
 
+        ``wait_s`` > 0 waits up to that long for something new to arrive (a long
+        poll: one round trip, answered as soon as a worker's batch lands).
+        """
         new_rows: list[dict[str, Any]] = []
         with self._lock:
             while True:
                 cursor, log_cursor, event_cursor = self._cursors
-                reply = self._poll(cursor, log_cursor, event_cursor)
+                reply = self._poll(cursor, log_cursor, event_cursor, wait_s)
+                wait_s = 0.0
                 self._rows.extend(reply["rows"])
                 new_rows.extend(reply["rows"])
                 self._logs.extend(reply["logs"])
@@ -84,14 +87,15 @@ class Run:
             self._mirror()
         return new_rows
 
-    def _poll(self, cursor: int, log_cursor: int, event_cursor: int) -> dict[str, Any]:
+    def _poll(self, cursor: int, log_cursor: int, event_cursor: int, wait_s: float) -> dict[str, Any]:
         """One poll; while the supervisor restarts (Ray brings it back) keep asking, within limits."""
         import ray
 
         deadline = time.monotonic() + SUPERVISOR_RESTART_GRACE_S
         while True:
             try:
-                return ray.get(self._handle.poll.remote(cursor, log_cursor, event_cursor), timeout=POLL_TIMEOUT_S)
+                return ray.get(self._handle.poll.remote(cursor, log_cursor, event_cursor, wait_s=wait_s),
+                               timeout=POLL_TIMEOUT_S + wait_s)
             except ray.exceptions.GetTimeoutError:
                 msg = (f"Run {self.name!r}'s supervisor did not answer within {POLL_TIMEOUT_S:.0f} s; "
                        f"it may be restarting. Try again shortly.")
@@ -196,7 +200,7 @@ class Run:
 
     # ------------------------------------------------------------------ control
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True,
-             poll_interval: float = 0.25) -> RunState:
+             poll_interval: float = 0.5) -> RunState:
         """Block until the run ends (or ``timeout`` seconds pass) and return its state.
 
         Raises :class:`RunFailedError` with every failing rank's traceback when the
@@ -205,7 +209,8 @@ class Run:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            state = self.state
+            self.refresh(wait_s=poll_interval)
+            state = RunState(self._summary["state"])
             if state.is_terminal:
                 if state == RunState.FAILED and raise_on_failure:
                     raise RunFailedError(f"Run {self.name!r} failed.\n{self._summary.get('error')}")
@@ -214,7 +219,6 @@ class Run:
                 msg = (f"Run {self.name!r} is still {state.value} after {timeout:g} s; it keeps going. "
                        f"Call run.wait() again, or run.stop().")
                 raise TimeoutError(msg)
-            time.sleep(poll_interval)
 
     def stop(self, timeout: float = 30.0) -> RunState:
         """Stop the run: workers are killed and their resources freed before this returns."""

@@ -117,8 +117,9 @@ class TrainingSession:
         if step is None:
             step = self.step if self.uses_loader else self.report_calls
         self.last_step = step
-        self.buffer.append((int(step), time.time(), metrics))
-        self.last_progress = time.time()
+        now = time.time()
+        self.buffer.append((int(step), now, metrics))
+        self.last_progress = now
 
     def on_batch(self, batch_size: int) -> None:
         self.step += 1

@@ -71,6 +71,7 @@ class RunSupervisor:
     def __init__(self, spec_bytes: bytes) -> None:
         self.spec: RunSpec = cloudpickle.loads(spec_bytes)
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # wakes long-polling notebooks
         self._stop_event = threading.Event()
         self._nan_event = threading.Event()
         self._storage = RunStorage(self.spec.storage or default_storage_root(), self.spec.name)
@@ -132,6 +133,7 @@ class RunSupervisor:
         with self._lock:
             self.events.append(record)
             self._storage.append("events", [record])
+            self._changed.notify_all()
 
     def _set_state(self, new: RunState, why: str = "") -> None:
         with self._lock:
@@ -171,6 +173,8 @@ class RunSupervisor:
                 worker["last_heartbeat"] = beat["time"]
                 if state == "running" and worker["state"] in (WorkerState.STARTING, WorkerState.STALLED):
                     worker["state"] = WorkerState.RUNNING
+            if rows or logs:
+                self._changed.notify_all()
 
     def _note_nan(self, row: dict[str, Any]) -> None:
         keys = ", ".join(_nan_keys(row))
@@ -220,10 +224,18 @@ class RunSupervisor:
 
     # ------------------------------------------------------------------ notebook-facing
     def poll(self, cursor: int = 0, log_cursor: int = 0, event_cursor: int = 0,
-             max_rows: int = 50_000) -> dict[str, Any]:
+             max_rows: int = 50_000, wait_s: float = 0.0) -> dict[str, Any]:
         """Everything new since the caller's cursors. Cursors are list indices into
-        append-only histories, so a reconnecting notebook replays exactly what it missed."""
+        append-only histories, so a reconnecting notebook replays exactly what it missed.
+
+        With ``wait_s`` the call is a long poll: it returns as soon as something new
+        arrives (or ``wait_s`` passes), so a dashboard gets rows one flush after they
+        were reported without calling in a tight loop.
+        """
         with self._lock:
+            if (wait_s > 0 and not self.state.is_terminal and cursor >= len(self.rows)
+                    and log_cursor >= len(self.logs) and event_cursor >= len(self.events)):
+                self._changed.wait(timeout=min(wait_s, 10.0))
             rows = self.rows[cursor:cursor + max_rows]
             logs = self.logs[log_cursor:log_cursor + max_rows]
             return {
