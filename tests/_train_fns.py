@@ -18,13 +18,6 @@ class TinyNet(torch.nn.Module):
         return self.layer(x)
 
 
-class Note:
-    """A plain Python object: what weights_only=True refuses to unpickle."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
 def make_data(n: int = 256, seed: int = 0) -> torch.utils.data.TensorDataset:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 8, generator=gen)
