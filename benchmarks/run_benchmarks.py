@@ -16,7 +16,8 @@ another cluster, and stops it at the end. Per repetition it runs, interleaved
   separate driver process connected to the same cluster over ``ray://`` (steps capped by
   ``--raytrain-steps``: its reports are slow);
 * ``nbtrain``   — ``nbtrain.launch(fn, workers=2)`` from this process over ``ray://``, while this
-  process polls ``run.refresh()`` every ``--poll-ms`` like a live dashboard.
+  process follows the run like the live dashboard does: ``run.refresh(wait_s=1)``
+  long polls (or, with ``--poll-ms N``, a plain poll every N ms).
 
 Every variant runs :func:`workload.train_loop`; only the report function and the
 launcher differ. Figures (medians over repetitions):
@@ -247,19 +248,21 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
     state = RunState.PENDING
     while True:
         before = time.perf_counter()
-        new_rows = run.refresh()
+        # poll_ms == 0: a long poll, as the dashboard does (answered as soon as a worker's batch lands)
+        new_rows = run.refresh(wait_s=1.0 if poll_ms == 0 else 0.0)
         now = time.time()
         poll_costs.append(time.perf_counter() - before)
         arrivals.extend((now, row) for row in new_rows)
         # refresh() just fetched the summary too; reading it via run.state would poll a second time
         # and swallow the rows it fetched, so peek at the copy refresh() keeps.
-        state = RunState(run._summary["state"])
+        state = RunState(run.cached_summary["state"])
         if state.is_terminal:
             break
         if time.monotonic() > deadline:
             run.stop()
             raise RuntimeError(f"nbtrain run {name} did not finish within {timeout:.0f} s")
-        time.sleep(poll_ms / 1000.0)
+        if poll_ms:
+            time.sleep(poll_ms / 1000.0)
     ended = time.time()
     if state != RunState.SUCCEEDED:
         raise RuntimeError(f"nbtrain run {name} ended {state.value}:\n{run.error}")
@@ -291,7 +294,7 @@ def build_table(summary: dict[str, dict[str, Any]], variants: list[str], args: a
         if variant == "raytrain":
             title += f" ({info.get('steps', args.raytrain_steps)} steps)"
         if variant == "nbtrain":
-            title += f" (poll {args.poll_ms:g} ms)"
+            title += f" (poll {args.poll_ms:g} ms)" if args.poll_ms else " (long poll)"
         if variant == "nbtrain_slowpoll":
             title = f"nbtrain (poll {args.slow_poll_ms:g} ms)"
         head_cells.append(title)
@@ -369,7 +372,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--raytrain-poll-s", type=float, default=None,
                         help="set RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (Ray's default 2 s) for the Ray Train variant")
     parser.add_argument("--skip-raytrain", action="store_true")
-    parser.add_argument("--poll-ms", type=float, default=25.0, help="nbtrain driver poll interval (ms)")
+    parser.add_argument("--poll-ms", type=float, default=0.0,
+                        help="nbtrain driver poll interval (ms); 0 (default) long-polls like the dashboard")
     parser.add_argument("--slow-poll-ms", type=float, default=None,
                         help="also run nbtrain polled only every this many ms (an extra column that shows "
                              "what the driver's polling costs the workers)")
