@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _run(command: list[str], env: dict[str, str], timeout: float) -> str:
-    proc = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+def _run(command: list[str], env: dict[str, str], timeout: float, cwd: Path = REPO) -> str:
+    proc = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, check=False)
     output = ANSI.sub("", proc.stdout + proc.stderr)
     assert proc.returncode == 0, f"{' '.join(command)} exited with {proc.returncode}:\n{output[-6000:]}"
@@ -64,8 +64,10 @@ def binder_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.mark.notebook
 @pytest.mark.timeout(1200)
-def test_postbuild_installs_nbtrain_into_the_venv(binder_env: dict[str, str]):
-    out = _run(["python", "-c", "import nbtrain, sys; print(nbtrain.__file__, sys.prefix)"], binder_env, 60)
+def test_postbuild_installs_nbtrain_into_the_venv(binder_env: dict[str, str], tmp_path: Path):
+    # (not from the repository root, where `import nbtrain` would find the checkout itself)
+    out = _run(["python", "-c", "import nbtrain, sys; print(nbtrain.__file__, sys.prefix)"], binder_env, 60,
+               cwd=tmp_path)
     location, prefix = out.split()
     assert prefix == binder_env["VIRTUAL_ENV"]
     assert Path(location).is_relative_to(prefix), f"nbtrain imported from {location}, not from the venv"

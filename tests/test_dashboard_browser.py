@@ -42,11 +42,11 @@ SETUP = "%load_ext nbtrain\n%ray_connect"
 def lab(cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-root")
     write_notebook(root / "live.ipynb", [SETUP, (
-        "%%ray_train --workers 2 --name browser-live --total-steps 120\n"
+        "%%ray_train --workers 2 --name browser-live --total-steps 150\n"
         "import time\n"
-        "for step in range(120):\n"
-        "    nbtrain.report(loss=1.0 / (step + 1), accuracy=step / 120)\n"
-        "    time.sleep(0.1)\n")])
+        "for step in range(150):\n"
+        "    nbtrain.report(loss=1.0 / (step + 1), accuracy=step / 150)\n"
+        "    time.sleep(0.2)\n")])
     write_notebook(root / "background.ipynb", [SETUP, (
         "%%ray_train --workers 2 --bg --name browser-stop\n"
         "import time\n"
@@ -70,12 +70,20 @@ def lab(cluster, tmp_path_factory):
 
 
 def open_and_run(page, lab, notebook: str) -> None:
+    """Open ``notebook`` (and only it: the workspace may restore earlier tabs) and run all its cells."""
     page.goto(lab.lab_url(f"tree/{notebook}"))
     page.wait_for_function(
-        "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-        " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
-        " && w.sessionContext.session.kernel.status === 'idle'; }", timeout=120_000)
+        "(path) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+        " return w && w.context && w.context.path === path && w.sessionContext && w.sessionContext.session"
+        " && w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
+        arg=notebook, timeout=120_000)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+def wait_for_state(page, state: str, timeout_ms: int, scope: str = ".nbtrain-dashboard") -> None:
+    page.wait_for_function(
+        "([scope, state]) => { const b = document.querySelector(scope + ' .nbtrain-state');"
+        " return b && b.dataset.state === state; }", arg=[scope, state], timeout=timeout_ms, polling=500)
 
 
 def plot_points(page) -> int:
@@ -110,8 +118,7 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
         assert set(second_steps) == {"0", "1"}
         assert all(second_steps[r] > first_steps.get(r, 0) for r in ("0", "1")), (first_steps, second_steps)
         page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
-        page.wait_for_function("() => document.querySelector('.nbtrain-dashboard .nbtrain-state')"
-                               ".dataset.state === 'succeeded'", timeout=120_000)
+        wait_for_state(page, "succeeded", 120_000)
         page.wait_for_selector(".nbtrain-summary svg", timeout=30_000)  # the static picture for the saved notebook
         page.screenshot(path=str(ARTIFACTS / "dashboard-succeeded.png"), full_page=True)
     except Exception:
@@ -126,8 +133,7 @@ def test_stop_button_stops_a_background_run(page, lab):
                                " return t && parseInt(t.textContent) > 0; }", timeout=180_000)
         page.locator(".nbtrain-dashboard button", has_text="Stop").click()
         began = time.monotonic()
-        page.wait_for_function("() => document.querySelector('.nbtrain-dashboard .nbtrain-state')"
-                               ".dataset.state === 'stopped'", timeout=30_000)
+        wait_for_state(page, "stopped", 30_000)
         assert time.monotonic() - began < 20
         page.screenshot(path=str(ARTIFACTS / "dashboard-stopped.png"), full_page=True)
     except Exception:
@@ -138,9 +144,7 @@ def test_stop_button_stops_a_background_run(page, lab):
 def test_failing_rank_opens_its_traceback_pane(page, lab):
     try:
         open_and_run(page, lab, "failing.ipynb")
-        page.wait_for_function("() => document.querySelector('.nbtrain-dashboard .nbtrain-state')"
-                               " && document.querySelector('.nbtrain-dashboard .nbtrain-state').dataset.state === 'failed'",
-                               timeout=180_000)
+        wait_for_state(page, "failed", 180_000)
         pane = page.locator('.nbtrain-log[data-rank="1"]')
         pane.wait_for(state="visible", timeout=20_000)
         assert "ZeroDivisionError: rank one cannot divide" in pane.inner_text()
@@ -154,9 +158,7 @@ def test_failing_rank_opens_its_traceback_pane(page, lab):
 def test_a_million_point_history_renders_without_freezing(page, lab):
     try:
         open_and_run(page, lab, "million.ipynb")
-        page.wait_for_function("() => document.querySelector('.nbtrain-dashboard .nbtrain-state')"
-                               " && document.querySelector('.nbtrain-dashboard .nbtrain-state').dataset.state === 'succeeded'",
-                               timeout=300_000, polling=1000)
+        wait_for_state(page, "succeeded", 300_000)
         page.wait_for_selector(".nbtrain-summary svg", timeout=60_000)
         # the page answers at once and the drawn curve is small, with the last step on it
         began = time.monotonic()

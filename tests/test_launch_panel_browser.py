@@ -6,7 +6,13 @@ import time
 
 import pytest
 from _jupyterlab import start_jupyterlab
-from test_dashboard_browser import ARTIFACTS, browser_type_launch_args, open_and_run, write_notebook  # noqa: F401
+from test_dashboard_browser import (  # noqa: F401
+    ARTIFACTS,
+    browser_type_launch_args,
+    open_and_run,
+    wait_for_state,
+    write_notebook,
+)
 
 import nbtrain
 
@@ -53,8 +59,7 @@ def test_form_values_reach_the_run(page, lab):
         run = nbtrain.attach("panel-browser")
         assert run.config == {"lr": 0.01, "epochs": 4, "optimizer": "adam"}
         assert run.summary()["world_size"] == 1
-        page.wait_for_function("() => document.querySelector('.nbtrain-launch-panel .nbtrain-state')"
-                               ".dataset.state === 'succeeded'", timeout=120_000)
+        wait_for_state(page, "succeeded", 120_000, scope=".nbtrain-launch-panel")
         page.screenshot(path=str(ARTIFACTS / "launch-panel.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "launch-panel-failure.png"), full_page=True)

@@ -58,6 +58,20 @@ def test_every_notebook_is_committed_without_outputs():
         assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
 
 
+def _printed_by_cell(executed: Path, execution_count: int) -> str:
+    """A magic's UsageError reaches the notebook as printed text, not in the error itself."""
+    import nbformat
+
+    try:
+        notebook = nbformat.read(executed, as_version=4)
+    except (OSError, ValueError):
+        return "(no executed notebook)"
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and cell.get("execution_count") == execution_count:
+            return ANSI.sub("", "".join(out.get("text", "") for out in cell.outputs))[-4000:]
+    return ""
+
+
 @pytest.fixture
 def _no_leftover_runs(cluster):
     """A notebook that fails mid-run must not leave workers holding the cluster's CPUs."""
@@ -84,7 +98,9 @@ def test_notebook_runs_top_to_bottom(path: Path, cluster, _no_leftover_runs, tmp
         )
     except papermill.PapermillExecutionError as exc:
         pytest.fail(f"{path.name}: cell {exc.exec_count} raised {exc.ename}: {exc.evalue}\n"
-                    f"{ANSI.sub('', chr(10).join(exc.traceback))}\n(executed notebook: {output})", pytrace=False)
+                    f"{ANSI.sub('', chr(10).join(exc.traceback))}\n"
+                    f"--- what the cell printed ---\n{_printed_by_cell(output, exc.exec_count)}\n"
+                    f"(executed notebook: {output})", pytrace=False)
     finally:
         with capsys.disabled():
             print(f"\n[notebook] {path.name}: {time.monotonic() - started:.1f} s")
