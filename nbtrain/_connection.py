@@ -125,10 +125,20 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
 
     say(f"Connecting to {address}…")
     began = time.monotonic()
-    try:
-        ray.init(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
-    except Exception as exc:  # noqa: BLE001 - Ray Client raises several types here
-        raise _explain_connect_error(address, exc) from None
+    for attempt in (1, 2):
+        try:
+            ray.init(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+            break
+        except Exception as exc:  # noqa: BLE001 - Ray Client raises several types here
+            error = _explain_connect_error(address, exc)
+            # The preflight proved the server answers; a first session on a just-started head
+            # occasionally fails inside Ray (a server process still starting). One retry.
+            if attempt == 2 or isinstance(error, VersionMismatchError):
+                raise error from None
+            if ray.is_initialized():
+                ray.shutdown()
+            say(f"Connecting to {address} failed ({type(exc).__name__}); trying once more…")
+            time.sleep(2.0)
     versions = _cluster_versions()
     _check_versions(versions)
     _current = Cluster(address=address, kind=kind, ray_version=versions["ray"], python_version=versions["python"])
@@ -177,7 +187,9 @@ def _resolve_token(token: str | None, address: str) -> str | None:
         return os.environ["RAY_AUTH_TOKEN"]
     for candidate in (os.environ.get("RAY_AUTH_TOKEN_PATH"), Path.home() / ".ray" / "auth_token"):
         if candidate and Path(candidate).is_file():
-            return Path(candidate).read_text().strip()
+            text = Path(candidate).read_text().strip()
+            if text:  # nbtrain's own client token file starts out empty
+                return text
     local = _local_cluster.status()
     if local is not None and local.address == address:
         return Path(local.token_path).read_text().strip()

@@ -341,11 +341,11 @@ def launch(
         collective_timeout_s=collective_timeout_s, stall_timeout_s=stall_timeout_s, on_stall=on_stall,
         placement_timeout_s=placement_timeout_s, storage=storage, stop_on_nan=stop_on_nan,
         checkpoint_weights_only=checkpoint_weights_only, total_steps=total_steps,
-        total_epochs=total_epochs or _guess_epochs(config), datasets=datasets, owner=_owner(),
+        total_epochs=total_epochs or _guess_epochs(config), owner=_owner(),
         env=dict(env or {}), sources=dict(sources or {}),
     )
     if existing is not None:
-        state = ray.get(existing.resume.remote(cloudpickle.dumps(spec)), timeout=POLL_TIMEOUT_S)
+        state = ray.get(existing.resume.remote(cloudpickle.dumps(spec), datasets), timeout=POLL_TIMEOUT_S)
         if state != RunState.RESTARTING.value:
             msg = f"Run {name!r} is still {state}; only an ended run can be resumed. Attach to it instead."
             raise RunExistsError(msg)
@@ -357,7 +357,7 @@ def launch(
         name=actor_name(name), namespace=NAMESPACE, lifetime="detached", max_restarts=-1,
         max_task_retries=0, max_concurrency=64, num_cpus=0,
         resources={"node:__internal_head__": 0.001},
-    ).remote(cloudpickle.dumps(spec))
+    ).remote(cloudpickle.dumps(spec), datasets)  # datasets as an argument: Ray Client maps their object refs
     run = Run(name, handle, cluster.address)
     if wait:
         run.wait()

@@ -33,7 +33,7 @@ class RunSpec:
     checkpoint_weights_only: bool = True
     total_steps: int | None = None
     total_epochs: int | None = None
-    datasets: dict[str, Any] | None = None
+    datasets: dict[str, Any] | None = None  # travels beside the pickled spec (see launch())
     owner: dict[str, Any] = dataclasses.field(default_factory=dict)  # notebook path, host, pid
     created: float = dataclasses.field(default_factory=time.time)
     env: dict[str, str] = dataclasses.field(default_factory=dict)

@@ -68,8 +68,9 @@ class _Failure:
 
 
 class RunSupervisor:
-    def __init__(self, spec_bytes: bytes) -> None:
+    def __init__(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> None:
         self.spec: RunSpec = cloudpickle.loads(spec_bytes)
+        self.spec.datasets = datasets
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # wakes long-polling notebooks
         self._stop_event = threading.Event()
@@ -184,12 +185,13 @@ class RunSupervisor:
         if self.spec.stop_on_nan:
             self._nan_event.set()
 
-    def resume(self, spec_bytes: bytes) -> str:
+    def resume(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> str:
         """Start an ended run again as a new attempt from its latest checkpoint (``launch(resume=True)``)."""
         with self._lock:
             if not self.state.is_terminal:
                 return self.state.value
             spec: RunSpec = cloudpickle.loads(spec_bytes)
+            spec.datasets = datasets
             self.spec = spec
             self.state = RunState.RESTARTING  # the one move out of a terminal state, on the user's request
             self.error = None
