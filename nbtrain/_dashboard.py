@@ -84,6 +84,7 @@ class _Follower:
     """Runs ``update`` until the run ends, from the caller's thread or a daemon thread."""
 
     run: Any
+    thread: threading.Thread
 
     def update(self, wait_s: float = 0.0) -> bool:  # True once the run is terminal and drawn
         raise NotImplementedError
@@ -102,10 +103,10 @@ class _Follower:
         return RunState(self.run.cached_summary["state"])
 
     def follow_in_background(self) -> threading.Thread:
-        thread = threading.Thread(target=self._follow_quietly, name=f"nbtrain-dashboard-{self.run.name}",
-                                  daemon=True)
-        thread.start()
-        return thread
+        self.thread = threading.Thread(target=self._follow_quietly, name=f"nbtrain-dashboard-{self.run.name}",
+                                       daemon=True)
+        self.thread.start()
+        return self.thread
 
     def _follow_quietly(self) -> None:
         failures = 0

@@ -164,17 +164,21 @@ class NbtrainMagics(Magics):
         return self._follow_blocking(run)
 
     def _follow_blocking(self, run: Any) -> None:
+        """Block the cell until the run ends; the view is drawn from its own thread (the
+        path widget updates are known to reach the browser while a cell runs)."""
         from ._dashboard import show_dashboard
 
-        view = show_dashboard(run, follow="none")
+        view = show_dashboard(run, follow="background")
+        thread = view.thread
         try:
-            state = view.follow()
+            while thread.is_alive():
+                thread.join(0.2)
         except KeyboardInterrupt:
             run.stop()
-            view.update()
+            thread.join(10)
             print(f"Interrupted: run {run.name!r} was stopped; its workers are gone and their resources freed.")
             return None
-        if state.value == "failed":
+        if run.cached_summary.get("state") == "failed":
             raise _RunFailedInCell(f"RunFailedError: run {run.name!r} failed.\n{run.cached_summary.get('error')}")
         return None
 

@@ -77,7 +77,8 @@ def open_and_run(page, lab, notebook: str) -> None:
         " return w && w.context && w.context.path === path && w.sessionContext && w.sessionContext.session"
         " && w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
         arg=notebook, timeout=120_000)
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    # not awaited: the command's promise resolves only when every cell has finished
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
 def wait_for_state(page, state: str, timeout_ms: int, scope: str = ".nbtrain-dashboard") -> None:
