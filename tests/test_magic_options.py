@@ -62,10 +62,16 @@ def test_empty_cell_and_syntax_errors_are_reported_before_launch(ip):
 
 def test_running_without_a_connection_says_to_connect(ip):
     import nbtrain
+    from nbtrain import _connection
 
+    previous = _connection._current  # the session cluster, when cluster tests ran before this one
     nbtrain.disconnect()
-    message = _usage_error(ip, "%%ray_train --workers 2\nx = 1\n")
-    assert "Not connected to a Ray cluster. Run `nbtrain.connect()` (or `%ray_connect`) first." in message
+    try:
+        message = _usage_error(ip, "%%ray_train --workers 2\nx = 1\n")
+        assert "Not connected to a Ray cluster. Run `nbtrain.connect()` (or `%ray_connect`) first." in message
+    finally:
+        if previous is not None:
+            nbtrain.connect(previous.address, progress=lambda msg: None)
 
 
 def test_help_prints_usage_with_an_example(ip, capsys):
