@@ -21,3 +21,14 @@ def run_actor_names(run_name: str) -> list[str]:
 
     return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
             if a["name"].startswith(f"nbtrain-worker:{run_name}:")]
+
+
+def ipython_shell():
+    """The test IPython shell (IPython's test app makes one per process; later calls return None)."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or get_ipython()
+    if "nbtrain" not in shell.extension_manager.loaded:
+        shell.run_line_magic("load_ext", "nbtrain")
+    return shell

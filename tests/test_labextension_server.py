@@ -274,6 +274,7 @@ def test_no_refresh_for_ended_runs_or_runs_a_notebook_keeps_current(lab: Jupyter
 def test_default_stop_command_is_the_nbtrain_cli_and_says_why_it_failed(tmp_path: Path) -> None:
     """The real ``python -m nbtrain stop``, against a cluster that is not there."""
     import asyncio
+    import concurrent.futures
     import logging
 
     from nbtrain._server._commands import CommandRunner, NbtrainServer
@@ -289,7 +290,9 @@ def test_default_stop_command_is_the_nbtrain_cli_and_says_why_it_failed(tmp_path
         await asyncio.gather(*runner._tasks)
         return runner.annotate(make_run("ghost"))["stop"]
 
-    outcome = asyncio.run(stop())
+    # its own thread: pytest-playwright keeps an event loop running in this one
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        outcome = pool.submit(asyncio.run, stop()).result()
 
     assert outcome["status"] == "failed"
     assert "Nothing is listening at ray://127.0.0.1:1" in outcome["message"]

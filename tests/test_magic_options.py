@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from _helpers import ipython_shell
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 
 from nbtrain._cell_program import CellProgram, referenced_names
 from nbtrain._magics import parse_config
@@ -12,8 +12,7 @@ from nbtrain._magics import parse_config
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
-    shell.run_line_magic("load_ext", "nbtrain")
+    shell = ipython_shell()
     return shell
 
 

@@ -7,9 +7,8 @@ import threading
 import time
 
 import pytest
-from _helpers import run_actor_names, wait_for
+from _helpers import ipython_shell, run_actor_names, wait_for
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 
 import nbtrain
 
@@ -18,8 +17,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def ip(cluster):
-    shell = start_ipython()
-    shell.run_line_magic("load_ext", "nbtrain")
+    shell = ipython_shell()
     result = shell.run_cell(f"%ray_connect {cluster.address}")
     assert result.error_in_exec is None
     return shell
