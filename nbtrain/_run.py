@@ -346,7 +346,7 @@ def launch(
     )
     if existing is not None:
         state = ray.get(existing.resume.remote(cloudpickle.dumps(spec), datasets), timeout=POLL_TIMEOUT_S)
-        if state != RunState.RESTARTING.value:
+        if state != "resumed":
             msg = f"Run {name!r} is still {state}; only an ended run can be resumed. Attach to it instead."
             raise RunExistsError(msg)
         run = Run(name, existing, cluster.address)

@@ -186,7 +186,10 @@ class RunSupervisor:
             self._nan_event.set()
 
     def resume(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> str:
-        """Start an ended run again as a new attempt from its latest checkpoint (``launch(resume=True)``)."""
+        """Start an ended run again as a new attempt from its latest checkpoint (``launch(resume=True)``).
+
+        Returns ``"resumed"``, or the state that prevented it (a run still going).
+        """
         with self._lock:
             if not self.state.is_terminal:
                 return self.state.value
@@ -203,7 +206,7 @@ class RunSupervisor:
         self._control_thread = threading.Thread(target=self._control, name="nbtrain-control", daemon=True,
                                                 args=(True,))
         self._control_thread.start()
-        return self.state.value
+        return "resumed"
 
     def record_checkpoint(self, meta: dict[str, Any], data: bytes | None, path: str | None) -> None:
         if data is not None:
