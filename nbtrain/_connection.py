@@ -318,6 +318,12 @@ def check_versions(cluster: dict[str, str], local: dict[str, str]) -> None:
         raise ConnectionFailedError(msg)
 
 
+def record_current() -> None:
+    """Refresh the sidebar's view of the connected cluster, if connected."""
+    if _current is not None and _ray_connected():
+        _record(_current)
+
+
 def _record(cluster: Cluster) -> None:
     """Mirror the connection for the JupyterLab sidebar."""
     try:
