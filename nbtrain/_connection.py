@@ -321,7 +321,10 @@ def check_versions(cluster: dict[str, str], local: dict[str, str]) -> None:
 def record_current() -> None:
     """Refresh the sidebar's view of the connected cluster, if connected."""
     if _current is not None and _ray_connected():
-        _record(_current)
+        try:
+            _record(_current)
+        except OSError:
+            pass
 
 
 def _record(cluster: Cluster) -> None:
