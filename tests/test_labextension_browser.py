@@ -95,16 +95,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Iterator[Jupyte
     (root / "train.ipynb").write_text(json.dumps(EMPTY_NOTEBOOK))
     script = tmp_path_factory.mktemp("bin") / "fake_stop.py"
     script.write_text(FAKE_STOP)
-    try:
-        server = start_jupyterlab(
-            root,
-            env={"NBTRAIN_HOME": str(home)},
-            server_config={"NbtrainServer": {"stop_command": [sys.executable, str(script), "stop"]}},
-        )
-    except RuntimeError as error:
-        if "npm is not installed" in str(error):
-            pytest.skip(str(error))
-        raise
+    server = start_jupyterlab(
+        root,
+        env={"NBTRAIN_HOME": str(home)},
+        server_config={"NbtrainServer": {"stop_command": [sys.executable, str(script), "stop"]}},
+    )
     yield server
     server.stop()
 

@@ -36,7 +36,7 @@ def run(command: list[str], env: dict[str, str] | None = None, cwd: Path | None 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("npm") is None and not (REPO / "nbtrain" / "labextension" / "package.json").exists():
-        pytest.skip("building the wheel needs Node.js/npm (or a prebuilt nbtrain/labextension)")
+        pytest.fail("building the wheel needs Node.js/npm (or a prebuilt nbtrain/labextension): install nodejs")
     ensure_labextension_built()  # so the wheel never ships a stale build
     out = tmp_path_factory.mktemp("wheel")
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), str(REPO)]
