@@ -10,6 +10,7 @@ calls, recursively — and name the first value that fails, e.g.::
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from collections.abc import Callable, Iterator
@@ -80,7 +81,7 @@ def _pickle_error(value: Any) -> str | None:
 
 def _references(fn: Any) -> Iterator[tuple[str, Any]]:
     """Named values a function carries with it when pickled by value."""
-    if isinstance(fn, functools_partial_types()):
+    if isinstance(fn, functools.partial):
         yield from ((f"partial arg {i}", v) for i, v in enumerate(fn.args))
         yield from fn.keywords.items()
         yield ("partial func", fn.func)
@@ -108,12 +109,6 @@ def _references(fn: Any) -> Iterator[tuple[str, Any]]:
     yield from (func.__kwdefaults__ or {}).items()
 
 
-def functools_partial_types() -> tuple[type, ...]:
-    import functools
-
-    return (functools.partial,)
-
-
 def _code_names(code: types.CodeType) -> Iterator[str]:
     yield from code.co_names
     for const in code.co_consts:
@@ -133,7 +128,7 @@ def find_unpicklable(fn: Any, _seen: set[int] | None = None) -> tuple[str, Any, 
         reason = _pickle_error(value)
         if reason is None:
             continue
-        if inspect.isfunction(value) or inspect.ismethod(value) or isinstance(value, functools_partial_types()):
+        if inspect.isfunction(value) or inspect.ismethod(value) or isinstance(value, functools.partial):
             deeper = find_unpicklable(value, seen)
             if deeper is not None:
                 return deeper

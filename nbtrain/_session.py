@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import os
 import sys
 import threading
 import time
@@ -213,10 +212,3 @@ def current_session() -> TrainingSession:
         raise NbtrainError(msg)
     return session
 
-
-def in_worker() -> bool:
-    return _current is not None
-
-
-def worker_pid() -> int:
-    return os.getpid()

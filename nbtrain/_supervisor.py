@@ -107,7 +107,6 @@ class RunSupervisor:
         self.rows = self._storage.load("metrics")
         self.logs = self._storage.load("logs")
         self.events = self._storage.load("events")
-        self._seen = {tuple(key) for key in saved.get("seen", [])}  # type: ignore[misc]
         self.attempt = saved["attempt"]
         self.failures = saved["failures"]
         self.error = saved["error"]
@@ -125,7 +124,7 @@ class RunSupervisor:
         self._storage.save_state({
             "state": self.state.value, "attempt": self.attempt, "failures": self.failures,
             "error": self.error, "checkpoint": self.checkpoint, "started": self.started,
-            "ended": self.ended, "seen": [],
+            "ended": self.ended,
         })
 
     # ------------------------------------------------------------------ bookkeeping
@@ -273,9 +272,6 @@ class RunSupervisor:
             "step": min(steps), "rows_total": len(self.rows), "owner": self.spec.owner,
         }
 
-    def config(self) -> dict[str, Any]:
-        return dict(self.spec.config)
-
     def result(self) -> list[bytes] | None:
         return self.results
 
@@ -287,9 +283,6 @@ class RunSupervisor:
         if thread is not None:
             thread.join(timeout=max(0.0, deadline - time.time()))
         return self.state.value
-
-    def ping(self) -> bool:
-        return True
 
     # ------------------------------------------------------------------ control thread
     def _control(self, fresh_budget: bool) -> None:
