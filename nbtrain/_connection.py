@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import re
 import socket
 import sys
 import time
@@ -26,6 +27,7 @@ from ._home import nbtrain_home, write_json_atomic
 NAMESPACE = "nbtrain"
 DEFAULT_CLIENT_PORT = 10001
 PREFLIGHT_TIMEOUT_S = 3.0
+CONNECT_ATTEMPTS = 3
 Progress = Callable[[str], None]
 
 
@@ -107,11 +109,13 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     if address and address.strip().lower() in ("local", "auto-local"):
         address = None
     kind = "remote"
+    local_temp_dir = None
     if address is None:
         info = _local_cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, progress=say)
         address = info.address
         kind = "local"
         token_value = Path(info.token_path).read_text().strip()
+        local_temp_dir = info.temp_dir
     else:
         address = _normalise(address)
         token_value = _resolve_token(token, address)
@@ -125,20 +129,22 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
 
     say(f"Connecting to {address}…")
     began = time.monotonic()
-    for attempt in (1, 2):
+    for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:
             ray.init(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
             break
         except Exception as exc:  # noqa: BLE001 - Ray Client raises several types here
-            error = _explain_connect_error(address, exc)
-            # The preflight proved the server answers; a first session on a just-started head
-            # occasionally fails inside Ray (a server process still starting). One retry.
-            if attempt == 2 or isinstance(error, VersionMismatchError):
+            error = _explain_connect_error(address, exc, local_temp_dir)
+            # The preflight proved the server answers. Ray Client starts one server process per
+            # session; on a busy head that start occasionally fails and a new session succeeds.
+            out_of_time = time.monotonic() - began > timeout
+            if attempt == CONNECT_ATTEMPTS or out_of_time or isinstance(error, VersionMismatchError):
                 raise error from None
             if ray.is_initialized():
                 ray.shutdown()
-            say(f"Connecting to {address} failed ({type(exc).__name__}); trying once more…")
-            time.sleep(2.0)
+            say(f"Connecting to {address} failed ({type(exc).__name__}); "
+                f"trying again ({attempt + 1}/{CONNECT_ATTEMPTS})…")
+            time.sleep(2.0 * attempt)
     versions = _cluster_versions()
     _check_versions(versions)
     _current = Cluster(address=address, kind=kind, ray_version=versions["ray"], python_version=versions["python"])
@@ -260,14 +266,33 @@ def _configure_auth(token: str | None) -> None:
     AuthenticationTokenLoader.instance().reset_cache()  # it caches the first token it read
 
 
-def _explain_connect_error(address: str, exc: Exception) -> Exception:
+def _explain_connect_error(address: str, exc: Exception, local_temp_dir: str | None = None) -> Exception:
     text = str(exc)
     if "version" in text.lower() and ("mismatch" in text.lower() or "differ" in text.lower()):
         return VersionMismatchError(
             f"Ray refused the connection to {address} because versions differ: {text}. "
             f"This notebook has Python {platform.python_version()} and Ray {_ray_version()}; "
             f"install the cluster's versions in the notebook's environment (or vice versa).")
-    return ConnectionFailedError(f"Could not connect to {address}: {type(exc).__name__}: {text}")
+    message = f"Could not connect to {address}: {type(exc).__name__}: {text}"
+    server_log = _client_server_log(text, local_temp_dir)
+    if server_log:
+        message += f"\nThe end of that server's log:\n{server_log}"
+    return ConnectionFailedError(message)
+
+
+def _client_server_log(error_text: str, local_temp_dir: str | None) -> str:
+    """The tail of the per-session server log Ray's error names, when the cluster is ours to read."""
+    match = re.search(r"(ray_client_server_\d+)\.err", error_text)
+    if not match or not local_temp_dir:
+        return ""
+    logs = Path(local_temp_dir) / "session_latest" / "logs"
+    lines: list[str] = []
+    for path in sorted(logs.glob(f"{match.group(1)}*")):
+        try:
+            lines += [f"  {path.name}: {line}" for line in path.read_text(errors="replace").splitlines()[-15:]]
+        except OSError:
+            continue
+    return "\n".join(lines)
 
 
 def _ray_version() -> str:
