@@ -106,6 +106,17 @@ def _summarise(variant: str, launched: float, ended: float, results: list[dict[s
     return summary
 
 
+def _paired_ratio(runs: list[dict[str, Any]], torchrun_runs: list[dict[str, Any]]) -> float | None:
+    """Median over repetitions of (this variant's samples/s ÷ torchrun's in the same repetition).
+
+    The variants of one repetition run back to back, so the machine's slow drifts
+    (other tenants, thermal state) hit both sides of each ratio alike.
+    """
+    base = {r["rep"]: r["samples_per_s"] for r in torchrun_runs if r.get("samples_per_s")}
+    ratios = [r["samples_per_s"] / base[r["rep"]] for r in runs if r.get("samples_per_s") and r["rep"] in base]
+    return statistics.median(ratios) if ratios else None
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -314,7 +325,8 @@ def build_table(summary: dict[str, dict[str, Any]], variants: list[str], args: a
     for variant in variants:
         rate = summary[variant].get("samples_per_s")
         ratios.append(_fmt(rate / torch_rate if rate and torch_rate else None, 2))
-    lines.append("| ratio to torchrun | " + " | ".join(ratios) + " |")
+    lines.append("| ratio to torchrun (of medians) | " + " | ".join(ratios) + " |")
+    row("ratio to torchrun (median of per-rep ratios)", "paired_ratio", 2)
     costs = []
     for variant in variants:
         value = summary[variant].get("report_us")
@@ -343,9 +355,12 @@ def targets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         checks.append({"target": name, "value": value, "limit": limit, "verdict": verdict, "text": text})
 
     rate, base = nb.get("samples_per_s"), tr.get("samples_per_s")
-    ratio = rate / base if rate and base else None
+    of_medians = rate / base if rate and base else None
+    paired = nb.get("paired_ratio")
+    # Both statistics must clear the bar: the verdict takes the lower one.
+    ratio = min(of_medians, paired) if of_medians is not None and paired is not None else of_medians
     add("throughput ≥ 0.97 × torchrun", ratio, 0.97, None if ratio is None else ratio >= 0.97,
-        f"{_fmt(ratio, 3)} × torchrun")
+        f"{_fmt(of_medians, 3)} × torchrun (ratio of medians), {_fmt(paired, 3)} (median of per-rep ratios)")
     launch, rt_launch = nb.get("launch_to_first_step_s"), rt.get("launch_to_first_step_s")
     limit = 0.5 * rt_launch if rt_launch else None
     add("launch ≤ 0.5 × Ray Train's", launch, limit,
@@ -517,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
         if runs:
             summary[variant]["steps"] = runs[0]["steps"]
             summary[variant]["warmup"] = runs[0]["warmup"]
+    if "torchrun" in all_runs:
+        for variant in variants:
+            summary[variant]["paired_ratio"] = _paired_ratio(all_runs[variant], all_runs["torchrun"])
     table = build_table(summary, variants, args)
     checks = targets(summary)
     log("")

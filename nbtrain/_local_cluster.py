@@ -170,7 +170,7 @@ def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeo
     cmd = [
         _ray_executable(), "start", "--head", "--block",
         f"--node-ip-address={LOOPBACK}", f"--num-cpus={num_cpus}",
-        "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+        "--include-dashboard=false", "--include-log-monitor=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
         *(f"--{name}={port}" for name, port in ports.items()),
     ]
     if num_gpus is not None:

@@ -29,7 +29,7 @@ class RunSpec:
     placement_strategy: str = "PACK"
     storage: str | None = None            # shared path for checkpoints on multi-node clusters
     stop_on_nan: bool = False
-    flush_interval_s: float = 0.1
+    flush_interval_s: float = 0.25  # rows reach the notebook ~0.15 s later at p50; fewer actor calls leave the cores to DDP
     checkpoint_weights_only: bool = True
     total_steps: int | None = None
     total_epochs: int | None = None
