@@ -68,6 +68,7 @@ class Cluster:
 
 
 _current: Cluster | None = None
+_recorded_at = float("-inf")  # monotonic time record_current() last wrote cluster.json
 
 
 def current() -> Cluster:
@@ -343,13 +344,18 @@ def check_versions(cluster: dict[str, str], local: dict[str, str]) -> None:
         raise ConnectionFailedError(msg)
 
 
-def record_current() -> None:
-    """Refresh the sidebar's view of the connected cluster, if connected."""
-    if _current is not None and _ray_connected():
-        try:
-            _record(_current)
-        except OSError:
-            pass
+def record_current(min_interval_s: float = 5.0) -> None:
+    """Refresh the sidebar's view of the connected cluster, if connected and not done lately
+    (it costs two round trips to the cluster)."""
+    global _recorded_at
+    now = time.monotonic()
+    if _current is None or now - _recorded_at < min_interval_s or not _ray_connected():
+        return
+    _recorded_at = now
+    try:
+        _record(_current)
+    except OSError:
+        pass
 
 
 def _record(cluster: Cluster) -> None:

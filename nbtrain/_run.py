@@ -35,8 +35,6 @@ from ._states import RunState
 
 POLL_TIMEOUT_S = 15.0
 SUPERVISOR_RESTART_GRACE_S = 60.0
-CLUSTER_RECORD_INTERVAL_S = 5.0
-_cluster_recorded = [0.0]
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -119,9 +117,7 @@ class Run:
             record_run(self._summary, self._address, self._latest)
         except OSError:
             pass
-        if now - _cluster_recorded[0] > CLUSTER_RECORD_INTERVAL_S:  # the sidebar's "CPUs used" stays current
-            _cluster_recorded[0] = now
-            _connection.record_current()
+        _connection.record_current()  # the sidebar's "CPUs used" stays current
 
     @property
     def cached_summary(self) -> dict[str, Any]:
