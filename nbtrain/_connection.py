@@ -90,7 +90,7 @@ def _ray_connected() -> bool:
 
 def connect(address: str | None = None, *, token: str | None = None, num_cpus: int | None = None,
             num_gpus: int | None = None, progress: Progress | None = None,
-            timeout: float = 60.0) -> Cluster:
+            timeout: float = 120.0) -> Cluster:
     """Connect the notebook to a Ray cluster and return it.
 
     ``address`` is ``ray://host:port`` (the Ray Client port, 10001 by default).
@@ -138,6 +138,7 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
             error = _explain_connect_error(address, exc, local_temp_dir)
             # The preflight proved the server answers. Ray Client starts one server process per
             # session; on a busy head that start occasionally fails and a new session succeeds.
+            # On a busy 2-core head one session start takes 20-45 s, so the budget allows 3 of them.
             out_of_time = time.monotonic() - began > timeout
             if attempt == CONNECT_ATTEMPTS or out_of_time or isinstance(error, VersionMismatchError):
                 raise error from None
