@@ -6,6 +6,7 @@
     nbtrain runs [--json] [--address ADDR]               runs on the cluster (refreshes the lab sidebar)
     nbtrain stop NAME [--address ADDR]                    stop a run
     nbtrain lab [NOTEBOOK]                                local cluster + JupyterLab on 127.0.0.1
+    nbtrain agent                                         the above as JSON lines on stdin (for the lab server)
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return subprocess.call(command, env=env)
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    from ._agent import serve
+
+    return serve(sys.stdin)
+
+
 def _default_notebook() -> Path | None:
     candidate = Path.cwd() / "notebooks" / "01_quickstart.ipynb"
     return candidate if candidate.exists() else None
@@ -121,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("notebook", nargs="?", default=None)
     lab.add_argument("jupyter_args", nargs=argparse.REMAINDER)
     lab.set_defaults(func=cmd_lab)
+    agent = sub.add_parser("agent", help="answer commands from stdin, one JSON list per line (used by the lab sidebar)")
+    agent.set_defaults(func=cmd_agent)
     return parser
 
 

@@ -1,8 +1,9 @@
 """The on-disk mirror of runs that the JupyterLab sidebar reads.
 
 Every notebook that follows a run writes ``$NBTRAIN_HOME/runs/<name>.json``
-(atomically) as it polls; ``nbtrain runs --json`` refreshes them from the
-cluster. A stopped kernel leaves its files, so runs never vanish from the list.
+(atomically) as it polls; ``nbtrain runs`` (which the lab server's agent
+runs) refreshes them from the cluster. A stopped kernel leaves its files, so
+runs never vanish from the list.
 """
 
 from __future__ import annotations

@@ -90,6 +90,7 @@ class RunSupervisor:
         self.checkpoint: dict[str, Any] | None = None
         self.started = time.time()
         self.ended: float | None = None
+        self.stop_requested = False
         self._group: tuple[list[Any], Any] | None = None
         self._recover()
         if not self.state.is_terminal:
@@ -114,7 +115,12 @@ class RunSupervisor:
         self.started = saved["started"]
         self.ended = saved["ended"]
         self.state = RunState(saved["state"])
-        if not self.state.is_terminal:
+        self.stop_requested = saved.get("stop_requested", False)
+        if not self.state.is_terminal and self.stop_requested:
+            # The user's stop must win over Ray bringing the supervisor back mid-stop.
+            _remove_leftover_group(self.spec.name, self.attempt)
+            self._set_state(RunState.STOPPED, "stopped by the user (the supervisor restarted while stopping)")
+        elif not self.state.is_terminal:
             self.state = RunState.RESTARTING
             _remove_leftover_group(self.spec.name, self.attempt)
             self._event("restart", "the run's supervisor process was restarted; its workers died with it. "
@@ -124,7 +130,7 @@ class RunSupervisor:
         self._storage.save_state({
             "state": self.state.value, "attempt": self.attempt, "failures": self.failures,
             "error": self.error, "checkpoint": self.checkpoint, "started": self.started,
-            "ended": self.ended,
+            "ended": self.ended, "stop_requested": self.stop_requested,
         })
 
     # ------------------------------------------------------------------ bookkeeping
@@ -198,6 +204,7 @@ class RunSupervisor:
             self.state = RunState.RESTARTING  # the one move out of a terminal state, on the user's request
             self.error = None
             self.ended = None
+            self.stop_requested = False
             self._stop_event.clear()
             self._nan_event.clear()
             self._persist_state()
@@ -277,6 +284,10 @@ class RunSupervisor:
 
     def stop(self, timeout: float = 20.0) -> str:
         """Stop the run; returns when its workers are gone and its resources freed."""
+        with self._lock:
+            if not self.state.is_terminal and not self.stop_requested:
+                self.stop_requested = True
+                self._persist_state()
         self._stop_event.set()
         deadline = time.time() + timeout
         thread = getattr(self, "_control_thread", None)

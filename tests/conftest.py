@@ -27,11 +27,13 @@ TEST_CPUS = 4  # logical CPUs: room for 2 workers + a second small run on 2 real
 def cluster():
     """The embedded local cluster, started by nbtrain's own code (loopback + token)."""
     started = time.monotonic()
-    connected = nbtrain.connect(num_cpus=TEST_CPUS, progress=lambda msg: print(msg, file=sys.stderr))
-    print(f"test cluster up in {time.monotonic() - started:.1f} s: {connected.address}", file=sys.stderr)
-    yield connected
-    nbtrain.disconnect()
-    _local_cluster.stop()
+    try:
+        connected = nbtrain.connect(num_cpus=TEST_CPUS, progress=lambda msg: print(msg, file=sys.stderr))
+        print(f"test cluster up in {time.monotonic() - started:.1f} s: {connected.address}", file=sys.stderr)
+        yield connected
+    finally:  # also when connect() itself failed after starting the cluster
+        nbtrain.disconnect()
+        _local_cluster.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -126,6 +126,26 @@ def test_killed_supervisor_is_restarted_with_its_history(cluster):
     _assert_no_duplicate_rows(run)
 
 
+def test_a_stop_is_kept_when_the_supervisor_dies_before_finishing_it(cluster):
+    """stop() records the request in the run's storage before acting on it; a supervisor that
+    dies right then comes back as stopped instead of restarting the workers."""
+    import ray
+
+    from nbtrain._run_storage import RunStorage, default_storage_root
+    from nbtrain._supervisor import NAMESPACE, actor_name
+
+    run = nbtrain.launch(train_steps, config={"steps": 100_000, "sleep": 0.05}, workers=2, name="stop-then-die")
+    wait_for(lambda: len(run.metrics) > 4, 180, message="the run to report")
+    # The supervisor's own first step of stop(), then its death before it could tell the workers.
+    storage = RunStorage(default_storage_root(), "stop-then-die")
+    storage.save_state({**storage.load_state(), "stop_requested": True})
+    ray.kill(ray.get_actor(actor_name("stop-then-die"), namespace=NAMESPACE), no_restart=False)
+    assert run.wait(timeout=120) == nbtrain.RunState.STOPPED
+    assert run.attempt == 1, "the restarted supervisor started a new worker group despite the stop"
+    assert any("restarted while stopping" in e["message"] for e in run.events)
+    wait_for(lambda: not run_actor_names("stop-then-die"), 20, message="no workers left")
+
+
 def test_rank_stuck_before_a_collective_fails_by_the_collective_timeout(cluster):
     def stuck(config):
         import time as t

@@ -1,8 +1,8 @@
 """What a person sees of the lab extension, in a real JupyterLab in Chromium.
 
 The registry files are written by the test (as kernels would write them) and
-the stop command is a small script that records its call and marks the run
-stopped, as ``python -m nbtrain stop`` does. Screenshots land in
+the agent is a small script (``_fake_agent.py``) that records its calls and
+marks a run stopped, as ``python -m nbtrain agent`` does. Screenshots land in
 ``test-artifacts/``.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,19 +28,7 @@ pytestmark = pytest.mark.browser
 
 ARTIFACTS = REPO / "test-artifacts"
 
-FAKE_STOP = textwrap.dedent(
-    """
-    import json, os, sys, time
-    home = os.environ["NBTRAIN_HOME"]
-    with open(os.path.join(home, "stop-calls.txt"), "a") as f:
-        f.write(" ".join(sys.argv[1:]) + "\\n")
-    path = os.path.join(home, "runs", sys.argv[2] + ".json")  # argv: stop NAME --address ADDR
-    run = json.load(open(path))
-    run.update(state="stopped", ended=time.time(), updated=time.time())
-    json.dump(run, open(path + ".tmp", "w"))
-    os.replace(path + ".tmp", path)
-    """
-)
+FAKE_AGENT = Path(__file__).with_name("_fake_agent.py")
 
 EMPTY_NOTEBOOK = {
     "cells": [],
@@ -74,7 +61,7 @@ def make_run(name: str, **fields: Any) -> dict[str, Any]:
         "ended": None,
         "notebook": None,
         "workers": 2,
-        "attempt": 0,
+        "attempt": 1,
         "progress": {"step": 10, "total_steps": 100, "fraction": 0.1},
         "latest": {"loss": 0.8123, "accuracy": 0.52},
         "error": None,
@@ -93,12 +80,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Iterator[Jupyte
     root = tmp_path_factory.mktemp("root")
     (root / "demo.ipynb").write_text(json.dumps(EMPTY_NOTEBOOK))
     (root / "train.ipynb").write_text(json.dumps(EMPTY_NOTEBOOK))
-    script = tmp_path_factory.mktemp("bin") / "fake_stop.py"
-    script.write_text(FAKE_STOP)
     server = start_jupyterlab(
         root,
         env={"NBTRAIN_HOME": str(home)},
-        server_config={"NbtrainServer": {"stop_command": [sys.executable, str(script), "stop"]}},
+        server_config={"NbtrainServer": {"agent_command": [sys.executable, str(FAKE_AGENT)]}},
     )
     yield server
     server.stop()
@@ -251,7 +236,8 @@ def test_stop_button_stops_the_run(lab_page: Page, lab: JupyterLab, home: Path) 
 
     expect(row.locator(".jp-nbtrain-badge")).to_have_text("stopped", timeout=15_000)
     expect(row.locator(".jp-nbtrain-stop")).to_be_hidden()
-    assert "stop longrun --address ray://127.0.0.1:1" in (home / "stop-calls.txt").read_text().splitlines()
+    calls = [json.loads(line)["argv"] for line in (home / "calls.jsonl").read_text().splitlines()]
+    assert ["stop", "longrun", "--address", "ray://127.0.0.1:1"] in calls
     assert json.loads((home / "runs" / "longrun.json").read_text())["state"] == "stopped"
 
 

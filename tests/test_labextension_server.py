@@ -1,8 +1,8 @@
 """The nbtrain server extension's REST API, against a real JupyterLab server.
 
-The stop and refresh commands are swapped for small scripts (through the
-``NbtrainServer`` settings) that record how they were called and act on the
-registry the way ``python -m nbtrain`` does.
+The agent is swapped for a small script (``_fake_agent.py``, through the
+``NbtrainServer`` settings) that records how it was called and acts on the
+registry the way ``python -m nbtrain agent`` does.
 """
 
 from __future__ import annotations
@@ -21,24 +21,7 @@ import pytest
 
 from _jupyterlab import REPO, JupyterLab, start_jupyterlab
 
-FAKE_NBTRAIN = textwrap.dedent(
-    """
-    import json, os, sys, time
-    home = os.environ["NBTRAIN_HOME"]
-    with open(os.path.join(home, "calls.jsonl"), "a") as f:
-        f.write(json.dumps({"time": time.time(), "argv": sys.argv[1:]}) + "\\n")
-    if sys.argv[1] == "stop":
-        name = sys.argv[2]
-        if name.startswith("unreachable"):
-            print("Cannot reach ray://127.0.0.1:1: connection refused. Is the cluster running?")
-            sys.exit(3)
-        path = os.path.join(home, "runs", name + ".json")
-        run = json.load(open(path))
-        run.update(state="stopped", ended=time.time(), updated=time.time())
-        json.dump(run, open(path + ".tmp", "w"))
-        os.replace(path + ".tmp", path)
-    """
-)
+FAKE_AGENT = Path(__file__).with_name("_fake_agent.py")
 
 
 def make_run(name: str, **fields: Any) -> dict[str, Any]:
@@ -52,7 +35,7 @@ def make_run(name: str, **fields: Any) -> dict[str, Any]:
         "ended": None,
         "notebook": None,
         "workers": 2,
-        "attempt": 0,
+        "attempt": 1,
         "progress": {"step": 10, "total_steps": 100, "fraction": 0.1},
         "latest": {"loss": 0.5},
         "error": None,
@@ -86,15 +69,12 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Iterator[JupyterLab]:
-    script = tmp_path_factory.mktemp("bin") / "fake_nbtrain.py"
-    script.write_text(FAKE_NBTRAIN)
     server = start_jupyterlab(
         tmp_path_factory.mktemp("root"),
         env={"NBTRAIN_HOME": str(home)},
         server_config={
             "NbtrainServer": {
-                "stop_command": [sys.executable, str(script), "stop"],
-                "refresh_command": [sys.executable, str(script), "runs", "--json"],
+                "agent_command": [sys.executable, str(FAKE_AGENT)],
                 "refresh_interval": 0.5,
                 "refresh_max_backoff": 1.0,
                 "refresh_after": 10,
@@ -115,11 +95,15 @@ def registry(home: Path) -> Iterator[Path]:
     yield home
 
 
-def calls(home: Path, since: float = 0.0) -> list[list[str]]:
-    """How the fake ``nbtrain`` tool was called (after ``since``)."""
+def agent_calls(home: Path) -> list[dict[str, Any]]:
+    """Every call the fake agent got: time, argv and the agent's pid."""
     path = home / "calls.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [call["argv"] for call in map(json.loads, lines) if call["time"] >= since]
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def calls(home: Path, since: float = 0.0) -> list[list[str]]:
+    """How the fake agent was called (after ``since``)."""
+    return [call["argv"] for call in agent_calls(home) if call["time"] >= since]
 
 
 ROUTES = [
@@ -223,6 +207,42 @@ def test_stop_failure_shows_the_tools_message(lab: JupyterLab, registry: Path) -
     assert run["state"] == "running"
 
 
+def test_one_agent_serves_every_command_and_a_dead_one_is_replaced(lab: JupyterLab, registry: Path) -> None:
+    for name in ("first", "second", "crash", "third"):
+        write_json(registry / "runs" / f"{name}.json", make_run(name))
+    pids = []
+    for name in ("first", "second"):
+        assert lab.request("POST", f"nbtrain/api/runs/{name}/stop")[0] == 202
+        wait_for(lambda n=name: lab.request("GET", f"nbtrain/api/runs/{n}")[1]["state"] == "stopped", what=name)
+        pids.append(wait_for(lambda n=name: [c["pid"] for c in agent_calls(registry) if c["argv"][:2] == ["stop", n]]))
+    assert pids[0] == pids[1], "each stop started its own agent"
+
+    assert lab.request("POST", "nbtrain/api/runs/crash/stop")[0] == 202
+    crashed = wait_for(lambda: (r := lab.request("GET", "nbtrain/api/runs/crash")[1])["stop"]["status"] == "failed" and r,
+                       what="the stop to fail with the agent")
+    assert "agent exited unexpectedly" in crashed["stop"]["message"]
+    assert "segmentation fault" in crashed["stop"]["message"]
+
+    assert lab.request("POST", "nbtrain/api/runs/third/stop")[0] == 202
+    wait_for(lambda: lab.request("GET", "nbtrain/api/runs/third")[1]["state"] == "stopped", what="a new agent to stop it")
+    third = [c["pid"] for c in agent_calls(registry) if c["argv"][:2] == ["stop", "third"]]
+    assert third and third[0] != pids[0]
+
+
+def test_a_watched_live_run_gets_the_agent_connected_before_any_stop(lab: JupyterLab, registry: Path) -> None:
+    # A failed stop leaves the agent unconnected (as a real one drops its connection).
+    write_json(registry / "runs" / "unreachable-1.json", make_run("unreachable-1"))
+    lab.request("POST", "nbtrain/api/runs/unreachable-1/stop")
+    wait_for(lambda: lab.request("GET", "nbtrain/api/runs/unreachable-1")[1]["stop"]["status"] == "failed")
+    (registry / "runs" / "unreachable-1.json").unlink()
+    # A notebook keeps this run current, so no refresh is due; the agent connects to its cluster anyway.
+    write_json(registry / "runs" / "fresh.json", make_run("fresh", address="ray://127.0.0.1:7777", updated=time.time() + 60))
+    lab.request("GET", "nbtrain/api/runs")
+
+    wait_for(lambda: ["runs", "--json", "--address", "ray://127.0.0.1:7777"] in calls(registry),
+             timeout=10, what="the agent to connect to the run's cluster")
+
+
 def test_stop_of_an_ended_run_is_a_conflict(lab: JupyterLab, registry: Path) -> None:
     start = time.time()
     write_json(registry / "runs" / "done.json", make_run("done", state="succeeded", ended=time.time()))
@@ -271,8 +291,8 @@ def test_no_refresh_for_ended_runs_or_runs_a_notebook_keeps_current(lab: Jupyter
     assert calls(registry, since=start) == []
 
 
-def test_default_stop_command_is_the_nbtrain_cli_and_says_why_it_failed(tmp_path: Path) -> None:
-    """The real ``python -m nbtrain stop``, against a cluster that is not there."""
+def test_default_agent_is_the_nbtrain_cli_and_a_failed_stop_says_why(tmp_path: Path) -> None:
+    """The real ``python -m nbtrain agent``, asked to stop a run on a cluster that is not there."""
     import asyncio
     import concurrent.futures
     import logging
@@ -280,15 +300,16 @@ def test_default_stop_command_is_the_nbtrain_cli_and_says_why_it_failed(tmp_path
     from nbtrain._server._commands import CommandRunner, NbtrainServer
 
     settings = NbtrainServer()
-    assert settings.stop_command == [sys.executable, "-m", "nbtrain", "stop"]
-    assert settings.refresh_command == [sys.executable, "-m", "nbtrain", "runs", "--json"]
+    assert settings.agent_command == [sys.executable, "-m", "nbtrain", "agent"]
     # cwd: `python -m` finds this checkout's nbtrain first.
     runner = CommandRunner(settings, tmp_path, str(REPO), logging.getLogger("test"))
 
     async def stop() -> dict[str, Any]:
         runner.request_stop(make_run("ghost", address="ray://127.0.0.1:1"))
         await asyncio.gather(*runner._tasks)
-        return runner.annotate(make_run("ghost"))["stop"]
+        outcome = runner.annotate(make_run("ghost"))["stop"]
+        await runner._agent.close()
+        return outcome
 
     # its own thread: pytest-playwright keeps an event loop running in this one
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:

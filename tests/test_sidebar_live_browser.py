@@ -2,10 +2,14 @@
 
 The notebook's kernel mirrors the run into the registry; the sidebar shows it,
 its progress grows, the status bar counts it, and the sidebar's Stop button
-stops it for real (through ``python -m nbtrain stop --address ...``).
+stops it for real (through the server's ``python -m nbtrain agent``, which
+connected to the run's cluster while the sidebar showed the run).
 """
 
 from __future__ import annotations
+
+import sys
+import time
 
 import pytest
 from _jupyterlab import start_jupyterlab
@@ -48,9 +52,13 @@ def test_sidebar_follows_and_stops_a_real_run(page, lab):
         page.screenshot(path=str(ARTIFACTS / "sidebar-live.png"), full_page=True)
         row.locator(".jp-nbtrain-stop").click()
         page.locator(".jp-Dialog").get_by_role("button", name="Stop run").click()
+        clicked = time.monotonic()
         expect(row.locator(".jp-nbtrain-badge")).to_have_text("stopped", timeout=60_000)
+        print(f"\n[sidebar] Stop clicked -> 'stopped' shown in {time.monotonic() - clicked:.1f} s", file=sys.stderr)
         assert nbtrain.attach("sidebar-live").state == nbtrain.RunState.STOPPED
         page.screenshot(path=str(ARTIFACTS / "sidebar-stopped.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "sidebar-live-failure.png"), full_page=True)
+        for event in nbtrain.attach("sidebar-live").events:  # what the run itself went through
+            print(f"[sidebar-live] {event['time']:.1f} {event['kind']}: {event['message']}", file=sys.stderr)
         raise

@@ -211,7 +211,7 @@ class RunRow {
     this._badge.title = run.stale
       ? 'No update from this run for a while; its notebook may be closed. ' +
         'The state shown is the last one recorded.'
-      : `Attempt ${(run.attempt ?? 0) + 1}, ${run.workers ?? '?'} workers`;
+      : `Attempt ${run.attempt ?? 1}, ${run.workers ?? '?'} workers`;
     this.setElapsed(elapsed);
 
     const fraction = progressFraction(run);

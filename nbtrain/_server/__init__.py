@@ -2,9 +2,9 @@
 
 Enabled by ``etc/jupyter/jupyter_server_config.d/nbtrain.json`` (shipped in
 the wheel). It serves the on-disk run registry over an authenticated REST API
-(see :mod:`nbtrain._server.handlers`) and shells out to ``python -m nbtrain``
-to stop runs and refresh the registry, so the server itself never imports
-Ray or torch.
+(see :mod:`nbtrain._server.handlers`) and hands stops and registry refreshes
+to a ``python -m nbtrain agent`` child process, so the server itself never
+imports Ray or torch.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Run the ``nbtrain`` command-line tool from the Jupyter server.
+"""Stop runs and refresh the registry from the Jupyter server, through ``nbtrain agent``.
 
-The server never imports Ray: stopping a run and refreshing the registry go
-through ``python -m nbtrain stop NAME`` and ``python -m nbtrain runs --json``
-in child processes (asyncio subprocesses, so the IOLoop never waits on them).
+The server never imports Ray: both go to one long-lived ``python -m nbtrain
+agent`` child process (:mod:`._agent_process`) that keeps its Ray Client
+connection, so a stop takes about a second once it is connected instead of a
+fresh Ray Client session (20 s to over a minute) per click.
 
 * A stop is fire-and-forget for the browser: the POST answers 202 at once and
   the outcome shows in the run list (``stop.status`` is ``stopping`` until
@@ -12,8 +13,13 @@ in child processes (asyncio subprocesses, so the IOLoop never waits on them).
   clusters of live runs that nobody has updated for ``refresh_after`` seconds
   (a notebook that shows a run mirrors it itself; a closed one does not). It
   always names the cluster (``--address``): the tool must never start a local
-  cluster on the server's behalf. One refresh at a time; it backs off (up to
-  ``refresh_max_backoff``) while the tool fails.
+  cluster on the server's behalf. It backs off (up to ``refresh_max_backoff``)
+  while the tool fails.
+* While a browser watches a live run and the agent is not connected yet, the
+  refresh connects it to that run's cluster ahead of time, so the first Stop
+  is as quick as later ones. Once no browser has watched and nothing has used
+  the agent for ``agent_idle_timeout``, it is closed (its Ray Client session
+  on the cluster ends with it).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 from traitlets import Float, Int, List, Unicode
 from traitlets.config import Configurable
 
+from ._agent_process import AgentProcess
 from ._registry_reader import is_terminal, number, read_runs
 
 _OUTPUT_CHARS = 2000
@@ -37,20 +44,14 @@ _OUTPUT_CHARS = 2000
 class NbtrainServer(Configurable):
     """Settings of the nbtrain server extension (``c.NbtrainServer.*``)."""
 
-    stop_command = List(
+    agent_command = List(
         Unicode(),
-        default_value=[sys.executable, "-m", "nbtrain", "stop"],
-        help="Command that stops a run; NAME and --address ADDRESS (from the registry) are appended.",
+        default_value=[sys.executable, "-m", "nbtrain", "agent"],
+        help="Command of the long-lived process that stops runs and refreshes the registry "
+             "(it reads `nbtrain` arguments as JSON lines: see nbtrain._agent).",
     ).tag(config=True)
 
-    refresh_command = List(
-        Unicode(),
-        default_value=[sys.executable, "-m", "nbtrain", "runs", "--json"],
-        help="Command that refreshes the registry files from a cluster; --address ADDRESS is appended.",
-    ).tag(config=True)
-
-    # Each refresh is a Python process that imports Ray (~5 CPU-seconds), so
-    # not much more often than this.
+    # Each refresh asks every run on the cluster for its summary, so not much more often than this.
     refresh_interval = Float(
         15.0, help="Seconds between registry refreshes while a browser watches; 0 disables them."
     ).tag(config=True)
@@ -68,7 +69,11 @@ class NbtrainServer(Configurable):
     ).tag(config=True)
 
     command_timeout = Float(
-        120.0, help="Seconds before a stop or refresh command is killed."
+        180.0, help="Seconds a stop or refresh may take (connecting included) before the agent is restarted."
+    ).tag(config=True)
+
+    agent_idle_timeout = Float(
+        600.0, help="Close the agent (and its Ray Client session) after this many seconds without a browser or a command."
     ).tag(config=True)
 
     stale_after = Float(
@@ -79,7 +84,7 @@ class NbtrainServer(Configurable):
 
 
 class CommandRunner:
-    """Owns the child processes of one server: stops and registry refreshes."""
+    """Stops and registry refreshes of one server, through its agent process."""
 
     def __init__(self, settings: NbtrainServer, home: Path, cwd: str, log: logging.Logger) -> None:
         self.settings = settings
@@ -91,30 +96,31 @@ class CommandRunner:
         self._last_watch = float("-inf")
         self._refresh_wanted = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._agent = AgentProcess(settings.agent_command, {**os.environ, "NBTRAIN_HOME": str(home)}, cwd)
 
     # -- stops ---------------------------------------------------------------
 
     def request_stop(self, run: dict[str, Any]) -> dict[str, Any]:
-        """Start ``stop_command NAME --address ADDR`` unless that run is already stopping."""
+        """Have the agent run ``nbtrain stop NAME --address ADDR`` unless that run is already stopping."""
         name = run["name"]
         current = self._stops.get(name)
         if current is None or current["status"] != "stopping":
             current = {"status": "stopping", "requested": time.time(), "message": None}
             self._stops[name] = current
-            command = [*self.settings.stop_command, name]
+            command = ["stop", name]
             if isinstance(run.get("address"), str) and run["address"]:
                 command += ["--address", run["address"]]
             self._spawn(self._stop(name, command, current))
         return dict(current)
 
     async def _stop(self, name: str, command: list[str], record: dict[str, Any]) -> None:
-        ok, output = await self._run(command)
+        ok, output = await self._agent.call(command, self.settings.command_timeout)
         if ok:
             self.log.info("nbtrain: stopped run %r", name)
             self._refresh_wanted.set()
         else:
             record["status"] = "failed"
-            record["message"] = output or "the stop command failed without a message"
+            record["message"] = output[-_OUTPUT_CHARS:] or "the stop command failed without a message"
             self.log.warning("nbtrain: stopping run %r failed: %s", name, record["message"])
         while len(self._stops) > self.settings.max_stop_history:
             self._stops.pop(next(iter(self._stops)))
@@ -154,9 +160,11 @@ class CommandRunner:
             try:
                 ok, output = True, ""
                 for address in self._addresses_to_refresh():
-                    done, said = await self._run([*self.settings.refresh_command, "--address", address])
+                    done, said = await self._agent.call(["runs", "--json", "--address", address],
+                                                        self.settings.command_timeout)
                     if not done:
-                        ok, output = False, said
+                        ok, output = False, said[-_OUTPUT_CHARS:]
+                await self._close_idle_agent()
             except Exception:  # keep refreshing whatever one attempt ran into
                 self.log.exception("nbtrain: registry refresh crashed")
                 ok, output = False, ""
@@ -168,19 +176,24 @@ class CommandRunner:
                 self.log.debug("nbtrain: registry refresh failed (next try in %.0f s): %s", delay, output)
 
     def _addresses_to_refresh(self) -> list[str]:
-        """Clusters of live runs whose files nobody has updated lately."""
+        """Clusters of live runs whose files nobody has updated lately, and the cluster to connect
+        the agent to ahead of a stop (the newest live run's) while it is not connected."""
         if time.monotonic() - self._last_watch > self.settings.watch_window:
             return []
         now = time.time()
-        addresses = {
-            run["address"]
-            for run in read_runs(self.home)
-            if not is_terminal(run)
-            and isinstance(run.get("address"), str)
-            and run["address"]
-            and now - number(run.get("updated")) > self.settings.refresh_after
-        }
+        live = sorted((run for run in read_runs(self.home)
+                       if not is_terminal(run) and isinstance(run.get("address"), str) and run["address"]),
+                      key=lambda run: number(run.get("updated")), reverse=True)
+        addresses = {run["address"] for run in live if now - number(run.get("updated")) > self.settings.refresh_after}
+        if live and self._agent.address is None:
+            addresses.add(live[0]["address"])
         return sorted(addresses)
+
+    async def _close_idle_agent(self) -> None:
+        unwatched = time.monotonic() - max(self._last_watch, self._agent.last_used)
+        if self._agent.running and unwatched > self.settings.agent_idle_timeout:
+            self.log.info("nbtrain: closing the idle agent")
+            await self._agent.close()
 
     # -- plumbing ------------------------------------------------------------
 
@@ -188,29 +201,3 @@ class CommandRunner:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _run(self, command: list[str]) -> tuple[bool, str]:
-        """Run ``command``; return (exit status was 0, tail of its output)."""
-        env = {**os.environ, "NBTRAIN_HOME": str(self.home)}
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *command,
-                cwd=self.cwd,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-        except OSError as error:
-            return False, f"could not run {command[0]!r}: {error}"
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout=self.settings.command_timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return False, f"{' '.join(command)} did not finish within {self.settings.command_timeout:.0f} s"
-        except asyncio.CancelledError:
-            proc.kill()  # the server is shutting down: leave no orphan behind
-            raise
-        text = out.decode(errors="replace").strip()[-_OUTPUT_CHARS:]
-        return proc.returncode == 0, text

@@ -3,7 +3,7 @@
 ==========================  =======================================================
 ``GET  runs``               ``{"runs": [run, ...], "now": server_time}``
 ``GET  runs/<name>``        one run (404 if unknown)
-``POST runs/<name>/stop``   202; runs ``python -m nbtrain stop <name> --address
+``POST runs/<name>/stop``   202; the agent runs ``nbtrain stop <name> --address
                             <its cluster>`` in the background (409 if it ended)
 ``GET  cluster``            ``{"cluster": {...} | null}``
 ==========================  =======================================================

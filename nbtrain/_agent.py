@@ -1,0 +1,62 @@
+"""``nbtrain agent``: the ``nbtrain`` command kept running for the Jupyter server.
+
+A one-off ``python -m nbtrain stop NAME`` pays for a Python start, the Ray
+import and a new Ray Client session each time: about 20 s on an idle 2-core
+head, over a minute on a busy one, which is far too slow for a Stop button.
+The server extension keeps one agent instead. It reads one command per line,
+a JSON list of the same arguments the command line takes (``["stop", "NAME",
+"--address", "ray://…"]``), and answers each with one JSON line
+``{"ok": bool, "output": str}``. Its Ray Client connection stays open between
+commands (``nbtrain.connect`` reuses a live one and reconnects a dropped one),
+so once connected a stop takes about a second.
+
+stdout carries only the answers: everything else the commands or Ray print is
+captured into ``output`` or sent to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+from typing import IO
+
+_OUTPUT_CHARS = 4000
+_COMMANDS = ("runs", "stop")
+
+
+def serve(requests: IO[str]) -> int:
+    """Answer commands from ``requests`` until it closes."""
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray C-level prints must not corrupt the answers
+    sys.stdout = sys.stderr
+    for line in requests:
+        if not line.strip():
+            continue
+        ok, output = _answer(line)
+        answers.write(json.dumps({"ok": ok, "output": output[-_OUTPUT_CHARS:]}) + "\n")
+        answers.flush()
+    return 0
+
+
+def _answer(line: str) -> tuple[bool, str]:
+    from ._cli import main
+
+    try:
+        argv = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return False, f"nbtrain agent: a request must be a JSON list of arguments ({exc})."
+    if not isinstance(argv, list) or not argv or argv[0] not in _COMMANDS:
+        return False, f"nbtrain agent: cannot run {argv!r}; it answers {' and '.join(_COMMANDS)} only."
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+        try:
+            code = main([str(arg) for arg in argv])
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+        except Exception as exc:  # noqa: BLE001 - one failed command must not end the agent
+            print(f"nbtrain: {type(exc).__name__}: {exc}")
+            code = 1
+    return code == 0, captured.getvalue().strip()
