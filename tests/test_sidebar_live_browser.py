@@ -30,7 +30,8 @@ def lab(cluster, tmp_path_factory):
         "for step in range(3000):\n"
         "    nbtrain.report(loss=1.0 / (step + 1))\n"
         "    time.sleep(0.05)\n")])
-    server = start_jupyterlab(root)
+    # The product's refresh (tests elsewhere turn it off): it connects the agent ahead of the Stop.
+    server = start_jupyterlab(root, server_config={"NbtrainServer": {"refresh_interval": 15.0}})
     yield server
     server.stop()
 
@@ -55,10 +56,12 @@ def test_sidebar_follows_and_stops_a_real_run(page, lab):
         clicked = time.monotonic()
         expect(row.locator(".jp-nbtrain-badge")).to_have_text("stopped", timeout=60_000)
         print(f"\n[sidebar] Stop clicked -> 'stopped' shown in {time.monotonic() - clicked:.1f} s", file=sys.stderr)
+        print(*[line for line in lab.log().splitlines() if "nbtrain:" in line], sep="\n", file=sys.stderr)
         assert nbtrain.attach("sidebar-live").state == nbtrain.RunState.STOPPED
         page.screenshot(path=str(ARTIFACTS / "sidebar-stopped.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "sidebar-live-failure.png"), full_page=True)
+        print(*[line for line in lab.log().splitlines() if "nbtrain" in line], sep="\n", file=sys.stderr)
         for event in nbtrain.attach("sidebar-live").events:  # what the run itself went through
             print(f"[sidebar-live] {event['time']:.1f} {event['kind']}: {event['message']}", file=sys.stderr)
         raise

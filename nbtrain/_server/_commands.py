@@ -96,6 +96,7 @@ class CommandRunner:
         self._last_watch = float("-inf")
         self._refresh_wanted = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._clusters_seen: set[str] = set()
         self._agent = AgentProcess(settings.agent_command, {**os.environ, "NBTRAIN_HOME": str(home)}, cwd)
 
     # -- stops ---------------------------------------------------------------
@@ -114,9 +115,10 @@ class CommandRunner:
         return dict(current)
 
     async def _stop(self, name: str, command: list[str], record: dict[str, Any]) -> None:
+        began = time.monotonic()
         ok, output = await self._agent.call(command, self.settings.command_timeout)
         if ok:
-            self.log.info("nbtrain: stopped run %r", name)
+            self.log.info("nbtrain: stopped run %r in %.1f s", name, time.monotonic() - began)
             self._refresh_wanted.set()
         else:
             record["status"] = "failed"
@@ -137,16 +139,21 @@ class CommandRunner:
 
     # -- registry refresh ----------------------------------------------------
 
-    def watched(self) -> None:
-        """A browser asked for the runs: keep refreshing for a while."""
+    def watched(self, runs: list[dict[str, Any]]) -> None:
+        """A browser asked for the runs: keep refreshing for a while, and connect the agent
+        at once to the cluster of a live run it has not seen before."""
         first = time.monotonic() - self._last_watch > self.settings.watch_window
+        new_clusters = {run["address"] for run in runs
+                        if not is_terminal(run) and isinstance(run.get("address"), str) and run["address"]
+                        and run["address"] not in self._clusters_seen}
+        self._clusters_seen |= new_clusters
         self._last_watch = time.monotonic()
         if self.settings.refresh_interval <= 0:
             return
         if self._loop_task is None:
             # Started on the first poll, inside the running IOLoop.
             self._loop_task = asyncio.ensure_future(self._refresh_loop())
-        if first:
+        if first or (new_clusters and self._agent.address is None):
             self._refresh_wanted.set()
 
     async def _refresh_loop(self) -> None:
@@ -160,8 +167,11 @@ class CommandRunner:
             try:
                 ok, output = True, ""
                 for address in self._addresses_to_refresh():
+                    began = time.monotonic()
                     done, said = await self._agent.call(["runs", "--json", "--address", address],
                                                         self.settings.command_timeout)
+                    self.log.info("nbtrain: refreshed runs of %s in %.1f s (%s)", address,
+                                  time.monotonic() - began, "ok" if done else "failed")
                     if not done:
                         ok, output = False, said[-_OUTPUT_CHARS:]
                 await self._close_idle_agent()

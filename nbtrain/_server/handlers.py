@@ -59,9 +59,10 @@ class _BaseHandler(APIHandler):
 class RunsHandler(_BaseHandler):
     @tornado.web.authenticated
     def get(self) -> None:
-        self.commands.watched()
         now = time.time()
-        runs = [self.present(run, now) for run in read_runs(self.home)]
+        runs = read_runs(self.home)
+        self.commands.watched(runs)
+        runs = [self.present(run, now) for run in runs]
         self.finish(json.dumps({"runs": runs, "now": now}))
 
 
