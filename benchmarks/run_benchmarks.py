@@ -17,7 +17,8 @@ another cluster, and stops it at the end. Per repetition it runs, interleaved
   ``--raytrain-steps``: its reports are slow);
 * ``nbtrain``   — ``nbtrain.launch(fn, workers=2)`` from this process over ``ray://``, while this
   process follows the run like the live dashboard does: ``run.refresh(wait_s=1)``
-  long polls (or, with ``--poll-ms N``, a plain poll every N ms).
+  long polls, at most one per 250 ms (the dashboard's redraw interval), or, with
+  ``--poll-ms N``, a plain poll every N ms.
 
 Every variant runs :func:`workload.train_loop`; only the report function and the
 launcher differ. Figures (medians over repetitions):
@@ -249,6 +250,7 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
                 variant: str = "nbtrain") -> dict[str, Any]:
     import nbtrain
     from nbtrain import RunState
+    from nbtrain._dashboard import REDRAW_INTERVAL_S
 
     arrivals: list[tuple[float, dict[str, Any]]] = []
     poll_costs: list[float] = []
@@ -274,6 +276,8 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
             raise RuntimeError(f"nbtrain run {name} did not finish within {timeout:.0f} s")
         if poll_ms:
             time.sleep(poll_ms / 1000.0)
+        else:  # paced as the dashboard's follow loop is: at most one long poll per redraw interval
+            time.sleep(max(0.0, REDRAW_INTERVAL_S - (time.perf_counter() - before)))
     ended = time.time()
     if state != RunState.SUCCEEDED:
         raise RuntimeError(f"nbtrain run {name} ended {state.value}:\n{run.error}")
