@@ -108,6 +108,11 @@ def ray_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("RAY_agent_register_timeout_ms", "180000")
     # Ray starts workers at nice 15, which costs DDP ~13 % on a busy laptop; training is the job here.
     env.setdefault("RAY_worker_niceness", "0")
+    # Ray Client's proxy forks one server process per session while its own gRPC threads run; with
+    # gRPC's fork handlers on, that child sometimes dies before it can exec, with empty logs ("Starting
+    # Ray client server failed", ray-project/ray#63202). The proxy always execs right after forking,
+    # which is the case gRPC documents this switch for.
+    env.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
     return env
