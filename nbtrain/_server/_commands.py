@@ -143,9 +143,7 @@ class CommandRunner:
         """A browser asked for the runs: keep refreshing for a while, and connect the agent
         at once to the cluster of a live run it has not seen before."""
         first = time.monotonic() - self._last_watch > self.settings.watch_window
-        new_clusters = {run["address"] for run in runs
-                        if not is_terminal(run) and isinstance(run.get("address"), str) and run["address"]
-                        and run["address"] not in self._clusters_seen}
+        new_clusters = {run["address"] for run in _live_with_address(runs)} - self._clusters_seen
         self._clusters_seen |= new_clusters
         self._last_watch = time.monotonic()
         if self.settings.refresh_interval <= 0:
@@ -191,9 +189,8 @@ class CommandRunner:
         if time.monotonic() - self._last_watch > self.settings.watch_window:
             return []
         now = time.time()
-        live = sorted((run for run in read_runs(self.home)
-                       if not is_terminal(run) and isinstance(run.get("address"), str) and run["address"]),
-                      key=lambda run: number(run.get("updated")), reverse=True)
+        live = sorted(_live_with_address(read_runs(self.home)), key=lambda run: number(run.get("updated")),
+                      reverse=True)
         addresses = {run["address"] for run in live if now - number(run.get("updated")) > self.settings.refresh_after}
         if live and self._agent.address is None:
             addresses.add(live[0]["address"])
@@ -211,3 +208,8 @@ class CommandRunner:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _live_with_address(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [run for run in runs
+            if not is_terminal(run) and isinstance(run.get("address"), str) and run["address"]]
