@@ -51,18 +51,21 @@ def _group(command: str) -> str:
     return next((name for name, marker in GROUPS if marker in command), "everything else")
 
 
-def share_during(window_s: float, delay_s: float) -> dict[str, float]:
-    """Percent of one core per group over ``window_s`` seconds, starting ``delay_s`` from now."""
+def share_during(window_s: float, delay_s: float) -> dict[str, dict[str, float]]:
+    """Percent of one core per group, and per process, over ``window_s`` seconds from ``delay_s`` on."""
     time.sleep(delay_s)
     before, began = _cpu_seconds(), time.monotonic()
     time.sleep(window_s)
     after, elapsed = _cpu_seconds(), time.monotonic() - began
-    shares: dict[str, float] = {}
+    groups: dict[str, float] = {}
+    processes: dict[str, float] = {}
     for pid, (seconds, command) in after.items():
         if pid in before:
+            percent = (seconds - before[pid][0]) / elapsed * 100.0
             group = _group(command)
-            shares[group] = shares.get(group, 0.0) + (seconds - before[pid][0]) / elapsed * 100.0
-    return shares
+            groups[group] = groups.get(group, 0.0) + percent
+            processes[f"{pid} {command[:110]}"] = percent
+    return {"groups": groups, "processes": processes}
 
 
 def main() -> int:
@@ -71,6 +74,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--window", type=float, default=20.0, help="seconds sampled per run")
     parser.add_argument("--delay", type=float, default=15.0, help="seconds after launch before sampling")
+    parser.add_argument("--top", type=int, default=0, help="also list the N busiest processes")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="nbtrain-cpu-share-"))
@@ -94,8 +98,11 @@ def main() -> int:
             sampler.join()
             print(f"run {index}: {result['samples_per_s']:.0f} samples/s, "
                   f"report → notebook p50 {result['latency_p50_ms']:.0f} ms", flush=True)
-            for group, percent in sorted(shares.items(), key=lambda item: -item[1]):
+            for group, percent in sorted(shares["groups"].items(), key=lambda item: -item[1]):
                 print(f"  {percent:6.1f} %  {group}", flush=True)
+            busiest = sorted(shares["processes"].items(), key=lambda item: -item[1])[:args.top]
+            for process, percent in busiest:
+                print(f"      {percent:6.1f} %  {process}", flush=True)
     finally:
         nbtrain.disconnect()
         _local_cluster.stop()

@@ -304,24 +304,35 @@ def _ray_version() -> str:
 
 
 def _cluster_versions() -> dict[str, str]:
+    """Versions as a worker on the cluster sees them, asked of a short-lived actor.
+
+    An actor rather than a task: a task's worker process would stay in Ray's pool,
+    idle but waking up, on cores the training ranks need; the actor's process ends
+    with it.
+    """
     import ray
 
     @ray.remote(num_cpus=0)
-    def versions() -> dict[str, str]:
-        import platform as remote_platform
+    class VersionProbe:
+        def versions(self) -> dict[str, str]:
+            import platform as remote_platform
 
-        import ray as remote_ray
+            import ray as remote_ray
 
-        try:
-            import nbtrain as remote_nbtrain
+            try:
+                import nbtrain as remote_nbtrain
 
-            nbtrain_version = remote_nbtrain.__version__
-        except ImportError as exc:
-            nbtrain_version = f"missing: {exc}"
-        return {"ray": remote_ray.__version__, "python": remote_platform.python_version(),
-                "nbtrain": nbtrain_version}
+                nbtrain_version = remote_nbtrain.__version__
+            except ImportError as exc:
+                nbtrain_version = f"missing: {exc}"
+            return {"ray": remote_ray.__version__, "python": remote_platform.python_version(),
+                    "nbtrain": nbtrain_version}
 
-    return ray.get(versions.remote(), timeout=120)
+    probe = VersionProbe.remote()  # type: ignore[attr-defined]
+    try:
+        return ray.get(probe.versions.remote(), timeout=120)
+    finally:
+        ray.kill(probe)
 
 
 def _check_versions(cluster: dict[str, str]) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ._exceptions import ConnectionFailedError
 from ._home import nbtrain_home, read_json, write_json_atomic
+from ._priority import lower_head_bookkeeping_priority
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 90.0
@@ -113,6 +114,9 @@ def ray_env(base: dict[str, str] | None = None) -> dict[str, str]:
     # Ray client server failed", ray-project/ray#63202). The proxy always execs right after forking,
     # which is the case gRPC documents this switch for.
     env.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    # Every Ray process would export metrics every few seconds to a dashboard this cluster does
+    # not run (and a random loopback port nobody scrapes): CPU taken from the ranks for nothing.
+    env.setdefault("RAY_enable_metrics_collection", "0")
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
     return env
@@ -207,6 +211,7 @@ def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeo
             say(f"Starting a local Ray cluster… {time.monotonic() - began:.0f} s")
             last_said = time.monotonic()
         time.sleep(0.25)
+    lower_head_bookkeeping_priority(proc.pid)
     write_json_atomic(_state_file(), dataclasses.asdict(info))
     say(f"Local Ray cluster ready at {info.address} ({time.monotonic() - began:.1f} s)")
     return info

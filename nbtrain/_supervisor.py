@@ -27,6 +27,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ._priority import lower_own_priority
 from ._run_storage import RunStorage, default_storage_root
 from ._spec import RunSpec
 from ._states import RunState, WorkerState, check_transition
@@ -36,6 +37,9 @@ NAMESPACE = "nbtrain"
 ACTOR_PREFIX = "nbtrain-run:"
 WORKER_START_TIMEOUT_S = 180.0
 FAILURE_GATHER_S = 1.0
+# Ranks flush on the same wall-clock ticks (see _session.until_next_tick); a long poll
+# woken by the first rank's push waits this long at most for the others of that tick.
+TICK_GATHER_S = 0.05
 # A rank whose collective broke because *another* rank failed says one of these;
 # such errors are consequences, listed after the cause.
 _SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
@@ -69,6 +73,7 @@ class _Failure:
 
 class RunSupervisor:
     def __init__(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> None:
+        lower_own_priority()  # the ranks' cores come first; see _priority
         self.spec: RunSpec = cloudpickle.loads(spec_bytes)
         self.spec.datasets = datasets
         self._lock = threading.RLock()
@@ -81,6 +86,7 @@ class RunSupervisor:
         self.logs: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self._seen: set[tuple[int, int, int]] = set()
+        self._last_push: dict[int, float] = {}  # rank -> monotonic arrival of its latest push
         self.workers: dict[int, dict[str, Any]] = {}
         self.state = RunState.PENDING
         self.attempt = 0
@@ -172,6 +178,7 @@ class RunSupervisor:
                            for stream, when, text in logs]
                 self.logs.extend(records)
                 self._storage.append("logs", records)
+            self._last_push[rank] = time.monotonic()
             if attempt == self.attempt and rank in self.workers:
                 worker = self.workers[rank]
                 state = beat.pop("state", None)
@@ -179,8 +186,7 @@ class RunSupervisor:
                 worker["last_heartbeat"] = beat["time"]
                 if state == "running" and worker["state"] in (WorkerState.STARTING, WorkerState.STALLED):
                     worker["state"] = WorkerState.RUNNING
-            if rows or logs:
-                self._changed.notify_all()
+            self._changed.notify_all()
 
     def _note_nan(self, row: dict[str, Any]) -> None:
         keys = ", ".join(_nan_keys(row))
@@ -244,9 +250,15 @@ class RunSupervisor:
         were reported without calling in a tight loop.
         """
         with self._lock:
-            if (wait_s > 0 and not self.state.is_terminal and cursor >= len(self.rows)
-                    and log_cursor >= len(self.logs) and event_cursor >= len(self.events)):
-                self._changed.wait(timeout=min(wait_s, 10.0))
+            def has_news() -> bool:
+                return (cursor < len(self.rows) or log_cursor < len(self.logs)
+                        or event_cursor < len(self.events) or self.state.is_terminal)
+
+            if wait_s > 0 and not has_news():
+                deadline = time.monotonic() + min(wait_s, 10.0)
+                while not has_news() and (left := deadline - time.monotonic()) > 0:
+                    self._changed.wait(timeout=left)
+                self._gather_tick_locked()
             rows = self.rows[cursor:cursor + max_rows]
             logs = self.logs[log_cursor:log_cursor + max_rows]
             return {
@@ -255,6 +267,17 @@ class RunSupervisor:
                 "events": self.events[event_cursor:], "event_cursor": len(self.events),
                 **self._summary_locked(),
             }
+
+    def _gather_tick_locked(self) -> None:
+        """Let the other running ranks' pushes of this flush tick arrive before answering."""
+        woke = time.monotonic()
+        deadline = woke + TICK_GATHER_S
+        recent = woke - self.spec.flush_interval_s / 2  # pushed on this tick, not the last one
+        running = [rank for rank, worker in self.workers.items()
+                   if worker["state"] in (WorkerState.RUNNING, WorkerState.STALLED)]
+        while (any(self._last_push.get(rank, 0.0) < recent for rank in running)
+               and (left := deadline - time.monotonic()) > 0):
+            self._changed.wait(timeout=left)
 
     def summary(self) -> dict[str, Any]:
         with self._lock:

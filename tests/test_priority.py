@@ -1,0 +1,81 @@
+"""The training ranks get the cores first; the cluster's and the run's bookkeeping yields to them."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+from _train_fns import train_steps
+
+import nbtrain
+from nbtrain import _local_cluster
+from nbtrain._priority import BOOKKEEPING_NICENESS
+
+pytestmark = pytest.mark.cluster
+
+
+def _thread_niceness(pid: int) -> list[int]:
+    """Niceness of every thread of ``pid``: on Linux it is per thread."""
+    found = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            found.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return found
+
+
+def _own_niceness(config):
+    return max(_thread_niceness(os.getpid()))
+
+
+def _head_processes() -> dict[str, list[psutil.Process]]:
+    info = _local_cluster.status()
+    assert info is not None
+    head = psutil.Process(info.pid)
+    found: dict[str, list[psutil.Process]] = {}
+    for process in [head, *head.children(recursive=True)]:
+        try:
+            command = " ".join(process.cmdline())
+        except psutil.Error:  # ended meanwhile (a run's workers, Ray's version probe)
+            continue
+        for role in ("gcs_server", "raylet/raylet", "ray.util.client.server", "DashboardAgent", "RunSupervisor"):
+            if role in command:
+                found.setdefault(role, []).append(process)
+    return found
+
+
+def test_ranks_keep_full_priority_while_the_bookkeeping_runs_nicer(cluster):
+    run = nbtrain.launch(_own_niceness, workers=2, name="priority")
+    assert run.wait(timeout=120) == nbtrain.RunState.SUCCEEDED, run.error
+    assert run.result == [0, 0], "the ranks must run at the priority the user's own processes have"
+
+    processes = _head_processes()
+    niceness = {role: sorted({min(_thread_niceness(p.pid)) for p in group}) for role, group in processes.items()}
+    print(f"niceness by role: {niceness}")
+    raylet = processes["raylet/raylet"][0]
+    assert max(_thread_niceness(raylet.pid)) == 0, "workers inherit the raylet's niceness; it must stay 0"
+    for role in ("gcs_server", "ray.util.client.server", "DashboardAgent", "RunSupervisor"):
+        assert niceness[role] and min(niceness[role]) >= BOOKKEEPING_NICENESS, (role, niceness)
+
+
+def test_one_long_poll_carries_every_rank_s_rows_of_a_flush(cluster):
+    """Ranks flush on the same clock ticks and the supervisor gathers them, so a dashboard
+    does not get rank 0 in one redraw and rank 1 a redraw later."""
+    run = nbtrain.launch(train_steps, config={"steps": 80, "sleep": 0.05}, workers=2, name="one-poll")
+    replies = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        began = time.monotonic()
+        rows = run.refresh(wait_s=1.0)
+        if rows and run.cached_summary["state"] == "running":
+            replies.append({row["rank"] for row in rows})
+        if nbtrain.RunState(run.cached_summary["state"]).is_terminal:
+            break
+        time.sleep(max(0.0, 0.25 - (time.monotonic() - began)))  # paced like the dashboard
+    both = sum(ranks == {0, 1} for ranks in replies)
+    print(f"{both} of {len(replies)} long polls carried both ranks' rows")
+    assert len(replies) >= 5, replies
+    assert both >= 0.6 * len(replies), replies
