@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -100,6 +101,7 @@ def _summarise(variant: str, launched: float, ended: float, results: list[dict[s
         "latency_samples": len(latencies_ms or []),
         "total_wall_s": ended - launched,
         "steps": by_rank[0]["steps"], "warmup": by_rank[0]["warmup"],
+        "steady_start": by_rank[0]["steady_start"], "steady_end": by_rank[0]["last_step_end"],
         "worker_nice": [r["nice"] for r in by_rank], "final_loss": by_rank[0]["final_loss"],
         "params": by_rank[0]["params"],
     }
@@ -107,14 +109,15 @@ def _summarise(variant: str, launched: float, ended: float, results: list[dict[s
     return summary
 
 
-def _paired_ratio(runs: list[dict[str, Any]], torchrun_runs: list[dict[str, Any]]) -> float | None:
+def _paired_ratio(runs: list[dict[str, Any]], torchrun_runs: list[dict[str, Any]],
+                  key: str = "samples_per_s") -> float | None:
     """Median over repetitions of (this variant's samples/s ÷ torchrun's in the same repetition).
 
     The variants of one repetition run back to back, so the machine's slow drifts
     (other tenants, thermal state) hit both sides of each ratio alike.
     """
-    base = {r["rep"]: r["samples_per_s"] for r in torchrun_runs if r.get("samples_per_s")}
-    ratios = [r["samples_per_s"] / base[r["rep"]] for r in runs if r.get("samples_per_s") and r["rep"] in base]
+    base = {r["rep"]: r[key] for r in torchrun_runs if r.get(key) and r[key] == r[key]}
+    ratios = [r[key] / base[r["rep"]] for r in runs if r.get(key) and r[key] == r[key] and r["rep"] in base]
     return statistics.median(ratios) if ratios else None
 
 
@@ -294,6 +297,42 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
     })
 
 
+# ---------------------------------------------------------------------------- machine
+def _cpu_times() -> list[int]:
+    """The machine's aggregate CPU counters from /proc/stat (user … steal), or [] off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            return [int(field) for field in stat.readline().split()[1:9]]
+    except OSError:
+        return []
+
+
+class StealMeter:
+    """How much CPU the hypervisor gave to other guests during any past window.
+
+    On a shared VM the host takes a varying share of our cores ("steal"), which
+    slows whichever variant happens to run; a rep with much steal says more about
+    the host than about the launcher. Samples /proc/stat twice a second.
+    """
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, list[int]]] = []
+        threading.Thread(target=self._sample, name="steal-meter", daemon=True).start()
+
+    def _sample(self) -> None:
+        while True:
+            self.samples.append((time.time(), _cpu_times()))
+            time.sleep(0.5)
+
+    def percent(self, start: float, end: float) -> float:
+        inside = [counters for when, counters in self.samples if start <= when <= end and counters]
+        if len(inside) < 2:
+            return float("nan")
+        delta = [b - a for a, b in zip(inside[0], inside[-1])]
+        total = sum(delta)
+        return 100.0 * delta[7] / total if total else 0.0
+
+
 # ---------------------------------------------------------------------------- report
 def _fmt(value: float | None, digits: int) -> str:
     if value is None:
@@ -331,6 +370,9 @@ def build_table(summary: dict[str, dict[str, Any]], variants: list[str], args: a
         ratios.append(_fmt(rate / torch_rate if rate and torch_rate else None, 2))
     lines.append("| ratio to torchrun (of medians) | " + " | ".join(ratios) + " |")
     row("ratio to torchrun (median of per-rep ratios)", "paired_ratio", 2)
+    row("CPU stolen by the host while steady (%, median)", "steal_pct", 0)
+    row("ratio to torchrun per non-stolen second (median of per-rep ratios; not the target)",
+        "paired_ratio_unstolen", 2)
     costs = []
     for variant in variants:
         value = summary[variant].get("report_us")
@@ -364,7 +406,8 @@ def targets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     # Both statistics must clear the bar: the verdict takes the lower one.
     ratio = min(of_medians, paired) if of_medians is not None and paired is not None else of_medians
     add("throughput ≥ 0.97 × torchrun", ratio, 0.97, None if ratio is None else ratio >= 0.97,
-        f"{_fmt(of_medians, 3)} × torchrun (ratio of medians), {_fmt(paired, 3)} (median of per-rep ratios)")
+        f"{_fmt(of_medians, 3)} × torchrun (ratio of medians), {_fmt(paired, 3)} (median of per-rep ratios); "
+        f"per non-stolen second {_fmt(nb.get('paired_ratio_unstolen'), 3)} (information only, not the verdict)")
     launch, rt_launch = nb.get("launch_to_first_step_s"), rt.get("launch_to_first_step_s")
     limit = 0.5 * rt_launch if rt_launch else None
     add("launch ≤ 0.5 × Ray Train's", launch, limit,
@@ -464,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"NOTE: Ray Train runs only {args.raytrain_steps} steps ({args.raytrain_warmup} warm-up): "
             f"its per-step report is slow; its total wall is for those steps, not {args.steps}.")
     all_runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    steal = StealMeter()
     errors: list[str] = []
     started = time.time()
     try:
@@ -510,12 +554,15 @@ def main(argv: list[str] | None = None) -> int:
                     traceback.print_exc()
                     continue
                 result["rep"] = rep
+                result["steal_pct"] = steal.percent(result["steady_start"], result["steady_end"])
+                result["samples_per_s_unstolen"] = (None if result["steal_pct"] != result["steal_pct"]  # NaN
+                                                    else result["samples_per_s"] / (1.0 - result["steal_pct"] / 100.0))
                 all_runs[variant].append(result)
                 lat = result["latency_p50_ms"]
                 log(f"rep {rep} {variant:8s}: launch→first step {result['launch_to_first_step_s']:.2f} s, "
                     f"{result['samples_per_s']:.0f} samples/s, report {result['report_us']:.1f} µs, "
                     f"latency p50 {'—' if lat is None else f'{lat:.0f} ms'}, wall {result['total_wall_s']:.1f} s, "
-                    f"worker nice {result['worker_nice']}")
+                    f"worker nice {result['worker_nice']}, CPU stolen by the host while steady {result['steal_pct']:.0f} %")
     finally:
         try:
             nbtrain.disconnect()
@@ -527,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     keys = ("launch_to_first_step_s", "samples_per_s", "report_us", "report_us_p90", "latency_p50_ms",
-            "latency_p90_ms", "total_wall_s")
+            "latency_p90_ms", "total_wall_s", "steal_pct", "samples_per_s_unstolen")
     summary: dict[str, dict[str, Any]] = {}
     for variant in variants:
         runs = all_runs[variant]
@@ -539,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     if "torchrun" in all_runs:
         for variant in variants:
             summary[variant]["paired_ratio"] = _paired_ratio(all_runs[variant], all_runs["torchrun"])
+            summary[variant]["paired_ratio_unstolen"] = _paired_ratio(all_runs[variant], all_runs["torchrun"],
+                                                                      "samples_per_s_unstolen")
     table = build_table(summary, variants, args)
     checks = targets(summary)
     log("")

@@ -112,7 +112,7 @@ def train_loop(report: Callable[..., Any], *, steps: int, warmup: int, variant: 
         "threads": torch.get_num_threads(), "steps": steps, "warmup": warmup, "batch_size": BATCH_SIZE,
         "params": sum(p.numel() for p in model.parameters()),
         "setup_done": setup_done, "first_step_end": step_ends[0],
-        "last_step_end": step_ends[-1],
+        "last_step_end": step_ends[-1], "steady_start": step_ends[warmup - 1] if warmup else step_ends[0],
         "samples_per_s": samples / span if span > 0 else None,
         "report_us_median": statistics.median(report_ns[warmup:] or report_ns) / 1000.0,
         "report_us_p90": _quantile([n / 1000.0 for n in (report_ns[warmup:] or report_ns)], 0.9),
