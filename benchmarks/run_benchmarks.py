@@ -102,6 +102,9 @@ def _summarise(variant: str, launched: float, ended: float, results: list[dict[s
         "total_wall_s": ended - launched,
         "steps": by_rank[0]["steps"], "warmup": by_rank[0]["warmup"],
         "steady_start": by_rank[0]["steady_start"], "steady_end": by_rank[0]["last_step_end"],
+        "step_ms_median": by_rank[0]["step_ms_median"], "step_ms_p90": by_rank[0]["step_ms_p90"],
+        "train_thread_cpu_share": [r["train_thread_cpu_share"] for r in by_rank],
+        "process_cpu_share": [r["process_cpu_share"] for r in by_rank],
         "worker_nice": [r["nice"] for r in by_rank], "final_loss": by_rank[0]["final_loss"],
         "params": by_rank[0]["params"],
     }
@@ -119,6 +122,10 @@ def _paired_ratio(runs: list[dict[str, Any]], torchrun_runs: list[dict[str, Any]
     base = {r["rep"]: r[key] for r in torchrun_runs if r.get(key) and r[key] == r[key]}
     ratios = [r[key] / base[r["rep"]] for r in runs if r.get(key) and r[key] == r[key] and r["rep"] in base]
     return statistics.median(ratios) if ratios else None
+
+
+def _shares(values: list[float | None]) -> str:
+    return "/".join("—" if v is None else f"{v:.2f}" for v in values)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -562,7 +569,10 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"rep {rep} {variant:8s}: launch→first step {result['launch_to_first_step_s']:.2f} s, "
                     f"{result['samples_per_s']:.0f} samples/s, report {result['report_us']:.1f} µs, "
                     f"latency p50 {'—' if lat is None else f'{lat:.0f} ms'}, wall {result['total_wall_s']:.1f} s, "
-                    f"worker nice {result['worker_nice']}, CPU stolen by the host while steady {result['steal_pct']:.0f} %")
+                    f"worker nice {result['worker_nice']}, CPU stolen by the host while steady {result['steal_pct']:.0f} %, "
+                    f"step median {result['step_ms_median']:.1f} ms / p90 {result['step_ms_p90']:.1f} ms, "
+                    f"rank CPU per wall s: training thread {_shares(result['train_thread_cpu_share'])}, "
+                    f"process {_shares(result['process_cpu_share'])}")
     finally:
         try:
             nbtrain.disconnect()

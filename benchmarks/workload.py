@@ -86,6 +86,7 @@ def train_loop(report: Callable[..., Any], *, steps: int, warmup: int, variant: 
     step_ends: list[float] = []
     report_ns: list[int] = []
     loss_value = float("nan")
+    cpu_at_steady = (time.thread_time(), time.process_time())
     for step in range(steps):
         start = (step % batches) * BATCH_SIZE
         x, y = images[start:start + BATCH_SIZE], labels[start:start + BATCH_SIZE]
@@ -96,11 +97,16 @@ def train_loop(report: Callable[..., Any], *, steps: int, warmup: int, variant: 
         loss_value = loss.item()
         now = time.time()
         step_ends.append(now)
+        if step + 1 == warmup:
+            cpu_at_steady = (time.thread_time(), time.process_time())
         began = time.perf_counter_ns()
         report(step=step + 1, loss=loss_value, t=now)
         report_ns.append(time.perf_counter_ns() - began)
 
+    thread_cpu = time.thread_time() - cpu_at_steady[0]
+    process_cpu = time.process_time() - cpu_at_steady[1]
     measured = step_ends[warmup:]
+    step_ms = sorted((b - a) * 1000.0 for a, b in zip(step_ends[max(warmup, 1) - 1:], step_ends[max(warmup, 1):]))
     span = measured[-1] - step_ends[warmup - 1] if warmup >= 1 else measured[-1] - setup_done
     samples = len(measured) * BATCH_SIZE * world_size
     try:
@@ -117,6 +123,12 @@ def train_loop(report: Callable[..., Any], *, steps: int, warmup: int, variant: 
         "report_us_median": statistics.median(report_ns[warmup:] or report_ns) / 1000.0,
         "report_us_p90": _quantile([n / 1000.0 for n in (report_ns[warmup:] or report_ns)], 0.9),
         "final_loss": loss_value,
+        # where a slow rank's time went: steps that all take longer (less CPU) or a few stalls
+        "step_ms_median": statistics.median(step_ms) if step_ms else None,
+        "step_ms_p90": _quantile(step_ms, 0.9) if step_ms else None,
+        # CPU this rank's training thread / whole process used per second of the steady window
+        "train_thread_cpu_share": thread_cpu / span if span > 0 else None,
+        "process_cpu_share": process_cpu / span if span > 0 else None,
     }
 
 

@@ -147,7 +147,7 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
             say(f"Connecting to {address} failed ({type(exc).__name__}); "
                 f"trying again ({attempt + 1}/{CONNECT_ATTEMPTS})…")
             time.sleep(2.0 * attempt)
-    versions = _cluster_versions()
+    versions = _cluster_versions(lower_session_priority=_is_embedded(address))
     _check_versions(versions)
     _current = Cluster(address=address, kind=kind, ray_version=versions["ray"], python_version=versions["python"])
     say(f"Connected to {address} in {time.monotonic() - began:.1f} s")
@@ -303,18 +303,25 @@ def _ray_version() -> str:
     return str(ray.__version__)
 
 
-def _cluster_versions() -> dict[str, str]:
+def _is_embedded(address: str) -> bool:
+    info = _local_cluster.status()
+    return info is not None and info.address == address
+
+
+def _cluster_versions(lower_session_priority: bool = False) -> dict[str, str]:
     """Versions as a worker on the cluster sees them, asked of a short-lived actor.
 
     An actor rather than a task: a task's worker process would stay in Ray's pool,
     idle but waking up, on cores the training ranks need; the actor's process ends
-    with it.
+    with it. On the embedded cluster the same actor also lowers the priority of
+    this session's Ray Client server (see ``_priority``): only once the session is
+    up, so connecting stays quick while a run trains.
     """
     import ray
 
     @ray.remote(num_cpus=0)
     class VersionProbe:
-        def versions(self) -> dict[str, str]:
+        def versions(self, lower_session_priority: bool) -> dict[str, str]:
             import platform as remote_platform
 
             import ray as remote_ray
@@ -325,12 +332,17 @@ def _cluster_versions() -> dict[str, str]:
                 nbtrain_version = remote_nbtrain.__version__
             except ImportError as exc:
                 nbtrain_version = f"missing: {exc}"
+            else:
+                if lower_session_priority:
+                    from nbtrain._priority import lower_session_server_priority
+
+                    lower_session_server_priority()
             return {"ray": remote_ray.__version__, "python": remote_platform.python_version(),
                     "nbtrain": nbtrain_version}
 
     probe = VersionProbe.remote()  # type: ignore[attr-defined]
     try:
-        return ray.get(probe.versions.remote(), timeout=120)
+        return ray.get(probe.versions.remote(lower_session_priority), timeout=120)
     finally:
         ray.kill(probe)
 

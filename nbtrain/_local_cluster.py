@@ -162,10 +162,12 @@ def start(
     for attempt in range(1, attempts + 1):
         try:
             return _start_once(num_cpus, num_gpus, say, timeout)
-        except ConnectionFailedError:
+        except ConnectionFailedError as exc:
             if attempt == attempts:
                 raise
-            say("The local Ray cluster failed to start (the machine may be busy); trying once more…")
+            reason = str(exc).splitlines()
+            say(f"The local Ray cluster failed to start (the machine may be busy): {reason[-1] if reason else exc}; "
+                "trying once more…")
     raise AssertionError("unreachable")
 
 

@@ -21,11 +21,13 @@ import psutil
 
 BOOKKEEPING_NICENESS = 10
 
-# Processes of the embedded cluster's head that do bookkeeping only. The raylet is
-# not here: workers inherit its niceness. The Ray Client proxy is, and the
-# per-session servers it starts inherit it.
+# Processes of the embedded cluster's head that do bookkeeping only. Not here: the
+# raylet, whose niceness every worker inherits, and the Ray Client proxy, whose
+# niceness a new session's server inherits: starting a session is seconds of CPU,
+# which at niceness 10 beside two busy ranks would take minutes. Each session's
+# server is lowered once it is up (lower_session_server_priority).
 _HEAD_BOOKKEEPING_MARKERS = (
-    "gcs_server", "ray.util.client.server", "DashboardAgent", "RuntimeEnvAgent",
+    "gcs_server", "DashboardAgent", "RuntimeEnvAgent",
     "dashboard/dashboard.py", "autoscaler/_private/monitor.py", "bin/ray start",
 )
 
@@ -81,3 +83,23 @@ def lower_head_bookkeeping_priority(head_pid: int) -> list[int]:
         if lower_priority(process.pid):
             changed.append(process.pid)
     return changed
+
+
+def lower_session_server_priority() -> bool:
+    """From a worker of a Ray Client session: lower the priority of that session's server.
+
+    A Ray Client session's server is the driver of the session's job, so the job
+    table has its pid. Runs on the head node, so only meaningful where the head is
+    this machine (the embedded cluster). Returns whether it found the server.
+    """
+    import ray
+
+    try:
+        job_id = ray.get_runtime_context().get_job_id()
+        jobs = ray._private.state.jobs()  # noqa: SLF001 - the only place Ray keeps a driver's pid
+    except Exception:  # noqa: BLE001 - a convenience; never fail a connection over it
+        return False
+    pids = [job["DriverPid"] for job in jobs if job["JobID"] == job_id and job["DriverPid"]]
+    for pid in pids:
+        lower_priority(pid)
+    return bool(pids)

@@ -41,7 +41,8 @@ def _head_processes() -> dict[str, list[psutil.Process]]:
             command = " ".join(process.cmdline())
         except psutil.Error:  # ended meanwhile (a run's workers, Ray's version probe)
             continue
-        for role in ("gcs_server", "raylet/raylet", "ray.util.client.server", "DashboardAgent", "RunSupervisor"):
+        for role in ("gcs_server", "raylet/raylet", "--mode=proxy", "--mode=specific-server", "DashboardAgent",
+                     "RunSupervisor"):
             if role in command:
                 found.setdefault(role, []).append(process)
     return found
@@ -55,9 +56,10 @@ def test_ranks_keep_full_priority_while_the_bookkeeping_runs_nicer(cluster):
     processes = _head_processes()
     niceness = {role: sorted({min(_thread_niceness(p.pid)) for p in group}) for role, group in processes.items()}
     print(f"niceness by role: {niceness}")
-    raylet = processes["raylet/raylet"][0]
-    assert max(_thread_niceness(raylet.pid)) == 0, "workers inherit the raylet's niceness; it must stay 0"
-    for role in ("gcs_server", "ray.util.client.server", "DashboardAgent", "RunSupervisor"):
+    for role in ("raylet/raylet", "--mode=proxy"):
+        # workers inherit the raylet's niceness, a new Ray Client session's server the proxy's
+        assert max(_thread_niceness(processes[role][0].pid)) == 0, (role, niceness)
+    for role in ("gcs_server", "--mode=specific-server", "DashboardAgent", "RunSupervisor"):
         assert niceness[role] and min(niceness[role]) >= BOOKKEEPING_NICENESS, (role, niceness)
 
 
