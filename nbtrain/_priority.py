@@ -45,8 +45,8 @@ def lower_priority(pid: int) -> bool:
     for _ in range(2):
         try:
             threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-        except FileNotFoundError:
-            threads = [pid] if psutil.pid_exists(pid) and not os.path.isdir("/proc") else []
+        except FileNotFoundError:  # the process ended, or there is no /proc (macOS: niceness is per process)
+            threads = [] if os.path.isdir("/proc") else [pid]
         for tid in threads:
             try:
                 if os.getpriority(os.PRIO_PROCESS, tid) < BOOKKEEPING_NICENESS:
