@@ -32,16 +32,15 @@ _HEAD_BOOKKEEPING_MARKERS = (
 )
 
 
-def lower_priority(pid: int) -> bool:
+def lower_priority(pid: int) -> None:
     """Raise every thread of process ``pid`` to ``BOOKKEEPING_NICENESS`` (never lowers one).
 
     On Linux niceness belongs to a thread, not a process, and a new thread or
     child process inherits it from the thread that starts it: renicing only the
     main thread would leave gRPC's threads, and the processes they fork, at full
-    priority. Two passes catch a thread started during the first. Returns whether
-    anything changed; a process that ends meanwhile is no error.
+    priority. Two passes catch a thread started during the first. A process that
+    ends meanwhile is no error.
     """
-    changed = False
     for _ in range(2):
         try:
             threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
@@ -51,10 +50,8 @@ def lower_priority(pid: int) -> bool:
             try:
                 if os.getpriority(os.PRIO_PROCESS, tid) < BOOKKEEPING_NICENESS:
                     os.setpriority(os.PRIO_PROCESS, tid, BOOKKEEPING_NICENESS)
-                    changed = True
             except OSError:
                 continue
-    return changed
 
 
 def lower_own_priority() -> None:
@@ -62,35 +59,28 @@ def lower_own_priority() -> None:
     lower_priority(os.getpid())
 
 
-def lower_head_bookkeeping_priority(head_pid: int) -> list[int]:
-    """Raise the niceness of the bookkeeping processes under the ``ray start`` process ``head_pid``.
-
-    Returns the pids changed. Processes that end meanwhile are skipped.
-    """
+def lower_head_bookkeeping_priority(head_pid: int) -> None:
+    """Raise the bookkeeping processes under the ``ray start`` process ``head_pid``."""
     try:
         head = psutil.Process(head_pid)
         processes = [head, *head.children(recursive=True)]
     except psutil.Error:
-        return []
-    changed = []
+        return
     for process in processes:
         try:
             command = " ".join(process.cmdline())
-        except psutil.Error:
+        except psutil.Error:  # ended meanwhile
             continue
-        if "raylet" in command or not any(marker in command for marker in _HEAD_BOOKKEEPING_MARKERS):
-            continue
-        if lower_priority(process.pid):
-            changed.append(process.pid)
-    return changed
+        if "raylet" not in command and any(marker in command for marker in _HEAD_BOOKKEEPING_MARKERS):
+            lower_priority(process.pid)
 
 
-def lower_session_server_priority() -> bool:
+def lower_session_server_priority() -> None:
     """From a worker of a Ray Client session: lower the priority of that session's server.
 
     A Ray Client session's server is the driver of the session's job, so the job
     table has its pid. Runs on the head node, so only meaningful where the head is
-    this machine (the embedded cluster). Returns whether it found the server.
+    this machine (the embedded cluster).
     """
     import ray
 
@@ -98,8 +88,7 @@ def lower_session_server_priority() -> bool:
         job_id = ray.get_runtime_context().get_job_id()
         jobs = ray._private.state.jobs()  # noqa: SLF001 - the only place Ray keeps a driver's pid
     except Exception:  # noqa: BLE001 - a convenience; never fail a connection over it
-        return False
-    pids = [job["DriverPid"] for job in jobs if job["JobID"] == job_id and job["DriverPid"]]
-    for pid in pids:
-        lower_priority(pid)
-    return bool(pids)
+        return
+    for job in jobs:
+        if job["JobID"] == job_id and job["DriverPid"]:
+            lower_priority(job["DriverPid"])

@@ -179,7 +179,7 @@ class TrainingSession:
                 pass
 
 
-def until_next_tick(interval_s: float, now: float | None = None) -> float:
+def until_next_tick(interval_s: float) -> float:
     """Seconds to the next multiple of ``interval_s`` on the wall clock.
 
     Every rank flushes on the same ticks, so the supervisor hears from all of them
@@ -187,8 +187,7 @@ def until_next_tick(interval_s: float, now: float | None = None) -> float:
     rows: fewer wake-ups on cores the ranks need, and no rank's rows waiting a
     whole redraw behind another's.
     """
-    now = time.time() if now is None else now
-    left = interval_s - (now % interval_s)
+    left = interval_s - (time.time() % interval_s)
     # A wait that ended a hair before its tick (timeouts run on the monotonic clock, ticks on
     # the wall clock) has already served that tick: go on to the next, never flush twice.
     return left + interval_s if left < interval_s / 4 else left

@@ -258,7 +258,8 @@ class RunSupervisor:
                 deadline = time.monotonic() + min(wait_s, 10.0)
                 while not has_news() and (left := deadline - time.monotonic()) > 0:
                     self._changed.wait(timeout=left)
-                self._gather_tick_locked()
+                if cursor < len(self.rows):  # woken by a rank's rows, not by a timeout or an event
+                    self._gather_tick_locked()
             rows = self.rows[cursor:cursor + max_rows]
             logs = self.logs[log_cursor:log_cursor + max_rows]
             return {
