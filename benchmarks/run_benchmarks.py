@@ -105,6 +105,8 @@ def _summarise(variant: str, launched: float, ended: float, results: list[dict[s
         "step_ms_median": by_rank[0]["step_ms_median"], "step_ms_p90": by_rank[0]["step_ms_p90"],
         "train_thread_cpu_share": [r["train_thread_cpu_share"] for r in by_rank],
         "process_cpu_share": [r["process_cpu_share"] for r in by_rank],
+        "runqueue_wait_ms_per_step": [r.get("runqueue_wait_ms_per_step") for r in by_rank],
+        "preemptions_per_step": [r.get("preemptions_per_step") for r in by_rank],
         "worker_nice": [r["nice"] for r in by_rank], "final_loss": by_rank[0]["final_loss"],
         "params": by_rank[0]["params"],
     }
@@ -124,8 +126,9 @@ def _paired_ratio(runs: list[dict[str, Any]], torchrun_runs: list[dict[str, Any]
     return statistics.median(ratios) if ratios else None
 
 
-def _shares(values: list[float | None]) -> str:
-    return "/".join("—" if v is None else f"{v:.2f}" for v in values)
+def _numbers(values: list[float | None], digits: int) -> str:
+    """Per-rank figures as "a/b"."""
+    return "/".join("—" if v is None else f"{v:.{digits}f}" for v in values)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -440,6 +443,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="warm-up steps for Ray Train (default: min(--warmup, raytrain-steps // 4))")
     parser.add_argument("--raytrain-poll-s", type=float, default=None,
                         help="set RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (Ray's default 2 s) for the Ray Train variant")
+    parser.add_argument("--raytrain-reps", type=int, default=None,
+                        help="run Ray Train in the first N repetitions only (default: all). Its figures are "
+                             "launch time and report cost; each of its runs takes minutes, which more "
+                             "torchrun/nbtrain pairs put to better use")
     parser.add_argument("--skip-raytrain", action="store_true")
     parser.add_argument("--poll-ms", type=float, default=0.0,
                         help="nbtrain driver poll interval (ms); 0 (default) long-polls like the dashboard")
@@ -513,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     if "raytrain" in variants:
         log(f"NOTE: Ray Train runs only {args.raytrain_steps} steps ({args.raytrain_warmup} warm-up): "
             f"its per-step report is slow; its total wall is for those steps, not {args.steps}.")
+        if args.raytrain_reps is not None and args.raytrain_reps < args.reps:
+            log(f"NOTE: Ray Train runs in the first {args.raytrain_reps} of {args.reps} repetitions only.")
     all_runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     steal = StealMeter()
     errors: list[str] = []
@@ -548,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"prewarm {variant} FAILED: {exc}")
 
         for rep in range(args.reps):
-            order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+            active = [v for v in variants if v != "raytrain" or args.raytrain_reps is None or rep < args.raytrain_reps]
+            order = active[rep % len(active):] + active[:rep % len(active)]
             for variant in order:
                 steps, warmup = ((args.raytrain_steps, args.raytrain_warmup) if variant == "raytrain"
                                  else (args.steps, args.warmup))
@@ -571,8 +581,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"latency p50 {'—' if lat is None else f'{lat:.0f} ms'}, wall {result['total_wall_s']:.1f} s, "
                     f"worker nice {result['worker_nice']}, CPU stolen by the host while steady {result['steal_pct']:.0f} %, "
                     f"step median {result['step_ms_median']:.1f} ms / p90 {result['step_ms_p90']:.1f} ms, "
-                    f"rank CPU per wall s: training thread {_shares(result['train_thread_cpu_share'])}, "
-                    f"process {_shares(result['process_cpu_share'])}")
+                    f"rank CPU per wall s: training thread {_numbers(result['train_thread_cpu_share'], 2)}, "
+                    f"process {_numbers(result['process_cpu_share'], 2)}; per step: waited for a core "
+                    f"{_numbers(result['runqueue_wait_ms_per_step'], 1)} ms, preempted "
+                    f"{_numbers(result['preemptions_per_step'], 0)} times")
     finally:
         try:
             nbtrain.disconnect()

@@ -87,6 +87,7 @@ def train_loop(report: Callable[..., Any], *, steps: int, warmup: int, variant: 
     report_ns: list[int] = []
     loss_value = float("nan")
     cpu_at_steady = (time.thread_time(), time.process_time())
+    sched_at_steady = _scheduler_counters()
     for step in range(steps):
         start = (step % batches) * BATCH_SIZE
         x, y = images[start:start + BATCH_SIZE], labels[start:start + BATCH_SIZE]
@@ -99,10 +100,12 @@ def train_loop(report: Callable[..., Any], *, steps: int, warmup: int, variant: 
         step_ends.append(now)
         if step + 1 == warmup:
             cpu_at_steady = (time.thread_time(), time.process_time())
+            sched_at_steady = _scheduler_counters()
         began = time.perf_counter_ns()
         report(step=step + 1, loss=loss_value, t=now)
         report_ns.append(time.perf_counter_ns() - began)
 
+    sched_end = _scheduler_counters()
     thread_cpu = time.thread_time() - cpu_at_steady[0]
     process_cpu = time.process_time() - cpu_at_steady[1]
     measured = step_ends[warmup:]
@@ -129,7 +132,28 @@ def train_loop(report: Callable[..., Any], *, steps: int, warmup: int, variant: 
         # CPU this rank's training thread / whole process used per second of the steady window
         "train_thread_cpu_share": thread_cpu / span if span > 0 else None,
         "process_cpu_share": process_cpu / span if span > 0 else None,
+        # how often other threads took this rank's core, per steady step (Linux only)
+        **_per_step(sched_at_steady, sched_end, len(measured)),
     }
+
+
+def _scheduler_counters() -> dict[str, float] | None:
+    """The training thread's time waiting for a core and times it was preempted, from /proc."""
+    try:
+        with open("/proc/thread-self/schedstat") as handle:
+            wait_ns = int(handle.read().split()[1])
+        with open("/proc/thread-self/status") as handle:
+            preempted = next(int(line.split(":")[1]) for line in handle if line.startswith("nonvoluntary_ctxt_switches"))
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+    return {"runqueue_wait_ms": wait_ns / 1e6, "preemptions": float(preempted)}
+
+
+def _per_step(before: dict[str, float] | None, after: dict[str, float] | None, steps: int) -> dict[str, float | None]:
+    if not before or not after or steps <= 0:
+        return {"runqueue_wait_ms_per_step": None, "preemptions_per_step": None}
+    return {"runqueue_wait_ms_per_step": (after["runqueue_wait_ms"] - before["runqueue_wait_ms"]) / steps,
+            "preemptions_per_step": (after["preemptions"] - before["preemptions"]) / steps}
 
 
 def _quantile(values: list[float], q: float) -> float:
