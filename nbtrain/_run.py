@@ -49,7 +49,7 @@ class Run:
         self.name = name
         self._handle = handle
         self._address = address
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
         self._logs: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
@@ -65,27 +65,40 @@ class Run:
 
         ``wait_s`` > 0 waits up to that long for something new to arrive (a long
         poll: one round trip, answered as soon as a worker's batch lands).
+
+        The round trip runs outside the Run's lock, so reading ``run.metrics`` in a
+        cell never queues behind a dashboard's long poll on the same Run. Cursors
+        are positions in append-only histories: whichever answer lands second adds
+        only what the first did not, so nothing is lost and nothing is seen twice.
         """
         new_rows: list[dict[str, Any]] = []
-        with self._lock:
-            while True:
-                cursor, log_cursor, event_cursor = self._cursors
-                reply = self._poll(cursor, log_cursor, event_cursor, wait_s)
-                wait_s = 0.0
-                self._rows.extend(reply["rows"])
-                new_rows.extend(reply["rows"])
-                self._logs.extend(reply["logs"])
-                self._events.extend(reply["events"])
-                self._cursors = (reply["cursor"], reply["log_cursor"], reply["event_cursor"])
-                for row in reply["rows"]:
-                    self._latest.update((k, v) for k, v in row.items()
-                                        if k not in ("rank", "step", "attempt", "time"))
-                self._summary = {k: v for k, v in reply.items()
-                                 if k not in ("rows", "logs", "events", "cursor", "log_cursor", "event_cursor")}
-                if not reply["has_more"]:
-                    break
-            self._mirror()
+        while True:
+            with self._lock:
+                asked = self._cursors
+            reply = self._poll(*asked, wait_s)
+            wait_s = 0.0
+            with self._lock:
+                new_rows.extend(self._apply(asked, reply))
+            if not reply["has_more"]:
+                break
+        self._mirror()
         return new_rows
+
+    def _apply(self, asked: tuple[int, int, int], reply: dict[str, Any]) -> list[dict[str, Any]]:
+        """Add the part of ``reply``, the answer to a poll from cursors ``asked``, not yet here."""
+        have = self._cursors
+        rows = reply["rows"][have[0] - asked[0]:]
+        self._rows.extend(rows)
+        self._logs.extend(reply["logs"][have[1] - asked[1]:])
+        self._events.extend(reply["events"][have[2] - asked[2]:])
+        self._cursors = (max(have[0], reply["cursor"]), max(have[1], reply["log_cursor"]),
+                         max(have[2], reply["event_cursor"]))
+        for row in rows:
+            self._latest.update((k, v) for k, v in row.items() if k not in ("rank", "step", "attempt", "time"))
+        if reply["now"] >= self._summary.get("now", 0.0):  # an answer that was overtaken keeps the newer summary
+            self._summary = {k: v for k, v in reply.items()
+                             if k not in ("rows", "logs", "events", "cursor", "log_cursor", "event_cursor")}
+        return rows
 
     def _poll(self, cursor: int, log_cursor: int, event_cursor: int, wait_s: float) -> dict[str, Any]:
         """One poll; while the supervisor restarts (Ray brings it back) keep asking, within limits."""
@@ -108,13 +121,16 @@ class Run:
                 time.sleep(0.5)
 
     def _mirror(self) -> None:
-        now = time.time()
-        terminal = RunState(self._summary["state"]).is_terminal
-        if now - self._recorded_at < 1.0 and not terminal:
-            return
-        self._recorded_at = now
+        """Keep the sidebar's file for this run current (at most once a second while it runs)."""
+        with self._lock:
+            now = time.time()
+            terminal = RunState(self._summary["state"]).is_terminal
+            if now - self._recorded_at < 1.0 and not terminal:
+                return
+            self._recorded_at = now
+            summary, latest = dict(self._summary), dict(self._latest)
         try:
-            record_run(self._summary, self._address, self._latest)
+            record_run(summary, self._address, latest)
         except OSError:
             pass
         _connection.record_current()  # the sidebar's "CPUs used" stays current

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -43,6 +44,29 @@ def test_rows_arrive_live_and_the_cursor_neither_drops_nor_repeats(cluster):
     assert run.metrics == delivered  # the Run's own history is the same stream, in the same order
     latencies.sort()
     print(f"report → notebook latency p50 {latencies[len(latencies) // 2] * 1000:.0f} ms")
+
+
+def test_reading_metrics_does_not_wait_behind_a_dashboards_long_poll(cluster):
+    # One row every 6 s: a long poll on this run waits up to 6 s for the next one.
+    run = nbtrain.launch(train_steps, config={"steps": 4, "sleep": 6.0}, workers=1, name="reader")
+    deadline = time.monotonic() + 120
+    while not run.refresh(wait_s=1.0) and time.monotonic() < deadline:  # until the first row is in
+        pass
+    followed: list[dict] = []
+    follower = threading.Thread(target=lambda: followed.extend(run.refresh(wait_s=10.0)))
+    follower.start()
+    time.sleep(0.5)  # the dashboard-style long poll is now waiting at the supervisor
+    assert follower.is_alive()
+    began = time.monotonic()
+    rows = run.metrics
+    took = time.monotonic() - began
+    print(f"run.metrics during a long poll: {took * 1000:.0f} ms")
+    assert took < 3.0, f"run.metrics waited {took:.1f} s behind the long poll"
+    assert [r["step"] for r in rows] == [0]
+    follower.join(timeout=30)
+    assert [r["step"] for r in followed] == [1]  # the long poll still delivers the next row, once
+    run.wait(timeout=120)
+    assert [r["step"] for r in run.metrics] == [0, 1, 2, 3]  # nothing lost, nothing twice
 
 
 def test_a_second_driver_process_attaches_and_sees_the_same_history(cluster):
