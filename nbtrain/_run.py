@@ -8,6 +8,7 @@ launch paths — the magic, the launch panel, the lab sidebar — come here.
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import math
 import os
@@ -107,9 +108,13 @@ class Run:
         deadline = time.monotonic() + SUPERVISOR_RESTART_GRACE_S
         while True:
             try:
-                return ray.get(self._handle.poll.remote(cursor, log_cursor, event_cursor, wait_s=wait_s),
-                               timeout=POLL_TIMEOUT_S + wait_s)
-            except ray.exceptions.GetTimeoutError:
+                # A future, not ray.get: over Ray Client the answer then comes back on the
+                # session's open data stream instead of a new gRPC call per poll, which saves
+                # the Ray Client proxy about a third of its CPU per poll (on a laptop, CPU the
+                # ranks need; benchmarks/README.md has the figures).
+                reply = self._handle.poll.remote(cursor, log_cursor, event_cursor, wait_s=wait_s).future()
+                return reply.result(timeout=POLL_TIMEOUT_S + wait_s)
+            except (ray.exceptions.GetTimeoutError, concurrent.futures.TimeoutError):
                 msg = (f"Run {self.name!r}'s supervisor did not answer within {POLL_TIMEOUT_S:.0f} s; "
                        f"it may be restarting. Try again shortly.")
                 raise NbtrainError(msg) from None
