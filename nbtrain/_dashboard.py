@@ -147,7 +147,8 @@ class TextProgress(_Follower):
                 f"{len(summary.get('workers') or [])} workers {_fmt_duration(_elapsed(summary))} {metrics}").rstrip()
 
     def update(self, wait_s: float = 0.0) -> bool:
-        self.history.add(self.run.refresh(wait_s=wait_s))
+        self.run.refresh(wait_s=wait_s)
+        self.history.add(self.run.cached_rows(self.history.rows_seen))
         summary = self.run.cached_summary
         terminal = RunState(summary["state"]).is_terminal
         now = time.monotonic()
@@ -218,9 +219,11 @@ class WidgetDashboard(_Follower):
 
     # ------------------------------------------------------------------ drawing
     def update(self, wait_s: float = 0.0) -> bool:
-        new_rows = self.run.refresh(wait_s=wait_s)  # outside the lock: a long poll must not block Stop's redraw
+        self.run.refresh(wait_s=wait_s)  # outside the lock: a long poll must not block Stop's redraw
         with self._lock:
-            self.history.add(new_rows)
+            # by position in the Run's history, not refresh()'s return value: rows a cell's
+            # run.metrics fetched in the meantime are drawn too
+            self.history.add(self.run.cached_rows(self.history.rows_seen))
             summary = self.run.cached_summary
             terminal = RunState(summary["state"]).is_terminal
             self._draw_header(summary)

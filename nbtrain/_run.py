@@ -146,6 +146,12 @@ class Run:
         with self._lock:
             return dict(self._summary)
 
+    def cached_rows(self, start: int = 0) -> list[dict[str, Any]]:
+        """Metric rows already fetched, from index ``start`` on. A view that reads by index
+        misses nothing, whichever ``refresh()`` (its own or a cell's ``run.metrics``) fetched them."""
+        with self._lock:
+            return self._rows[start:]
+
     def cached_log_entries(self, start: int = 0) -> list[dict[str, Any]]:
         """Log chunks (rank, stream, time, text) already fetched, from index ``start`` on."""
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -67,6 +68,22 @@ def test_reading_metrics_does_not_wait_behind_a_dashboards_long_poll(cluster):
     assert [r["step"] for r in followed] == [1]  # the long poll still delivers the next row, once
     run.wait(timeout=120)
     assert [r["step"] for r in run.metrics] == [0, 1, 2, 3]  # nothing lost, nothing twice
+
+
+def test_a_dashboard_draws_the_rows_a_cell_fetched_first(cluster):
+    from nbtrain._dashboard import TextProgress
+
+    run = nbtrain.launch(train_steps, config={"steps": 30, "sleep": 0.1}, workers=2, name="shared-reader")
+    view = TextProgress(run, stream=io.StringIO())
+    view.follow_in_background()
+    reads = 0
+    while view.thread.is_alive():
+        run.metrics  # noqa: B018 - a cell reading the Run while its dashboard follows it
+        reads += 1
+        time.sleep(0.05)
+    assert run.state == nbtrain.RunState.SUCCEEDED
+    assert view.history.rows_seen == len(run.metrics) == 60, f"the view drew {view.history.rows_seen} of 60 rows"
+    print(f"{reads} reads of run.metrics while the view followed; the view drew all 60 rows")
 
 
 def test_a_second_driver_process_attaches_and_sees_the_same_history(cluster):
