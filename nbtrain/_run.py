@@ -114,7 +114,7 @@ class Run:
                 # ranks need; benchmarks/README.md has the figures).
                 reply = self._handle.poll.remote(cursor, log_cursor, event_cursor, wait_s=wait_s).future()
                 return reply.result(timeout=POLL_TIMEOUT_S + wait_s)
-            except (ray.exceptions.GetTimeoutError, concurrent.futures.TimeoutError):
+            except concurrent.futures.TimeoutError:
                 msg = (f"Run {self.name!r}'s supervisor did not answer within {POLL_TIMEOUT_S:.0f} s; "
                        f"it may be restarting. Try again shortly.")
                 raise NbtrainError(msg) from None
