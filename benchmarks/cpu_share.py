@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _own_cluster import own_cluster  # noqa: E402
 
 GROUPS = (  # first match wins
     ("training ranks", "TrainWorker"),
@@ -77,19 +77,13 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=0, help="also list the N busiest processes")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="nbtrain-cpu-share-"))
-    os.environ["NBTRAIN_HOME"] = str(work / "home")      # its own cluster, stopped at the end
     import cloudpickle
     import run_benchmarks
     import workload
 
-    import nbtrain
-    from nbtrain import _local_cluster
-
     cloudpickle.register_pickle_by_value(workload)
     cloudpickle.register_pickle_by_value(run_benchmarks)
-    nbtrain.connect(num_cpus=4, progress=lambda message: print(f"  [cluster] {message}", flush=True))
-    try:
+    with own_cluster("nbtrain-cpu-share-", num_cpus=4):
         for index in range(args.runs):
             shares: dict[str, Any] = {}
             sampler = threading.Thread(target=lambda: shares.update(share_during(args.window, args.delay)))
@@ -103,9 +97,6 @@ def main() -> int:
             busiest = sorted(shares["processes"].items(), key=lambda item: -item[1])[:args.top]
             for process, percent in busiest:
                 print(f"      {percent:6.1f} %  {process}", flush=True)
-    finally:
-        nbtrain.disconnect()
-        _local_cluster.stop()
     return 0
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _own_cluster import own_cluster  # noqa: E402
 
 ROLES = (  # first match wins
     ("proxy", "--mode=proxy"), ("session server", "ray.util.client.server"), ("actor", "ray::Poller"),
@@ -66,12 +68,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    os.environ["NBTRAIN_HOME"] = str(Path(tempfile.mkdtemp(prefix="nbtrain-poll-cost-")) / "home")
-    import nbtrain  # before ray: it sets Ray's token authentication up
-    from nbtrain import _local_cluster
-
-    try:
-        nbtrain.connect(num_cpus=2, progress=lambda message: print(f"  [cluster] {message}", flush=True))
+    with own_cluster("nbtrain-poll-cost-", num_cpus=2):
         import ray
 
         poller = ray.remote(Poller).options(max_concurrency=8).remote()
@@ -91,9 +88,6 @@ def main() -> int:
                 parts = ", ".join(f"{role} {ms:.1f}" for role, ms in sorted(per_poll.items()))
                 print(f"{how:8s} {elapsed / args.polls * 1000:4.0f} ms per poll; CPU ms per poll: {parts}; "
                       f"total {sum(per_poll.values()):.1f}", flush=True)
-    finally:
-        nbtrain.disconnect()
-        _local_cluster.stop()
     return 0
 
 
