@@ -138,7 +138,10 @@ def train_loop(report: Callable[..., Any], *, steps: int, warmup: int, variant: 
 
 
 def _scheduler_counters() -> dict[str, float] | None:
-    """The training thread's time waiting for a core and times it was preempted, from /proc."""
+    """The training thread's time waiting for a core, times it was preempted (from /proc) and
+    minor page faults (fresh pages the kernel had to map and zero)."""
+    import resource
+
     try:
         with open("/proc/thread-self/schedstat") as handle:
             wait_ns = int(handle.read().split()[1])
@@ -146,14 +149,15 @@ def _scheduler_counters() -> dict[str, float] | None:
             preempted = next(int(line.split(":")[1]) for line in handle if line.startswith("nonvoluntary_ctxt_switches"))
     except (OSError, StopIteration, IndexError, ValueError):
         return None
-    return {"runqueue_wait_ms": wait_ns / 1e6, "preemptions": float(preempted)}
+    return {"runqueue_wait_ms": wait_ns / 1e6, "preemptions": float(preempted),
+            "page_faults": float(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt)}
 
 
 def _per_step(before: dict[str, float] | None, after: dict[str, float] | None, steps: int) -> dict[str, float | None]:
+    keys = ("runqueue_wait_ms", "preemptions", "page_faults")
     if not before or not after or steps <= 0:
-        return {"runqueue_wait_ms_per_step": None, "preemptions_per_step": None}
-    return {"runqueue_wait_ms_per_step": (after["runqueue_wait_ms"] - before["runqueue_wait_ms"]) / steps,
-            "preemptions_per_step": (after["preemptions"] - before["preemptions"]) / steps}
+        return {f"{key}_per_step": None for key in keys}
+    return {f"{key}_per_step": (after[key] - before[key]) / steps for key in keys}
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -181,10 +185,11 @@ def _torchrun_main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--variant", default="torchrun", help="name in the result files")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     try:
-        result = train_loop(_print_report, steps=args.steps, warmup=args.warmup, variant="torchrun")
+        result = train_loop(_print_report, steps=args.steps, warmup=args.warmup, variant=args.variant)
         write_result(result, args.out)
     finally:
         dist.destroy_process_group()

@@ -404,6 +404,7 @@ class RunSupervisor:
                         "device": payloads[rank]["device_name"], "state": WorkerState.STARTING, "step": 0,
                         "samples_per_s": None, "rss_mb": None, "gpu_mem_mb": None,
                         "last_heartbeat": time.time(), "last_progress": time.time(), "attempt": self.attempt,
+                        "malloc_tuned": place["malloc_tuned"],
                     }
             refs = [actor.run.remote(payload) for actor, payload in zip(actors, payloads)]
             self._set_state(RunState.RUNNING)

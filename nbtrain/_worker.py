@@ -21,6 +21,7 @@ from typing import Any
 import cloudpickle
 import ray
 
+from ._allocator import keep_freed_memory
 from ._session import TrainContext, TrainingSession, set_session
 
 
@@ -38,6 +39,7 @@ class TrainWorker:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
         except OSError:
             pass
+        self._malloc_tuned = keep_freed_memory()  # before torch allocates anything; see _allocator
         import torch  # noqa: F401 - pay the import while the run is "starting", not in the first step
 
     def where(self) -> dict[str, Any]:
@@ -50,6 +52,7 @@ class TrainWorker:
             "pid": os.getpid(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "port": _free_port(),
+            "malloc_tuned": self._malloc_tuned,
         }
 
     def run(self, payload: dict[str, Any]) -> dict[str, Any]:
