@@ -179,7 +179,8 @@ class Run:
 
     @property
     def workers(self) -> list[dict[str, Any]]:
-        """One dict per rank: node, pid, device, state, step, samples/s, memory, heartbeat age."""
+        """One dict per rank: node, pid, device, state, step, samples/s, memory, heartbeat age, and
+        ``malloc_tuned`` (whether the rank keeps freed memory for its next step; see README)."""
         return list(self._fresh_summary()["workers"])
 
     @property

@@ -2,20 +2,22 @@
 
 Real ranks on the loopback cluster train a small CNN (8 MiB activations per
 layer, as in the benchmark) and count their minor page faults per step after
-warm-up. With glibc's defaults every step maps, unmaps and re-faults thousands
-of pages; a rank that keeps freed memory touches only pages it already has.
+warm-up. With glibc's defaults the activations' pages are unmapped and faulted
+in again every step (thousands of faults); a rank that keeps freed memory
+touches only pages it already has.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 
 import nbtrain
+from nbtrain import _allocator
 
-pytestmark = [pytest.mark.cluster,
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning is Linux-only")]
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning is Linux-only")
 
 
 def _page_faults_per_step():
@@ -52,6 +54,8 @@ def _page_faults_per_step():
     return statistics.median(faults)
 
 
+@linux_only
+@pytest.mark.cluster
 def test_ranks_reuse_freed_tensor_memory(cluster):
     run = nbtrain.launch(_page_faults_per_step, workers=2, name="malloc-kept")
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
@@ -60,11 +64,42 @@ def test_ranks_reuse_freed_tensor_memory(cluster):
         assert faults < 100, f"rank {rank} faulted {faults:.0f} pages per step"
 
 
-def test_opting_out_keeps_glibcs_defaults(cluster):
+@linux_only
+@pytest.mark.cluster
+def test_a_run_can_keep_glibcs_defaults(cluster):
     run = nbtrain.launch(_page_faults_per_step, workers=2, name="malloc-default",
                          env={"NBTRAIN_MALLOC_TUNING": "0"})
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
     assert [w["malloc_tuned"] for w in run.workers] == [False, False]
-    print(f"page faults per step with glibc's defaults: {run.result}")
-    # the activations' pages are handed back to the OS and faulted in again every step
-    assert min(run.result) > 1000
+
+
+def _libc_must_not_be_touched():
+    raise AssertionError("mallopt was looked up although the allocator should be left alone")
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No", " off "])
+def test_opting_out_leaves_the_allocator_alone(monkeypatch, value):
+    monkeypatch.setenv("NBTRAIN_MALLOC_TUNING", value)
+    monkeypatch.setattr(_allocator, "_glibc_mallopt", _libc_must_not_be_touched)
+    assert _allocator.keep_freed_memory() is False
+
+
+@pytest.mark.parametrize(("name", "value"), [("MALLOC_TRIM_THRESHOLD_", "4096"),
+                                             ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")])
+def test_the_users_own_malloc_settings_win(monkeypatch, name, value):
+    monkeypatch.delenv("NBTRAIN_MALLOC_TUNING", raising=False)
+    monkeypatch.setenv(name, value)
+    monkeypatch.setattr(_allocator, "_glibc_mallopt", _libc_must_not_be_touched)
+    assert _allocator.keep_freed_memory() is False
+
+
+def _runs_on_glibc() -> bool:
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError):
+        return False
+
+
+@pytest.mark.skipif(not _runs_on_glibc(), reason="only glibc has these malloc settings")
+def test_mallopt_is_found_on_glibc():
+    assert _allocator._glibc_mallopt() is not None  # noqa: SLF001
