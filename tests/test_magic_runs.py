@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 
@@ -70,7 +71,18 @@ for step in range(30):
     assert not run_actor_names("cell-fails")
 
 
-def test_interrupting_a_blocking_cell_stops_the_run(ip, capsys):
+@pytest.fixture
+def python_sigint_handler():
+    """Python's own SIGINT handler for the test, as a kernel has it (the interrupt button is a SIGINT
+    that becomes KeyboardInterrupt). A suite started in the background by a non-interactive shell
+    (`./scripts/run-tests &`) inherits SIGINT ignored, Python keeps it so, and _thread.interrupt_main()
+    then does nothing: the cell ran on for 300 s."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_interrupting_a_blocking_cell_stops_the_run(ip, capsys, python_sigint_handler):
     problems = []  # why the helper thread could not see the run report, if it could not
 
     def interrupt_when_running():
