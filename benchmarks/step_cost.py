@@ -78,19 +78,19 @@ def main() -> None:
         print(json.dumps(step_cost(args.child, args.keep_memory)))
         return
 
-    import cloudpickle
     from _own_cluster import own_cluster
 
-    cloudpickle.register_pickle_by_value(workload)
     results: dict[str, list[dict[str, Any]]] = {}
-    with own_cluster("step-cost-", 4):
+    with own_cluster("step-cost-", 4):  # before Ray is imported: it sets Ray's token authentication up
         import ray
+        from ray import cloudpickle  # Ray's own copy pickles the remote function below
 
-        @ray.remote(num_cpus=1)
-        def in_ray_worker(steps: int, keep_memory: bool) -> dict[str, float]:
-            return step_cost(steps, keep_memory)  # a fresh worker process per call (max_calls=1 below)
+        cloudpickle.register_pickle_by_value(workload)
 
-        in_fresh_worker = in_ray_worker.options(max_calls=1)
+        @ray.remote(num_cpus=1, max_calls=1)  # a worker process that ran nothing before, every call
+        def in_fresh_worker(steps: int, keep_memory: bool) -> dict[str, float]:
+            return step_cost(steps, keep_memory)
+
         for round_ in range(args.rounds):
             for keep_memory in (False, True):
                 for where in ("plain process", "Ray worker"):
