@@ -148,13 +148,13 @@ def run_torchrun(steps: int, warmup: int, out_dir: Path, timeout: float,
                  variant: str = "torchrun") -> dict[str, Any]:
     """torchrun as a user runs it; ``torchrun_malloc`` adds the glibc malloc thresholds
     nbtrain sets in its ranks (``nbtrain/_allocator.py``), for a like-for-like figure."""
-    from nbtrain._allocator import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
+    from nbtrain._allocator import MMAP_THRESHOLDS_BYTES, TRIM_THRESHOLD_BYTES
 
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "NBTRAIN_", "MALLOC_"))}
     env["OMP_NUM_THREADS"] = "1"
     if variant == "torchrun_malloc":
-        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD_BYTES)
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLDS_BYTES[0])
         env["MALLOC_TRIM_THRESHOLD_"] = str(TRIM_THRESHOLD_BYTES)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORKERS}", "--nnodes=1",
            "--master_addr=127.0.0.1", f"--master_port={_free_port()}",

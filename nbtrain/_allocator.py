@@ -35,7 +35,6 @@ OPT_OUT_VALUES = ("0", "false", "no", "off")
 # Blocks below this come from the heap, so their pages are reused. Some glibc builds refuse
 # more than 32 MiB (mallopt(3)); that still covers the activations of typical batches.
 MMAP_THRESHOLDS_BYTES = (512 * 2**20, 32 * 2**20)
-MMAP_THRESHOLD_BYTES = MMAP_THRESHOLDS_BYTES[0]
 TRIM_THRESHOLD_BYTES = 1024 * 2**20  # free heap kept for the next step before any is given back
 _M_TRIM_THRESHOLD = -1               # mallopt parameter numbers, from glibc's <malloc.h>
 _M_MMAP_THRESHOLD = -3
