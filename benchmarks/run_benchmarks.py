@@ -148,7 +148,7 @@ def run_torchrun(steps: int, warmup: int, out_dir: Path, timeout: float,
                  variant: str = "torchrun") -> dict[str, Any]:
     """torchrun as a user runs it; ``torchrun_malloc`` adds the glibc malloc thresholds
     nbtrain sets in its ranks (``nbtrain/_allocator.py``), for a like-for-like figure."""
-    from nbtrain._allocator import MMAP_THRESHOLDS_BYTES, TRIM_THRESHOLD_BYTES
+    from nbtrain._cluster.allocator import MMAP_THRESHOLDS_BYTES, TRIM_THRESHOLD_BYTES
 
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "NBTRAIN_", "MALLOC_"))}
@@ -179,7 +179,7 @@ def run_torchrun(steps: int, warmup: int, out_dir: Path, timeout: float,
 # ---------------------------------------------------------------------------- Ray Train v2
 def run_raytrain(steps: int, warmup: int, out_dir: Path, timeout: float, address: str,
                  poll_s: float | None) -> dict[str, Any]:
-    import nbtrain._local_cluster as local_cluster
+    import nbtrain._client.local_cluster as local_cluster
 
     out_dir.mkdir(parents=True, exist_ok=True)
     env = local_cluster.ray_env()          # loopback, RAY_AUTH_MODE=token, this cluster's token file
@@ -274,7 +274,7 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
                 variant: str = "nbtrain") -> dict[str, Any]:
     import nbtrain
     from nbtrain import RunState
-    from nbtrain._dashboard import REDRAW_INTERVAL_S
+    from nbtrain._views.dashboard import REDRAW_INTERVAL_S
 
     arrivals: list[tuple[float, dict[str, Any]]] = []
     poll_costs: list[float] = []
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     import cloudpickle
 
     import nbtrain
-    import nbtrain._local_cluster as local_cluster
+    import nbtrain._client.local_cluster as local_cluster
 
     cloudpickle.register_pickle_by_value(workload)       # nbtrain workers cannot import benchmarks/
     wanted = set(args.variants.split(",")) if args.variants else {"torchrun", "raytrain", "nbtrain"}

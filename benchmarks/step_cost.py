@@ -34,7 +34,7 @@ WARMUP = 20
 def step_cost(steps: int, keep_memory: bool) -> dict[str, float]:
     """Median training-thread CPU (ms) and mean page faults per step of the benchmark's model."""
     if keep_memory:
-        from nbtrain._allocator import keep_freed_memory
+        from nbtrain._cluster.allocator import keep_freed_memory
 
         keep_freed_memory()
     import resource

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import _auth_env  # noqa: F401  (must run before anything imports ray)
-from ._connection import Cluster, connect, disconnect
-from ._exceptions import (
+from nbtrain._client.connection import Cluster, connect, disconnect
+from nbtrain._exceptions import (
     ConnectionFailedError,
     NbtrainError,
     NotConnectedError,
@@ -33,10 +33,10 @@ from ._exceptions import (
     RunNotFoundError,
     VersionMismatchError,
 )
-from ._run import Run, attach, launch, runs
-from ._session import TrainContext
-from ._states import RunState, WorkerState
-from ._worker_api import (
+from nbtrain._client.run import Run, attach, launch, runs
+from nbtrain._cluster.session import TrainContext
+from nbtrain._states import RunState, WorkerState
+from nbtrain._cluster.worker_api import (
     get_context,
     get_dataset_shard,
     load_checkpoint,
@@ -81,7 +81,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "LaunchPanel":
-        from ._launch_panel import LaunchPanel
+        from nbtrain._views.launch_panel import LaunchPanel
 
         return LaunchPanel
     msg = f"module 'nbtrain' has no attribute {name!r}"
@@ -95,6 +95,6 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext nbtrain``: registers ``%ray_connect``, ``%%ray_train`` and friends."""
-    from ._magics import register
+    from nbtrain._views.magics import register
 
     register(ipython)

@@ -28,6 +28,7 @@ class RunState(str, enum.Enum):
 
 
 _TERMINAL = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED})
+TERMINAL_STATE_NAMES = frozenset(state.value for state in _TERMINAL)  # for readers of JSON (the lab server)
 
 _LEGAL: dict[RunState, frozenset[RunState]] = {
     RunState.PENDING: frozenset({RunState.STARTING, RunState.FAILED, RunState.STOPPED}),

@@ -172,7 +172,7 @@ def start_jupyterlab(
         path.mkdir()
 
     config: dict[str, Any] = {
-        "ServerApp": {"jpserver_extensions": {"nbtrain._server": True}},
+        "ServerApp": {"jpserver_extensions": {"nbtrain._lab": True}},
         "NbtrainServer": {"refresh_interval": 0},
     }
     for section, values in (server_config or {}).items():

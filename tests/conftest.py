@@ -18,7 +18,7 @@ import cloudpickle  # noqa: E402
 import pytest  # noqa: E402
 
 import nbtrain  # noqa: E402
-from nbtrain import _local_cluster  # noqa: E402
+from nbtrain._client import local_cluster  # noqa: E402
 
 TEST_CPUS = 4  # logical CPUs: room for 2 workers + a second small run on 2 real cores
 
@@ -33,7 +33,7 @@ def cluster():
         yield connected
     finally:  # also when connect() itself failed after starting the cluster
         nbtrain.disconnect()
-        _local_cluster.stop()
+        local_cluster.stop()
 
 
 @pytest.fixture(autouse=True)

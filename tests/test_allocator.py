@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import nbtrain
-from nbtrain import _allocator
+from nbtrain._cluster import allocator
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning is Linux-only")
 
@@ -81,7 +81,7 @@ def _libc_must_not_be_touched():
 def test_opting_out_leaves_the_allocator_alone(monkeypatch, value):
     monkeypatch.setenv("NBTRAIN_MALLOC_TUNING", value)
     monkeypatch.setattr(_allocator, "_glibc_mallopt", _libc_must_not_be_touched)
-    assert _allocator.keep_freed_memory() is False
+    assert allocator.keep_freed_memory() is False
 
 
 @pytest.mark.parametrize(("name", "value"), [("MALLOC_TRIM_THRESHOLD_", "4096"),
@@ -90,7 +90,7 @@ def test_the_users_own_malloc_settings_win(monkeypatch, name, value):
     monkeypatch.delenv("NBTRAIN_MALLOC_TUNING", raising=False)
     monkeypatch.setenv(name, value)
     monkeypatch.setattr(_allocator, "_glibc_mallopt", _libc_must_not_be_touched)
-    assert _allocator.keep_freed_memory() is False
+    assert allocator.keep_freed_memory() is False
 
 
 def _runs_on_glibc() -> bool:
@@ -102,4 +102,4 @@ def _runs_on_glibc() -> bool:
 
 @pytest.mark.skipif(not _runs_on_glibc(), reason="only glibc has these malloc settings")
 def test_mallopt_is_found_on_glibc():
-    assert _allocator._glibc_mallopt() is not None  # noqa: SLF001
+    assert allocator._glibc_mallopt() is not None  # noqa: SLF001

@@ -10,13 +10,13 @@ import psutil
 import pytest
 
 import nbtrain
-from nbtrain import _local_cluster
+from nbtrain._client import local_cluster
 
 pytestmark = pytest.mark.cluster
 
 
 def _cluster_processes() -> list[psutil.Process]:
-    info = _local_cluster.status()
+    info = local_cluster.status()
     assert info is not None
     return [p for p in psutil.process_iter() if _safe_pgid(p.pid) == info.pid]
 
@@ -44,7 +44,7 @@ def test_every_listening_socket_of_the_local_cluster_is_on_loopback(cluster):
 
 
 def test_client_port_refuses_a_connection_without_the_token(cluster):
-    from nbtrain._connection import _host_port, _preflight
+    from nbtrain._client.connection import _host_port, _preflight
 
     host, port = _host_port(cluster.address)
     began = time.monotonic()
@@ -61,7 +61,7 @@ def test_unreachable_address_fails_within_15_s_naming_it(cluster):
         port = sock.getsockname()[1]  # closed again when the block ends: nobody listens there
     began = time.monotonic()
     with pytest.raises(nbtrain.ConnectionFailedError, match=f"Nothing is listening at ray://127.0.0.1:{port}"):
-        from nbtrain._connection import _host_port, _preflight
+        from nbtrain._client.connection import _host_port, _preflight
 
         _preflight(f"ray://127.0.0.1:{port}", *_host_port(f"ray://127.0.0.1:{port}"), token=None)
     assert time.monotonic() - began < 15
@@ -86,7 +86,7 @@ def test_a_port_that_is_not_ray_client_is_named_as_such(cluster):
     thread = threading.Thread(target=accept_and_hang_up, daemon=True)
     thread.start()
     try:
-        from nbtrain._connection import _host_port, _preflight
+        from nbtrain._client.connection import _host_port, _preflight
 
         began = time.monotonic()
         with pytest.raises(nbtrain.ConnectionFailedError, match="does not answer as a Ray Client server"):
@@ -104,7 +104,7 @@ def test_non_ray_scheme_is_refused():
 
 
 def test_versions_that_differ_are_both_named():
-    from nbtrain._connection import check_versions
+    from nbtrain._client.connection import check_versions
 
     with pytest.raises(nbtrain.VersionMismatchError) as raised:
         check_versions({"ray": "2.50.0", "python": "3.10.12", "nbtrain": "0.1.0"},

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from nbtrain._dashboard import progress_fraction, state_label
-from nbtrain._downsample import downsample
-from nbtrain._history import MetricHistory
-from nbtrain._static_plot import svg_chart
+from nbtrain._views.dashboard import progress_fraction, state_label
+from nbtrain._views.downsample import downsample
+from nbtrain._views.history import MetricHistory
+from nbtrain._views.static_plot import svg_chart
 
 
 def test_downsampling_keeps_first_last_and_extremes():

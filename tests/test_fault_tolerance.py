@@ -14,7 +14,7 @@ from _helpers import run_actor_names, wait_for
 from _train_fns import train_steps
 
 import nbtrain
-from nbtrain import _local_cluster
+from nbtrain._client import local_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -111,7 +111,7 @@ def test_killed_driver_leaves_the_run_going_and_a_new_process_sees_everything(cl
 def test_killed_supervisor_is_restarted_with_its_history(cluster):
     import ray
 
-    from nbtrain._supervisor import NAMESPACE, actor_name
+    from nbtrain._cluster.supervisor import NAMESPACE, actor_name
 
     run = nbtrain.launch(train_steps, config={"steps": 60, "sleep": 0.05, "checkpoint_every": 10}, workers=2,
                          name="supervisor-dies")
@@ -131,8 +131,8 @@ def test_a_stop_is_kept_when_the_supervisor_dies_before_finishing_it(cluster):
     dies right then comes back as stopped instead of restarting the workers."""
     import ray
 
-    from nbtrain._run_storage import RunStorage, default_storage_root
-    from nbtrain._supervisor import NAMESPACE, actor_name
+    from nbtrain._cluster.storage import RunStorage, default_storage_root
+    from nbtrain._cluster.supervisor import NAMESPACE, actor_name
 
     run = nbtrain.launch(train_steps, config={"steps": 100_000, "sleep": 0.05}, workers=2, name="stop-then-die")
     wait_for(lambda: len(run.metrics) > 4, 180, message="the run to report")
@@ -205,7 +205,7 @@ def test_existing_name_is_refused_and_resume_continues_from_the_checkpoint(clust
 
 
 def test_token_never_appears_in_logs_errors_or_the_registry(cluster):
-    token = open(_local_cluster.status().token_path).read().strip()
+    token = open(local_cluster.status().token_path).read().strip()
 
     def leaky(config):
         import os as o

@@ -7,8 +7,8 @@ exercised on a GPU machine (see the closing notes / benchmarks README).
 
 from __future__ import annotations
 
-from nbtrain._spec import RunSpec
-from nbtrain._supervisor import layout_ranks
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.supervisor import layout_ranks
 
 
 def _place(node: str, gpus: list[str]) -> dict:

@@ -297,7 +297,7 @@ def test_default_agent_is_the_nbtrain_cli_and_a_failed_stop_says_why(tmp_path: P
     import concurrent.futures
     import logging
 
-    from nbtrain._server._commands import CommandRunner, NbtrainServer
+    from nbtrain._lab.commands import CommandRunner, NbtrainServer
 
     settings = NbtrainServer()
     assert settings.agent_command == [sys.executable, "-m", "nbtrain", "agent"]

@@ -7,7 +7,7 @@ import pytest
 from _train_fns import train_steps
 
 import nbtrain
-from nbtrain._launch_panel import INVALID_CLASS, config_control
+from nbtrain._views.launch_panel import INVALID_CLASS, config_control
 
 pytestmark = pytest.mark.cluster
 

@@ -6,8 +6,8 @@ import pytest
 from _helpers import ipython_shell
 from IPython.core.error import UsageError
 
-from nbtrain._cell_program import CellProgram, referenced_names
-from nbtrain._magics import parse_config
+from nbtrain._views.cell_program import CellProgram, referenced_names
+from nbtrain._views.magics import parse_config
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +61,9 @@ def test_empty_cell_and_syntax_errors_are_reported_before_launch(ip):
 
 def test_running_without_a_connection_says_to_connect(ip):
     import nbtrain
-    from nbtrain import _connection
+    from nbtrain._client import connection
 
-    previous = _connection._current  # the session cluster, when cluster tests ran before this one
+    previous = connection._current  # the session cluster, when cluster tests ran before this one
     nbtrain.disconnect()
     try:
         message = _usage_error(ip, "%%ray_train --workers 2\nx = 1\n")

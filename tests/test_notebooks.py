@@ -36,7 +36,7 @@ SMALL: dict[str, dict[str, object]] = {
 
 
 def _expected_failure(path: Path) -> str | None:
-    if path.name == "04_launch_panel.ipynb" and importlib.util.find_spec("nbtrain._launch_panel") is None:
+    if path.name == "04_launch_panel.ipynb" and importlib.util.find_spec("nbtrain._views.launch_panel") is None:
         return "LaunchPanel not built yet"
     return None
 

@@ -10,8 +10,8 @@ import pytest
 from _train_fns import train_steps
 
 import nbtrain
-from nbtrain import _local_cluster
-from nbtrain._priority import BOOKKEEPING_NICENESS
+from nbtrain._client import local_cluster
+from nbtrain._cluster.priority import BOOKKEEPING_NICENESS
 
 pytestmark = pytest.mark.cluster
 
@@ -32,7 +32,7 @@ def _own_niceness(config):
 
 
 def _head_processes() -> dict[str, list[psutil.Process]]:
-    info = _local_cluster.status()
+    info = local_cluster.status()
     assert info is not None
     head = psutil.Process(info.pid)
     found: dict[str, list[psutil.Process]] = {}

@@ -82,13 +82,13 @@ def test_wheel_ships_the_prebuilt_extension_and_the_enable_file(wheel: Path) -> 
     assert f"{data}share/jupyter/labextensions/nbtrain/static/style.js" in names
     assert f"{data}share/jupyter/labextensions/nbtrain/install.json" in names
     assert f"{data}etc/jupyter/jupyter_server_config.d/nbtrain.json" in names
-    assert "nbtrain/_server/handlers.py" in names
+    assert "nbtrain/_lab/handlers.py" in names
     assert not [name for name in names if name.startswith("nbtrain/labextension/")]  # shipped once, as data
 
 
 def test_nbtrain_comes_from_the_wheel(venv: Path, env_without_node: dict[str, str]) -> None:
     location = run(
-        [str(venv / "bin" / "python"), "-c", "import nbtrain._server; print(nbtrain.__file__)"],
+        [str(venv / "bin" / "python"), "-c", "import nbtrain._lab; print(nbtrain.__file__)"],
         env=env_without_node,
         cwd=venv,  # not the checkout, which `python -c` would put first on sys.path
     )
@@ -107,8 +107,8 @@ def test_server_extension_is_enabled_and_ok_without_node(venv: Path, env_without
         env=env_without_node,
         cwd=venv,
     )
-    assert re.search(r"^\s*nbtrain\._server\s+enabled", output, re.MULTILINE), output
-    assert re.search(r"^\s*nbtrain\._server\s+OK", output, re.MULTILINE), output
+    assert re.search(r"^\s*nbtrain\._lab\s+enabled", output, re.MULTILINE), output
+    assert re.search(r"^\s*nbtrain\._lab\s+OK", output, re.MULTILINE), output
 
 
 def test_installed_server_serves_the_extension_and_the_api(

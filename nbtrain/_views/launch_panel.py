@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from . import _connection
-from ._exceptions import NbtrainError
+from nbtrain._client import connection
+from nbtrain._exceptions import NbtrainError
 
 _LOG_SCALE_NAMES = re.compile(r"(^|_)(lr|learning_rate|weight_decay|wd|eps|epsilon)($|_)", re.IGNORECASE)
 INVALID_CLASS = "nbtrain-invalid"
@@ -70,7 +70,7 @@ class LaunchPanel:
         self.launch_options = launch_options
         self.run: Any = None
         self.runs: list[Any] = []
-        cluster = _connection.current()
+        cluster = connection.current()
         resources = cluster.resources()
         self.total_cpus = resources.get("CPU", (0.0, 0.0))[1]
         self.total_gpus = resources.get("GPU", (0.0, 0.0))[1]

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import _local_cluster
+from nbtrain._client import local_cluster
 
 
 def _say(message: str) -> None:
@@ -33,14 +33,14 @@ def _connect(address: str | None) -> None:
 
 def cmd_cluster(args: argparse.Namespace) -> int:
     if args.action == "start":
-        info = _local_cluster.start(num_cpus=args.num_cpus, num_gpus=args.num_gpus, progress=_say)
+        info = local_cluster.start(num_cpus=args.num_cpus, num_gpus=args.num_gpus, progress=_say)
         print(info.address)
         return 0
     if args.action == "stop":
-        stopped = _local_cluster.stop()
+        stopped = local_cluster.stop()
         _say("Local Ray cluster stopped." if stopped else "No local Ray cluster was running.")
         return 0
-    info = _local_cluster.status()
+    info = local_cluster.status()
     if info is None:
         print("stopped")
         return 1
@@ -52,11 +52,11 @@ def _address_for(name: str | None, given: str | None) -> str | None:
     if given:
         return given
     if name:
-        from ._registry import read_run
+        from nbtrain._registry import read_run
 
         record = read_run(name)
         if record and record.get("address"):
-            local = _local_cluster.status()
+            local = local_cluster.status()
             if local is None or record["address"] != local.address:
                 return record["address"]
     return os.environ.get("RAY_ADDRESS") or None
@@ -86,7 +86,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    info = _local_cluster.start(progress=_say)
+    info = local_cluster.start(progress=_say)
     env = {**os.environ, "RAY_ADDRESS": info.address}
     notebook = args.notebook or _default_notebook()
     command = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1"]
@@ -98,7 +98,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from ._agent import serve
+    from nbtrain._client.agent import serve
 
     return serve(sys.stdin)
 
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from ._exceptions import NbtrainError
+    from nbtrain._exceptions import NbtrainError
 
     try:
         return int(args.func(args))

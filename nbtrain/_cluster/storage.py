@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ._home import nbtrain_home, read_json, write_json_atomic
+from nbtrain._paths import nbtrain_home, read_json, write_json_atomic
 
 KEEP_CHECKPOINTS = 2
 

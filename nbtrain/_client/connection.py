@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from . import _local_cluster
-from ._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
-from ._home import nbtrain_home, write_json_atomic
+from nbtrain._client import local_cluster
+from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
+from nbtrain._paths import nbtrain_home, write_json_atomic
 
 NAMESPACE = "nbtrain"
 DEFAULT_CLIENT_PORT = 10001
@@ -112,7 +112,7 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     kind = "remote"
     local_temp_dir = None
     if address is None:
-        info = _local_cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, progress=say)
+        info = local_cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, progress=say)
         address = info.address
         kind = "local"
         token_value = Path(info.token_path).read_text().strip()
@@ -198,7 +198,7 @@ def _resolve_token(token: str | None, address: str) -> str | None:
             text = Path(candidate).read_text().strip()
             if text:  # nbtrain's own client token file starts out empty
                 return text
-    local = _local_cluster.status()
+    local = local_cluster.status()
     if local is not None and local.address == address:
         return Path(local.token_path).read_text().strip()
     return None
@@ -210,7 +210,7 @@ def _preflight(address: str, host: str, port: int, token: str | None) -> None:
     except socket.gaierror:
         msg = f"Cannot resolve the host in {address}. Check the spelling of the head node's name."
         raise ConnectionFailedError(msg) from None
-    if not _local_cluster.port_is_open(host, port, timeout=PREFLIGHT_TIMEOUT_S):
+    if not local_cluster.port_is_open(host, port, timeout=PREFLIGHT_TIMEOUT_S):
         msg = (f"Nothing is listening at {address}. Check that the Ray head is running "
                f"(`ray status` on the head), that {port} is its Ray Client port "
                f"(`ray start --head --ray-client-server-port={port}`), and that a firewall or "
@@ -250,7 +250,7 @@ def _configure_auth(token: str | None) -> None:
     """Hand Ray's client-side token loader the token for this address (or none)."""
     from ray._raylet import AuthenticationTokenLoader, get_authentication_mode
 
-    from ._auth_env import client_token_file
+    from nbtrain._auth_env import client_token_file
 
     if token is not None and int(get_authentication_mode()) == 0:
         msg = ("This cluster needs a token, but Ray was imported before nbtrain with token "
@@ -304,7 +304,7 @@ def _ray_version() -> str:
 
 
 def _is_embedded(address: str) -> bool:
-    info = _local_cluster.status()
+    info = local_cluster.status()
     return info is not None and info.address == address
 
 
@@ -334,7 +334,7 @@ def _cluster_versions(lower_session_priority: bool = False) -> dict[str, str]:
                 nbtrain_version = f"missing: {exc}"
             else:
                 if lower_session_priority:
-                    from nbtrain._priority import lower_session_server_priority
+                    from nbtrain._cluster.priority import lower_session_server_priority
 
                     lower_session_server_priority()
             return {"ray": remote_ray.__version__, "python": remote_platform.python_version(),

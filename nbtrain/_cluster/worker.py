@@ -21,8 +21,8 @@ from typing import Any
 import cloudpickle
 import ray
 
-from ._allocator import keep_freed_memory
-from ._session import TrainContext, TrainingSession, set_session
+from nbtrain._cluster.allocator import keep_freed_memory
+from nbtrain._cluster.session import TrainContext, TrainingSession, set_session
 
 
 def _free_port() -> int:
@@ -115,7 +115,7 @@ class TrainWorker:
 def _trim_traceback(text: str) -> str:
     """Drop nbtrain's own frames so the traceback starts at the user's code."""
     lines = text.splitlines(True)
-    marker = next((i for i, line in enumerate(lines) if "nbtrain/_worker.py" in line and "in run" in line), None)
+    marker = next((i for i, line in enumerate(lines) if "nbtrain/_cluster/worker.py" in line and "in run" in line), None)
     if marker is None:
         return text
     return lines[0] + "".join(lines[marker + 2:])

@@ -16,10 +16,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from . import _connection
-from ._cell_program import CELL_FILENAME, CellProgram, referenced_names
-from ._exceptions import NbtrainError, RunFailedError
-from ._serialization import check_values
+from nbtrain._client import connection
+from nbtrain._views.cell_program import CELL_FILENAME, CellProgram, referenced_names
+from nbtrain._exceptions import NbtrainError, RunFailedError
+from nbtrain._client.serialization import check_values
 
 
 def parse_config(pairs: list[str]) -> dict[str, Any]:
@@ -78,7 +78,7 @@ class NbtrainMagics(Magics):
         if args is None:
             return None
         try:
-            cluster = _connection.connect(args.address, token=args.token, num_cpus=args.num_cpus,
+            cluster = connection.connect(args.address, token=args.token, num_cpus=args.num_cpus,
                                           num_gpus=args.num_gpus, progress=_Progress().say)
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
@@ -143,7 +143,7 @@ class NbtrainMagics(Magics):
             msg = f"The %%ray_train cell has a syntax error on line {exc.lineno}: {exc.msg}."
             raise UsageError(msg) from None
         try:
-            _connection.current()
+            connection.current()
             check_values(captured)
             run = nbtrain.launch(
                 CellProgram(source, captured), config=config, workers=args.workers,
@@ -166,7 +166,7 @@ class NbtrainMagics(Magics):
     def _follow_blocking(self, run: Any) -> None:
         """Block the cell until the run ends; the view is drawn from its own thread (the
         path widget updates are known to reach the browser while a cell runs)."""
-        from ._dashboard import show_dashboard
+        from nbtrain._views.dashboard import show_dashboard
 
         view = show_dashboard(run, follow="background")
         thread = view.thread
@@ -199,7 +199,7 @@ class NbtrainMagics(Magics):
         if self._parse(self.ray_status, line) is None:
             return
         try:
-            cluster = _connection.current()
+            cluster = connection.current()
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
         print(cluster.describe())

@@ -2,7 +2,7 @@
 
 Enabled by ``etc/jupyter/jupyter_server_config.d/nbtrain.json`` (shipped in
 the wheel). It serves the on-disk run registry over an authenticated REST API
-(see :mod:`nbtrain._server.handlers`) and hands stops and registry refreshes
+(see :mod:`nbtrain._lab.handlers`) and hands stops and registry refreshes
 to a ``python -m nbtrain agent`` child process, so the server itself never
 imports Ray or torch.
 """
@@ -15,12 +15,12 @@ __all__ = ["_jupyter_server_extension_points", "_load_jupyter_server_extension"]
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    return [{"module": "nbtrain._server"}]
+    return [{"module": "nbtrain._lab"}]
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    from ._commands import CommandRunner, NbtrainServer
-    from ._registry_reader import registry_home
+    from nbtrain._lab.commands import CommandRunner, NbtrainServer
+    from nbtrain._lab._registry_reader import registry_home
     from .handlers import setup_handlers
 
     settings = NbtrainServer(config=serverapp.config, parent=serverapp)

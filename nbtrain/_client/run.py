@@ -21,18 +21,18 @@ from typing import Any
 
 import cloudpickle
 
-from . import _connection
-from ._exceptions import (
+from nbtrain._client import connection
+from nbtrain._exceptions import (
     NbtrainError,
     ResourcesUnavailableError,
     RunExistsError,
     RunFailedError,
     RunNotFoundError,
 )
-from ._registry import record_run
-from ._serialization import dumps_checked
-from ._spec import RunSpec
-from ._states import RunState
+from nbtrain._registry import record_run
+from nbtrain._client.serialization import dumps_checked
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._states import RunState
 
 POLL_TIMEOUT_S = 15.0
 SUPERVISOR_RESTART_GRACE_S = 60.0
@@ -138,7 +138,7 @@ class Run:
             record_run(summary, self._address, latest)
         except OSError:
             pass
-        _connection.record_current()  # the sidebar's "CPUs used" stays current
+        connection.record_current()  # the sidebar's "CPUs used" stays current
 
     @property
     def cached_summary(self) -> dict[str, Any]:
@@ -289,7 +289,7 @@ class Run:
 
     def dashboard(self, **options: Any) -> Any:
         """The live dashboard (widgets in a notebook, a text line elsewhere)."""
-        from ._dashboard import show_dashboard
+        from nbtrain._views.dashboard import show_dashboard
 
         return show_dashboard(self, **options)
 
@@ -343,9 +343,9 @@ def launch(
     """
     import ray
 
-    from ._supervisor import NAMESPACE, RunSupervisor, actor_name
+    from nbtrain._cluster.supervisor import NAMESPACE, RunSupervisor, actor_name
 
-    cluster = _connection.current()
+    cluster = connection.current()
     config = dict(config or {})
     takes_config = _check_signature(train_fn)
     _check_numbers(workers, cpus_per_worker, gpus_per_worker, max_failures, on_stall)
@@ -488,7 +488,7 @@ def _owner() -> dict[str, Any]:
 def _find_supervisor(name: str) -> Any | None:
     import ray
 
-    from ._supervisor import NAMESPACE, actor_name
+    from nbtrain._cluster.supervisor import NAMESPACE, actor_name
 
     try:
         return ray.get_actor(actor_name(name), namespace=NAMESPACE)
@@ -499,7 +499,7 @@ def _find_supervisor(name: str) -> Any | None:
 def _run_names() -> list[str]:
     import ray.util
 
-    from ._supervisor import ACTOR_PREFIX, NAMESPACE
+    from nbtrain._cluster.supervisor import ACTOR_PREFIX, NAMESPACE
 
     named = ray.util.list_named_actors(all_namespaces=True)
     return sorted(entry["name"][len(ACTOR_PREFIX):] for entry in named
@@ -514,7 +514,7 @@ def attach(name: str) -> Run:
         run = nbtrain.attach("cifar")
         run.dashboard()
     """
-    cluster = _connection.current()
+    cluster = connection.current()
     handle = _find_supervisor(name)
     if handle is None:
         known = ", ".join(_run_names()) or "none"
@@ -529,7 +529,7 @@ def runs() -> list[dict[str, Any]]:
     """Every run on the connected cluster: name, state, attempt, step, workers, started, owner."""
     import ray
 
-    cluster = _connection.current()
+    cluster = connection.current()
     names = _run_names()
     handles = [_find_supervisor(name) for name in names]
     refs = [(name, h.summary.remote()) for name, h in zip(names, handles) if h is not None]

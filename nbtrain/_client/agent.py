@@ -42,7 +42,7 @@ def serve(requests: IO[str]) -> int:
 
 
 def _answer(line: str) -> tuple[bool, str]:
-    from ._cli import main
+    from nbtrain._client.cli import main
 
     try:
         argv = json.loads(line)

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ._exceptions import ConnectionFailedError
-from ._home import nbtrain_home, read_json, write_json_atomic
-from ._priority import lower_head_bookkeeping_priority
+from nbtrain._exceptions import ConnectionFailedError
+from nbtrain._paths import nbtrain_home, read_json, write_json_atomic
+from nbtrain._cluster.priority import lower_head_bookkeeping_priority
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 90.0

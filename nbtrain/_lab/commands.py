@@ -35,8 +35,8 @@ from typing import Any
 from traitlets import Float, Int, List, Unicode
 from traitlets.config import Configurable
 
-from ._agent_process import AgentProcess
-from ._registry_reader import is_terminal, number, read_runs
+from nbtrain._lab.agent_process import AgentProcess
+from nbtrain._lab._registry_reader import is_terminal, number, read_runs
 
 _OUTPUT_CHARS = 2000
 

@@ -26,8 +26,8 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from ._commands import CommandRunner, NbtrainServer
-from ._registry_reader import is_terminal, mark_stale, read_cluster, read_run, read_runs
+from nbtrain._lab.commands import CommandRunner, NbtrainServer
+from nbtrain._lab._registry_reader import is_terminal, mark_stale, read_cluster, read_run, read_runs
 
 _NAME = r"(?P<name>[^/]+)"
 

@@ -27,11 +27,11 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ._priority import lower_own_priority
-from ._run_storage import RunStorage, default_storage_root
-from ._spec import RunSpec
-from ._states import RunState, WorkerState, check_transition
-from ._worker import TrainWorker
+from nbtrain._cluster.priority import lower_own_priority
+from nbtrain._cluster.storage import RunStorage, default_storage_root
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._states import RunState, WorkerState, check_transition
+from nbtrain._cluster.worker import TrainWorker
 
 NAMESPACE = "nbtrain"
 ACTOR_PREFIX = "nbtrain-run:"

@@ -18,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 
-from ._exceptions import NotSerializableError
+from nbtrain._exceptions import NotSerializableError
 
 _SKIP_TYPES = (types.ModuleType, type(None), int, float, str, bytes, bool)
 

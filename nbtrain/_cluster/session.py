@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from ._exceptions import NbtrainError
+from nbtrain._exceptions import NbtrainError
 
 
 @dataclasses.dataclass

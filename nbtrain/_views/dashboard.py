@@ -16,10 +16,10 @@ import threading
 import time
 from typing import Any
 
-from ._downsample import downsample
-from ._history import MetricHistory
-from ._static_plot import svg_chart
-from ._states import RunState
+from nbtrain._views.downsample import downsample
+from nbtrain._views.history import MetricHistory
+from nbtrain._views.static_plot import svg_chart
+from nbtrain._states import RunState
 
 REDRAW_INTERVAL_S = 0.25
 LONG_POLL_S = 1.0

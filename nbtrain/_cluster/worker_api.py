@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._session import TrainContext, current_session
+from nbtrain._cluster.session import TrainContext, current_session
 
 
 def get_context() -> TrainContext:
@@ -212,6 +212,6 @@ def get_dataset_shard(name: str = "train") -> Any:
     except KeyError:
         known = ", ".join(sorted(session.datasets)) or "none"
         msg = f"No dataset named {name!r} was passed to launch(datasets=...); this run has: {known}."
-        from ._exceptions import NbtrainError
+        from nbtrain._exceptions import NbtrainError
 
         raise NbtrainError(msg) from None

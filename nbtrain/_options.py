@@ -1,0 +1,211 @@
+"""Every run option, declared once: its type, default, validation and help text.
+
+Each face of a launch is derived from :class:`RunOptions` or checked against it:
+``launch()`` keeps named keyword arguments (for help and completion) and
+``tests/test_options.py`` fails when one differs from a field here in name or
+default; ``launch()``'s parameter list in its docstring, the ``%%ray_train``
+flags and ``--help``, and the ``LaunchPanel``'s resource fields are generated
+from the fields below; the supervisor reads the same object inside the
+:class:`~nbtrain._cluster.spec.RunSpec`.
+
+To add an option: add a field with :func:`option` (help text, flags, and the
+check in ``__post_init__``), add the keyword to ``launch()``, and read it where
+it takes effect. Nothing else needs writing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+from nbtrain._exceptions import NbtrainError
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+ON_STALL_CHOICES = ("warn", "fail", "restart")
+BACKEND_CHOICES = ("gloo", "nccl")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionInfo:
+    """How one option appears on the faces that set it.
+
+    ``kind`` says how the magic reads it: ``value`` (one token, parsed by
+    ``parse``), ``flag`` (a boolean ``--x/--no-x``), ``literals`` (``key=value``
+    pairs, values read as Python literals), ``strings`` (``key=value`` pairs kept
+    as text) or ``variables`` (``key=name`` pairs naming notebook variables).
+    """
+
+    help: str
+    flags: tuple[str, ...]
+    kind: str = "value"
+    parse: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    label: str | None = None          # the LaunchPanel's field name; None: not on the panel
+    magic_default: Any = dataclasses.MISSING  # only where the magic's nature differs (it blocks)
+
+
+def option(default: Any, help: str, *flags: str, kind: str = "value", parse: Callable[[str], Any] | None = None,
+           choices: tuple[str, ...] | None = None, metavar: str | None = None, label: str | None = None,
+           magic_default: Any = dataclasses.MISSING) -> Any:
+    info = OptionInfo(help=help, flags=flags, kind=kind, parse=parse, choices=choices, metavar=metavar,
+                      label=label, magic_default=magic_default)
+    return dataclasses.field(default=default, metadata={"nbtrain": info})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What a run is asked to be: resources, failure handling, storage, and the call's own behaviour."""
+
+    name: str | None = option(None, "run name, unique on the cluster; default run-<time>", "--name", "-n",
+                              metavar="NAME", label="run name")
+    config: dict[str, Any] | None = option(
+        None, "the `config` dict given to the training function, e.g. --config lr=0.01 epochs=5",
+        "--config", "-c", kind="literals", metavar="KEY=VALUE")
+    workers: int = option(2, "number of DDP workers (ranks)", "--workers", "-w", parse=int, label="workers")
+    cpus_per_worker: float = option(1.0, "CPUs reserved per worker", "--cpus-per-worker", parse=float,
+                                    label="CPUs per worker")
+    gpus_per_worker: float = option(0.0, "GPUs per worker (the nccl backend when > 0)", "--gpus-per-worker",
+                                    parse=float, label="GPUs per worker")
+    max_failures: int = option(0, "restarts from the latest checkpoint allowed after a worker fails",
+                               "--max-failures", parse=int, label="max failures")
+    wait: bool = option(False, "block until the run ends (the magic blocks unless --bg; Ctrl-C stops the run)",
+                        "--wait", kind="flag", magic_default=True)
+    resume: bool = option(False, "continue the ended run of this name from its latest checkpoint",
+                          "--resume", kind="flag")
+    total_steps: int | None = option(None, "expected steps, for the progress bar and ETA", "--total-steps",
+                                     parse=int)
+    total_epochs: int | None = option(None, "expected epochs, for the progress bar (default: config['epochs'])",
+                                      "--total-epochs", parse=int)
+    datasets: dict[str, Any] | None = option(
+        None, "Ray Datasets split across the ranks (get_dataset_shard(name)); the magic names notebook "
+        "variables: --datasets train=train_ds", "--datasets", kind="variables", metavar="NAME=VARIABLE")
+    storage: str | None = option(None, "shared directory for checkpoints on multi-node clusters", "--storage",
+                                 metavar="PATH")
+    checkpoint_weights_only: bool = option(
+        True, "load checkpoints with torch.load(weights_only=True); turn off only for checkpoints you trust",
+        "--checkpoint-weights-only", kind="flag")
+    backend: str | None = option(None, "torch.distributed backend; default nccl with GPUs, else gloo",
+                                 "--backend", choices=BACKEND_CHOICES)
+    placement_strategy: str = option("PACK", "how Ray places the workers' bundles on nodes",
+                                     "--placement-strategy", choices=PLACEMENT_STRATEGIES)
+    placement_timeout_s: float = option(60.0, "seconds to wait for the cluster to place every worker",
+                                        "--placement-timeout", parse=float, metavar="SECONDS")
+    collective_timeout_s: float = option(300.0, "seconds before a stuck collective (all-reduce) fails",
+                                         "--collective-timeout", parse=float, metavar="SECONDS")
+    stall_timeout_s: float = option(300.0, "seconds without progress before a rank counts as stalled",
+                                    "--stall-timeout", parse=float, metavar="SECONDS")
+    on_stall: str = option("warn", "what a stall does", "--on-stall", choices=ON_STALL_CHOICES)
+    stop_on_nan: bool = option(False, "fail the run when a reported metric is NaN", "--stop-on-nan", kind="flag")
+    flush_interval_s: float = option(0.25, "seconds between a rank's batched sends of metrics and logs",
+                                     "--flush-interval", parse=float, metavar="SECONDS")
+    env: dict[str, str] | None = option(None, "environment variables for the workers, e.g. --env OMP_NUM_THREADS=1",
+                                        "--env", kind="strings", metavar="KEY=VALUE")
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        _check_mapping("config", self.config, values_are_text=False)
+        _check_mapping("env", self.env, values_are_text=True)
+        _check_mapping("datasets", self.datasets, values_are_text=False)
+        _check_whole("workers", self.workers, minimum=1)
+        _check_number("cpus_per_worker", self.cpus_per_worker, "a positive number", lambda v: v > 0)
+        _check_number("gpus_per_worker", self.gpus_per_worker, "0 or more", lambda v: v >= 0)
+        _check_whole("max_failures", self.max_failures, minimum=0)
+        for name in ("total_steps", "total_epochs"):
+            if getattr(self, name) is not None:
+                _check_whole(name, getattr(self, name), minimum=1)
+        for name in ("placement_timeout_s", "collective_timeout_s", "stall_timeout_s"):
+            _check_number(name, getattr(self, name), "a positive number of seconds", lambda v: v > 0)
+        _check_number("flush_interval_s", self.flush_interval_s, "between 0.01 and 10 seconds",
+                      lambda v: 0.01 <= v <= 10)
+        _check_choice("on_stall", self.on_stall, ON_STALL_CHOICES)
+        _check_choice("placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES)
+        if self.backend is not None:
+            _check_choice("backend", self.backend, BACKEND_CHOICES)
+            if self.backend == "nccl" and not self.gpus_per_worker:
+                raise NbtrainError(_problem("backend", "'gloo' on a run without GPUs (nccl needs one GPU per "
+                                                       "worker: set gpus_per_worker)", self.backend))
+        if self.storage is not None and not isinstance(self.storage, str):
+            raise NbtrainError(_problem("storage", "a directory path (text) that every node can reach",
+                                        self.storage))
+        for name in ("wait", "resume", "stop_on_nan", "checkpoint_weights_only"):
+            if not isinstance(getattr(self, name), bool):
+                raise NbtrainError(_problem(name, "True or False", getattr(self, name)))
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend:
+            return self.backend
+        return "nccl" if self.gpus_per_worker > 0 else "gloo"
+
+
+def fields() -> list[dataclasses.Field[Any]]:
+    """The options in declaration order (the order of ``--help`` and of ``launch()``'s docstring)."""
+    return list(dataclasses.fields(RunOptions))
+
+
+def info(field: dataclasses.Field[Any]) -> OptionInfo:
+    return field.metadata["nbtrain"]  # type: ignore[no-any-return]
+
+
+def flag_of(name: str) -> str:
+    """The ``%%ray_train`` flag of option ``name``, e.g. ``--stall-timeout`` for ``stall_timeout_s``."""
+    return info(next(f for f in fields() if f.name == name)).flags[0]
+
+
+def default_of(name: str) -> Any:
+    return next(f for f in fields() if f.name == name).default
+
+
+def panel_fields() -> list[dataclasses.Field[Any]]:
+    return [f for f in fields() if info(f).label is not None]
+
+
+def describe() -> str:
+    """The ``Options`` section of ``launch()``'s docstring, from the declarations."""
+    lines = ["", "    Options (each also a ``%%ray_train`` flag)::", ""]
+    for field in fields():
+        meta = info(field)
+        lines.append(f"        {field.name}={field.default!r}  ({meta.flags[0]})")
+        lines.append(f"            {meta.help}")
+    return "\n".join(lines) + "\n"
+
+
+def _problem(name: str, what: str, got: Any) -> str:
+    return f"{name} ({flag_of(name)}) must be {what}, got {got!r}."
+
+
+def _check_name(name: str | None) -> None:
+    if name is not None and (not isinstance(name, str) or not NAME_PATTERN.match(name)):
+        msg = (f"Run name {name!r} is not valid: use letters, digits, '-', '_' or '.', "
+               f"starting with a letter or digit (at most 100 characters).")
+        raise NbtrainError(msg)
+
+
+def _check_whole(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = f"a whole number of at least {minimum}" if minimum else "a whole number of 0 or more"
+        raise NbtrainError(_problem(name, what, value))
+
+
+def _check_number(name: str, value: Any, what: str, ok: Callable[[float], bool]) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise NbtrainError(_problem(name, what, value))
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise NbtrainError(_problem(name, "one of " + ", ".join(repr(c) for c in choices), value))
+
+
+def _check_mapping(name: str, value: Any, values_are_text: bool) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise NbtrainError(_problem(name, "a dict with text keys", value))
+    if values_are_text and not all(isinstance(v, str) for v in value.values()):
+        raise NbtrainError(_problem(name, "a dict of text values (environment variables are text)", value))
