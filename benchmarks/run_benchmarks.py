@@ -1,10 +1,14 @@
 #!/usr/bin/env python
-"""nbtrain against torchrun and Ray Train v2 on the same CPU DDP workload (see BENCHMARKS.md).
+"""nbtrain against torchrun and Ray Train v2 on the same CPU DDP workload (see benchmarks/README.md).
 
 One command::
 
-    python benchmarks/run_benchmarks.py [--reps 3] [--steps 200] [--warmup 20] [--json out.json]
+    python benchmarks/run_benchmarks.py [--reps 3] [--steps 200] [--warmup 20] [--out PATH]
     python benchmarks/run_benchmarks.py --quick          # smoke run: 40 steps, 1 rep, no Ray Train
+
+The log goes to stdout; every repetition, the medians, the verdicts and the table
+go as JSON to ``benchmarks/results/latest.json`` (``--quick``:
+``benchmarks/results/quick.json``, not committed) or to ``--out PATH``.
 
 It starts its own loopback Ray cluster (nbtrain's embedded local cluster, token
 auth, 127.0.0.1 only) under a throwaway ``NBTRAIN_HOME``, so it never touches
@@ -54,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+RESULTS_DIR = HERE / "results"      # latest.json is committed; anything else written here is git-ignored
 sys.path.insert(0, str(HERE))
 
 import workload  # noqa: E402
@@ -147,7 +152,7 @@ def _quantile(values: list[float], q: float) -> float:
 def run_torchrun(steps: int, warmup: int, out_dir: Path, timeout: float,
                  variant: str = "torchrun") -> dict[str, Any]:
     """torchrun as a user runs it; ``torchrun_malloc`` adds the glibc malloc thresholds
-    nbtrain sets in its ranks (``nbtrain/_allocator.py``), for a like-for-like figure."""
+    nbtrain sets in its ranks (``nbtrain/_cluster/allocator.py``), for a like-for-like figure."""
     from nbtrain._cluster.allocator import MMAP_THRESHOLDS_BYTES, TRIM_THRESHOLD_BYTES
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -188,7 +193,7 @@ def run_raytrain(steps: int, warmup: int, out_dir: Path, timeout: float, address
     if poll_s is not None:
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(poll_s)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--raytrain-driver", "--address", address,
-           "--steps", str(steps), "--warmup", str(warmup), "--out", str(out_dir)]
+           "--steps", str(steps), "--warmup", str(warmup), "--driver-out", str(out_dir)]
     with open(out_dir / "raytrain-driver.log", "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=str(out_dir))
@@ -220,7 +225,7 @@ def raytrain_driver(args: argparse.Namespace) -> None:
     import ray
     import ray.cloudpickle
 
-    out_dir = Path(args.out)
+    out_dir = Path(args.driver_out)
     ray.cloudpickle.register_pickle_by_value(workload)   # workers cannot import benchmarks/
     began = time.time()
     ray.init(args.address, logging_level="ERROR", log_to_driver=False)
@@ -437,7 +442,7 @@ def targets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         add("like for like, not a target: nbtrain ÷ torchrun with nbtrain's malloc settings",
             rate / tuned["samples_per_s"], None, None,
             f"{_fmt(rate / tuned['samples_per_s'], 3)} (ratio of medians), {paired_tuned} (median of per-rep "
-            f"ratios); nbtrain's ranks keep freed memory (nbtrain/_allocator.py), torchrun's use glibc's "
+            f"ratios); nbtrain's ranks keep freed memory (nbtrain/_cluster/allocator.py), torchrun's use glibc's "
             f"defaults unless told otherwise", info=True)
     launch, rt_launch = nb.get("launch_to_first_step_s"), rt.get("launch_to_first_step_s")
     limit = 0.5 * rt_launch if rt_launch else None
@@ -483,16 +488,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-prewarm", action="store_true",
                         help="skip the untimed short run of each variant before the repetitions")
     parser.add_argument("--quick", action="store_true", help="smoke run: 40 steps, 10 warm-up, 1 rep, no Ray Train")
-    parser.add_argument("--json", default=None, help="write all results here as JSON")
-    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, per-rank results)")
+    parser.add_argument("--out", "--json", dest="out", default=None, metavar="PATH",
+                        help="write every repetition, the medians, the verdicts and the table here as JSON "
+                             f"(default: {RESULTS_DIR.relative_to(HERE.parent) / 'latest.json'}; with --quick "
+                             f"{RESULTS_DIR.relative_to(HERE.parent) / 'quick.json'}, which git ignores)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temp work dir (torchrun output, Ray Train driver log, per-rank results)")
     parser.add_argument("--timeout", type=float, default=900.0, help="per-variant-run timeout (s)")
     # hidden: the Ray Train driver subprocess
     parser.add_argument("--raytrain-driver", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--driver-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.warmup, args.reps, args.skip_raytrain = 40, 10, 1, True
+    if args.out is None:
+        args.out = str(RESULTS_DIR / ("quick.json" if args.quick else "latest.json"))
     if args.raytrain_warmup is None:
         args.raytrain_warmup = min(args.warmup, args.raytrain_steps // 4)
     if not args.raytrain_driver:
@@ -658,14 +669,17 @@ def main(argv: list[str] | None = None) -> int:
         for error in errors:
             log(f"- {error.splitlines()[0]}")
     log(f"\ntotal benchmark time {time.time() - started:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "date": date, "command": command.strip(), "machine": {"host": platform.node(), "cores": os.cpu_count(),
-                                                                  "python": platform.python_version()},
-            "args": {k: v for k, v in vars(args).items() if k not in ("raytrain_driver", "address", "out")},
-            "summary": summary, "runs": all_runs, "targets": checks, "errors": errors, "table": table,
-        }, indent=1, default=str))
-        log(f"JSON written to {args.json}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")   # a crash while writing leaves the old file whole
+    partial.write_text(json.dumps({
+        "date": date, "command": command.strip(), "machine": {"host": platform.node(), "cores": os.cpu_count(),
+                                                              "python": platform.python_version()},
+        "args": {k: v for k, v in vars(args).items() if k not in ("raytrain_driver", "address", "driver_out")},
+        "summary": summary, "runs": all_runs, "targets": checks, "errors": errors, "table": table,
+    }, indent=1, default=str))
+    partial.replace(out)
+    log(f"JSON written to {out}")
     return 1 if errors else 0
 
 

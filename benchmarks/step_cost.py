@@ -10,7 +10,7 @@ from the cores::
 
 Per variant: median CPU time of the training thread per step (ms) and minor
 page faults per step, after 20 warm-up steps. "kept memory" is nbtrain's
-``keep_freed_memory()`` (``nbtrain/_allocator.py``), called before torch loads.
+``keep_freed_memory()`` (``nbtrain/_cluster/allocator.py``), called before torch loads.
 """
 
 from __future__ import annotations
