@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _auth_env  # noqa: F401  (must run before anything imports ray)
 from nbtrain._client.connection import Cluster, connect, disconnect
 from nbtrain._exceptions import (
     ConnectionFailedError,
@@ -33,7 +32,8 @@ from nbtrain._exceptions import (
     RunNotFoundError,
     VersionMismatchError,
 )
-from nbtrain._client.run import Run, attach, launch, runs
+from nbtrain._client.launch import attach, launch, runs
+from nbtrain._client.run import Run
 from nbtrain._cluster.session import TrainContext
 from nbtrain._states import RunState, WorkerState
 from nbtrain._cluster.worker_api import (

@@ -46,14 +46,15 @@ class OptionInfo:
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
     label: str | None = None          # the LaunchPanel's field name; None: not on the panel
-    magic_default: Any = dataclasses.MISSING  # only where the magic's nature differs (it blocks)
+    off_flag: str | None = None       # a flag's "off" spelling; default --no-<flag>
+    magic_default: Any = None           # only where the magic's nature differs (it blocks)
 
 
 def option(default: Any, help: str, *flags: str, kind: str = "value", parse: Callable[[str], Any] | None = None,
            choices: tuple[str, ...] | None = None, metavar: str | None = None, label: str | None = None,
-           magic_default: Any = dataclasses.MISSING) -> Any:
+           off_flag: str | None = None, magic_default: Any = None) -> Any:
     info = OptionInfo(help=help, flags=flags, kind=kind, parse=parse, choices=choices, metavar=metavar,
-                      label=label, magic_default=magic_default)
+                      label=label, off_flag=off_flag, magic_default=magic_default)
     return dataclasses.field(default=default, metadata={"nbtrain": info})
 
 
@@ -74,7 +75,7 @@ class RunOptions:
     max_failures: int = option(0, "restarts from the latest checkpoint allowed after a worker fails",
                                "--max-failures", parse=int, label="max failures")
     wait: bool = option(False, "block until the run ends (the magic blocks unless --bg; Ctrl-C stops the run)",
-                        "--wait", kind="flag", magic_default=True)
+                        "--wait", kind="flag", off_flag="--bg", magic_default=True)
     resume: bool = option(False, "continue the ended run of this name from its latest checkpoint",
                           "--resume", kind="flag")
     total_steps: int | None = option(None, "expected steps, for the progress bar and ETA", "--total-steps",
@@ -159,6 +160,12 @@ def flag_of(name: str) -> str:
 
 def default_of(name: str) -> Any:
     return next(f for f in fields() if f.name == name).default
+
+
+def magic_default_of(field: dataclasses.Field[Any]) -> Any:
+    """The flag's default in ``%%ray_train``: the declared default, except where the magic differs by nature."""
+    meta = info(field)
+    return field.default if meta.magic_default is None else meta.magic_default
 
 
 def panel_fields() -> list[dataclasses.Field[Any]]:

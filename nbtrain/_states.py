@@ -1,8 +1,9 @@
 """Run and worker lifecycles as types, with the legal moves written once.
 
-The supervisor is the only writer of a run's state; it asks
+The run's controller is the only writer of a run's state; it asks
 :func:`check_transition` before every change so an impossible move (a stopped
-run "succeeding", say) is a loud bug rather than a silent inconsistency.
+run "succeeding", say) is a loud bug rather than a silent inconsistency. An
+ended run leaves its terminal state only one way: the user resumes it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ _TERMINAL = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED})
 TERMINAL_STATE_NAMES = frozenset(state.value for state in _TERMINAL)  # for readers of JSON (the lab server)
 
 _LEGAL: dict[RunState, frozenset[RunState]] = {
-    RunState.PENDING: frozenset({RunState.STARTING, RunState.FAILED, RunState.STOPPED}),
+    RunState.PENDING: frozenset({RunState.STARTING, RunState.RESTARTING, RunState.FAILED, RunState.STOPPED}),
     RunState.STARTING: frozenset({RunState.RUNNING, RunState.RESTARTING, RunState.FAILED, RunState.STOPPED}),
     RunState.RUNNING: frozenset({RunState.SUCCEEDED, RunState.RESTARTING, RunState.FAILED, RunState.STOPPED}),
     RunState.RESTARTING: frozenset({RunState.PENDING, RunState.STARTING, RunState.FAILED, RunState.STOPPED}),
@@ -41,8 +42,13 @@ _LEGAL: dict[RunState, frozenset[RunState]] = {
 }
 
 
-def check_transition(current: RunState, new: RunState) -> None:
-    """Raise ``RuntimeError`` if a run may not move from ``current`` to ``new``."""
+def check_transition(current: RunState, new: RunState, *, resume: bool = False) -> None:
+    """Raise ``RuntimeError`` if a run may not move from ``current`` to ``new``.
+
+    ``resume``: the user asked to continue an ended run, the one way out of a terminal state.
+    """
+    if resume and current.is_terminal and new == RunState.RESTARTING:
+        return
     if new not in _LEGAL[current]:
         msg = f"illegal run state transition {current.value} -> {new.value}"
         raise RuntimeError(msg)

@@ -28,20 +28,34 @@ def _assert_no_duplicate_rows(run):
     assert len(keys) == len(set(keys)), "duplicated (attempt, rank, step) rows"
 
 
-def _kill_rank_at_step(run, rank: int, step: int) -> tuple[float, int]:
-    wait_for(lambda: any(r["rank"] == rank and r["step"] >= step for r in run.metrics), 180,
-             message=f"rank {rank} to reach step {step}")
-    pid = next(w["pid"] for w in run.workers if w["rank"] == rank)
-    os.kill(pid, signal.SIGKILL)
-    return time.monotonic(), pid
+def _train_steps_holding_in_attempt_1(config):
+    """train_steps, except that attempt 1 stops after step ``hold_after`` and waits there to be killed.
+
+    What attempt 1 reported and checkpointed is then fixed, however long the
+    kill, its detection and the restart take.
+    """
+    if nbtrain.get_context().attempt == 1:
+        train_steps({**config, "steps": config["hold_after"] + 1})
+        time.sleep(3600)
+    return train_steps(config)
+
+
+def _steps_by_rank(rows) -> set[tuple[int, int]]:
+    return {(r["rank"], r["step"]) for r in rows}
 
 
 @pytest.mark.parametrize("checkpoint_every", [5, None], ids=["with-checkpoint", "without-checkpoint"])
 def test_killed_worker_restarts_the_group_and_training_resumes(cluster, checkpoint_every):
     name = f"restart-{'ckpt' if checkpoint_every else 'scratch'}"
-    run = nbtrain.launch(train_steps, config={"steps": 40, "sleep": 0.05, "checkpoint_every": checkpoint_every},
-                         workers=2, max_failures=1, name=name)
-    killed_at, pid = _kill_rank_at_step(run, rank=1, step=20)
+    hold_after = 22
+    run = nbtrain.launch(_train_steps_holding_in_attempt_1, workers=2, max_failures=1, name=name,
+                         config={"steps": 40, "sleep": 0.05, "checkpoint_every": checkpoint_every,
+                                 "hold_after": hold_after})
+    wait_for(lambda: _steps_by_rank(run.metrics) >= {(0, hold_after), (1, hold_after)}, 180,
+             message=f"both ranks to report step {hold_after}")
+    pid = next(w["pid"] for w in run.workers if w["rank"] == 1)
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
     wait_for(lambda: run.attempt == 2, 30, interval=0.05, message="the restart")
     detected = time.monotonic() - killed_at
     wait_for(lambda: _rows_of(run, 2), 120, interval=0.1, message="rows from attempt 2")
@@ -49,17 +63,17 @@ def test_killed_worker_restarts_the_group_and_training_resumes(cluster, checkpoi
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
     print(f"{name}: failure detected {detected:.1f} s after kill -9, training again after {restarted:.1f} s")
     assert detected < 10
-    attempt2 = _rows_of(run, 2)
-    first_step = min(r["step"] for r in attempt2)
-    if checkpoint_every:
-        checkpoint_step = max(s for s in range(0, 40, checkpoint_every)
-                              if any(r["step"] == s for r in _rows_of(run, 1) if r["rank"] == 0))
-        assert first_step == checkpoint_step + 1 or first_step <= checkpoint_step + 1
-        assert first_step > 0, "resumed from scratch although a checkpoint existed"
-    else:
-        assert first_step == 0
+    # train_steps: rank 0 saves a checkpoint after reporting each step divisible by checkpoint_every
+    # (0, 5, ..., 20 before the hold at 22), and a restarted attempt continues one step after the
+    # checkpoint it loads: step 21. Without checkpoints it starts again at 0.
+    resume_step = hold_after // checkpoint_every * checkpoint_every + 1 if checkpoint_every else 0
     assert {r["attempt"] for r in run.metrics} == {1, 2}
-    assert {(r["rank"], r["step"]) for r in attempt2} >= {(rank, 39) for rank in (0, 1)}
+    assert _steps_by_rank(_rows_of(run, 1)) == {(rank, step) for rank in (0, 1) for step in range(hold_after + 1)}
+    attempt2 = _steps_by_rank(_rows_of(run, 2))
+    expected = {(rank, step) for rank in (0, 1) for step in range(resume_step, 40)}
+    checkpoints = [e["message"] for e in run.events if e["kind"] == "checkpoint"]
+    assert attempt2 == expected, (f"attempt 2 should run steps {resume_step}..39 on both ranks; missing "
+                                  f"{sorted(expected - attempt2)}, extra {sorted(attempt2 - expected)}; {checkpoints}")
     _assert_no_duplicate_rows(run)
     events = " ".join(e["message"] for e in run.events)
     assert f"Rank 1's worker process died (pid {pid}" in events and "attempt 2/2" in events
@@ -111,7 +125,7 @@ def test_killed_driver_leaves_the_run_going_and_a_new_process_sees_everything(cl
 def test_killed_supervisor_is_restarted_with_its_history(cluster):
     import ray
 
-    from nbtrain._cluster.supervisor import NAMESPACE, actor_name
+    from nbtrain._cluster.names import NAMESPACE, actor_name
 
     run = nbtrain.launch(train_steps, config={"steps": 60, "sleep": 0.05, "checkpoint_every": 10}, workers=2,
                          name="supervisor-dies")
@@ -131,13 +145,14 @@ def test_a_stop_is_kept_when_the_supervisor_dies_before_finishing_it(cluster):
     dies right then comes back as stopped instead of restarting the workers."""
     import ray
 
-    from nbtrain._cluster.storage import RunStorage, default_storage_root
-    from nbtrain._cluster.supervisor import NAMESPACE, actor_name
+    from nbtrain._cluster.storage import RunStorage
+    from nbtrain._paths import storage_root
+    from nbtrain._cluster.names import NAMESPACE, actor_name
 
     run = nbtrain.launch(train_steps, config={"steps": 100_000, "sleep": 0.05}, workers=2, name="stop-then-die")
     wait_for(lambda: len(run.metrics) > 4, 180, message="the run to report")
     # The supervisor's own first step of stop(), then its death before it could tell the workers.
-    storage = RunStorage(default_storage_root(), "stop-then-die")
+    storage = RunStorage(storage_root(), "stop-then-die")
     storage.save_state({**storage.load_state(), "stop_requested": True})
     ray.kill(ray.get_actor(actor_name("stop-then-die"), namespace=NAMESPACE), no_restart=False)
     assert run.wait(timeout=120) == nbtrain.RunState.STOPPED

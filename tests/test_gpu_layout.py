@@ -7,8 +7,8 @@ exercised on a GPU machine (see the closing notes / benchmarks README).
 
 from __future__ import annotations
 
-from nbtrain._cluster.spec import RunSpec
-from nbtrain._cluster.supervisor import layout_ranks
+from nbtrain._cluster.rank_layout import layout_ranks
+from nbtrain._options import RunOptions
 
 
 def _place(node: str, gpus: list[str]) -> dict:
@@ -31,5 +31,5 @@ def test_cpu_workers_get_no_gpu():
 
 
 def test_backend_is_nccl_on_gpus_and_gloo_on_cpus():
-    assert RunSpec(name="a", fn_bytes=b"", fn_takes_config=True, config={}, gpus_per_worker=1).resolved_backend == "nccl"
-    assert RunSpec(name="a", fn_bytes=b"", fn_takes_config=True, config={}).resolved_backend == "gloo"
+    assert RunOptions(gpus_per_worker=1).resolved_backend == "nccl"
+    assert RunOptions().resolved_backend == "gloo"

@@ -7,7 +7,7 @@ from _helpers import ipython_shell
 from IPython.core.error import UsageError
 
 from nbtrain._views.cell_program import CellProgram, referenced_names
-from nbtrain._views.magics import parse_config
+from nbtrain._views.magic_flags import parse_config
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,10 @@ def test_bad_value_names_the_option(ip):
 
 
 @pytest.mark.parametrize("line,expected", [
-    ("--workers 0", "--workers must be at least 1"),
+    ("--workers 0", "workers (--workers) must be a whole number of at least 1, got 0"),
+    ("--stall-timeout -1", "stall_timeout_s (--stall-timeout) must be a positive number of seconds"),
+    ("--backend nccl", "backend (--backend) must be 'gloo' on a run without GPUs"),
+    ("--env A=1 --datasets train=nowhere", "--datasets names the notebook variable 'nowhere', which is not defined"),
     ("--out 1run", "--out needs a Python variable name"),
     ("--on-stall explode", "invalid choice: 'explode'"),
 ])

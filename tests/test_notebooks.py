@@ -10,7 +10,6 @@ cell's error and traceback; the executed notebook is kept under pytest's tmp_pat
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import time
 from pathlib import Path
@@ -33,18 +32,6 @@ SMALL: dict[str, dict[str, object]] = {
     "04_launch_panel.ipynb": {"epochs": 1},
     "05_fault_tolerance.ipynb": {"steps": 30, "step_time": 0.25, "checkpoint_every": 4},
 }
-
-
-def _expected_failure(path: Path) -> str | None:
-    if path.name == "04_launch_panel.ipynb" and importlib.util.find_spec("nbtrain._views.launch_panel") is None:
-        return "LaunchPanel not built yet"
-    return None
-
-
-def _params(path: Path) -> list[object]:
-    reason = _expected_failure(path)
-    marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
-    return [pytest.param(path, id=path.stem, marks=marks)]
 
 
 def test_every_notebook_is_committed_without_outputs():
@@ -83,7 +70,7 @@ def _no_leftover_runs(cluster):
 
 @pytest.mark.notebook
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("path", [p for path in NOTEBOOKS for p in _params(path)])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path: Path, cluster, _no_leftover_runs, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
     import papermill

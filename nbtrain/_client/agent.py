@@ -10,8 +10,11 @@ a JSON list of the same arguments the command line takes (``["stop", "NAME",
 commands (``nbtrain.connect`` reuses a live one and reconnects a dropped one),
 so once connected a stop takes about a second.
 
+``output`` is what the command printed on stdout when it succeeded, whole
+(``runs --json`` prints the JSON object the server keeps), and the end of
+what it printed on both streams when it failed (the message to show).
 stdout carries only the answers: everything else the commands or Ray print is
-captured into ``output`` or sent to stderr.
+captured or sent to stderr.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import os
 import sys
 from typing import IO
 
-_OUTPUT_CHARS = 4000
+_MESSAGE_CHARS = 4000
 _COMMANDS = ("runs", "stop")
 
 
@@ -36,7 +39,7 @@ def serve(requests: IO[str]) -> int:
         if not line.strip():
             continue
         ok, output = _answer(line)
-        answers.write(json.dumps({"ok": ok, "output": output[-_OUTPUT_CHARS:]}) + "\n")
+        answers.write(json.dumps({"ok": ok, "output": output}) + "\n")
         answers.flush()
     return 0
 
@@ -50,13 +53,16 @@ def _answer(line: str) -> tuple[bool, str]:
         return False, f"nbtrain agent: a request must be a JSON list of arguments ({exc})."
     if not isinstance(argv, list) or not argv or argv[0] not in _COMMANDS:
         return False, f"nbtrain agent: cannot run {argv!r}; it answers {' and '.join(_COMMANDS)} only."
-    captured = io.StringIO()
-    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main([str(arg) for arg in argv])
         except SystemExit as exc:  # argparse's usage errors
             code = exc.code if isinstance(exc.code, int) else 2
         except Exception as exc:  # noqa: BLE001 - one failed command must not end the agent
-            print(f"nbtrain: {type(exc).__name__}: {exc}")
+            print(f"nbtrain: {type(exc).__name__}: {exc}", file=sys.stderr)
             code = 1
-    return code == 0, captured.getvalue().strip()
+    if code == 0:
+        return True, out.getvalue().strip()
+    said = "\n".join(filter(None, (err.getvalue().strip(), out.getvalue().strip())))
+    return False, said[-_MESSAGE_CHARS:]

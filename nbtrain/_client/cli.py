@@ -3,7 +3,7 @@
     nbtrain cluster start [--num-cpus N] [--num-gpus N]   start (or reuse) the loopback cluster
     nbtrain cluster stop                                  stop it (only it: never a bare `ray stop`)
     nbtrain cluster status                                is it running, at which address
-    nbtrain runs [--json] [--address ADDR]               runs on the cluster (refreshes the lab sidebar)
+    nbtrain runs [--json] [--address ADDR]               runs on the cluster (what the lab sidebar shows)
     nbtrain stop NAME [--address ADDR]                    stop a run
     nbtrain lab [NOTEBOOK]                                local cluster + JupyterLab on 127.0.0.1
     nbtrain agent                                         the above as JSON lines on stdin (for the lab server)
@@ -16,19 +16,25 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from nbtrain._client import local_cluster
+
+if TYPE_CHECKING:
+    from nbtrain._client.connection import Cluster
+    from nbtrain._registry import ClusterRecord, RunRecord
 
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _connect(address: str | None) -> None:
+def _connect(address: str | None) -> Cluster:
     import nbtrain
 
-    nbtrain.connect(address, progress=lambda _m: None)
+    return nbtrain.connect(address, progress=lambda _m: None)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
@@ -63,16 +69,35 @@ def _address_for(name: str | None, given: str | None) -> str | None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    import nbtrain
-
-    _connect(_address_for(None, args.address))
-    found = nbtrain.runs()
+    answer = cluster_answer(_connect(_address_for(None, args.address)))
     if args.json:
-        print(json.dumps(found, default=str))
+        print(json.dumps(answer, default=str))
         return 0
-    for info in found:
-        print(f"{info['name']:<32} {info['state']:<11} attempt {info.get('attempt')} step {info.get('step')}")
+    for run in answer["runs"]:
+        progress = run.get("progress") or {}
+        print(f"{run['name']:<32} {run['state']:<11} attempt {run.get('attempt')} step {progress.get('step')}")
     return 0
+
+
+def cluster_answer(cluster: Cluster) -> dict[str, Any]:
+    """What ``nbtrain runs --json`` prints, and the lab server serves: the cluster and every run on it,
+    as registry records (:mod:`nbtrain._registry`). It only reads: no file is written.
+
+    ``{"address": A, "cluster": ClusterRecord, "runs": [RunRecord, ...]}``. A run whose supervisor
+    does not answer (restarting) is left out: readers keep what they knew of it.
+    """
+    from nbtrain._client.launch import run_summaries
+    from nbtrain._registry import record_from_summary
+
+    alive = [node for node in cluster.nodes() if node["alive"]]
+    record: ClusterRecord = {
+        "address": cluster.address, "kind": cluster.kind, "nodes": len(alive),
+        "resources": {key: list(pair) for key, pair in cluster.resources().items() if key in ("CPU", "GPU")},
+        "updated": time.time(),
+    }
+    runs: list[RunRecord] = [record_from_summary(summary, cluster.address) for summary in run_summaries()
+                             if summary["state"] != "unknown"]
+    return {"address": cluster.address, "cluster": record, "runs": runs}
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -1,9 +1,9 @@
 """Connecting the notebook to a Ray cluster, always over Ray Client (``ray://``).
 
-Ray Client reports a dead address, a missing token and a wrong token all as
-``ConnectionError: ray client connection timeout`` after ~30 s. We tell them
-apart first, in milliseconds: is anything listening on the port (TCP), and does
-a Ray Client *ping* with our token come back ``UNAUTHENTICATED``?
+Which token, how it is sent (per connection, whatever was imported first) and
+the fast check that names a dead address or a refused token live in
+:mod:`nbtrain._client.auth`. Connecting records the cluster for the JupyterLab
+sidebar once (:func:`nbtrain._registry.record_connection`); reading it never writes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import dataclasses
 import os
 import platform
 import re
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -20,13 +19,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from nbtrain._client import local_cluster
+from nbtrain._client import auth, local_cluster
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
-from nbtrain._paths import nbtrain_home, write_json_atomic
+from nbtrain._registry import record_connection
 
 NAMESPACE = "nbtrain"
 DEFAULT_CLIENT_PORT = 10001
-PREFLIGHT_TIMEOUT_S = 3.0
 CONNECT_ATTEMPTS = 3
 Progress = Callable[[str], None]
 
@@ -68,7 +66,6 @@ class Cluster:
 
 
 _current: Cluster | None = None
-_recorded_at = float("-inf")  # monotonic time record_current() last wrote cluster.json
 
 
 def current() -> Cluster:
@@ -97,7 +94,9 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     Without one, ``$RAY_ADDRESS`` is used, else the embedded local cluster: a Ray
     head on 127.0.0.1 started in the background (and reused later), with token
     authentication on. ``token`` authenticates to a cluster running with
-    ``RAY_AUTH_MODE=token`` (else ``$RAY_AUTH_TOKEN`` / ``$RAY_AUTH_TOKEN_PATH``).
+    ``RAY_AUTH_MODE=token`` (else ``$RAY_AUTH_TOKEN`` / ``$RAY_AUTH_TOKEN_PATH`` /
+    ``~/.ray/auth_token``). The token goes with this connection only, so it works
+    whether or not ``ray`` was imported first, and changes no environment variable.
 
     Example::
 
@@ -115,24 +114,25 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
         info = local_cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, progress=say)
         address = info.address
         kind = "local"
-        token_value = Path(info.token_path).read_text().strip()
+        token_value: str | None = auth.read_token(info.token_path)
         local_temp_dir = info.temp_dir
     else:
         address = _normalise(address)
-        token_value = _resolve_token(token, address)
+        token_value = auth.resolve_token(token, address)
     if _current is not None and _current.address == address and _ray_connected():
         return _current
     disconnect()
     host, port = _host_port(address)
-    _preflight(address, host, port, token_value)
-    _configure_auth(token_value)
+    auth.preflight(address, host, port, token_value)
+    auth.check_kernel_ray(address)
     import ray
 
     say(f"Connecting to {address}…")
     began = time.monotonic()
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:
-            ray.init(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+            ray.init(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR",
+                     _metadata=auth.grpc_metadata(token_value))
             break
         except Exception as exc:  # noqa: BLE001 - Ray Client raises several types here
             error = _explain_connect_error(address, exc, local_temp_dir)
@@ -151,7 +151,10 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     _check_versions(versions)
     _current = Cluster(address=address, kind=kind, ray_version=versions["ray"], python_version=versions["python"])
     say(f"Connected to {address} in {time.monotonic() - began:.1f} s")
-    _record(_current)
+    try:
+        record_connection(address, kind)
+    except OSError as exc:  # the sidebar's cluster line is a convenience; connecting worked
+        say(f"(The JupyterLab sidebar will not show this cluster: {exc})")
     return _current
 
 
@@ -186,86 +189,6 @@ def _normalise(address: str) -> str:
 def _host_port(address: str) -> tuple[str, int]:
     parsed = urlparse(address)
     return parsed.hostname or "127.0.0.1", parsed.port or DEFAULT_CLIENT_PORT
-
-
-def _resolve_token(token: str | None, address: str) -> str | None:
-    if token:
-        return token
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"]
-    for candidate in (os.environ.get("RAY_AUTH_TOKEN_PATH"), Path.home() / ".ray" / "auth_token"):
-        if candidate and Path(candidate).is_file():
-            text = Path(candidate).read_text().strip()
-            if text:  # nbtrain's own client token file starts out empty
-                return text
-    local = local_cluster.status()
-    if local is not None and local.address == address:
-        return Path(local.token_path).read_text().strip()
-    return None
-
-
-def _preflight(address: str, host: str, port: int, token: str | None) -> None:
-    try:
-        socket.getaddrinfo(host, port)
-    except socket.gaierror:
-        msg = f"Cannot resolve the host in {address}. Check the spelling of the head node's name."
-        raise ConnectionFailedError(msg) from None
-    if not local_cluster.port_is_open(host, port, timeout=PREFLIGHT_TIMEOUT_S):
-        msg = (f"Nothing is listening at {address}. Check that the Ray head is running "
-               f"(`ray status` on the head), that {port} is its Ray Client port "
-               f"(`ray start --head --ray-client-server-port={port}`), and that a firewall or "
-               f"port-forward lets this machine reach {host}:{port}.")
-        raise ConnectionFailedError(msg)
-    import grpc
-    from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
-
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
-    channel = grpc.insecure_channel(f"{host}:{port}")
-    try:
-        stub = ray_client_pb2_grpc.RayletDriverStub(channel)
-        stub.ClusterInfo(ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING),
-                         timeout=PREFLIGHT_TIMEOUT_S * 2, metadata=metadata)
-    except grpc.RpcError as exc:
-        code = exc.code()
-        if code == grpc.StatusCode.UNAUTHENTICATED:
-            if token:
-                msg = (f"The cluster at {address} rejected the authentication token. Pass the cluster's "
-                       f"token: `nbtrain.connect(address, token=...)` or set RAY_AUTH_TOKEN "
-                       f"(on the head: `ray get-auth-token`).")
-            else:
-                msg = (f"The cluster at {address} requires a token (RAY_AUTH_MODE=token) and none was given. "
-                       f"Pass `token=` or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH "
-                       f"(on the head: `ray get-auth-token`).")
-            raise ConnectionFailedError(msg) from None
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
-            msg = (f"Something is listening at {address}, but it does not answer as a Ray Client server "
-                   f"({code.name}). Check the port: it must be the head's Ray Client port "
-                   f"(--ray-client-server-port, 10001 by default), not the GCS or dashboard port.")
-            raise ConnectionFailedError(msg) from None
-    finally:
-        channel.close()
-
-
-def _configure_auth(token: str | None) -> None:
-    """Hand Ray's client-side token loader the token for this address (or none)."""
-    from ray._raylet import AuthenticationTokenLoader, get_authentication_mode
-
-    from nbtrain._auth_env import client_token_file
-
-    if token is not None and int(get_authentication_mode()) == 0:
-        msg = ("This cluster needs a token, but Ray was imported before nbtrain with token "
-               "authentication off (Ray reads RAY_AUTH_MODE only at import). Restart the kernel and "
-               "import nbtrain before ray, or set RAY_AUTH_MODE=token in the kernel's environment.")
-        raise ConnectionFailedError(msg)
-    path = client_token_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token or "")
-    if os.environ.get("RAY_AUTH_TOKEN_PATH") != str(path):
-        os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
-    os.environ.pop("RAY_AUTH_TOKEN", None)
-    AuthenticationTokenLoader.instance().reset_cache()  # it caches the first token it read
 
 
 def _explain_connect_error(address: str, exc: Exception, local_temp_dir: str | None = None) -> Exception:
@@ -366,31 +289,3 @@ def check_versions(cluster: dict[str, str], local: dict[str, str]) -> None:
         msg = (f"nbtrain cannot be imported on the cluster's nodes ({cluster['nbtrain']}). Install it there "
                "(`pip install nbtrain` in the image/nodes) so workers can run the training loop.")
         raise ConnectionFailedError(msg)
-
-
-def record_current(min_interval_s: float = 5.0) -> None:
-    """Refresh the sidebar's view of the connected cluster, if connected and not done lately
-    (it costs two round trips to the cluster)."""
-    global _recorded_at
-    now = time.monotonic()
-    if _current is None or now - _recorded_at < min_interval_s or not _ray_connected():
-        return
-    _recorded_at = now
-    try:
-        _record(_current)
-    except OSError:
-        pass
-
-
-def _record(cluster: Cluster) -> None:
-    """Mirror the connection for the JupyterLab sidebar."""
-    try:
-        res = cluster.resources()
-        nodes = [n for n in cluster.nodes() if n["alive"]]
-    except Exception:  # noqa: BLE001 - the sidebar is a convenience, never a failure
-        return
-    write_json_atomic(nbtrain_home() / "cluster.json", {
-        "address": cluster.address, "kind": cluster.kind, "nodes": len(nodes),
-        "resources": {key: list(value) for key, value in res.items() if key in ("CPU", "GPU")},
-        "updated": time.time(),
-    })

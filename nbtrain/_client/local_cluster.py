@@ -9,7 +9,8 @@ so stopping it means signalling that one process group: we never run a bare
 ``ray stop``, which would hit every Ray cluster on the machine. Every socket is
 bound to 127.0.0.1 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` plus
 ``--node-ip-address``) and token authentication is on, so other local users
-cannot drive it.
+cannot drive it. Its state (``local.json``), token and start log live in
+:func:`nbtrain._paths.local_cluster_dir`; only starting the cluster creates them.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nbtrain._exceptions import ConnectionFailedError
-from nbtrain._paths import nbtrain_home, read_json, write_json_atomic
+from nbtrain._paths import local_cluster_dir, read_json, write_json_atomic
 from nbtrain._cluster.priority import lower_head_bookkeeping_priority
 
 LOOPBACK = "127.0.0.1"
@@ -79,20 +80,20 @@ class LocalClusterInfo:
         return f"{LOOPBACK}:{self.gcs_port}"
 
 
-def _state_dir() -> Path:
-    path = nbtrain_home() / "cluster"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def _state_file() -> Path:
-    return _state_dir() / "local.json"
+    return local_cluster_dir() / "local.json"
 
 
 def token_path() -> Path:
+    """Where the local cluster's token is (it exists once the cluster was started)."""
+    return local_cluster_dir() / "auth_token"
+
+
+def _ensure_token() -> Path:
     """The token file, created once with owner-only permissions."""
-    path = _state_dir() / "auth_token"
+    path = token_path()
     if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(secrets.token_hex(32))
@@ -100,11 +101,13 @@ def token_path() -> Path:
 
 
 def ray_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for any Ray process of the local cluster, and for clients of it."""
+    """Environment for the local cluster's Ray processes (and for a plain-Ray driver of it,
+    as in the benchmarks). nbtrain's own clients need none of it: they send the token per
+    connection (:mod:`nbtrain._client.auth`). Creates the token file if it is missing."""
     env = dict(os.environ if base is None else base)
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     env["RAY_AUTH_MODE"] = "token"
-    env["RAY_AUTH_TOKEN_PATH"] = str(token_path())
+    env["RAY_AUTH_TOKEN_PATH"] = str(_ensure_token())
     # On a busy laptop Ray's agents can take longer than the 30 s the raylet waits by default.
     env.setdefault("RAY_agent_register_timeout_ms", "180000")
     # Ray starts workers at nice 15, which costs DDP ~13 % on a busy laptop; training is the job here.
@@ -186,13 +189,15 @@ def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeo
     ]
     if num_gpus is not None:
         cmd.append(f"--num-gpus={num_gpus}")
-    log_path = _state_dir() / "ray-start.log"
+    local_cluster_dir().mkdir(parents=True, exist_ok=True)
+    log_path = local_cluster_dir() / "ray-start.log"
     say(f"Starting a local Ray cluster on {LOOPBACK} ({num_cpus} CPUs)…")
+    env = ray_env()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=ray_env(), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     info = LocalClusterInfo(pid=proc.pid, gcs_port=ports["port"],
-                            client_port=ports["ray-client-server-port"], token_path=str(token_path()),
+                            client_port=ports["ray-client-server-port"], token_path=env["RAY_AUTH_TOKEN_PATH"],
                             temp_dir=temp_dir, num_cpus=num_cpus, num_gpus=num_gpus or 0,
                             started=time.time())
     deadline = time.monotonic() + timeout

@@ -93,7 +93,7 @@ def _references(fn: Any) -> Iterator[tuple[str, Any]]:
         if call is not None and hasattr(fn, "__dict__"):
             yield from vars(fn).items()
         return
-    names = set(_code_names(code))
+    names = set(code_names(code))
     globals_ = getattr(func, "__globals__", {})
     for name in sorted(names):
         if name in globals_:
@@ -109,11 +109,12 @@ def _references(fn: Any) -> Iterator[tuple[str, Any]]:
     yield from (func.__kwdefaults__ or {}).items()
 
 
-def _code_names(code: types.CodeType) -> Iterator[str]:
+def code_names(code: types.CodeType) -> Iterator[str]:
+    """Every global name ``code`` (and the functions and classes defined in it) refers to."""
     yield from code.co_names
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            yield from _code_names(const)
+            yield from code_names(const)
 
 
 def find_unpicklable(fn: Any, _seen: set[int] | None = None) -> tuple[str, Any, str] | None:

@@ -71,8 +71,7 @@ class TrainingSession:
     """State of one rank during one attempt; created by the worker actor."""
 
     def __init__(self, context: TrainContext, supervisor: Any, flush_interval_s: float,
-                 storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
-                 resume_step: int = 0) -> None:
+                 storage: str | None, weights_only: bool, datasets: dict[str, Any] | None) -> None:
         self.context = context
         self.supervisor = supervisor
         self.flush_interval_s = flush_interval_s
@@ -81,11 +80,11 @@ class TrainingSession:
         self.datasets = datasets or {}
         self.buffer: list[tuple[int, float, dict[str, Any]]] = []
         self.logs: list[tuple[str, float, str]] = []
-        self.step = resume_step          # batches yielded by prepared loaders (or reports)
+        self.step = 0          # batches yielded by prepared loaders (or reports)
         self.epoch = 0
         self.uses_loader = False
         self.report_calls = 0
-        self.last_step = resume_step
+        self.last_step = 0
         self.samples = 0
         self.last_progress = time.time()
         self.seq = 0

@@ -7,19 +7,39 @@ everything recorded; the notebook's cursor then continues where it was.
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-from nbtrain._paths import nbtrain_home, read_json, write_json_atomic
+from nbtrain._exceptions import NbtrainError
+from nbtrain._paths import read_json, write_json_atomic
 
 KEEP_CHECKPOINTS = 2
 
 
-def default_storage_root() -> Path:
-    return nbtrain_home() / "storage"
+def checkpoint_path(directory: str | Path, attempt: int, step: int) -> Path:
+    """Where a checkpoint of ``attempt`` at ``step`` is written, in the supervisor's storage or ``storage=``."""
+    return Path(directory) / f"checkpoint-a{attempt}-s{step}.pt"
+
+
+def load_trusted(source: bytes | str, map_location: Any, weights_only: bool) -> Any:
+    """``torch.load`` of checkpoint bytes or a path, explaining the weights-only refusal in words."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(source) if isinstance(source, bytes) else source,
+                          map_location=map_location, weights_only=weights_only)
+    except pickle.UnpicklingError as exc:
+        if not weights_only:
+            raise
+        msg = ("The checkpoint holds objects other than tensors and plain containers, so it was not loaded "
+               "(weights_only=True protects against code in untrusted pickles). Save state_dicts instead, or, "
+               f"if you trust this checkpoint, load it with weights_only=False. Detail: {str(exc).splitlines()[0]}")
+        raise NbtrainError(msg) from None
 
 
 class RunStorage:
@@ -55,7 +75,7 @@ class RunStorage:
         return read_json(self.dir / "state.json")
 
     def write_checkpoint(self, meta: dict[str, Any], data: bytes) -> str:
-        path = self.dir / "checkpoints" / f"checkpoint-a{meta['attempt']}-s{meta['step']}.pt"
+        path = checkpoint_path(self.dir / "checkpoints", meta["attempt"], meta["step"])
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
@@ -64,11 +84,3 @@ class RunStorage:
             if old != path:
                 old.unlink(missing_ok=True)
         return str(path)
-
-    def close(self) -> None:
-        for handle in self._files.values():
-            handle.close()
-
-    def delete(self) -> None:
-        self.close()
-        shutil.rmtree(self.dir, ignore_errors=True)

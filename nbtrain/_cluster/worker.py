@@ -11,12 +11,11 @@ dies shows up on the supervisor as ``RayActorError`` instead.
 from __future__ import annotations
 
 import datetime
-import linecache
 import os
 import socket
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import ray
@@ -24,10 +23,13 @@ import ray
 from nbtrain._cluster.allocator import keep_freed_memory
 from nbtrain._cluster.session import TrainContext, TrainingSession, set_session
 
+if TYPE_CHECKING:
+    from nbtrain._cluster.worker_group import WorkerPayload
 
-def _free_port() -> int:
+
+def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
@@ -45,54 +47,46 @@ class TrainWorker:
     def where(self) -> dict[str, Any]:
         """Where this rank landed, for local ranks, the worker table and MASTER_ADDR."""
         ctx = ray.get_runtime_context()
+        node_ip = ray.util.get_node_ip_address()
         return {
-            "node_ip": ray.util.get_node_ip_address(),
+            "node_ip": node_ip,
             "node_id": ctx.get_node_id(),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "port": _free_port(),
+            "port": _free_port(node_ip),
             "malloc_tuned": self._malloc_tuned,
         }
 
-    def run(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def run(self, payload: WorkerPayload) -> dict[str, Any]:
         import torch
         import torch.distributed as dist
 
-        rank = payload["rank"]
-        visible = payload.get("cuda_visible_devices")
-        if visible is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = visible
-        threads = max(1, int(payload.get("cpus_per_worker") or 1))
-        torch.set_num_threads(threads)
-        if payload["gpu_index"] is not None:
-            device = torch.device("cuda", payload["gpu_index"])
+        rank = payload.rank
+        if payload.cuda_visible_devices is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = payload.cuda_visible_devices
+        torch.set_num_threads(max(1, int(payload.cpus_per_worker)))
+        device = torch.device(payload.device_name)
+        if device.type == "cuda":
             torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
         context = TrainContext(
-            rank=rank, world_size=payload["world_size"], local_rank=payload["local_rank"],
-            local_world_size=payload["local_world_size"], node_rank=payload["node_rank"],
-            device=device, attempt=payload["attempt"], config=dict(payload["config"]),
-            run_name=payload["run_name"],
+            rank=rank, world_size=payload.world_size, local_rank=payload.local_rank,
+            local_world_size=payload.local_world_size, node_rank=payload.node_rank,
+            device=device, attempt=payload.attempt, config=dict(payload.config), run_name=payload.run_name,
         )
-        session = TrainingSession(
-            context, payload["supervisor"], payload["flush_interval_s"], payload["storage"],
-            payload["weights_only"], payload.get("datasets"),
-        )
+        session = TrainingSession(context, payload.supervisor, payload.flush_interval_s, payload.storage,
+                                  payload.weights_only, payload.datasets)
         set_session(session)
         session.start()
         state = "finished"
         try:
             dist.init_process_group(
-                backend=payload["backend"], init_method=f"tcp://{payload['master_addr']}:{payload['master_port']}",
-                rank=rank, world_size=payload["world_size"],
-                timeout=datetime.timedelta(seconds=payload["collective_timeout_s"]),
+                backend=payload.backend, init_method=f"tcp://{payload.master_addr}:{payload.master_port}",
+                rank=rank, world_size=payload.world_size,
+                timeout=datetime.timedelta(seconds=payload.collective_timeout_s),
             )
-            fn = cloudpickle.loads(payload["fn_bytes"])
-            for filename, source in (payload.get("sources") or {}).items():
-                linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-            result = fn(context.config) if payload["fn_takes_config"] else fn()
+            fn = cloudpickle.loads(payload.fn_bytes)
+            result = fn(context.config) if payload.fn_takes_config else fn()
             return {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
             state = "failed"
@@ -108,7 +102,7 @@ class TrainWorker:
             if dist.is_initialized():
                 try:
                     dist.destroy_process_group()
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - the group may be broken by the failure
                     pass
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from nbtrain._cluster.session import TrainContext, current_session
+from nbtrain._cluster.storage import checkpoint_path, load_trusted
+from nbtrain._exceptions import NbtrainError
 
 
 def get_context() -> TrainContext:
@@ -152,12 +154,12 @@ def save_checkpoint(obj: Any) -> None:
     step = session.current_step()
     meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time()}
     if session.storage:
-        directory = os.path.join(session.storage, ctx.run_name, "checkpoints")
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"checkpoint-a{ctx.attempt}-s{step}.pt")
-        torch.save(obj, path + ".tmp")
-        os.replace(path + ".tmp", path)
-        ray.get(session.supervisor.record_checkpoint.remote(meta, None, path))
+        path = checkpoint_path(os.path.join(session.storage, ctx.run_name, "checkpoints"), ctx.attempt, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+        ray.get(session.supervisor.record_checkpoint.remote(meta, None, str(path)))
         return
     buffer = io.BytesIO()
     torch.save(obj, buffer)
@@ -185,15 +187,13 @@ def load_checkpoint() -> Any | None:
     ``checkpoint_weights_only=False``.
     """
     import ray
-    import torch
 
     session = current_session()
     found = ray.get(session.supervisor.latest_checkpoint.remote())
     if found is None:
         return None
     meta, data, path = found
-    source: Any = io.BytesIO(data) if data is not None else path
-    obj = torch.load(source, map_location=session.context.device, weights_only=session.weights_only)
+    obj = load_trusted(data if data is not None else path, session.context.device, session.weights_only)
     session.step = session.report_calls = session.last_step = int(meta.get("step", 0))
     return obj
 
@@ -212,6 +212,4 @@ def get_dataset_shard(name: str = "train") -> Any:
     except KeyError:
         known = ", ".join(sorted(session.datasets)) or "none"
         msg = f"No dataset named {name!r} was passed to launch(datasets=...); this run has: {known}."
-        from nbtrain._exceptions import NbtrainError
-
         raise NbtrainError(msg) from None

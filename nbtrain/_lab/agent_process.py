@@ -1,4 +1,4 @@
-"""The Jupyter server's side of ``nbtrain agent`` (see :mod:`nbtrain._agent`).
+"""The Jupyter server's side of ``nbtrain agent`` (see :mod:`nbtrain._client.agent`).
 
 One child process, started on first use and again after it dies; commands
 go to it one at a time (an ``asyncio.Lock``), so the IOLoop never blocks and
@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 _STDERR_LINES = 20
+_ANSWER_BYTES = 64 << 20  # one answer is one line: ``runs --json`` of a cluster with thousands of runs fits
 
 
 class AgentProcess:
@@ -23,7 +24,6 @@ class AgentProcess:
         self.command = command
         self.env = env
         self.cwd = cwd
-        self.address: str | None = None  # the cluster its last successful command talked to
         self.last_used = time.monotonic()
         self._proc: asyncio.subprocess.Process | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=_STDERR_LINES)
@@ -52,6 +52,9 @@ class AgentProcess:
                 return False, f"nbtrain {' '.join(argv)} did not finish within {timeout:.0f} s"
             except (BrokenPipeError, ConnectionResetError):
                 line = b""
+            except ValueError:  # longer than _ANSWER_BYTES
+                await self.close()
+                return False, f"the nbtrain agent's answer to {argv[0]} was longer than {_ANSWER_BYTES} bytes"
             except asyncio.CancelledError:
                 await self.close()  # the server is shutting down: leave no orphan behind
                 raise
@@ -65,17 +68,10 @@ class AgentProcess:
             except json.JSONDecodeError:
                 await self.close()
                 return False, f"the nbtrain agent answered something unexpected: {line[:200]!r}"
-            ok = bool(reply.get("ok"))
-            address = _address_of(argv)
-            if ok and address:
-                self.address = address
-            elif not ok:
-                self.address = None  # not known to be connected: the next refresh checks
-            return ok, str(reply.get("output", ""))
+            return bool(reply.get("ok")), str(reply.get("output", ""))
 
     async def close(self) -> None:
         proc, self._proc = self._proc, None
-        self.address = None
         if proc is None:
             return
         if proc.returncode is None:
@@ -98,6 +94,7 @@ class AgentProcess:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            limit=_ANSWER_BYTES,
         )
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(self._proc))
         return self._proc
@@ -108,8 +105,3 @@ class AgentProcess:
         while line := await proc.stderr.readline():
             self._stderr.append(line.decode(errors="replace").rstrip())
 
-
-def _address_of(argv: list[str]) -> str | None:
-    if "--address" in argv[:-1]:
-        return argv[argv.index("--address") + 1]
-    return None

@@ -10,15 +10,16 @@
 
 Every handler is an ``APIHandler`` behind ``@tornado.web.authenticated``:
 without the Jupyter token (or login cookie) every route answers 403.
-Run dicts are the registry files as written by the kernels, plus ``stale``
-and ``stop`` (see ``_commands.CommandRunner.annotate``).
+A run is a registry record (:class:`nbtrain._registry.RunRecord`) with the
+agent's newest word on it (:mod:`.run_list`), plus ``terminal`` (whether its
+state is final: the browser keeps no list of states), ``stale`` and ``stop``
+(see :class:`.commands.CommandRunner`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -26,73 +27,56 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from nbtrain._lab.commands import CommandRunner, NbtrainServer
-from nbtrain._lab._registry_reader import is_terminal, mark_stale, read_cluster, read_run, read_runs
+from nbtrain._lab.commands import CommandRunner
 
 _NAME = r"(?P<name>[^/]+)"
 
 
 class _BaseHandler(APIHandler):
     @property
-    def home(self) -> Path:
-        return self.settings["nbtrain_home"]
-
-    @property
     def commands(self) -> CommandRunner:
         return self.settings["nbtrain_commands"]
 
-    @property
-    def nbtrain_settings(self) -> NbtrainServer:
-        return self.settings["nbtrain_settings"]
-
-    def present(self, run: dict[str, Any], now: float) -> dict[str, Any]:
-        mark_stale(run, self.nbtrain_settings.stale_after, now)
-        return self.commands.annotate(run)
-
     def find_run(self, name: str) -> dict[str, Any]:
-        run = read_run(self.home, unquote(name))
+        run = self.commands.run(unquote(name))
         if run is None:
-            raise tornado.web.HTTPError(404, f"No run named {unquote(name)!r} in {self.home / 'runs'}.")
+            raise tornado.web.HTTPError(404, f"No run named {unquote(name)!r} in {self.commands.home / 'runs'} "
+                                             "or on the clusters of its runs.")
         return run
 
 
 class RunsHandler(_BaseHandler):
     @tornado.web.authenticated
     def get(self) -> None:
-        now = time.time()
-        runs = read_runs(self.home)
+        runs = self.commands.runs()
         self.commands.watched(runs)
-        runs = [self.present(run, now) for run in runs]
-        self.finish(json.dumps({"runs": runs, "now": now}))
+        self.finish(json.dumps({"runs": runs, "now": time.time()}))
 
 
 class RunHandler(_BaseHandler):
     @tornado.web.authenticated
     def get(self, name: str) -> None:
-        self.finish(json.dumps(self.present(self.find_run(name), time.time())))
+        self.finish(json.dumps(self.find_run(name)))
 
 
 class StopRunHandler(_BaseHandler):
     @tornado.web.authenticated
     def post(self, name: str) -> None:
         run = self.find_run(name)
-        if is_terminal(run):
+        if run["terminal"]:
             raise tornado.web.HTTPError(409, f"Run {run['name']!r} already ended ({run['state']}); nothing to stop.")
-        self.commands.request_stop(run)
         self.set_status(202)
-        self.finish(json.dumps(self.present(run, time.time())))
+        self.finish(json.dumps(self.commands.request_stop(run)))
 
 
 class ClusterHandler(_BaseHandler):
     @tornado.web.authenticated
     def get(self) -> None:
-        self.finish(json.dumps({"cluster": read_cluster(self.home)}))
+        self.finish(json.dumps({"cluster": self.commands.cluster()}))
 
 
-def setup_handlers(web_app: tornado.web.Application, commands: CommandRunner, settings: NbtrainServer) -> None:
-    web_app.settings["nbtrain_home"] = commands.home
+def setup_handlers(web_app: tornado.web.Application, commands: CommandRunner) -> None:
     web_app.settings["nbtrain_commands"] = commands
-    web_app.settings["nbtrain_settings"] = settings
     api = url_path_join(web_app.settings["base_url"], "nbtrain", "api")
     web_app.add_handlers(
         ".*$",

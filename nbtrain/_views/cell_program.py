@@ -10,26 +10,20 @@ On the worker the body runs with ``config``, ``rank``, ``world_size`` and
 from __future__ import annotations
 
 import builtins
-import types
-from collections.abc import Iterator
+import linecache
 from typing import Any
+
+from nbtrain._client.serialization import code_names
 
 CELL_FILENAME = "<%%ray_train cell>"
 INJECTED = ("config", "rank", "world_size", "local_rank", "device", "nbtrain")
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 
 
-def _names(code: types.CodeType) -> Iterator[str]:
-    yield from code.co_names
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _names(const)
-
-
 def referenced_names(source: str, namespace: dict[str, Any]) -> dict[str, Any]:
     """The notebook values ``source`` refers to (modules included; they pickle by name)."""
     code = compile(source, CELL_FILENAME, "exec")
-    wanted = set(_names(code))
+    wanted = set(code_names(code))
     return {name: namespace[name] for name in sorted(wanted)
             if name in namespace and name not in INJECTED and name not in _IPYTHON_NAMES
             and not name.startswith("_") and not hasattr(builtins, name)}
@@ -46,6 +40,8 @@ class CellProgram:
     def __call__(self, config: dict[str, Any]) -> Any:
         import nbtrain
 
+        # tracebacks on the worker show the cell's lines
+        linecache.cache[CELL_FILENAME] = (len(self.source), None, self.source.splitlines(True), CELL_FILENAME)
         ctx = nbtrain.get_context()
         scope: dict[str, Any] = {
             "__name__": "__ray_train_cell__", "__builtins__": builtins, **self.captured,

@@ -40,11 +40,10 @@ def in_notebook() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
-def show_dashboard(run: Any, *, follow: str = "background", display_now: bool = True) -> Any:
-    """Show ``run`` live. ``follow``: "background" (a thread redraws), "none" (caller drives)."""
+def show_dashboard(run: Any, *, follow: str = "background") -> Any:
+    """Show ``run`` live. ``follow``: "background" (a thread redraws), "none" (the caller calls ``update``)."""
     view: Any = WidgetDashboard(run) if in_notebook() else TextProgress(run)
-    if display_now:
-        view.display()
+    view.display()
     if follow == "background":
         view.follow_in_background()
     return view
@@ -96,11 +95,6 @@ class _Follower:
         if not done:
             time.sleep(max(0.0, REDRAW_INTERVAL_S - (time.monotonic() - began)))
         return done
-
-    def follow(self) -> RunState:
-        while not self._tick():
-            pass
-        return RunState(self.run.cached_summary["state"])
 
     def follow_in_background(self) -> threading.Thread:
         self.thread = threading.Thread(target=self._follow_quietly, name=f"nbtrain-dashboard-{self.run.name}",

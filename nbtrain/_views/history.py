@@ -66,6 +66,3 @@ class MetricHistory:
         sums = np.bincount(inverse, weights=values)
         counts = np.bincount(inverse)
         return unique, sums / counts
-
-    def points(self) -> int:
-        return sum(len(xs) for ranks in self._series.values() for xs, _ in ranks.values())

@@ -14,11 +14,14 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from nbtrain import _options
 from nbtrain._client import connection
 from nbtrain._exceptions import NbtrainError
+from nbtrain._options import RunOptions
 
 _LOG_SCALE_NAMES = re.compile(r"(^|_)(lr|learning_rate|weight_decay|wd|eps|epsilon)($|_)", re.IGNORECASE)
 INVALID_CLASS = "nbtrain-invalid"
+_FORM_OPTIONS = {field.name for field in _options.panel_fields()} | {"config", "wait"}
 
 
 def _is_log_scale(name: str, value: float) -> bool:
@@ -60,34 +63,41 @@ class LaunchPanel:
         panel.run        # the last Run launched from the panel
     """
 
-    def __init__(self, train_fn: Callable[..., Any], config: dict[str, Any] | None = None, *,
-                 name: str | None = None, workers: int = 2, cpus_per_worker: float = 1,
+    def __init__(self, train_fn: Callable[..., Any], config: dict[str, Any] | None = None,
                  **launch_options: Any) -> None:
         import ipywidgets as w
 
+        unknown = sorted(set(launch_options) - {f.name for f in _options.fields()} - {"config"})
+        if unknown:
+            msg = (f"LaunchPanel got unknown launch option(s) {', '.join(unknown)}; it takes the options of "
+                   f"nbtrain.launch(): {', '.join(f.name for f in _options.fields())}.")
+            raise NbtrainError(msg)
         self.train_fn = train_fn
         self.defaults = dict(config or {})
-        self.launch_options = launch_options
+        self.launch_options = {key: value for key, value in launch_options.items() if key not in _FORM_OPTIONS}
         self.run: Any = None
         self.runs: list[Any] = []
         cluster = connection.current()
         resources = cluster.resources()
         self.total_cpus = resources.get("CPU", (0.0, 0.0))[1]
         self.total_gpus = resources.get("GPU", (0.0, 0.0))[1]
-        style = {"description_width": "initial"}
-        max_workers = max(1, int(self.total_cpus // max(cpus_per_worker, 1e-9)))
-        self.workers = w.IntSlider(value=min(workers, max_workers), min=1, max=max_workers,
-                                   description="workers", style=style)
-        self.cpus = w.BoundedFloatText(value=cpus_per_worker, min=0.1, max=max(self.total_cpus, 0.1), step=0.5,
-                                       description="CPUs per worker", style=style)
-        self.gpus = w.BoundedFloatText(value=0.0, min=0.0, max=max(self.total_gpus, 0.0), step=1.0,
-                                       description="GPUs per worker", style=style)
+        start = {field.name: launch_options.get(field.name, field.default) for field in _options.panel_fields()}
+        label = {field.name: {"description": _options.info(field).label, "style": {"description_width": "initial"},
+                              "description_tooltip": _options.info(field).help}
+                 for field in _options.panel_fields()}
+        max_workers = max(1, int(self.total_cpus // max(start["cpus_per_worker"], 1e-9)))
+        self.workers = w.IntSlider(value=min(start["workers"], max_workers), min=1, max=max_workers, **label["workers"])
+        self.cpus = w.BoundedFloatText(value=start["cpus_per_worker"], min=0.1, max=max(self.total_cpus, 0.1),
+                                       step=0.5, **label["cpus_per_worker"])
+        self.gpus = w.BoundedFloatText(value=start["gpus_per_worker"], min=0.0, max=max(self.total_gpus, 0.0),
+                                       step=1.0, **label["gpus_per_worker"])
         if self.total_gpus == 0:
             self.gpus.disabled = True
             self.gpus.description_tooltip = self.gpus.tooltip = "This cluster has no GPUs."
-        self.name = w.Text(value=name or "", placeholder="run-<time> if empty", description="run name", style=style)
-        self.max_failures = w.BoundedIntText(value=0, min=0, max=100, description="max failures", style=style)
-        self.mode = w.ToggleButtons(options=["background", "blocking"], value="background",
+        self.name = w.Text(value=start["name"] or "", placeholder="run-<time> if empty", **label["name"])
+        self.max_failures = w.BoundedIntText(value=start["max_failures"], min=0, max=100, **label["max_failures"])
+        self.mode = w.ToggleButtons(options=["background", "blocking"],
+                                    value="blocking" if launch_options.get("wait") else "background",
                                     tooltips=["return at once; the dashboard keeps updating",
                                               "wait here until the run ends"])
         self.config_controls = {key: config_control(key, value) for key, value in self.defaults.items()}
@@ -162,20 +172,28 @@ class LaunchPanel:
         if problems:
             msg = "The launch form has invalid values: " + "; ".join(problems)
             raise NbtrainError(msg)
-        import nbtrain
+        from nbtrain._client.following import block_until_done
+        from nbtrain._client.launch import start
 
-        run = nbtrain.launch(
-            self.train_fn, config=self.values(), workers=self.workers.value, cpus_per_worker=self.cpus.value,
-            gpus_per_worker=self.gpus.value, name=self.name.value.strip() or None,
-            max_failures=self.max_failures.value, **self.launch_options)
+        options = RunOptions(**self.launch_options, **self.form_options())
+        run = start(self.train_fn, options)
         self.run = run
         self.runs.append(run)
         self.stop_button.disabled = False
         with self.output:
-            view = run.dashboard(follow="none" if self.mode.value == "blocking" else "background")
+            view = run.dashboard(follow="background")
         if self.mode.value == "blocking":
-            view.follow()
+            block_until_done(run, launched=True, view_thread=view.thread)
         return run
+
+    def form_options(self) -> dict[str, Any]:
+        """The launch options the form sets, as ``launch()`` keyword arguments."""
+        form = {"config": self.values(), "workers": self.workers.value, "cpus_per_worker": float(self.cpus.value),
+                "gpus_per_worker": float(self.gpus.value), "name": self.name.value.strip() or None,
+                "max_failures": self.max_failures.value,
+                "wait": False}  # a blocking launch waits here, with the dashboard drawing, not inside start()
+        assert set(form) == _FORM_OPTIONS, "the panel's fields and the declared panel options differ"
+        return form
 
     def _on_launch(self) -> None:
         if self.active_run() is not None:

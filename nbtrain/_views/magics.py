@@ -7,7 +7,7 @@ IPython prints as one line instead of a traceback.
 
 from __future__ import annotations
 
-import ast
+import dataclasses
 import difflib
 import shlex
 from typing import Any
@@ -18,24 +18,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from nbtrain._client import connection
 from nbtrain._views.cell_program import CELL_FILENAME, CellProgram, referenced_names
-from nbtrain._exceptions import NbtrainError, RunFailedError
+from nbtrain._exceptions import NbtrainError
+from nbtrain._views.magic_flags import options_from_args, run_option_flags
 from nbtrain._client.serialization import check_values
-
-
-def parse_config(pairs: list[str]) -> dict[str, Any]:
-    """``["lr=0.01", "epochs=5", "opt=adam"]`` → ``{"lr": 0.01, "epochs": 5, "opt": "adam"}``."""
-    config: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.isidentifier():
-            msg = (f"--config expects key=value pairs like `--config lr=0.01 epochs=5`, got {pair!r}. "
-                   f"Keys must be Python identifiers.")
-            raise UsageError(msg)
-        try:
-            config[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            config[key] = raw
-    return config
 
 
 class _RunFailedInCell(Exception):
@@ -79,7 +64,7 @@ class NbtrainMagics(Magics):
             return None
         try:
             cluster = connection.connect(args.address, token=args.token, num_cpus=args.num_cpus,
-                                          num_gpus=args.num_gpus, progress=_Progress().say)
+                                          num_gpus=args.num_gpus, progress=_print_now)
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
         print(f"Connected: {cluster.describe()}")
@@ -87,23 +72,8 @@ class NbtrainMagics(Magics):
 
     # ------------------------------------------------------------------ %%ray_train
     @magic_arguments()
-    @argument("--workers", "-w", type=int, default=2, help="number of DDP workers (ranks), default 2")
-    @argument("--cpus-per-worker", type=float, default=1, help="CPUs reserved per worker, default 1")
-    @argument("--gpus-per-worker", type=float, default=0, help="GPUs per worker (nccl backend when > 0), default 0")
-    @argument("--config", "-c", nargs="+", default=[], metavar="KEY=VALUE",
-              help="values for the `config` dict, e.g. --config lr=0.01 epochs=5")
-    @argument("--name", "-n", default=None, help="run name (unique on the cluster); default run-<time>")
-    @argument("--max-failures", type=int, default=0, help="restarts allowed after a worker fails, default 0")
-    @argument("--bg", action="store_true", help="return at once; the run and its dashboard keep going")
     @argument("--out", "-o", default=None, metavar="VAR", help="store the Run in this notebook variable")
-    @argument("--total-steps", type=int, default=None, help="expected steps, for the progress bar and ETA")
-    @argument("--collective-timeout", type=float, default=300.0, help="seconds before a stuck collective fails")
-    @argument("--stall-timeout", type=float, default=300.0, help="seconds without progress before a rank is stalled")
-    @argument("--on-stall", choices=("warn", "fail", "restart"), default="warn", help="what a stall does")
-    @argument("--stop-on-nan", action="store_true", help="fail the run when a reported metric is NaN")
-    @argument("--storage", default=None, help="shared directory for checkpoints on multi-node clusters")
-    @argument("--resume", action="store_true",
-              help="continue the ended run named by --name from its latest checkpoint")
+    @run_option_flags
     @cell_magic
     def ray_train(self, line: str, cell: str) -> Any:
         """Run this cell's body on every DDP worker; the output becomes the run's live dashboard.
@@ -111,6 +81,7 @@ class NbtrainMagics(Magics):
         Inside the cell: ``config``, ``rank``, ``world_size``, ``device`` and the
         ``nbtrain`` worker API; notebook names the cell uses are sent along.
         Blocks until the run ends (interrupt ■ stops it) unless ``--bg``.
+        Every option of ``nbtrain.launch()`` is a flag (listed below).
 
         Example::
 
@@ -121,7 +92,8 @@ class NbtrainMagics(Magics):
                ...:         ...
                ...:         nbtrain.report(loss=loss.item())
         """
-        import nbtrain
+        from nbtrain._client.following import block_until_done
+        from nbtrain._client.launch import start
 
         args = self._parse(self.ray_train, line)
         if args is None:
@@ -129,13 +101,10 @@ class NbtrainMagics(Magics):
         if not cell.strip():
             msg = "The %%ray_train cell is empty: put the per-worker training code below the magic line."
             raise UsageError(msg)
-        if args.workers < 1:
-            raise UsageError(f"--workers must be at least 1, got {args.workers}.")
         if args.out is not None and not args.out.isidentifier():
             raise UsageError(f"--out needs a Python variable name, got {args.out!r}.")
         if args.resume and not args.name:
             raise UsageError("--resume continues an existing run: name it with --name NAME.")
-        config = parse_config(args.config)
         source = self.shell.transform_cell(cell)
         try:
             captured = referenced_names(source, self.shell.user_ns)
@@ -143,41 +112,23 @@ class NbtrainMagics(Magics):
             msg = f"The %%ray_train cell has a syntax error on line {exc.lineno}: {exc.msg}."
             raise UsageError(msg) from None
         try:
+            options = options_from_args(args, self.shell.user_ns)
             connection.current()
             check_values(captured)
-            run = nbtrain.launch(
-                CellProgram(source, captured), config=config, workers=args.workers,
-                cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker, name=args.name,
-                max_failures=args.max_failures, total_steps=args.total_steps,
-                collective_timeout_s=args.collective_timeout, stall_timeout_s=args.stall_timeout,
-                on_stall=args.on_stall, stop_on_nan=args.stop_on_nan, storage=args.storage,
-                sources={CELL_FILENAME: source}, resume=args.resume,
-            )
+            run = start(CellProgram(source, captured), dataclasses.replace(options, wait=False))
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
         self.last_run = run
         if args.out:
             self.shell.user_ns[args.out] = run
-        if args.bg:
+        if not options.wait:
             run.dashboard()
             return None
-        return self._follow_blocking(run)
-
-    def _follow_blocking(self, run: Any) -> None:
-        """Block the cell until the run ends; the view is drawn from its own thread (the
-        path widget updates are known to reach the browser while a cell runs)."""
-        from nbtrain._views.dashboard import show_dashboard
-
-        view = show_dashboard(run, follow="background")
-        thread = view.thread
+        view = run.dashboard(follow="background")
         try:
-            while thread.is_alive():
-                thread.join(0.2)
+            block_until_done(run, launched=True, view_thread=view.thread)
         except KeyboardInterrupt:
-            run.stop()
-            thread.join(10)
-            print(f"Interrupted: run {run.name!r} was stopped; its workers are gone and their resources freed.")
-            return None
+            return None  # the helper stopped the run and said so
         if run.cached_summary.get("state") == "failed":
             raise _RunFailedInCell(f"RunFailedError: run {run.name!r} failed.\n{run.cached_summary.get('error')}")
         return None
@@ -303,15 +254,11 @@ def _with_suggestion(message: str, magic: Any, line: str) -> str:
     return f"{prefix}{name}: {message}{fix}. See `{prefix}{name} --help` for every option."
 
 
-class _Progress:
-    """Prints connection progress on one line in a notebook."""
-
-    def say(self, message: str) -> None:
-        print(message, flush=True)
+def _print_now(message: str) -> None:
+    print(message, flush=True)
 
 
 def register(ipython: Any) -> None:
     ipython.register_magics(NbtrainMagics)
 
 
-__all__ = ["NbtrainMagics", "RunFailedError", "parse_config", "register"]

@@ -1,0 +1,58 @@
+"""The one way nbtrain blocks until a run ends: ``launch(wait=True)``, the magic, the panel, ``Run.wait``.
+
+The kernel's interrupt (Ctrl-C, the ■ button) raises ``KeyboardInterrupt`` in
+the blocked call. What it means depends on who started the run: a call that
+*launched* the run stops it (the user asked for a blocking run and then asked
+it to end); a call that only *follows* a run (``run.wait()``, an attached run,
+someone else's) stops waiting and leaves the run going. Either way the user is
+told which, and the interrupt goes on up so Run All stops.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from nbtrain._states import RunState
+
+LONG_POLL_S = 1.0
+
+
+def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
+                     view_thread: threading.Thread | None = None) -> RunState:
+    """Wait for ``run`` to end and return its state.
+
+    ``view_thread`` is a dashboard's follower thread: the view then does the
+    polling (and redraws) and this call only waits for it, so widget updates
+    keep reaching the browser while the cell runs. ``TimeoutError`` if
+    ``timeout`` passes first; the run keeps going then.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            if view_thread is not None:
+                view_thread.join(0.2)
+                if not view_thread.is_alive():
+                    run.refresh()
+            else:
+                left = LONG_POLL_S if deadline is None else max(0.0, min(LONG_POLL_S, deadline - time.monotonic()))
+                run.refresh(wait_s=left)
+            state = RunState(run.cached_summary["state"])
+            if state.is_terminal:
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                msg = (f"Run {run.name!r} is still {state.value} after {timeout:g} s; it keeps going. "
+                       f"Call run.wait() again, or run.stop().")
+                raise TimeoutError(msg)
+    except KeyboardInterrupt:
+        if launched:
+            state = run.stop()
+            if view_thread is not None:
+                view_thread.join(10)
+            print(f"Interrupted: run {run.name!r} was stopped ({state.value}); "
+                  f"its workers are gone and their resources freed.", flush=True)
+        else:
+            print(f"Stopped waiting; run {run.name!r} keeps going. Stop it with run.stop() "
+                  f"or %ray_stop {run.name}.", flush=True)
+        raise

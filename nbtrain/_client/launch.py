@@ -1,0 +1,230 @@
+"""``launch()``, ``attach()`` and ``runs()``: where every face of nbtrain starts or finds a run.
+
+The magic, the launch panel and the lab sidebar all come here. ``launch()``
+turns its keyword arguments into one :class:`~nbtrain._options.RunOptions`
+(validated there), pickles the function, and starts the run's supervisor as a
+detached actor; the returned :class:`~nbtrain._client.run.Run` only reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from nbtrain import _options, _registry
+from nbtrain._client import connection
+from nbtrain._client.following import block_until_done
+from nbtrain._client.run import POLL_TIMEOUT_S, Run, find_supervisor, run_names
+from nbtrain._client.serialization import dumps_checked
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._exceptions import NbtrainError, ResourcesUnavailableError, RunExistsError, RunNotFoundError
+from nbtrain._options import RunOptions
+
+
+def launch(
+    train_fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    config: dict[str, Any] | None = None,
+    workers: int = 2,
+    cpus_per_worker: float = 1.0,
+    gpus_per_worker: float = 0.0,
+    max_failures: int = 0,
+    wait: bool = False,
+    resume: bool = False,
+    total_steps: int | None = None,
+    total_epochs: int | None = None,
+    datasets: dict[str, Any] | None = None,
+    storage: str | None = None,
+    checkpoint_weights_only: bool = True,
+    backend: str | None = None,
+    placement_strategy: str = "PACK",
+    placement_timeout_s: float = 60.0,
+    collective_timeout_s: float = 300.0,
+    stall_timeout_s: float = 300.0,
+    on_stall: str = "warn",
+    stop_on_nan: bool = False,
+    flush_interval_s: float = 0.25,
+    env: dict[str, str] | None = None,
+) -> Run:
+    """Start ``train_fn`` on ``workers`` DDP ranks on the connected cluster.
+
+    ``train_fn`` takes the ``config`` dict or nothing. It may be defined in the
+    notebook and use notebook classes and variables; they are pickled and sent.
+    The run is owned by the cluster: it keeps going if the notebook goes away.
+    With ``wait=True`` the call blocks until the run ends; Ctrl-C (the kernel's
+    interrupt) then stops the run and says so.
+
+    Example::
+
+        def train(config):
+            model = nbtrain.prepare_model(Net())
+            for step in range(config["steps"]):
+                ...
+                nbtrain.report(loss=loss.item())
+
+        run = nbtrain.launch(train, config={"steps": 100}, workers=2)
+        run.wait()
+    """
+    arguments = {key: value for key, value in locals().items() if key != "train_fn"}
+    return start(train_fn, RunOptions(**arguments))
+
+
+launch.__doc__ = (launch.__doc__ or "") + _options.describe()
+
+
+def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
+    """``launch()`` once its options are one validated value (the magic and the panel call this too)."""
+    import ray
+
+    from nbtrain._cluster.supervisor import RunSupervisor, supervisor_options
+
+    cluster = connection.current()
+    takes_config = _check_signature(train_fn)
+    name = options.name or _default_name()
+    config = dict(options.config or {})
+    datasets = options.datasets
+    options = dataclasses.replace(options, name=name, config=config, env=dict(options.env or {}), datasets=None,
+                               total_epochs=options.total_epochs or _guess_epochs(config))
+    check_resources(options.workers, options.cpus_per_worker, options.gpus_per_worker)
+    existing = find_supervisor(name)
+    if existing is not None and not options.resume:
+        msg = (f"A run named {name!r} already exists on {cluster.address}. Pick another name, "
+               f"continue it from its latest checkpoint with resume=True (%%ray_train --resume), "
+               f"attach to it with nbtrain.attach({name!r}), or delete it with nbtrain.attach({name!r}).delete().")
+        raise RunExistsError(msg)
+    if existing is None and options.resume:
+        msg = f"resume=True needs an existing run named {name!r}, and there is none on {cluster.address}."
+        raise RunNotFoundError(msg)
+    owner = _owner()
+    spec = RunSpec(options=options, fn_bytes=dumps_checked(train_fn), fn_takes_config=takes_config, owner=owner)
+    if existing is not None:
+        state = ray.get(existing.resume.remote(cloudpickle.dumps(spec), datasets), timeout=POLL_TIMEOUT_S)
+        if state != "resumed":
+            msg = f"Run {name!r} is still {state}; only an ended run can be resumed. Attach to it instead."
+            raise RunExistsError(msg)
+        handle = existing
+    else:
+        # datasets as an argument, not inside the pickled spec: Ray Client maps their object refs
+        handle = ray.remote(RunSupervisor).options(**supervisor_options(name)).remote(cloudpickle.dumps(spec), datasets)
+    _registry.record_launch(name, cluster.address, notebook=owner["notebook"], workers=options.workers,
+                            total_steps=options.total_steps)
+    run = Run(name, handle, cluster.address)
+    if options.wait:
+        block_until_done(run, launched=True)
+        run.raise_if_failed()
+    return run
+
+
+def check_resources(workers: int, cpus_per_worker: float, gpus_per_worker: float) -> None:
+    """Refuse at once a request the cluster can never hold, listing what it has."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    total_cpu = sum(n["Resources"].get("CPU", 0) for n in nodes)
+    total_gpu = sum(n["Resources"].get("GPU", 0) for n in nodes)
+    per_node = [(n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes]
+    fits_per_node = sum(min(math.floor(c / cpus_per_worker + 1e-9),
+                            math.floor(g / gpus_per_worker + 1e-9) if gpus_per_worker else 1 << 30)
+                        for c, g in per_node)
+    if fits_per_node >= workers:
+        return
+    picture = "; ".join(f"node {n['NodeManagerAddress']}: {c:g} CPU, {g:g} GPU"
+                        for n, (c, g) in zip(nodes, per_node))
+    want = f"{workers} workers × ({cpus_per_worker:g} CPU, {gpus_per_worker:g} GPU)"
+    need = f"{workers * cpus_per_worker:g} CPU and {workers * gpus_per_worker:g} GPU"
+    if gpus_per_worker and total_gpu == 0:
+        hint = "--gpus-per-worker 0 (this cluster has no GPUs)"
+    elif gpus_per_worker:
+        hint = f"at most {int(total_gpu // gpus_per_worker)} workers with {gpus_per_worker:g} GPU each"
+    else:
+        hint = f"at most {fits_per_node} workers with {cpus_per_worker:g} CPU each, or fewer CPUs per worker"
+    msg = (f"The cluster cannot hold {want} = {need}: it has {total_cpu:g} CPU and {total_gpu:g} GPU in all "
+           f"({picture}), room for {fits_per_node} such worker(s). Ask for {hint}, or add nodes.")
+    raise ResourcesUnavailableError(msg)
+
+
+def _check_signature(train_fn: Callable[..., Any]) -> bool:
+    """Whether ``train_fn`` takes the config; refuses a function that needs more than one argument."""
+    if not callable(train_fn):
+        msg = f"train_fn must be a function, got {type(train_fn).__name__}."
+        raise NbtrainError(msg)
+    try:
+        signature = inspect.signature(train_fn)
+    except (TypeError, ValueError):
+        return True
+    required = [p for p in signature.parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p for p in signature.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if len(required) > 1:
+        names = ", ".join(p.name for p in required)
+        msg = (f"train_fn must take one argument (the config dict) or none, but "
+               f"{getattr(train_fn, '__name__', 'it')}({names}) needs {len(required)}. "
+               f"Read extra values from config instead: def train(config): ...")
+        raise NbtrainError(msg)
+    return bool(positional)
+
+
+def _guess_epochs(config: dict[str, Any]) -> int | None:
+    value = config.get("epochs")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _default_name() -> str:
+    return time.strftime("run-%Y%m%d-%H%M%S-") + os.urandom(2).hex()
+
+
+def _owner() -> dict[str, Any]:
+    return {"notebook": os.environ.get("JPY_SESSION_NAME"), "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def attach(name: str) -> Run:
+    """A :class:`Run` for a run started elsewhere (another kernel, before a restart), with its whole history.
+
+    Example::
+
+        run = nbtrain.attach("cifar")
+        run.dashboard()
+    """
+    cluster = connection.current()
+    handle = find_supervisor(name)
+    if handle is None:
+        known = ", ".join(run_names()) or "none"
+        msg = f"No run named {name!r} on {cluster.address}. Runs there: {known}. See nbtrain.runs()."
+        raise RunNotFoundError(msg)
+    run = Run(name, handle, cluster.address)
+    run.refresh()
+    return run
+
+
+def runs() -> list[dict[str, Any]]:
+    """Every run on the connected cluster: name, state, attempt, step, workers, started, owner."""
+    return [{key: summary.get(key) for key in ("name", "state", "attempt", "step", "total_steps", "world_size",
+                                               "started", "ended", "owner", "error")}
+            for summary in run_summaries()]
+
+
+def run_summaries() -> list[dict[str, Any]]:
+    """Each run's full supervisor summary (``{"name", "state": "unknown"}`` for one that does not answer)."""
+    import ray
+
+    connection.current()
+    names = run_names()
+    handles = [(name, find_supervisor(name)) for name in names]
+    refs = [(name, handle.summary.remote()) for name, handle in handles if handle is not None]
+    found = []
+    for name, ref in refs:
+        try:
+            found.append(ray.get(ref, timeout=POLL_TIMEOUT_S))
+        except Exception:  # noqa: BLE001 - a restarting supervisor must not hide the others
+            found.append({"name": name, "state": "unknown"})
+    return found

@@ -1,0 +1,205 @@
+"""The run's controller: an explicit state machine that runs attempts until the run ends.
+
+Every change of the run's state goes through :meth:`RunController.transition`,
+which checks the move against :mod:`nbtrain._states`, records the end time,
+persists the state and tells readers (an event on the feed). The control
+thread loops: start a worker group (``pending`` → ``starting`` → ``running``),
+watch it, and let the :mod:`failure_policy` decide between a restart from the
+latest checkpoint and the end of the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from typing import Any
+
+from nbtrain._cluster import failure_policy
+from nbtrain._cluster.failure_policy import Failed, Failure, Outcome, Restart, Stopped, Succeeded
+from nbtrain._cluster.feed import RunFeed, nan_keys
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.storage import RunStorage
+from nbtrain._cluster.worker_group import StartFailed, StopRequested, WorkerGroup, remove_leftover_group
+from nbtrain._cluster.worker_table import WorkerTable
+from nbtrain._states import RunState, check_transition
+
+
+class RunController:
+    def __init__(self, spec: RunSpec, datasets: dict[str, Any] | None, feed: RunFeed, storage: RunStorage,
+                 table: WorkerTable, supervisor: Any) -> None:
+        self.spec = spec
+        self.datasets = datasets
+        self.feed = feed
+        self.table = table
+        self._storage = storage
+        self._supervisor = supervisor
+        self._lock = feed.lock
+        self._stop = threading.Event()
+        self._nan = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.state = RunState.PENDING
+        self.attempt = 0
+        self.failures: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self.results: list[bytes] | None = None
+        self.checkpoint: dict[str, Any] | None = None
+        self.started = time.time()
+        self.ended: float | None = None
+        self.stop_requested = False
+
+    # ------------------------------------------------------------------ the state machine
+    def transition(self, new: RunState, why: str = "", *, resume: bool = False) -> None:
+        """The one way the run's state changes (``resume``: the user's move out of an ended run)."""
+        with self._lock:
+            if new == self.state:
+                return
+            check_transition(self.state, new, resume=resume)
+            self.state = new
+            self.ended = time.time() if new.is_terminal else None
+            self.persist()
+        self.feed.event("state", f"{new.value}" + (f": {why}" if why else ""), self.attempt)
+
+    def persist(self) -> None:
+        self._storage.save_state({
+            "state": self.state.value, "attempt": self.attempt, "failures": self.failures,
+            "error": self.error, "checkpoint": self.checkpoint, "started": self.started,
+            "ended": self.ended, "stop_requested": self.stop_requested,
+        })
+
+    def recover(self) -> None:
+        """Take up a run this supervisor's previous process recorded, or record a new one."""
+        saved = self._storage.load_state()
+        if not saved:
+            self.persist()
+            self.feed.event("state", f"run {self.spec.name} created", self.attempt)
+            return
+        self.feed.replay()
+        self.attempt, self.failures, self.error = saved["attempt"], saved["failures"], saved["error"]
+        self.checkpoint, self.started, self.ended = saved["checkpoint"], saved["started"], saved["ended"]
+        self.stop_requested = saved.get("stop_requested", False)
+        self.state = RunState(saved["state"])  # as recorded: this is where the machine stood
+        if self.state.is_terminal:
+            return
+        remove_leftover_group(self.spec.name, self.attempt)
+        if self.stop_requested:  # the user's stop wins over Ray bringing the supervisor back mid-stop
+            self.transition(RunState.STOPPED, "stopped by the user (the supervisor restarted while stopping)")
+            return
+        self.feed.event("restart", "the run's supervisor process was restarted; its workers died with it. "
+                                   "Restarting them from the latest checkpoint (history kept).", self.attempt)
+        self.transition(RunState.RESTARTING, "the supervisor restarted")
+
+    # ------------------------------------------------------------------ requests
+    def start(self, fresh_budget: bool) -> None:
+        self._thread = threading.Thread(target=self._control, name="nbtrain-control", daemon=True,
+                                        args=(fresh_budget,))
+        self._thread.start()
+
+    def request_stop(self, timeout: float) -> RunState:
+        with self._lock:
+            if not self.state.is_terminal and not self.stop_requested:
+                self.stop_requested = True
+                self.persist()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+        return self.state
+
+    def resume(self, spec: RunSpec, datasets: dict[str, Any] | None) -> str:
+        """Start an ended run again as a new attempt; ``"resumed"``, or the state that prevents it."""
+        with self._lock:
+            if not self.state.is_terminal:
+                return self.state.value
+            self.spec, self.datasets = spec, datasets
+            self.error, self.stop_requested = None, False
+            self._stop.clear()
+            self._nan.clear()
+            source = "the latest checkpoint" if self.checkpoint else "scratch"
+        self.transition(RunState.RESTARTING, f"resumed by the user from {source}", resume=True)
+        self.start(fresh_budget=True)
+        return "resumed"
+
+    def note_nan_rows(self, rows: list[dict[str, Any]]) -> None:
+        row = rows[0]
+        with self._lock:
+            first = not any(e["kind"] == "nan" and e["attempt"] == self.attempt for e in self.feed.events)
+        if first:
+            action = "stopping the run (stop_on_nan)" if self.spec.options.stop_on_nan else "training continues"
+            self.feed.event("nan", f"Rank {row['rank']} reported NaN for {', '.join(nan_keys(row))} at step "
+                                   f"{row['step']}; {action}.", self.attempt)
+        if self.spec.options.stop_on_nan:
+            self._nan.set()
+
+    # ------------------------------------------------------------------ the control thread
+    def _control(self, fresh_budget: bool) -> None:
+        # a user's resume starts the failure budget afresh; a supervisor restart does not
+        failed_attempts = 0 if fresh_budget else len({f["attempt"] for f in self.failures})
+        try:
+            while True:
+                with self._lock:
+                    self.attempt += 1
+                    self.persist()
+                outcome = self._run_attempt()
+                if isinstance(outcome, Succeeded):
+                    self.results = outcome.results
+                    self.transition(RunState.SUCCEEDED)
+                    return
+                if isinstance(outcome, Stopped):
+                    self.transition(RunState.STOPPED, "stopped by the user")
+                    return
+                failed_attempts += 1
+                with self._lock:
+                    self.failures.extend(f.as_dict(self.attempt) for f in outcome.failures)
+                decision = failure_policy.decide(outcome, failed_attempts, self.spec.options.max_failures)
+                if isinstance(decision, Restart):
+                    self.transition(RunState.RESTARTING, f"attempt {self.attempt + 1}/"
+                                                         f"{self.spec.options.max_failures + 1} after: {decision.why}")
+                    if self._stop.wait(decision.delay_s):
+                        self.transition(RunState.STOPPED, "stopped by the user")
+                        return
+                    continue
+                with self._lock:
+                    self.error = failure_policy.format_error(self.failures, self.spec.options.workers,
+                                                             self.spec.options.max_failures, self.attempt,
+                                                             failed_attempts)
+                self.transition(RunState.FAILED, decision.why)
+                return
+        except Exception:  # noqa: BLE001 - a bug here must still end the run visibly
+            with self._lock:
+                self.error = "nbtrain's run supervisor hit an internal error:\n" + traceback.format_exc()
+            if not self.state.is_terminal:
+                self.transition(RunState.FAILED, "internal error")
+
+    def _run_attempt(self) -> Outcome:
+        """One worker group from placement to the end."""
+        self.table.reset(self.attempt)
+        if self.state == RunState.RESTARTING:
+            self.transition(RunState.PENDING)
+        try:
+            group = WorkerGroup.start(self.spec, self.attempt, self._supervisor, self.datasets, self.table,
+                                      self._stop.is_set, lambda: self.transition(RunState.STARTING))
+        except StopRequested:
+            return Stopped()
+        except StartFailed as failed:
+            return Failed([failed.failure])
+        try:
+            self.transition(RunState.RUNNING)
+            return group.watch(self.table, self._interrupt)
+        finally:
+            group.shutdown(self.table)
+
+    def _interrupt(self) -> Outcome | None:
+        """Checked every watch tick: the user's stop, a NaN under stop_on_nan, a stalled rank."""
+        if self._stop.is_set():
+            return Stopped()
+        if self._nan.is_set():
+            return Failed([Failure(None, "nan", "a reported metric became NaN and stop_on_nan is set",
+                                   retriable=False)])
+        options = self.spec.options
+        for rank, quiet in self.table.newly_stalled(options.stall_timeout_s):
+            message = (f"Rank {rank} made no progress for {quiet:.0f} s (stall_timeout={options.stall_timeout_s:g} s); "
+                       f"it may be stuck in a collective or in data loading.")
+            self.feed.event("stall", message, self.attempt)
+            if options.on_stall in ("fail", "restart"):
+                return Failed([Failure(rank, "stalled", message, retriable=options.on_stall == "restart")])
+        return None

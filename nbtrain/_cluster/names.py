@@ -1,0 +1,22 @@
+"""Names of a run's Ray objects, so any process can find them: the supervisor, its placement groups.
+
+The kernel finds a run by its supervisor's name; a restarted supervisor finds
+the placement group its previous process left behind by the group's name.
+"""
+
+from __future__ import annotations
+
+NAMESPACE = "nbtrain"
+ACTOR_PREFIX = "nbtrain-run:"
+
+
+def actor_name(run_name: str) -> str:
+    return ACTOR_PREFIX + run_name
+
+
+def group_name(run_name: str, attempt: int) -> str:
+    return f"nbtrain:{run_name}:{attempt}"
+
+
+def worker_name(run_name: str, attempt: int, rank: int) -> str:
+    return f"nbtrain-worker:{run_name}:{attempt}:{rank}"

@@ -1,0 +1,227 @@
+"""One attempt's ranks: placed together, started, watched to the end, and torn down.
+
+:meth:`WorkerGroup.start` is a factory: it reserves a placement group, starts
+one :class:`~nbtrain._cluster.worker.TrainWorker` actor per rank, asks each
+where it landed, and builds each rank's :class:`WorkerPayload`. If anything
+fails or the user stops the run on the way, it removes what it had made before
+raising, so a failed start leaves no actor and no reserved CPU behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from nbtrain._cluster import failure_policy
+from nbtrain._cluster.failure_policy import Failed, Failure, Outcome, Succeeded
+from nbtrain._cluster.names import NAMESPACE, group_name, worker_name
+from nbtrain._cluster.rank_layout import layout_ranks
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.worker import TrainWorker
+from nbtrain._cluster.worker_table import WorkerTable
+from nbtrain._states import WorkerState
+
+WORKER_START_TIMEOUT_S = 180.0
+FAILURE_GATHER_S = 1.0   # after a first failure, how long to wait for the other ranks' (to tell cause from consequence)
+WATCH_TICK_S = 0.2
+
+
+class StopRequested(Exception):
+    """The user stopped the run while its workers were starting."""
+
+
+class StartFailed(Exception):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.summary)
+        self.failure = failure
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerPayload:
+    """Everything one rank needs to join the process group and run the function."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    gpu_index: int | None
+    cuda_visible_devices: str | None
+    device_name: str          # "cuda:<gpu_index>" or "cpu"
+    attempt: int
+    run_name: str
+    config: dict[str, Any]
+    supervisor: Any
+    flush_interval_s: float
+    storage: str | None
+    weights_only: bool
+    backend: str
+    master_addr: str
+    master_port: int
+    collective_timeout_s: float
+    fn_bytes: bytes
+    fn_takes_config: bool
+    cpus_per_worker: float
+    datasets: dict[str, Any]
+
+
+class WorkerGroup:
+    def __init__(self, spec: RunSpec, attempt: int) -> None:
+        self.spec = spec
+        self.attempt = attempt
+        self.actors: list[Any] = []
+        self._group: Any = None
+        self._refs: list[Any] = []
+
+    @classmethod
+    def start(cls, spec: RunSpec, attempt: int, supervisor: Any, datasets: dict[str, Any] | None,
+              table: WorkerTable, stop_requested: Callable[[], bool], on_placed: Callable[[], None]) -> WorkerGroup:
+        """Place, start and launch every rank; raises :class:`StartFailed` or :class:`StopRequested`
+        after removing whatever it had started."""
+        group = cls(spec, attempt)
+        try:
+            group._place(stop_requested)
+            on_placed()
+            places = group._start_actors(stop_requested)
+            payloads = group._payloads(places, supervisor, datasets)
+            table.add_group(places, [p.device_name for p in payloads], attempt)
+            group._refs = [actor.run.remote(payload) for actor, payload in zip(group.actors, payloads)]
+        except BaseException:
+            group.shutdown(table)
+            raise
+        return group
+
+    def _place(self, stop_requested: Callable[[], bool]) -> None:
+        options = self.spec.options
+        bundles = [{"CPU": float(options.cpus_per_worker),
+                    **({"GPU": float(options.gpus_per_worker)} if options.gpus_per_worker else {})}
+                   for _ in range(options.workers)]
+        # Detached: the notebook's Ray Client job ending must not take the workers' resources with it.
+        self._group = placement_group(bundles, strategy=options.placement_strategy,
+                                      name=group_name(self.spec.name, self.attempt), lifetime="detached")
+        self._wait(self._group.ready(), options.placement_timeout_s, stop_requested, lambda: Failure(
+            None, "resources",
+            f"the cluster could not place {options.workers} workers with {options.cpus_per_worker:g} CPU"
+            f" and {options.gpus_per_worker:g} GPU each within {options.placement_timeout_s:.0f} s: "
+            f"{_resource_picture()}. Stop other runs, ask for fewer workers, or add nodes.", retriable=False))
+
+    def _start_actors(self, stop_requested: Callable[[], bool]) -> list[dict[str, Any]]:
+        options = self.spec.options
+        for rank in range(options.workers):
+            self.actors.append(ray.remote(TrainWorker).options(
+                num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker, max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
+                name=worker_name(self.spec.name, self.attempt, rank), namespace=NAMESPACE,
+                runtime_env={"env_vars": options.env} if options.env else None,
+            ).remote())
+        places: list[dict[str, Any]] = self._wait(
+            [actor.where.remote() for actor in self.actors], WORKER_START_TIMEOUT_S, stop_requested,
+            lambda: Failure(None, "startup", f"the workers did not start within {WORKER_START_TIMEOUT_S:.0f} s"))
+        return places
+
+    def _payloads(self, places: list[dict[str, Any]], supervisor: Any,
+                  datasets: dict[str, Any] | None) -> list[WorkerPayload]:
+        options = self.spec.options
+        layout = layout_ranks(places, options.gpus_per_worker)
+        shards = {name: dataset.streaming_split(options.workers, equal=True)
+                  for name, dataset in (datasets or {}).items()}
+        return [WorkerPayload(
+            rank=rank, world_size=options.workers, attempt=self.attempt, run_name=self.spec.name,
+            config=dict(options.config or {}), supervisor=supervisor, flush_interval_s=options.flush_interval_s,
+            storage=options.storage, weights_only=options.checkpoint_weights_only, backend=options.resolved_backend,
+            master_addr=places[0]["node_ip"], master_port=places[0]["port"],
+            collective_timeout_s=options.collective_timeout_s, fn_bytes=self.spec.fn_bytes,
+            fn_takes_config=self.spec.fn_takes_config, cpus_per_worker=options.cpus_per_worker,
+            datasets={name: split[rank] for name, split in shards.items()}, **layout[rank],
+        ) for rank in range(len(places))]
+
+    def _wait(self, refs: Any, timeout: float, stop_requested: Callable[[], bool],
+              on_timeout: Callable[[], Failure]) -> Any:
+        single = not isinstance(refs, list)
+        pending = [refs] if single else list(refs)
+        deadline = time.monotonic() + timeout
+        while True:
+            if stop_requested():
+                raise StopRequested()
+            _ready, not_ready = ray.wait(pending, num_returns=len(pending), timeout=0.25)
+            if not not_ready:
+                try:
+                    values = ray.get(pending)
+                except ray.exceptions.RayActorError as exc:
+                    raise StartFailed(Failure(None, "startup", f"a worker died while starting: {exc}")) from exc
+                return values[0] if single else values
+            if time.monotonic() > deadline:
+                raise StartFailed(on_timeout())
+
+    def watch(self, table: WorkerTable, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        """Wait for every rank's outcome; ``interrupt`` (checked every tick) may end the attempt early."""
+        pending = list(self._refs)
+        results: dict[int, bytes] = {}
+        failures: list[Failure] = []
+        first_failure_at: float | None = None
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WATCH_TICK_S)
+            for ref in ready:
+                rank = self._refs.index(ref)
+                failure = self._outcome(rank, ref, table, results)
+                if failure is not None:
+                    failures.append(failure)
+                    first_failure_at = first_failure_at or time.monotonic()
+            if first_failure_at is not None and (not pending or time.monotonic() - first_failure_at > FAILURE_GATHER_S):
+                return Failed(failure_policy.order(failures))
+            early = interrupt()
+            if early is not None:
+                return early
+        return Succeeded([results[rank] for rank in range(len(self._refs))])
+
+    def _outcome(self, rank: int, ref: Any, table: WorkerTable, results: dict[int, bytes]) -> Failure | None:
+        try:
+            outcome = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            worker = table.mark(rank, WorkerState.DEAD)
+            return failure_policy.died(rank, worker.get("pid"), worker.get("node"), exc)
+        if outcome["ok"]:
+            table.mark(rank, WorkerState.FINISHED)
+            results[rank] = outcome["result"]
+            return None
+        table.mark(rank, WorkerState.FAILED)
+        return failure_policy.raised(rank, outcome)
+
+    def shutdown(self, table: WorkerTable) -> None:
+        """Kill every actor and free the placement group; ranks still going show as stopped."""
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead is fine
+                pass
+        self.actors = []
+        if self._group is not None:
+            try:
+                remove_placement_group(self._group)
+            except Exception:  # noqa: BLE001 - already removed is fine
+                pass
+            self._group = None
+        table.stop_live()
+
+
+def remove_leftover_group(run_name: str, attempt: int) -> None:
+    """Free the placement group a previous supervisor process left (its workers died with it)."""
+    from ray.util import get_placement_group
+
+    try:
+        remove_placement_group(get_placement_group(group_name(run_name, attempt)))
+    except Exception:  # noqa: BLE001 - nothing left over
+        pass
+
+
+def _resource_picture() -> str:
+    total = ray.cluster_resources()
+    free = ray.available_resources()
+    parts = [f"{key} {free.get(key, 0):g} free of {total[key]:g}" for key in ("CPU", "GPU") if key in total]
+    return ", ".join(parts) or "no CPU/GPU resources"

@@ -1,0 +1,97 @@
+"""The state of every rank of the current attempt, as the dashboard's worker table shows it.
+
+Written by the worker group (placed, finished, failed, dead, stopped), by each
+rank's heartbeat (step, samples/s, memory) and by the stall check; read by
+summaries. Guarded by the supervisor's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from nbtrain._states import WorkerState
+
+_LIVE = (WorkerState.STARTING, WorkerState.RUNNING, WorkerState.STALLED)
+
+
+class WorkerTable:
+    def __init__(self, lock: threading.RLock) -> None:
+        self._lock = lock
+        self._rows: dict[int, dict[str, Any]] = {}
+        self._attempt = 0
+
+    def reset(self, attempt: int) -> None:
+        with self._lock:
+            self._rows = {}
+            self._attempt = attempt
+
+    def add_group(self, places: list[dict[str, Any]], devices: list[str], attempt: int) -> None:
+        now = time.time()
+        with self._lock:
+            for rank, (place, device) in enumerate(zip(places, devices)):
+                self._rows[rank] = {
+                    "rank": rank, "node": place["node_ip"], "hostname": place["hostname"], "pid": place["pid"],
+                    "device": device, "state": WorkerState.STARTING, "step": 0, "samples_per_s": None,
+                    "rss_mb": None, "gpu_mem_mb": None, "last_heartbeat": now, "last_progress": now,
+                    "attempt": attempt, "malloc_tuned": place["malloc_tuned"],
+                }
+
+    def beat(self, rank: int, attempt: int, beat: dict[str, Any]) -> None:
+        """A rank's heartbeat; ignored if it belongs to an earlier attempt."""
+        with self._lock:
+            worker = self._rows.get(rank)
+            if worker is None or attempt != self._attempt:
+                return
+            state = beat.pop("state", None)
+            worker.update(beat)
+            worker["last_heartbeat"] = beat["time"]
+            if state == "running" and worker["state"] in (WorkerState.STARTING, WorkerState.STALLED):
+                worker["state"] = WorkerState.RUNNING
+
+    def mark(self, rank: int, state: WorkerState) -> dict[str, Any]:
+        """Set one rank's state; returns a copy of its row (empty if unknown)."""
+        with self._lock:
+            worker = self._rows.get(rank)
+            if worker is None:
+                return {}
+            worker["state"] = state
+            return dict(worker)
+
+    def stop_live(self) -> None:
+        with self._lock:
+            for worker in self._rows.values():
+                if worker["state"] in _LIVE:
+                    worker["state"] = WorkerState.STOPPED
+
+    def running_ranks(self) -> list[int]:
+        with self._lock:
+            return [rank for rank, w in self._rows.items() if w["state"] in (WorkerState.RUNNING, WorkerState.STALLED)]
+
+    def newly_stalled(self, timeout_s: float) -> list[tuple[int, float]]:
+        """Ranks quiet for longer than ``timeout_s`` (marked stalled now), with how long."""
+        now = time.time()
+        found = []
+        with self._lock:
+            for rank, worker in self._rows.items():
+                if worker["state"] not in (WorkerState.RUNNING, WorkerState.STARTING):
+                    continue
+                quiet = now - (worker.get("last_progress") or now)
+                if quiet > timeout_s:
+                    worker["state"] = WorkerState.STALLED
+                    found.append((rank, quiet))
+        return found
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Plain dicts for the notebook: states as text, heartbeat age in seconds."""
+        now = time.time()
+        with self._lock:
+            rows = []
+            for rank in sorted(self._rows):
+                worker = dict(self._rows[rank])
+                worker["state"] = str(worker["state"])
+                beat = worker.get("last_heartbeat")
+                worker["heartbeat_age_s"] = now - beat if beat else None
+                rows.append(worker)
+            return rows

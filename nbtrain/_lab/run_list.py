@@ -1,0 +1,101 @@
+"""What the sidebar is served: the registry's records overlaid with the agent's latest answers.
+
+Data comes one way. The registry (:mod:`nbtrain._registry`, written once per
+launch and per connect) says which runs exist and where; the agent's answers
+to ``nbtrain runs --json --address A`` say what cluster ``A`` reports now.
+A served run takes its identity (name, address, notebook, created) from its
+registry record and its state and progress from the newest answer that names
+it. Runs an answer names that the registry lacks (launched from another
+machine or home) are served too; a name the registry already lists keeps the
+registry's run, so every name stays one row and one URL.
+
+Answers live in memory, one per cluster address, replaced by the next answer
+from the same cluster: a restarted server asks again. An answered run's
+``updated`` is the server's clock when the answer came, so a cluster whose
+clock is off never makes runs look fresher or staler than they are.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nbtrain._registry import ClusterRecord, RunRecord, is_terminal, number
+
+# What the agent's answer overrides in a registry record (the rest is the run's identity).
+OBSERVED_RUN_FIELDS = ("state", "attempt", "progress", "latest", "error", "ended", "updated", "workers")
+OBSERVED_CLUSTER_FIELDS = ("nodes", "resources", "updated")
+
+
+class ClusterAnswers:
+    """The agent's latest answer for each cluster address."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, dict[str, RunRecord]] = {}
+        self._clusters: dict[str, ClusterRecord] = {}
+
+    def store(self, address: str, output: str, received: float) -> None:
+        """Keep the answer ``output`` (the JSON ``nbtrain runs --json --address ADDRESS`` printed).
+
+        Raises ``ValueError`` when it is not such an answer; what was kept before stays then.
+        """
+        answer = json.loads(output)
+        if not isinstance(answer, dict) or not isinstance(answer.get("runs"), list):
+            msg = f"expected {{'address', 'cluster', 'runs'}} from nbtrain runs --json, got {output[:200]!r}"
+            raise ValueError(msg)
+        runs: dict[str, RunRecord] = {}
+        for record in answer["runs"]:
+            if isinstance(record, dict) and isinstance(record.get("name"), str) and record["name"]:
+                runs[record["name"]] = {**record, "address": address, "updated": received}  # type: ignore[typeddict-item]
+        self._runs[address] = runs
+        cluster = answer.get("cluster")
+        if isinstance(cluster, dict):
+            self._clusters[address] = {**cluster, "address": address, "updated": received}  # type: ignore[typeddict-item]
+
+    def run(self, address: Any, name: str) -> RunRecord | None:
+        return self._runs.get(address, {}).get(name) if isinstance(address, str) else None
+
+    def runs(self) -> list[RunRecord]:
+        return [run for runs in self._runs.values() for run in runs.values()]
+
+    def cluster(self, address: str) -> ClusterRecord | None:
+        return self._clusters.get(address)
+
+
+def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
+                stale_after: float) -> list[dict[str, Any]]:
+    """Every run to show, live first, then newest first, each with ``terminal`` and ``stale``.
+
+    ``stale``: a live run whose newest information is older than ``stale_after`` seconds
+    (its cluster has not answered lately); the state shown is the last one known.
+    """
+    served: list[dict[str, Any]] = []
+    for record in registry:
+        run: dict[str, Any] = dict(record)
+        observed = answers.run(record.get("address"), record["name"])
+        if observed is not None and number(observed.get("updated")) >= number(record.get("updated")):
+            # Older than the record only after a resume rewrote the record: the record wins then.
+            run.update((key, observed[key]) for key in OBSERVED_RUN_FIELDS if key in observed)  # type: ignore[literal-required]
+        served.append(run)
+    listed = {run["name"] for run in served}
+    for observed in answers.runs():
+        if observed["name"] not in listed:
+            listed.add(observed["name"])
+            served.append(dict(observed))
+    for run in served:
+        run["terminal"] = is_terminal(run)
+        age = now - number(run.get("updated") or run.get("created"))
+        run["stale"] = not run["terminal"] and stale_after > 0 and age > stale_after
+    served.sort(key=lambda run: (run["terminal"], -number(run.get("created"))))
+    return served
+
+
+def served_cluster(record: ClusterRecord | None, answers: ClusterAnswers) -> dict[str, Any] | None:
+    """The cluster a notebook last connected to, with what its latest answer says of it."""
+    if record is None:
+        return None
+    cluster: dict[str, Any] = dict(record)
+    observed = answers.cluster(record["address"])
+    if observed is not None:
+        cluster.update((key, observed[key]) for key in OBSERVED_CLUSTER_FIELDS if key in observed)  # type: ignore[literal-required]
+    return cluster
