@@ -1,11 +1,18 @@
 """A stand-in for ``python -m nbtrain agent`` in the lab server tests (run as a script).
 
 It speaks the agent's protocol (one JSON list of ``nbtrain`` arguments per
-line in, one ``{"ok", "output"}`` line out), records every call in
-``$NBTRAIN_HOME/calls.jsonl`` and acts on the registry as the real command
-does: ``stop NAME`` marks the run stopped, except runs named ``unreachable*``,
-whose stop fails with a connection error, and ``crash*``, which make the agent
-die; ``runs`` changes nothing.
+line in, one ``{"ok", "output"}`` line out) and records every call in
+``$NBTRAIN_HOME/calls.jsonl``. What "the cluster" says is written by the test:
+
+    $NBTRAIN_HOME/fake-cluster/<name>.json    a run as the cluster reports it (a RunRecord
+                                              with its cluster's "address")
+    $NBTRAIN_HOME/fake-cluster/clusters.json  {address: {"nodes": n, "resources": {...}}}
+
+A cluster is reachable when one of those files names its address. Then
+``runs --json --address A`` answers what the real command prints
+(``{"address", "cluster", "runs"}``) and ``stop NAME --address A`` marks that
+run stopped on the fake cluster. Otherwise both fail with a connection error.
+``stop crash*`` makes the agent die.
 """
 
 import json
@@ -14,21 +21,55 @@ import sys
 import time
 
 home = os.environ["NBTRAIN_HOME"]
+cluster_dir = os.path.join(home, "fake-cluster")
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def cluster_runs(address):
+    names = sorted(n for n in os.listdir(cluster_dir) if n.endswith(".json") and n != "clusters.json") \
+        if os.path.isdir(cluster_dir) else []
+    runs = {}
+    for name in names:
+        run = read(os.path.join(cluster_dir, name))
+        if run and run.get("address") == address:
+            runs[run["name"]] = run
+    return runs
+
+
+def answer(argv):
+    address = argv[argv.index("--address") + 1] if "--address" in argv else "ray://127.0.0.1:10001"
+    clusters = read(os.path.join(cluster_dir, "clusters.json")) or {}
+    runs = cluster_runs(address)
+    if address not in clusters and not runs:
+        return False, f"Nothing is listening at {address} (connection refused). Is the cluster running?"
+    if argv[0] == "runs":
+        cluster = {"address": address, "kind": "remote", "nodes": 1,
+                   "resources": {"CPU": [0, 2], "GPU": [0, 0]}, **clusters.get(address, {}), "updated": time.time()}
+        records = [{**run, "updated": time.time()} for run in runs.values()]
+        return True, json.dumps({"address": address, "cluster": cluster, "runs": records})
+    name = argv[1]
+    if name not in runs:
+        return False, f"nbtrain: No run named {name!r} on {address}. Runs there: {', '.join(runs) or 'none'}."
+    path = os.path.join(cluster_dir, f"{name}.json")
+    run = {**runs[name], "state": "stopped", "ended": time.time()}
+    with open(path + ".tmp", "w") as f:
+        json.dump(run, f)
+    os.replace(path + ".tmp", path)
+    return True, f"Run {name!r} stopped."
+
+
 for line in sys.stdin:
     argv = json.loads(line)
     with open(os.path.join(home, "calls.jsonl"), "a") as calls:
         calls.write(json.dumps({"time": time.time(), "argv": argv, "pid": os.getpid()}) + "\n")
-    ok, output = True, ""
     if argv[0] == "stop" and argv[1].startswith("crash"):
         sys.exit("fake agent: segmentation fault (core dumped)")
-    if argv[0] == "stop" and argv[1].startswith("unreachable"):
-        ok, output = False, "Cannot reach ray://127.0.0.1:1: connection refused. Is the cluster running?"
-    elif argv[0] == "stop":
-        path = os.path.join(home, "runs", argv[1] + ".json")
-        with open(path) as f:
-            run = json.load(f)
-        run.update(state="stopped", ended=time.time(), updated=time.time())
-        with open(path + ".tmp", "w") as f:
-            json.dump(run, f)
-        os.replace(path + ".tmp", path)
+    ok, output = answer(argv)
     print(json.dumps({"ok": ok, "output": output}), flush=True)

@@ -1,4 +1,4 @@
-"""``nbtrain agent`` (what the lab sidebar's Stop goes through) against the real loopback cluster."""
+"""``nbtrain agent`` (what the lab sidebar's data and Stop go through) against the real loopback cluster."""
 
 from __future__ import annotations
 
@@ -7,20 +7,29 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from _helpers import wait_for
 from _train_fns import train_steps
 
 import nbtrain
-from nbtrain._registry import read_run
+from nbtrain._paths import nbtrain_home
 
 pytestmark = pytest.mark.cluster
 
 
-def test_one_agent_lists_and_stops_runs_over_one_connection(cluster):
-    run = nbtrain.launch(train_steps, config={"steps": 100_000, "sleep": 0.05}, workers=2, name="agent-stop")
+def files_under(home: Path) -> dict[str, int]:
+    """Every file in the nbtrain home except the embedded cluster's own, with its modification time."""
+    return {str(path.relative_to(home)): path.stat().st_mtime_ns for path in home.rglob("*")
+            if path.is_file() and path.relative_to(home).parts[0] not in ("cluster", "storage")}
+
+
+def test_one_agent_reports_and_stops_runs_over_one_connection_and_writes_nothing(cluster):
+    run = nbtrain.launch(train_steps, config={"steps": 100_000, "sleep": 0.05}, workers=2, name="agent-stop",
+                         total_steps=100_000)
     wait_for(lambda: len(run.metrics) > 2, 180, message="the run to report")
+    before = files_under(nbtrain_home())
     agent = subprocess.Popen([sys.executable, "-m", "nbtrain", "agent"], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env=os.environ.copy())
 
@@ -33,7 +42,19 @@ def test_one_agent_lists_and_stops_runs_over_one_connection(cluster):
     try:
         listed, connect_s = ask("runs", "--json", "--address", cluster.address)
         assert listed["ok"], listed["output"]
-        assert "agent-stop" in [r["name"] for r in json.loads(listed["output"])]
+        answer = json.loads(listed["output"])
+        assert answer["address"] == cluster.address
+        assert answer["cluster"]["address"] == cluster.address
+        assert answer["cluster"]["nodes"] >= 1
+        assert answer["cluster"]["resources"]["CPU"][1] == cluster.resources()["CPU"][1]
+        assert answer["cluster"]["resources"]["CPU"][0] >= 2  # the run's two workers hold a CPU each
+        (mine,) = [r for r in answer["runs"] if r["name"] == "agent-stop"]
+        assert mine["state"] == "running"
+        assert mine["address"] == cluster.address
+        assert mine["workers"] == 2
+        assert mine["progress"]["total_steps"] == 100_000 and mine["progress"]["step"] > 0
+        assert 0 < mine["latest"]["loss"] <= 1.0
+        assert set(mine["latest"]) == {"loss", "sent"}
 
         missing, _ = ask("stop", "no-such-run", "--address", cluster.address)
         assert not missing["ok"]
@@ -41,9 +62,13 @@ def test_one_agent_lists_and_stops_runs_over_one_connection(cluster):
 
         stopped, stop_s = ask("stop", "agent-stop", "--address", cluster.address)
         assert stopped["ok"], stopped["output"]
-        assert run.state == nbtrain.RunState.STOPPED
-        assert read_run("agent-stop")["state"] == "stopped"  # the sidebar sees it at once
+        again, _ = ask("runs", "--json", "--address", cluster.address)
+        (mine,) = [r for r in json.loads(again["output"])["runs"] if r["name"] == "agent-stop"]
+        assert mine["state"] == "stopped"
+        assert mine["ended"] is not None
         print(f"\n[agent] first command (connects) {connect_s:.1f} s; stop on the open connection {stop_s:.1f} s")
     finally:
         agent.stdin.close()
         assert agent.wait(timeout=60) == 0
+    assert files_under(nbtrain_home()) == before  # reading and stopping wrote no registry file
+    assert run.state == nbtrain.RunState.STOPPED

@@ -1,17 +1,18 @@
 """The nbtrain server extension's REST API, against a real JupyterLab server.
 
-The agent is swapped for a small script (``_fake_agent.py``, through the
-``NbtrainServer`` settings) that records how it was called and acts on the
-registry the way ``python -m nbtrain agent`` does.
+The registry records are written by nbtrain's own writers (``record_launch``,
+``record_connection``), as ``launch()`` and ``connect()`` write them. The
+agent is swapped for a small script (``_fake_agent.py``, through the
+``NbtrainServer`` settings) that answers from files the test writes, meaning
+"what the cluster says", and records how it was called.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,35 +21,12 @@ from typing import Any
 import pytest
 
 from _jupyterlab import REPO, JupyterLab, start_jupyterlab
+from nbtrain._lab.run_list import ClusterAnswers, served_runs
+from nbtrain._registry import record_connection, record_from_summary, record_launch
 
 FAKE_AGENT = Path(__file__).with_name("_fake_agent.py")
-
-
-def make_run(name: str, **fields: Any) -> dict[str, Any]:
-    now = time.time()
-    run = {
-        "name": name,
-        "state": "running",
-        "address": "ray://127.0.0.1:9999",
-        "created": now - 60,
-        "updated": now,
-        "ended": None,
-        "notebook": None,
-        "workers": 2,
-        "attempt": 1,
-        "progress": {"step": 10, "total_steps": 100, "fraction": 0.1},
-        "latest": {"loss": 0.5},
-        "error": None,
-    }
-    run.update(fields)
-    return run
-
-
-def write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+STALE_AFTER = 5.0
+_ports = itertools.count(20001)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
@@ -62,6 +40,22 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "c
         time.sleep(0.1)
 
 
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def start_lab(tmp_path_factory: pytest.TempPathFactory, home: Path, **settings: Any) -> JupyterLab:
+    return start_jupyterlab(
+        tmp_path_factory.mktemp("root"),
+        env={"NBTRAIN_HOME": str(home)},
+        server_config={"NbtrainServer": {"agent_command": [sys.executable, str(FAKE_AGENT)], **settings}},
+        labextension=False,
+    )
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("nbtrain-home")
@@ -69,30 +63,86 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Iterator[JupyterLab]:
-    server = start_jupyterlab(
-        tmp_path_factory.mktemp("root"),
-        env={"NBTRAIN_HOME": str(home)},
-        server_config={
-            "NbtrainServer": {
-                "agent_command": [sys.executable, str(FAKE_AGENT)],
-                "refresh_interval": 0.5,
-                "refresh_max_backoff": 1.0,
-                "refresh_after": 10,
-                "stale_after": 30,
-            }
-        },
-        labextension=False,
-    )
+    server = start_lab(tmp_path_factory, home, refresh_interval=0.5, refresh_max_backoff=4.0,
+                       stale_after=STALE_AFTER)
     yield server
     server.stop()
 
 
+class FakeCluster:
+    """What the fake agent's clusters say (files under ``$NBTRAIN_HOME/fake-cluster``)."""
+
+    def __init__(self, home: Path) -> None:
+        self.dir = home / "fake-cluster"
+        self.said: dict[str, dict[str, Any]] = {}
+
+    def says(self, name: str, address: str, state: str = "running", *, step: int = 0, **summary: Any) -> None:
+        """The cluster at ``address`` reports run ``name`` (a supervisor summary, as the real CLI reads it)."""
+        summary = {"name": name, "state": state, "started": time.time(), "ended": None, "world_size": 2,
+                   "attempt": 1, "step": step, "total_steps": 100, "latest": {}, "error": None,
+                   "owner": {"notebook": None}, **summary}
+        self.said[name] = record_from_summary(summary, address)
+        write_json(self.dir / f"{name}.json", self.said[name])
+
+    def has_nodes(self, address: str, nodes: int, cpus: list[float]) -> None:
+        path = self.dir / "clusters.json"
+        clusters = json.loads(path.read_text()) if path.exists() else {}
+        clusters[address] = {"nodes": nodes, "resources": {"CPU": cpus, "GPU": [0, 0]}}
+        write_json(path, clusters)
+
+    def goes_away(self, address: str) -> None:
+        for path in self.dir.glob("*.json"):
+            if path.name != "clusters.json" and json.loads(path.read_text())["address"] == address:
+                path.unlink()
+
+    def state(self, name: str) -> str:
+        return json.loads((self.dir / f"{name}.json").read_text())["state"]
+
+
 @pytest.fixture
-def registry(home: Path) -> Iterator[Path]:
-    """An empty registry for each test."""
-    for path in [*home.glob("runs/*"), home / "cluster.json", home / "calls.jsonl"]:
+def registry(home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty registry for each test; nbtrain's registry writers write to it."""
+    monkeypatch.setenv("NBTRAIN_HOME", str(home))
+    for path in [*home.glob("runs/*"), *home.glob("fake-cluster/*"), home / "cluster.json", home / "calls.jsonl"]:
         path.unlink(missing_ok=True)
     yield home
+
+
+@pytest.fixture
+def cluster(registry: Path, lab: JupyterLab) -> Iterator[FakeCluster]:
+    """The fake clusters; afterwards every run they reported ends, so no later test sees it live."""
+    fake = FakeCluster(registry)
+    yield fake
+    for name, run in fake.said.items():
+        write_json(fake.dir / f"{name}.json", {**run, "state": "stopped"})
+    wait_for(lambda: all(run["terminal"] for run in lab.request("GET", "nbtrain/api/runs")[1]["runs"]
+                         if run["name"] in fake.said),
+             what="the test's runs to end on the fake cluster")
+
+
+@pytest.fixture
+def address() -> str:
+    """A cluster address no other test uses (the server remembers every cluster's last answer)."""
+    return f"ray://127.0.0.1:{next(_ports)}"
+
+
+def launch(name: str, address: str, *, notebook: str | None = None) -> None:
+    """What ``launch()`` records, once per launch."""
+    record_launch(name, address, notebook=notebook, workers=2, total_steps=100)
+
+
+def runs(lab: JupyterLab) -> dict[str, dict[str, Any]]:
+    status, body = lab.request("GET", "nbtrain/api/runs")
+    assert status == 200, body
+    return {run["name"]: run for run in body["runs"]}
+
+
+def run_shows(lab: JupyterLab, name: str, **expected: Any) -> Callable[[], dict[str, Any] | None]:
+    """A condition for ``wait_for``: the listed run ``name`` has the ``expected`` fields."""
+    def check() -> dict[str, Any] | None:
+        run = runs(lab).get(name)
+        return run if run is not None and all(run.get(k) == v for k, v in expected.items()) else None
+    return check
 
 
 def agent_calls(home: Path) -> list[dict[str, Any]]:
@@ -102,8 +152,11 @@ def agent_calls(home: Path) -> list[dict[str, Any]]:
 
 
 def calls(home: Path, since: float = 0.0) -> list[list[str]]:
-    """How the fake agent was called (after ``since``)."""
     return [call["argv"] for call in agent_calls(home) if call["time"] >= since]
+
+
+def refreshes(home: Path, address: str, since: float = 0.0) -> int:
+    return calls(home, since).count(["runs", "--json", "--address", address])
 
 
 ROUTES = [
@@ -115,63 +168,81 @@ ROUTES = [
 
 
 @pytest.mark.parametrize(("method", "path", "ok"), ROUTES, ids=[f"{m} {p}" for m, p, _ in ROUTES])
-def test_every_route_needs_the_token(lab: JupyterLab, registry: Path, method: str, path: str, ok: int) -> None:
-    write_json(registry / "runs" / "alpha.json", make_run("alpha"))
+def test_every_route_needs_the_token(lab: JupyterLab, registry: Path, address: str, method: str, path: str,
+                                     ok: int) -> None:
+    launch("alpha", address)
     assert lab.request(method, path, token=False)[0] == 403
     assert lab.request(method, path + f"?token=wrong{lab.token}", token=False)[0] == 403
     status, body = lab.request(method, path)
     assert status == ok, body
 
 
-def test_runs_lists_registry_files_live_first(lab: JupyterLab, registry: Path) -> None:
-    now = time.time()
-    write_json(registry / "runs" / "old.json", make_run("old", state="succeeded", created=now - 500, ended=now - 400))
-    write_json(registry / "runs" / "new.json", make_run("new", created=now - 10))
-    write_json(registry / "runs" / "older-live.json", make_run("older-live", state="pending", created=now - 100))
-    (registry / "runs" / "broken.json").write_text('{"name": "brok')
-    (registry / "runs" / ".new.json.1234.tmp").write_text("{}")
+def test_registry_runs_show_what_their_cluster_says_live_first(lab: JupyterLab, cluster: FakeCluster,
+                                                               address: str) -> None:
+    for name in ("old", "older-live", "new"):
+        launch(name, address, notebook=f"{name}.ipynb")
+        time.sleep(0.01)  # launched one after the other: distinct creation times
+    (cluster.dir.parent / "runs" / "broken.json").write_text('{"name": "brok')
+    (cluster.dir.parent / "runs" / ".new.json.1234.tmp").write_text("{}")
+
+    listed = runs(lab)  # before the cluster answers: what launch() recorded
+    assert [listed[name]["state"] for name in ("old", "older-live", "new")] == ["pending"] * 3
+    assert "broken" not in listed
+
+    cluster.says("old", address, "succeeded", step=100, ended=time.time(), latest={"loss": 0.1})
+    cluster.says("older-live", address, "running", step=5)
+    cluster.says("new", address, "running", step=40, latest={"loss": 0.5, "accuracy": 0.75})
+    new = wait_for(run_shows(lab, "new", state="running"), what="the cluster's state to be shown")
 
     status, body = lab.request("GET", "nbtrain/api/runs")
-
-    assert status == 200
-    assert [run["name"] for run in body["runs"]] == ["new", "older-live", "old"]
+    ours = [run for run in body["runs"] if run["address"] == address]
+    assert [run["name"] for run in ours] == ["new", "older-live", "old"]
+    assert [run["terminal"] for run in ours] == [False, False, True]
     assert abs(body["now"] - time.time()) < 5
-    first = body["runs"][0]
-    assert first["progress"] == {"step": 10, "total_steps": 100, "fraction": 0.1}
-    assert first["latest"] == {"loss": 0.5}
-    assert first["stale"] is False
-    assert first["stop"] is None
+    assert new["progress"] == {"step": 40, "total_steps": 100, "fraction": 0.4}
+    assert new["latest"] == {"loss": 0.5, "accuracy": 0.75}
+    assert new["notebook"] == "new.ipynb"  # identity from the registry; the cluster did not know it
+    assert new["stale"] is False
+    assert new["stop"] is None
+    assert ours[2]["state"] == "succeeded" and ours[2]["latest"] == {"loss": 0.1}
 
 
-def test_run_whose_kernel_is_gone_still_lists(lab: JupyterLab, registry: Path) -> None:
-    # A "kernel" writes its run, then dies without cleaning up.
-    writer = textwrap.dedent(
-        f"""
-        import json, os, time
-        path = {str(registry / "runs" / "orphan.json")!r}
-        run = {make_run("orphan", updated=time.time() - 600)!r}
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        json.dump(run, open(path + ".tmp", "w")); os.replace(path + ".tmp", path)
-        os._exit(1)
-        """
-    )
-    subprocess.run([sys.executable, "-c", writer], check=False, timeout=30)
+def test_runs_launched_elsewhere_are_listed_too(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+    record_connection(address, "local")
+    cluster.says("elsewhere", address, "running", step=3, owner={"notebook": "their.ipynb"})
 
-    status, body = lab.request("GET", "nbtrain/api/runs")
+    run = wait_for(run_shows(lab, "elsewhere", state="running"), what="the other machine's run to be listed")
+    assert run["address"] == address
+    assert run["notebook"] == "their.ipynb"
 
+    cluster.says("elsewhere", address, "succeeded", step=100, ended=time.time())
+    run = wait_for(run_shows(lab, "elsewhere", state="succeeded"), what="it to finish")
+    assert run["terminal"] is True
+
+
+def test_a_run_whose_cluster_goes_away_stays_listed_and_turns_stale(lab: JupyterLab, cluster: FakeCluster,
+                                                                    address: str) -> None:
+    launch("drifting", address)
+    cluster.says("drifting", address, "running", step=7)
+    wait_for(run_shows(lab, "drifting", state="running", stale=False), what="the cluster's answer")
+
+    cluster.goes_away(address)
+
+    run = wait_for(run_shows(lab, "drifting", stale=True), timeout=STALE_AFTER + 15, what="the run to turn stale")
+    assert run["state"] == "running"  # the last state known
+    assert run["progress"]["step"] == 7
+    assert run["terminal"] is False
+
+
+def test_get_one_run(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+    launch("alpha", address)
+    cluster.says("alpha", address, latest={"loss": 0.25, "accuracy": 0.9})
+    run = wait_for(run_shows(lab, "alpha", state="running"))
+
+    status, one = lab.request("GET", "nbtrain/api/runs/alpha")
     assert status == 200
-    (orphan,) = body["runs"]
-    assert orphan["name"] == "orphan"
-    assert orphan["state"] == "running"
-    assert orphan["stale"] is True  # the sidebar says the state may be outdated
-
-
-def test_get_one_run(lab: JupyterLab, registry: Path) -> None:
-    write_json(registry / "runs" / "alpha.json", make_run("alpha", latest={"loss": 0.25, "accuracy": 0.9}))
-
-    status, run = lab.request("GET", "nbtrain/api/runs/alpha")
-    assert status == 200
-    assert run["latest"] == {"loss": 0.25, "accuracy": 0.9}
+    assert one["latest"] == {"loss": 0.25, "accuracy": 0.9}
+    assert one.keys() == run.keys()
 
     status, body = lab.request("GET", "nbtrain/api/runs/missing")
     assert status == 404
@@ -179,120 +250,172 @@ def test_get_one_run(lab: JupyterLab, registry: Path) -> None:
     assert lab.request("GET", "nbtrain/api/runs/..%2Fcluster")[0] == 404
 
 
-def test_stop_runs_nbtrain_stop_and_the_list_shows_it(lab: JupyterLab, registry: Path) -> None:
-    write_json(registry / "runs" / "alpha.json", make_run("alpha"))
+def test_stop_runs_nbtrain_stop_and_the_list_shows_it(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+    launch("alpha", address)
+    cluster.says("alpha", address)
+    wait_for(run_shows(lab, "alpha", state="running"))
 
     status, run = lab.request("POST", "nbtrain/api/runs/alpha/stop")
 
     assert status == 202
     assert run["stop"]["status"] == "stopping"
-    stopped = wait_for(
-        lambda: (r := lab.request("GET", "nbtrain/api/runs/alpha")[1])["state"] == "stopped" and r,
-        what="the run to be stopped",
-    )
-    assert stopped["stop"] is None  # the registry caught up; nothing pending
-    assert ["stop", "alpha", "--address", "ray://127.0.0.1:9999"] in calls(registry)
+    stopped = wait_for(run_shows(lab, "alpha", state="stopped"), what="the run to be shown stopped")
+    assert stopped["stop"] is None  # the cluster says it ended; nothing pending
+    assert stopped["terminal"] is True
+    assert cluster.state("alpha") == "stopped"
+    assert ["stop", "alpha", "--address", address] in calls(cluster.dir.parent)
 
 
-def test_stop_failure_shows_the_tools_message(lab: JupyterLab, registry: Path) -> None:
-    write_json(registry / "runs" / "unreachable.json", make_run("unreachable"))
+def test_stop_failure_shows_the_tools_message(lab: JupyterLab, registry: Path, address: str) -> None:
+    launch("far", address)  # nothing answers at its address
 
-    assert lab.request("POST", "nbtrain/api/runs/unreachable/stop")[0] == 202
+    assert lab.request("POST", "nbtrain/api/runs/far/stop")[0] == 202
 
-    run = wait_for(
-        lambda: (r := lab.request("GET", "nbtrain/api/runs/unreachable")[1])["stop"]["status"] == "failed" and r,
-        what="the stop to fail",
-    )
-    assert "connection refused" in run["stop"]["message"]
-    assert run["state"] == "running"
+    run = wait_for(lambda: (r := runs(lab)["far"])["stop"]["status"] == "failed" and r, what="the stop to fail")
+    assert f"Nothing is listening at {address}" in run["stop"]["message"]
+    assert run["state"] == "pending"
+    assert run["terminal"] is False
 
 
-def test_one_agent_serves_every_command_and_a_dead_one_is_replaced(lab: JupyterLab, registry: Path) -> None:
-    for name in ("first", "second", "crash", "third"):
-        write_json(registry / "runs" / f"{name}.json", make_run(name))
-    pids = []
-    for name in ("first", "second"):
-        assert lab.request("POST", f"nbtrain/api/runs/{name}/stop")[0] == 202
-        wait_for(lambda n=name: lab.request("GET", f"nbtrain/api/runs/{n}")[1]["state"] == "stopped", what=name)
-        pids.append(wait_for(lambda n=name: [c["pid"] for c in agent_calls(registry) if c["argv"][:2] == ["stop", n]]))
-    assert pids[0] == pids[1], "each stop started its own agent"
-
-    assert lab.request("POST", "nbtrain/api/runs/crash/stop")[0] == 202
-    crashed = wait_for(lambda: (r := lab.request("GET", "nbtrain/api/runs/crash")[1])["stop"]["status"] == "failed" and r,
-                       what="the stop to fail with the agent")
-    assert "agent exited unexpectedly" in crashed["stop"]["message"]
-    assert "segmentation fault" in crashed["stop"]["message"]
-
-    assert lab.request("POST", "nbtrain/api/runs/third/stop")[0] == 202
-    wait_for(lambda: lab.request("GET", "nbtrain/api/runs/third")[1]["state"] == "stopped", what="a new agent to stop it")
-    third = [c["pid"] for c in agent_calls(registry) if c["argv"][:2] == ["stop", "third"]]
-    assert third and third[0] != pids[0]
-
-
-def test_a_watched_live_run_gets_the_agent_connected_before_any_stop(lab: JupyterLab, registry: Path) -> None:
-    # A failed stop leaves the agent unconnected (as a real one drops its connection).
-    write_json(registry / "runs" / "unreachable-1.json", make_run("unreachable-1"))
-    lab.request("POST", "nbtrain/api/runs/unreachable-1/stop")
-    wait_for(lambda: lab.request("GET", "nbtrain/api/runs/unreachable-1")[1]["stop"]["status"] == "failed")
-    (registry / "runs" / "unreachable-1.json").unlink()
-    # A notebook keeps this run current, so no refresh is due; the agent connects to its cluster anyway.
-    write_json(registry / "runs" / "fresh.json", make_run("fresh", address="ray://127.0.0.1:7777", updated=time.time() + 60))
-    lab.request("GET", "nbtrain/api/runs")
-
-    wait_for(lambda: ["runs", "--json", "--address", "ray://127.0.0.1:7777"] in calls(registry),
-             timeout=10, what="the agent to connect to the run's cluster")
-
-
-def test_stop_of_an_ended_run_is_a_conflict(lab: JupyterLab, registry: Path) -> None:
+def test_stop_of_an_ended_run_is_a_conflict(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+    launch("done", address)
+    cluster.says("done", address, "succeeded", ended=time.time())
+    wait_for(run_shows(lab, "done", state="succeeded"))
     start = time.time()
-    write_json(registry / "runs" / "done.json", make_run("done", state="succeeded", ended=time.time()))
 
     status, body = lab.request("POST", "nbtrain/api/runs/done/stop")
 
     assert status == 409
     assert "already ended" in body["message"]
     assert lab.request("POST", "nbtrain/api/runs/missing/stop")[0] == 404
-    assert not [call for call in calls(registry, since=start) if call[0] == "stop"]
+    assert not [call for call in calls(cluster.dir.parent, since=start) if call[0] == "stop"]
 
 
-def test_cluster_is_the_last_connected_one(lab: JupyterLab, registry: Path) -> None:
-    assert lab.request("GET", "nbtrain/api/cluster") == (200, {"cluster": None})
-    cluster = {
-        "address": "ray://127.0.0.1:10001",
-        "kind": "local",
-        "nodes": 1,
-        "resources": {"CPU": [2, 4], "GPU": [0, 0]},
-        "updated": time.time(),
-    }
-    write_json(registry / "cluster.json", cluster)
+def test_one_agent_serves_every_command_and_a_dead_one_is_replaced(lab: JupyterLab, cluster: FakeCluster,
+                                                                   address: str) -> None:
+    home = cluster.dir.parent
+    for name in ("first", "second", "crash", "third"):
+        launch(name, address)
+        cluster.says(name, address)
+    wait_for(run_shows(lab, "third", state="running"))
+    pids = []
+    for name in ("first", "second"):
+        assert lab.request("POST", f"nbtrain/api/runs/{name}/stop")[0] == 202
+        wait_for(run_shows(lab, name, state="stopped"), what=name)
+        pids.append(wait_for(lambda n=name: [c["pid"] for c in agent_calls(home) if c["argv"][:2] == ["stop", n]]))
+    assert pids[0] == pids[1], "each stop started its own agent"
 
-    assert lab.request("GET", "nbtrain/api/cluster") == (200, {"cluster": cluster})
+    assert lab.request("POST", "nbtrain/api/runs/crash/stop")[0] == 202
+    crashed = wait_for(lambda: (r := runs(lab)["crash"])["stop"]["status"] == "failed" and r,
+                       what="the stop to fail with the agent")
+    assert "agent exited unexpectedly" in crashed["stop"]["message"]
+    assert "segmentation fault" in crashed["stop"]["message"]
+
+    assert lab.request("POST", "nbtrain/api/runs/third/stop")[0] == 202
+    wait_for(run_shows(lab, "third", state="stopped"), what="a new agent to stop it")
+    third = [c["pid"] for c in agent_calls(home) if c["argv"][:2] == ["stop", "third"]]
+    assert third and third[0] != pids[0]
 
 
-def test_registry_refreshes_the_cluster_of_a_silent_live_run(lab: JupyterLab, registry: Path) -> None:
-    # Nobody (no open notebook) has updated this run for a while.
-    write_json(registry / "runs" / "alpha.json", make_run("alpha", updated=time.time() - 30))
-    lab.request("GET", "nbtrain/api/runs")  # a browser polls
-
-    wait_for(
-        lambda: ["runs", "--json", "--address", "ray://127.0.0.1:9999"] in calls(registry),
-        timeout=10,
-        what="a registry refresh of the run's cluster",
-    )
-
-
-def test_no_refresh_for_ended_runs_or_runs_a_notebook_keeps_current(lab: JupyterLab, registry: Path) -> None:
-    write_json(registry / "runs" / "done.json", make_run("done", state="failed", error="boom"))
-    write_json(registry / "runs" / "shown.json", make_run("shown", updated=time.time() + 5))
-    time.sleep(0.5)  # let a refresh started by the previous test finish
+def test_no_refresh_for_the_cluster_of_ended_runs(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+    launch("done", address)
+    cluster.says("done", address, "failed", error="Rank 1 raised ValueError: boom\nTraceback ...")
+    done = wait_for(run_shows(lab, "done", state="failed"), what="the cluster to say it failed")
+    assert done["error"] == "Rank 1 raised ValueError: boom"
+    live = f"ray://127.0.0.1:{next(_ports)}"
+    launch("live", live)
+    cluster.says("live", live)
     start = time.time()
-    lab.request("GET", "nbtrain/api/runs")
-    time.sleep(1.5)
-    assert calls(registry, since=start) == []
+
+    wait_for(lambda: refreshes(cluster.dir.parent, live, since=start) >= 3, what="three refreshes of the live run")
+
+    assert refreshes(cluster.dir.parent, address, since=start) == 0
 
 
-def test_default_agent_is_the_nbtrain_cli_and_a_failed_stop_says_why(tmp_path: Path) -> None:
-    """The real ``python -m nbtrain agent``, asked to stop a run on a cluster that is not there."""
+def test_an_unreachable_cluster_is_asked_less_often(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+    home = cluster.dir.parent
+    launch("lost", address)  # nothing answers there
+    reachable = f"ray://127.0.0.1:{next(_ports)}"
+    launch("fine", reachable)
+    cluster.says("fine", reachable)
+    start = time.time()
+
+    wait_for(lambda: refreshes(home, reachable, since=start) >= 10, timeout=30, what="ten refreshes of the live cluster")
+
+    # Every 0.5 s for the reachable cluster; after 0.5, 1, 2 and 4 s for the other.
+    assert 1 <= refreshes(home, address, since=start) <= 5
+
+
+def test_cluster_is_the_last_connected_one_with_what_it_says(lab: JupyterLab, cluster: FakeCluster,
+                                                            address: str) -> None:
+    assert lab.request("GET", "nbtrain/api/cluster") == (200, {"cluster": None})
+    record_connection(address, "local")
+    cluster.has_nodes(address, 2, [1, 6])
+    runs(lab)  # a browser watches; no run is live, so the connected cluster is refreshed
+
+    shown = wait_for(lambda: (c := lab.request("GET", "nbtrain/api/cluster")[1]["cluster"])["nodes"] == 2 and c,
+                     what="the cluster's answer")
+    assert shown["address"] == address
+    assert shown["kind"] == "local"  # from the registry (the agent only knows the address it was given)
+    assert shown["resources"] == {"CPU": [1, 6], "GPU": [0, 0]}
+
+
+# -- connecting ahead, and a stop's own refresh, where periodic refreshes are far apart -------------
+
+@pytest.fixture(scope="module")
+def slow_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[JupyterLab, Path]]:
+    home = tmp_path_factory.mktemp("nbtrain-home-slow")
+    server = start_lab(tmp_path_factory, home, refresh_interval=120.0)
+    yield server, home
+    server.stop()
+
+
+def test_a_watched_run_gets_the_agent_connected_and_a_stop_shows_at_once(
+        slow_lab: tuple[JupyterLab, Path], monkeypatch: pytest.MonkeyPatch, address: str) -> None:
+    lab, home = slow_lab
+    monkeypatch.setenv("NBTRAIN_HOME", str(home))
+    launch("watched", address)
+    FakeCluster(home).says("watched", address, step=12)
+
+    runs(lab)  # the first poll of a browser
+
+    wait_for(lambda: refreshes(home, address) == 1, timeout=10, what="the agent to be asked about the run's cluster")
+    assert wait_for(run_shows(lab, "watched", state="running"))["progress"]["step"] == 12
+    assert lab.request("POST", "nbtrain/api/runs/watched/stop")[0] == 202
+    wait_for(run_shows(lab, "watched", state="stopped"), timeout=10, what="the stopped run to be shown")
+    assert calls(home) == [["runs", "--json", "--address", address], ["stop", "watched", "--address", address],
+                           ["runs", "--json", "--address", address]]
+
+
+# -- how answers and records combine -------------------------------------------------------------
+
+def test_a_resumed_run_shows_its_record_until_the_cluster_answers_again() -> None:
+    address = "ray://head:10001"
+    answers = ClusterAnswers()
+    old = record_from_summary({"name": "r", "state": "succeeded", "step": 100, "total_steps": 100}, address)
+    answers.store(address, json.dumps({"address": address, "cluster": None, "runs": [old]}), received=100.0)
+    resumed = {"name": "r", "state": "pending", "address": address, "created": 150.0, "updated": 150.0}
+
+    (shown,) = served_runs([resumed], answers, now=151.0, stale_after=60)
+    assert (shown["state"], shown["terminal"]) == ("pending", False)
+
+    new = record_from_summary({"name": "r", "state": "running", "step": 3, "total_steps": 100}, address)
+    answers.store(address, json.dumps({"address": address, "cluster": None, "runs": [new]}), received=160.0)
+    (shown,) = served_runs([resumed], answers, now=161.0, stale_after=60)
+    assert (shown["state"], shown["progress"]["step"], shown["updated"]) == ("running", 3, 160.0)
+
+
+def test_an_answer_that_is_not_one_keeps_the_last_good_one() -> None:
+    answers = ClusterAnswers()
+    answers.store("a", json.dumps({"address": "a", "cluster": None, "runs": [{"name": "r", "state": "running"}]}), 1.0)
+    for bad in ("Traceback (most recent call last):", "[]", '{"runs": 3}'):
+        with pytest.raises(ValueError):
+            answers.store("a", bad, 2.0)
+    assert [run["name"] for run in answers.runs()] == ["r"]
+
+
+def test_default_agent_is_the_nbtrain_cli_and_its_failures_say_why(tmp_path: Path) -> None:
+    """The real ``python -m nbtrain agent``, asked about a cluster that is not there."""
     import asyncio
     import concurrent.futures
     import logging
@@ -303,17 +426,22 @@ def test_default_agent_is_the_nbtrain_cli_and_a_failed_stop_says_why(tmp_path: P
     assert settings.agent_command == [sys.executable, "-m", "nbtrain", "agent"]
     # cwd: `python -m` finds this checkout's nbtrain first.
     runner = CommandRunner(settings, tmp_path, str(REPO), logging.getLogger("test"))
+    ghost = {"name": "ghost", "state": "running", "address": "ray://127.0.0.1:1", "terminal": False}
 
-    async def stop() -> dict[str, Any]:
-        runner.request_stop(make_run("ghost", address="ray://127.0.0.1:1"))
+    async def refresh_and_stop() -> tuple[tuple[bool, str], dict[str, Any]]:
+        refreshed = await runner.refresh("ray://127.0.0.1:1")
+        runner.request_stop(dict(ghost))
         await asyncio.gather(*runner._tasks)
-        outcome = runner.annotate(make_run("ghost"))["stop"]
+        outcome = runner._annotate(dict(ghost))["stop"]
         await runner._agent.close()
-        return outcome
+        return refreshed, outcome
 
     # its own thread: pytest-playwright keeps an event loop running in this one
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        outcome = pool.submit(asyncio.run, stop()).result()
+        (ok, why), outcome = pool.submit(asyncio.run, refresh_and_stop()).result()
 
+    assert not ok
+    assert "Nothing is listening at ray://127.0.0.1:1" in why
     assert outcome["status"] == "failed"
     assert "Nothing is listening at ray://127.0.0.1:1" in outcome["message"]
+    assert list(tmp_path.iterdir()) == []  # reading and failing wrote nothing

@@ -91,10 +91,11 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
 
 
 def served_cluster(record: ClusterRecord | None, answers: ClusterAnswers) -> dict[str, Any] | None:
-    """The cluster a notebook last connected to, with what its latest answer says of it."""
+    """The cluster a notebook last connected to, with what its latest answer says of it
+    (``nodes`` and ``resources`` are unknown, ``None`` and ``{}``, until it answers)."""
     if record is None:
         return None
-    cluster: dict[str, Any] = dict(record)
+    cluster: dict[str, Any] = {"nodes": None, "resources": {}, **record}
     observed = answers.cluster(record["address"])
     if observed is not None:
         cluster.update((key, observed[key]) for key in OBSERVED_CLUSTER_FIELDS if key in observed)  # type: ignore[literal-required]
