@@ -80,7 +80,7 @@ def _libc_must_not_be_touched():
 @pytest.mark.parametrize("value", ["0", "false", "No", " off "])
 def test_opting_out_leaves_the_allocator_alone(monkeypatch, value):
     monkeypatch.setenv("NBTRAIN_MALLOC_TUNING", value)
-    monkeypatch.setattr(_allocator, "_glibc_mallopt", _libc_must_not_be_touched)
+    monkeypatch.setattr(allocator, "_glibc_mallopt", _libc_must_not_be_touched)
     assert allocator.keep_freed_memory() is False
 
 
@@ -89,7 +89,7 @@ def test_opting_out_leaves_the_allocator_alone(monkeypatch, value):
 def test_the_users_own_malloc_settings_win(monkeypatch, name, value):
     monkeypatch.delenv("NBTRAIN_MALLOC_TUNING", raising=False)
     monkeypatch.setenv(name, value)
-    monkeypatch.setattr(_allocator, "_glibc_mallopt", _libc_must_not_be_touched)
+    monkeypatch.setattr(allocator, "_glibc_mallopt", _libc_must_not_be_touched)
     assert allocator.keep_freed_memory() is False
 
 

@@ -2,7 +2,7 @@
 
 There is no GPU on this machine, so the places below are *fakes* of what Ray
 reports on a two-node, two-GPUs-per-node cluster; the real NCCL path is
-exercised on a GPU machine (see the closing notes / benchmarks README).
+exercised on a GPU machine when one is lent (see the issue's closing note).
 """
 
 from __future__ import annotations

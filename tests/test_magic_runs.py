@@ -76,7 +76,7 @@ def python_sigint_handler():
     """Python's own SIGINT handler for the test, as a kernel has it (the interrupt button is a SIGINT
     that becomes KeyboardInterrupt). A suite started in the background by a non-interactive shell
     (`./scripts/run-tests &`) inherits SIGINT ignored, Python keeps it so, and _thread.interrupt_main()
-    then does nothing: the cell ran on for 300 s."""
+    would then do nothing."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)

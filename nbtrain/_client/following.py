@@ -31,14 +31,12 @@ def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
-            if view_thread is not None:
+            if view_thread is not None and view_thread.is_alive():
                 view_thread.join(0.2)
-                if not view_thread.is_alive():
-                    run.refresh()
-            else:
+            else:  # no view, or it gave up (lost contact): poll here
                 left = LONG_POLL_S if deadline is None else max(0.0, min(LONG_POLL_S, deadline - time.monotonic()))
                 run.refresh(wait_s=left)
-            state = RunState(run.cached_summary["state"])
+            state = RunState(run.cached_summary.get("state", RunState.PENDING))
             if state.is_terminal:
                 return state
             if deadline is not None and time.monotonic() > deadline:

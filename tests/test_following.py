@@ -1,0 +1,67 @@
+"""Blocking until a run ends: Ctrl-C stops the run the blocked call launched, and only stops waiting otherwise."""
+
+from __future__ import annotations
+
+import _thread
+import signal
+import threading
+
+import pytest
+from _helpers import wait_for
+from _train_fns import train_steps
+
+import nbtrain
+
+pytestmark = pytest.mark.cluster
+
+FOREVER = {"steps": 100_000, "sleep": 0.05}
+
+
+@pytest.fixture
+def python_sigint_handler():
+    """A kernel turns SIGINT into KeyboardInterrupt; a suite started in the background may have it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_once_reporting(name: str) -> None:
+    def interrupt() -> None:
+        try:
+            wait_for(lambda: nbtrain.attach(name).metrics, 120, interval=0.3, message=f"{name} to report")
+        finally:  # interrupt in any case: a call left blocking would hide the reason
+            _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, daemon=True).start()
+
+
+def test_interrupting_a_blocking_launch_stops_the_run(cluster, capsys, python_sigint_handler):
+    _interrupt_once_reporting("blocking-launch")
+    with pytest.raises(KeyboardInterrupt):
+        nbtrain.launch(train_steps, config=FOREVER, workers=2, name="blocking-launch", wait=True)
+    assert "Interrupted: run 'blocking-launch' was stopped" in capsys.readouterr().out
+    assert nbtrain.attach("blocking-launch").state == nbtrain.RunState.STOPPED
+
+
+def test_interrupting_a_wait_on_an_attached_run_leaves_it_running(cluster, capsys, python_sigint_handler):
+    launched = nbtrain.launch(train_steps, config=FOREVER, workers=1, name="someone-elses")
+    try:
+        attached = nbtrain.attach("someone-elses")
+        _interrupt_once_reporting("someone-elses")
+        with pytest.raises(KeyboardInterrupt):
+            attached.wait()
+        assert "Stopped waiting; run 'someone-elses' keeps going" in capsys.readouterr().out
+        assert attached.state == nbtrain.RunState.RUNNING
+    finally:
+        launched.stop()
+    assert launched.state == nbtrain.RunState.STOPPED
+
+
+def test_wait_times_out_and_the_run_keeps_going(cluster):
+    run = nbtrain.launch(train_steps, config=FOREVER, workers=1, name="wait-timeout")
+    try:
+        with pytest.raises(TimeoutError, match="still .* after 1 s; it keeps going"):
+            run.wait(timeout=1)
+        assert not run.state.is_terminal
+    finally:
+        run.stop()
