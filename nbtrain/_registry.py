@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from nbtrain._paths import cluster_file, read_json, runs_dir, write_json_atomic
-from nbtrain._states import TERMINAL_STATE_NAMES
+from nbtrain._states import TERMINAL_STATE_NAMES, RunState
 
 
 class Progress(TypedDict):
@@ -79,11 +79,14 @@ def record_connection(address: str, kind: str) -> None:
 def record_from_summary(summary: dict[str, Any], address: str) -> RunRecord:
     """A supervisor's summary as a registry record (what ``nbtrain runs --json`` prints)."""
     owner = summary.get("owner") or {}
+    progress = _progress(summary.get("step") or 0, summary.get("total_steps"))
+    if summary["state"] == RunState.SUCCEEDED:
+        progress["fraction"] = 1.0  # done, whether or not it knew its total
     return {
         "name": summary["name"], "state": summary["state"], "address": address,
         "created": summary.get("started"), "updated": summary.get("now") or time.time(),
         "ended": summary.get("ended"), "notebook": owner.get("notebook"), "workers": summary.get("world_size"),
-        "attempt": summary.get("attempt"), "progress": _progress(summary.get("step") or 0, summary.get("total_steps")),
+        "attempt": summary.get("attempt"), "progress": progress,
         "latest": dict(summary.get("latest") or {}),
         "error": (summary.get("error") or "").split("\n")[0] or None,
     }

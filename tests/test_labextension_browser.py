@@ -1,9 +1,10 @@
 """What a person sees of the lab extension, in a real JupyterLab in Chromium.
 
-The registry files are written by the test (as kernels would write them) and
-the agent is a small script (``_fake_agent.py``) that records its calls and
-marks a run stopped, as ``python -m nbtrain agent`` does. Screenshots land in
-``test-artifacts/``.
+Runs are recorded by nbtrain's own writer (``record_launch``, as ``launch()``
+records them) and what their cluster says comes from the fake agent
+(``_fake_agent.py``), which answers ``runs --json`` from files the test
+writes and marks a run stopped on ``stop``, as ``python -m nbtrain agent``
+does on a real cluster. Screenshots land in ``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
 from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, JupyterLab, start_jupyterlab
+from nbtrain._registry import record_connection, record_from_summary, record_launch
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 Page = playwright_api.Page
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.browser
 ARTIFACTS = REPO / "test-artifacts"
 
 FAKE_AGENT = Path(__file__).with_name("_fake_agent.py")
+CLUSTER = "ray://127.0.0.1:10001"
 
 EMPTY_NOTEBOOK = {
     "cells": [],
@@ -50,24 +54,20 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def make_run(name: str, **fields: Any) -> dict[str, Any]:
-    now = time.time()
-    run = {
-        "name": name,
-        "state": "running",
-        "address": "ray://127.0.0.1:1",  # nothing listens there: attaching fails fast
-        "created": now - 95,
-        "updated": now,
-        "ended": None,
-        "notebook": None,
-        "workers": 2,
-        "attempt": 1,
-        "progress": {"step": 10, "total_steps": 100, "fraction": 0.1},
-        "latest": {"loss": 0.8123, "accuracy": 0.52},
-        "error": None,
-    }
-    run.update(fields)
-    return run
+def launched(home: Path, name: str, address: str = CLUSTER, *, ago: float = 0.0, notebook: str | None = None) -> None:
+    """The registry record ``launch()`` writes, as if it was written ``ago`` seconds ago."""
+    with mock.patch.dict(os.environ, {"NBTRAIN_HOME": str(home)}):
+        record_launch(name, address, notebook=notebook, workers=2, total_steps=100)
+    path = home / "runs" / f"{name}.json"
+    record = json.loads(path.read_text())
+    write_json(path, {**record, "created": record["created"] - ago, "updated": record["updated"] - ago})
+
+
+def cluster_says(home: Path, name: str, state: str = "running", address: str = CLUSTER, **summary: Any) -> None:
+    """What the (fake) cluster reports of run ``name``: a supervisor summary, as the real CLI reads it."""
+    summary = {"name": name, "state": state, "started": time.time(), "ended": None, "world_size": 2,
+               "attempt": 1, "step": 0, "total_steps": 100, "latest": {}, "error": None, **summary}
+    write_json(home / "fake-cluster" / f"{name}.json", record_from_summary(summary, address))
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Iterator[Jupyte
     server = start_jupyterlab(
         root,
         env={"NBTRAIN_HOME": str(home)},
-        server_config={"NbtrainServer": {"agent_command": [sys.executable, str(FAKE_AGENT)]}},
+        server_config={"NbtrainServer": {"agent_command": [sys.executable, str(FAKE_AGENT)], "refresh_interval": 0.5}},
     )
     yield server
     server.stop()
@@ -142,51 +142,30 @@ def cell_sources(page: Page) -> list[str]:
     )
 
 
-def test_sidebar_lists_runs_and_follows_the_registry(lab_page: Page, lab: JupyterLab, home: Path) -> None:
+def test_sidebar_lists_runs_and_follows_their_cluster(lab_page: Page, lab: JupyterLab, home: Path) -> None:
     page = lab_page
-    write_json(
-        home / "cluster.json",
-        {
-            "address": "ray://127.0.0.1:10001",
-            "kind": "local",
-            "nodes": 1,
-            "resources": {"CPU": [2, 2], "GPU": [0, 0]},
-            "updated": time.time(),
-        },
-    )
-    write_json(home / "runs" / "cifar.json", make_run("cifar", notebook="train.ipynb"))
-    write_json(
-        home / "runs" / "baseline.json",
-        make_run(
-            "baseline",
-            state="succeeded",
-            created=time.time() - 700,
-            ended=time.time() - 400,
-            progress={"step": 100, "total_steps": 100, "fraction": 1.0},
-            latest={"loss": 0.21, "accuracy": 0.93},
-        ),
-    )
-    write_json(
-        home / "runs" / "broken.json",
-        make_run(
-            "broken",
-            state="failed",
-            created=time.time() - 300,
-            ended=time.time() - 280,
-            progress={"step": 3, "total_steps": None, "fraction": None},
-            error="Rank 1 raised ZeroDivisionError at step 3. Fix the cell and re-run.",
-        ),
-    )
+    with mock.patch.dict(os.environ, {"NBTRAIN_HOME": str(home)}):
+        record_connection(CLUSTER, "local")
+    write_json(home / "fake-cluster" / "clusters.json", {CLUSTER: {"nodes": 1, "resources": {"CPU": [2, 2], "GPU": [0, 0]}}})
+    launched(home, "cifar", ago=95, notebook="train.ipynb")
+    launched(home, "baseline", ago=700)
+    launched(home, "broken", ago=300)
+    launched(home, "lost", "ray://127.0.0.1:2", ago=200)  # nothing answers there
+    cluster_says(home, "cifar", step=10, latest={"loss": 0.8123, "accuracy": 0.52})
+    cluster_says(home, "baseline", "succeeded", step=100, ended=time.time() - 400,
+                 latest={"loss": 0.21, "accuracy": 0.93})
+    cluster_says(home, "broken", "failed", step=3, total_steps=None, ended=time.time() - 280,
+                 error="Rank 1 raised ZeroDivisionError at step 3. Fix the cell and re-run.\nTraceback ...")
 
     status = page.locator(".jp-nbtrain-Status")
-    expect(status).to_have_text("Ray: 127.0.0.1:10001 · 1 running", timeout=20_000)
+    expect(status).to_have_text("Ray: 127.0.0.1:10001 · 2 running", timeout=20_000)
 
     status.click()  # opens the sidebar
     sidebar = page.locator("#nbtrain-sidebar")
     expect(sidebar).to_be_visible()
     expect(sidebar.locator(".jp-nbtrain-cluster-info")).to_contain_text("2 / 2 used")
     rows = sidebar.locator("li.jp-nbtrain-run")
-    expect(rows).to_have_count(3)
+    expect(rows).to_have_count(4)
     cifar = sidebar.locator('li[data-run-name="cifar"]')
     expect(cifar.locator(".jp-nbtrain-badge")).to_have_text("running")
     expect(cifar.locator(".jp-nbtrain-progress-label")).to_have_text("step 10/100")
@@ -194,21 +173,25 @@ def test_sidebar_lists_runs_and_follows_the_registry(lab_page: Page, lab: Jupyte
     expect(cifar.locator(".jp-nbtrain-elapsed")).to_contain_text("1m")
     expect(sidebar.locator('li[data-run-name="broken"] .jp-nbtrain-message')).to_contain_text("ZeroDivisionError")
     expect(sidebar.locator('li[data-run-name="baseline"] .jp-nbtrain-stop')).to_be_hidden()
+    baseline_fill = sidebar.locator('li[data-run-name="baseline"] .jp-nbtrain-progress-fill')
+    assert baseline_fill.evaluate("node => node.style.width") == "100%"
+    lost = sidebar.locator('li[data-run-name="lost"] .jp-nbtrain-badge')
+    expect(lost).to_have_text("pending?")  # its cluster never answered: the state may be outdated
+    assert "not answered" in (lost.get_attribute("title") or "")
     shot(page, "sidebar")
 
-    # The kernel mirrors progress into the registry; the sidebar follows.
-    write_json(
-        home / "runs" / "cifar.json",
-        make_run("cifar", notebook="train.ipynb", progress={"step": 60, "total_steps": 100, "fraction": 0.6},
-                 latest={"loss": 0.4, "accuracy": 0.81}),
-    )
-    write_json(home / "runs" / "resnet.json", make_run("resnet", state="starting", created=time.time() - 2))
+    # The cluster moves on; the sidebar follows without any notebook open.
+    cluster_says(home, "cifar", step=60, latest={"loss": 0.4, "accuracy": 0.81})
+    launched(home, "resnet", ago=2)
+    cluster_says(home, "resnet", "starting")
+    cluster_says(home, "theirs", "running", step=5)  # launched from another machine: no registry record
     expect(cifar.locator(".jp-nbtrain-progress-label")).to_have_text("step 60/100", timeout=10_000)
     expect(cifar.locator(".jp-nbtrain-metrics")).to_have_text("loss 0.4 · accuracy 0.81")
     width = cifar.locator(".jp-nbtrain-progress-fill").evaluate("node => node.style.width")
     assert width == "60%"
-    expect(status).to_have_text("Ray: 127.0.0.1:10001 · 2 running")
-    expect(rows).to_have_count(4)
+    expect(status).to_have_text("Ray: 127.0.0.1:10001 · 4 running")
+    expect(rows).to_have_count(6)
+    expect(sidebar.locator('li[data-run-name="theirs"] .jp-nbtrain-badge')).to_have_text("running")
     shot(page, "sidebar-updated")
 
     # "Open dashboard" opens the notebook the run came from.
@@ -223,7 +206,8 @@ def test_sidebar_lists_runs_and_follows_the_registry(lab_page: Page, lab: Jupyte
 
 def test_stop_button_stops_the_run(lab_page: Page, lab: JupyterLab, home: Path) -> None:
     page = lab_page
-    write_json(home / "runs" / "longrun.json", make_run("longrun", created=time.time() - 3))
+    launched(home, "longrun", ago=3)
+    cluster_says(home, "longrun", step=4)
     page.locator(".jp-nbtrain-Status").click()
     row = page.locator('#nbtrain-sidebar li[data-run-name="longrun"]')
     expect(row.locator(".jp-nbtrain-badge")).to_have_text("running", timeout=10_000)
@@ -237,8 +221,9 @@ def test_stop_button_stops_the_run(lab_page: Page, lab: JupyterLab, home: Path) 
     expect(row.locator(".jp-nbtrain-badge")).to_have_text("stopped", timeout=15_000)
     expect(row.locator(".jp-nbtrain-stop")).to_be_hidden()
     calls = [json.loads(line)["argv"] for line in (home / "calls.jsonl").read_text().splitlines()]
-    assert ["stop", "longrun", "--address", "ray://127.0.0.1:1"] in calls
-    assert json.loads((home / "runs" / "longrun.json").read_text())["state"] == "stopped"
+    assert ["stop", "longrun", "--address", CLUSTER] in calls
+    assert json.loads((home / "fake-cluster" / "longrun.json").read_text())["state"] == "stopped"
+    assert json.loads((home / "runs" / "longrun.json").read_text())["state"] == "pending"  # nobody rewrote it
 
 
 def test_insert_training_cell_from_the_command_palette(lab_page: Page) -> None:
@@ -276,7 +261,8 @@ def test_connect_command_asks_for_an_address(lab_page: Page) -> None:
 
 def test_open_dashboard_of_a_run_without_notebook_attaches_here(lab_page: Page, home: Path) -> None:
     page = lab_page
-    write_json(home / "runs" / "orphan.json", make_run("orphan", state="succeeded", ended=time.time()))
+    launched(home, "orphan", "ray://127.0.0.1:1")
+    cluster_says(home, "orphan", "succeeded", "ray://127.0.0.1:1", ended=time.time())
     page.locator(".jp-nbtrain-Status").click()
     page.locator('#nbtrain-sidebar li[data-run-name="orphan"] .jp-nbtrain-open').click()
 

@@ -8,22 +8,6 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-/** A run's lifecycle state, as written by the notebook side's registry. */
-export type RunState =
-  | 'pending'
-  | 'starting'
-  | 'running'
-  | 'restarting'
-  | 'succeeded'
-  | 'failed'
-  | 'stopped';
-
-export const TERMINAL_STATES: ReadonlySet<string> = new Set([
-  'succeeded',
-  'failed',
-  'stopped'
-]);
-
 /** What the server knows about a stop it was asked for. */
 export interface IStopRequest {
   status: 'stopping' | 'failed';
@@ -33,7 +17,10 @@ export interface IStopRequest {
 
 export interface IRun {
   name: string;
-  state: RunState;
+  /** `pending`, `running`, `succeeded`, ...: shown as is (the server knows the states). */
+  state: string;
+  /** Whether the state is final, as the server says (the browser keeps no list of states). */
+  terminal: boolean;
   address: string | null;
   created: number | null;
   updated: number | null;
@@ -48,8 +35,8 @@ export interface IRun {
   } | null;
   latest: Record<string, unknown> | null;
   error: string | null;
-  /** Added by the server: no registry update for a while on a live run. */
-  stale?: boolean;
+  /** A live run whose cluster has not answered for a while: the state shown is the last one known. */
+  stale: boolean;
   /** Added by the server when a stop was requested through it. */
   stop?: IStopRequest | null;
 }

@@ -8,14 +8,7 @@
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import {
-  ICluster,
-  IRun,
-  TERMINAL_STATES,
-  getCluster,
-  listRuns,
-  stopRun
-} from './api';
+import { ICluster, IRun, getCluster, listRuns, stopRun } from './api';
 
 const FAST_MS = 1500;
 const SLOW_MS = 10000;
@@ -54,7 +47,7 @@ export class RunsModel {
   }
 
   get runningCount(): number {
-    return this._runs.filter(run => !TERMINAL_STATES.has(run.state)).length;
+    return this._runs.filter(run => !run.terminal).length;
   }
 
   /** Seconds since the run was created, on the server's clock. */
@@ -62,7 +55,7 @@ export class RunsModel {
     if (run.created === null || run.created === undefined) {
       return null;
     }
-    const end = TERMINAL_STATES.has(run.state)
+    const end = run.terminal
       ? (run.ended ?? run.updated ?? this._serverNow)
       : this._serverNow + (Date.now() - this._fetchedAt) / 1000;
     return Math.max(0, end - run.created);

@@ -8,7 +8,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { ICluster, IRun, TERMINAL_STATES } from './api';
+import { ICluster, IRun } from './api';
 import { RunsModel } from './model';
 
 import raySvg from '../style/ray.svg';
@@ -209,8 +209,8 @@ class RunRow {
     this._badge.textContent = state;
     this._badge.className = `jp-nbtrain-badge jp-nbtrain-state-${run.state}`;
     this._badge.title = run.stale
-      ? 'No update from this run for a while; its notebook may be closed. ' +
-        'The state shown is the last one recorded.'
+      ? 'Its cluster has not answered for a while; the state shown is ' +
+        'the last one known.'
       : `Attempt ${run.attempt ?? 1}, ${run.workers ?? '?'} workers`;
     this.setElapsed(elapsed);
 
@@ -237,9 +237,8 @@ class RunRow {
       Boolean(run.error) || run.stop?.status === 'failed'
     );
 
-    const terminal = TERMINAL_STATES.has(run.state);
-    this._stop.disabled = terminal || run.stop?.status === 'stopping';
-    this._stop.hidden = terminal;
+    this._stop.disabled = run.terminal || run.stop?.status === 'stopping';
+    this._stop.hidden = run.terminal;
     this._open.title = run.notebook
       ? `Open ${run.notebook}`
       : `Insert "%ray_attach ${run.name}" into the active notebook`;
@@ -263,9 +262,6 @@ class RunRow {
 
 function progressFraction(run: IRun): number | null {
   const p = run.progress;
-  if (run.state === 'succeeded') {
-    return 1;
-  }
   if (!p) {
     return null;
   }
