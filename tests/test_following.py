@@ -26,9 +26,15 @@ def python_sigint_handler():
 
 
 def _interrupt_once_reporting(name: str) -> None:
+    def reporting() -> bool:
+        try:
+            return bool(nbtrain.attach(name).metrics)
+        except nbtrain.RunNotFoundError:  # not launched yet
+            return False
+
     def interrupt() -> None:
         try:
-            wait_for(lambda: nbtrain.attach(name).metrics, 120, interval=0.3, message=f"{name} to report")
+            wait_for(reporting, 120, interval=0.3, message=f"{name} to report")
         finally:  # interrupt in any case: a call left blocking would hide the reason
             _thread.interrupt_main()
 
