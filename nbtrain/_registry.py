@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeGuard, cast
 
 from nbtrain._paths import cluster_file, read_json, runs_dir, write_json_atomic
 from nbtrain._states import TERMINAL_STATE_NAMES, RunState
@@ -101,7 +101,7 @@ def number(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
-def _valid_run(data: Any) -> bool:
+def _valid_run(data: Any) -> TypeGuard[RunRecord]:
     return isinstance(data, dict) and isinstance(data.get("name"), str) and bool(data["name"])
 
 
@@ -126,4 +126,4 @@ def read_run(name: str, home: Path | None = None) -> RunRecord | None:
 
 def read_cluster(home: Path | None = None) -> ClusterRecord | None:
     data = read_json(cluster_file(home))
-    return data if isinstance(data, dict) and isinstance(data.get("address"), str) else None
+    return cast(ClusterRecord, data) if isinstance(data, dict) and isinstance(data.get("address"), str) else None

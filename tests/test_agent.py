@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from _helpers import wait_for
-from _train_fns import train_steps
 
 import nbtrain
 from nbtrain._paths import nbtrain_home
+
+from _helpers import wait_for
+from _train_fns import train_steps
 
 pytestmark = pytest.mark.cluster
 

@@ -20,8 +20,9 @@ from unittest import mock
 
 import pytest
 
-from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, JupyterLab, start_jupyterlab
 from nbtrain._registry import record_connection, record_from_summary, record_launch
+
+from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, JupyterLab, start_jupyterlab
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 Page = playwright_api.Page
@@ -146,7 +147,8 @@ def test_sidebar_lists_runs_and_follows_their_cluster(lab_page: Page, lab: Jupyt
     page = lab_page
     with mock.patch.dict(os.environ, {"NBTRAIN_HOME": str(home)}):
         record_connection(CLUSTER, "local")
-    write_json(home / "fake-cluster" / "clusters.json", {CLUSTER: {"nodes": 1, "resources": {"CPU": [2, 2], "GPU": [0, 0]}}})
+    write_json(home / "fake-cluster" / "clusters.json",
+               {CLUSTER: {"nodes": 1, "resources": {"CPU": [2, 2], "GPU": [0, 0]}}})
     launched(home, "cifar", ago=95, notebook="train.ipynb")
     launched(home, "baseline", ago=700)
     launched(home, "broken", ago=300)

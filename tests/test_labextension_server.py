@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from _jupyterlab import REPO, JupyterLab, start_jupyterlab
 from nbtrain._lab.run_list import ClusterAnswers, served_runs
 from nbtrain._registry import record_connection, record_from_summary, record_launch
+
+from _jupyterlab import REPO, JupyterLab, start_jupyterlab
 
 FAKE_AGENT = Path(__file__).with_name("_fake_agent.py")
 STALE_AFTER = 5.0
@@ -194,7 +195,7 @@ def test_registry_runs_show_what_their_cluster_says_live_first(lab: JupyterLab, 
     cluster.says("new", address, "running", step=40, latest={"loss": 0.5, "accuracy": 0.75})
     new = wait_for(run_shows(lab, "new", state="running"), what="the cluster's state to be shown")
 
-    status, body = lab.request("GET", "nbtrain/api/runs")
+    body = lab.request("GET", "nbtrain/api/runs")[1]
     ours = [run for run in body["runs"] if run["address"] == address]
     assert [run["name"] for run in ours] == ["new", "older-live", "old"]
     assert [run["terminal"] for run in ours] == [False, False, True]
@@ -340,7 +341,8 @@ def test_an_unreachable_cluster_is_asked_less_often(lab: JupyterLab, cluster: Fa
     cluster.says("fine", reachable)
     start = time.time()
 
-    wait_for(lambda: refreshes(home, reachable, since=start) >= 10, timeout=30, what="ten refreshes of the live cluster")
+    wait_for(lambda: refreshes(home, reachable, since=start) >= 10, timeout=30,
+             what="ten refreshes of the live cluster")
 
     # Every 0.5 s for the reachable cluster; after 0.5, 1, 2 and 4 s for the other.
     assert 1 <= refreshes(home, address, since=start) <= 5

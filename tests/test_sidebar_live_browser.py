@@ -1,9 +1,9 @@
 """The lab sidebar with a real run started from a notebook on the loopback cluster.
 
-The notebook's kernel mirrors the run into the registry; the sidebar shows it,
-its progress grows, the status bar counts it, and the sidebar's Stop button
-stops it for real (through the server's ``python -m nbtrain agent``, which
-connected to the run's cluster while the sidebar showed the run).
+``launch()`` records the run once; the server's ``python -m nbtrain agent``
+reports what the cluster says of it (no notebook writes anything after the
+launch). The sidebar shows the run, its progress grows, the status bar counts
+it, and the sidebar's Stop button stops it for real, through the same agent.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import sys
 import time
 
 import pytest
-from _jupyterlab import start_jupyterlab
 from test_dashboard_browser import ARTIFACTS, browser_type_launch_args, open_and_run, write_notebook  # noqa: F401
 
 import nbtrain
+from nbtrain._lab.commands import NbtrainServer
+
+from _jupyterlab import start_jupyterlab
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 expect = pytest.importorskip("playwright.sync_api").expect
@@ -30,8 +32,9 @@ def lab(cluster, tmp_path_factory):
         "for step in range(3000):\n"
         "    nbtrain.report(loss=1.0 / (step + 1))\n"
         "    time.sleep(0.05)\n")])
-    # The product's refresh (tests elsewhere turn it off): it connects the agent ahead of the Stop.
-    server = start_jupyterlab(root, server_config={"NbtrainServer": {"refresh_interval": 15.0}})
+    # The product's refresh (tests elsewhere turn it off): it is how the sidebar learns of progress.
+    refresh = NbtrainServer.refresh_interval.default_value
+    server = start_jupyterlab(root, server_config={"NbtrainServer": {"refresh_interval": refresh}})
     yield server
     server.stop()
 

@@ -46,11 +46,11 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         stopped = local_cluster.stop()
         _say("Local Ray cluster stopped." if stopped else "No local Ray cluster was running.")
         return 0
-    info = local_cluster.status()
-    if info is None:
+    running = local_cluster.status()
+    if running is None:
         print("stopped")
         return 1
-    print(f"running at {info.address} (pid {info.pid}, {info.num_cpus} CPUs)")
+    print(f"running at {running.address} (pid {running.pid}, {running.num_cpus} CPUs)")
     return 0
 
 

@@ -75,7 +75,8 @@ class NbtrainServer(Configurable):
     ).tag(config=True)
 
     agent_idle_timeout = Float(
-        600.0, help="Close the agent (and its Ray Client session) after this many seconds without a browser or a command."
+        600.0, help="Close the agent (and its Ray Client session) after this many seconds "
+                    "without a browser or a command."
     ).tag(config=True)
 
     stale_after = Float(

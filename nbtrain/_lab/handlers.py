@@ -8,7 +8,7 @@
 ``GET  cluster``            ``{"cluster": {...} | null}``
 ==========================  =======================================================
 
-Every handler is an ``APIHandler`` behind ``@tornado.web.authenticated``:
+Every handler is an ``APIHandler`` behind ``@web.authenticated``:
 without the Jupyter token (or login cookie) every route answers 403.
 A run is a registry record (:class:`nbtrain._registry.RunRecord`) with the
 agent's newest word on it (:mod:`.run_list`), plus ``terminal`` (whether its
@@ -23,9 +23,9 @@ import time
 from typing import Any
 from urllib.parse import unquote
 
-import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
+from tornado import web
 
 from nbtrain._lab.commands import CommandRunner
 
@@ -35,18 +35,19 @@ _NAME = r"(?P<name>[^/]+)"
 class _BaseHandler(APIHandler):
     @property
     def commands(self) -> CommandRunner:
-        return self.settings["nbtrain_commands"]
+        commands: CommandRunner = self.settings["nbtrain_commands"]
+        return commands
 
     def find_run(self, name: str) -> dict[str, Any]:
         run = self.commands.run(unquote(name))
         if run is None:
-            raise tornado.web.HTTPError(404, f"No run named {unquote(name)!r} in {self.commands.home / 'runs'} "
+            raise web.HTTPError(404, f"No run named {unquote(name)!r} in {self.commands.home / 'runs'} "
                                              "or on the clusters of its runs.")
         return run
 
 
 class RunsHandler(_BaseHandler):
-    @tornado.web.authenticated
+    @web.authenticated
     def get(self) -> None:
         runs = self.commands.runs()
         self.commands.watched(runs)
@@ -54,28 +55,28 @@ class RunsHandler(_BaseHandler):
 
 
 class RunHandler(_BaseHandler):
-    @tornado.web.authenticated
+    @web.authenticated
     def get(self, name: str) -> None:
         self.finish(json.dumps(self.find_run(name)))
 
 
 class StopRunHandler(_BaseHandler):
-    @tornado.web.authenticated
+    @web.authenticated
     def post(self, name: str) -> None:
         run = self.find_run(name)
         if run["terminal"]:
-            raise tornado.web.HTTPError(409, f"Run {run['name']!r} already ended ({run['state']}); nothing to stop.")
+            raise web.HTTPError(409, f"Run {run['name']!r} already ended ({run['state']}); nothing to stop.")
         self.set_status(202)
         self.finish(json.dumps(self.commands.request_stop(run)))
 
 
 class ClusterHandler(_BaseHandler):
-    @tornado.web.authenticated
+    @web.authenticated
     def get(self) -> None:
         self.finish(json.dumps({"cluster": self.commands.cluster()}))
 
 
-def setup_handlers(web_app: tornado.web.Application, commands: CommandRunner) -> None:
+def setup_handlers(web_app: web.Application, commands: CommandRunner) -> None:
     web_app.settings["nbtrain_commands"] = commands
     api = url_path_join(web_app.settings["base_url"], "nbtrain", "api")
     web_app.add_handlers(

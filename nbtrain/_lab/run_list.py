@@ -31,8 +31,8 @@ class ClusterAnswers:
     """The agent's latest answer for each cluster address."""
 
     def __init__(self) -> None:
-        self._runs: dict[str, dict[str, RunRecord]] = {}
-        self._clusters: dict[str, ClusterRecord] = {}
+        self._runs: dict[str, dict[str, dict[str, Any]]] = {}  # address -> name -> RunRecord
+        self._clusters: dict[str, dict[str, Any]] = {}          # address -> ClusterRecord
 
     def store(self, address: str, output: str, received: float) -> None:
         """Keep the answer ``output`` (the JSON ``nbtrain runs --json --address ADDRESS`` printed).
@@ -43,22 +43,22 @@ class ClusterAnswers:
         if not isinstance(answer, dict) or not isinstance(answer.get("runs"), list):
             msg = f"expected {{'address', 'cluster', 'runs'}} from nbtrain runs --json, got {output[:200]!r}"
             raise ValueError(msg)
-        runs: dict[str, RunRecord] = {}
+        runs: dict[str, dict[str, Any]] = {}
         for record in answer["runs"]:
             if isinstance(record, dict) and isinstance(record.get("name"), str) and record["name"]:
-                runs[record["name"]] = {**record, "address": address, "updated": received}  # type: ignore[typeddict-item]
+                runs[record["name"]] = {**record, "address": address, "updated": received}
         self._runs[address] = runs
         cluster = answer.get("cluster")
         if isinstance(cluster, dict):
-            self._clusters[address] = {**cluster, "address": address, "updated": received}  # type: ignore[typeddict-item]
+            self._clusters[address] = {**cluster, "address": address, "updated": received}
 
-    def run(self, address: Any, name: str) -> RunRecord | None:
+    def run(self, address: Any, name: str) -> dict[str, Any] | None:
         return self._runs.get(address, {}).get(name) if isinstance(address, str) else None
 
-    def runs(self) -> list[RunRecord]:
+    def runs(self) -> list[dict[str, Any]]:
         return [run for runs in self._runs.values() for run in runs.values()]
 
-    def cluster(self, address: str) -> ClusterRecord | None:
+    def cluster(self, address: str) -> dict[str, Any] | None:
         return self._clusters.get(address)
 
 
@@ -75,7 +75,7 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
         observed = answers.run(record.get("address"), record["name"])
         if observed is not None and number(observed.get("updated")) >= number(record.get("updated")):
             # Older than the record only after a resume rewrote the record: the record wins then.
-            run.update((key, observed[key]) for key in OBSERVED_RUN_FIELDS if key in observed)  # type: ignore[literal-required]
+            run.update((key, observed[key]) for key in OBSERVED_RUN_FIELDS if key in observed)
         served.append(run)
     listed = {run["name"] for run in served}
     for observed in answers.runs():
@@ -98,5 +98,5 @@ def served_cluster(record: ClusterRecord | None, answers: ClusterAnswers) -> dic
     cluster: dict[str, Any] = {"nodes": None, "resources": {}, **record}
     observed = answers.cluster(record["address"])
     if observed is not None:
-        cluster.update((key, observed[key]) for key in OBSERVED_CLUSTER_FIELDS if key in observed)  # type: ignore[literal-required]
+        cluster.update((key, observed[key]) for key in OBSERVED_CLUSTER_FIELDS if key in observed)
     return cluster
