@@ -278,6 +278,17 @@ def test_stop_failure_shows_the_tools_message(lab: JupyterLab, registry: Path, a
     assert run["terminal"] is False
 
 
+def test_a_run_without_an_address_is_not_stopped_on_some_other_cluster(lab: JupyterLab, registry: Path) -> None:
+    record = {"name": "nowhere", "state": "running", "created": time.time(), "updated": time.time()}
+    write_json(registry / "runs" / "nowhere.json", record)  # written by hand, or by an older nbtrain
+
+    assert lab.request("POST", "nbtrain/api/runs/nowhere/stop")[0] == 202
+
+    run = wait_for(lambda: (r := runs(lab)["nowhere"])["stop"]["status"] == "failed" and r, what="the stop to fail")
+    assert "does not say which cluster" in run["stop"]["message"]
+    assert not [call for call in calls(registry) if call[0] == "stop"]
+
+
 def test_stop_of_an_ended_run_is_a_conflict(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
     launch("done", address)
     cluster.says("done", address, "succeeded", ended=time.time())

@@ -148,12 +148,14 @@ class CommandRunner:
 
     async def _stop(self, name: str, address: str | None, record: dict[str, Any]) -> None:
         began = time.monotonic()
-        command = ["stop", name] + (["--address", address] if address else [])
-        ok, output = await self._agent.call(command, self.settings.command_timeout)
-        if ok:
+        if address:
+            ok, output = await self._agent.call(["stop", name, "--address", address], self.settings.command_timeout)
+        else:  # without an address the tool would connect to $RAY_ADDRESS or start a local cluster
+            ok, output = False, (f"The registry does not say which cluster runs {name!r}; "
+                                 f"stop it from a notebook: nbtrain.attach({name!r}).stop()")
+        if ok and address:
             self.log.info("nbtrain: stopped run %r in %.1f s", name, time.monotonic() - began)
-            if address:
-                await self.refresh(address)  # the list shows it stopped without waiting for the next round
+            await self.refresh(address)  # the list shows it stopped without waiting for the next round
         else:
             record["status"] = "failed"
             record["message"] = output[-_OUTPUT_CHARS:] or "the stop command failed without a message"
