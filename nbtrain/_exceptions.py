@@ -26,7 +26,7 @@ class NbtrainError(Exception):
         super().__init__(message)
         self.message = message
 
-    def __reduce__(self):  # type: ignore[override]
+    def __reduce__(self) -> tuple[type[NbtrainError], tuple[str]]:
         return (type(self), (self.message,))
 
     def __str__(self) -> str:

@@ -152,7 +152,7 @@ def check_resources(workers: int, cpus_per_worker: float, gpus_per_worker: float
     raise ResourcesUnavailableError(msg)
 
 
-def _check_signature(train_fn: Callable[..., Any]) -> bool:
+def _check_signature(train_fn: object) -> bool:
     """Whether ``train_fn`` takes the config; refuses a function that needs more than one argument."""
     if not callable(train_fn):
         msg = f"train_fn must be a function, got {type(train_fn).__name__}."

@@ -69,7 +69,7 @@ class Run:
     def _apply(self, asked: tuple[int, int, int], reply: dict[str, Any]) -> list[dict[str, Any]]:
         """Add the part of ``reply``, the answer to a poll from cursors ``asked``, not yet here."""
         have = self._cursors
-        rows = reply["rows"][have[0] - asked[0]:]
+        rows: list[dict[str, Any]] = reply["rows"][have[0] - asked[0]:]
         self._rows.extend(rows)
         self._logs.extend(reply["logs"][have[1] - asked[1]:])
         self._events.extend(reply["events"][have[2] - asked[2]:])
@@ -92,7 +92,8 @@ class Run:
                 # the Ray Client proxy about a third of its CPU per poll (on a laptop, CPU the
                 # ranks need; benchmarks/README.md has the figures).
                 reply = self._handle.poll.remote(cursor, log_cursor, event_cursor, wait_s=wait_s).future()
-                return reply.result(timeout=POLL_TIMEOUT_S + wait_s)
+                answer: dict[str, Any] = reply.result(timeout=POLL_TIMEOUT_S + wait_s)
+                return answer
             except concurrent.futures.TimeoutError:
                 msg = (f"Run {self.name!r}'s supervisor did not answer within {POLL_TIMEOUT_S:.0f} s; "
                        f"it may be restarting. Try again shortly.")
@@ -150,7 +151,8 @@ class Run:
     @property
     def error(self) -> str | None:
         """Every failing rank with its traceback, or ``None``."""
-        return self._fresh_summary()["error"]
+        error: str | None = self._fresh_summary()["error"]
+        return error
 
     @property
     def config(self) -> dict[str, Any]:

@@ -26,7 +26,8 @@ _SKIP_TYPES = (types.ModuleType, type(None), int, float, str, bytes, bool)
 def dumps_checked(fn: Callable[..., Any], what: str = "the training function") -> bytes:
     """Pickle ``fn``; on failure raise :class:`NotSerializableError` naming the culprit."""
     try:
-        return cloudpickle.dumps(fn)
+        data: bytes = cloudpickle.dumps(fn)
+        return data
     except Exception as exc:  # noqa: BLE001 - pickling raises many types
         culprit = find_unpicklable(fn)
         if culprit is None:

@@ -97,8 +97,8 @@ class TrainingSession:
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
         self._saved_stdio = (sys.stdout, sys.stderr)
-        sys.stdout = _LogTee(self, "stdout", sys.stdout)  # type: ignore[assignment]
-        sys.stderr = _LogTee(self, "stderr", sys.stderr)  # type: ignore[assignment]
+        sys.stdout = _LogTee(self, "stdout", sys.stdout)
+        sys.stderr = _LogTee(self, "stderr", sys.stderr)
         self._thread.start()
 
     def close(self, state: str) -> None:

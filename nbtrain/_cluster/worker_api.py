@@ -76,8 +76,9 @@ class PreparedLoader:
     def __iter__(self) -> Iterator[Any]:
         session = current_session()
         sampler = getattr(self._loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self._epoch)
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(self._epoch)
         session.epoch = self._epoch
         device = session.context.device
         for batch in self._loader:

@@ -62,17 +62,17 @@ def _fmt_duration(seconds: float) -> str:
 def progress_fraction(summary: dict[str, Any]) -> float | None:
     total_steps = summary.get("total_steps")
     if total_steps:
-        return min(1.0, (summary.get("step") or 0) / total_steps)
+        return min(1.0, float(summary.get("step") or 0) / float(total_steps))
     total_epochs = summary.get("total_epochs")
     workers = summary.get("workers") or []
     if total_epochs and workers:
         epoch = min(w.get("epoch", 0) for w in workers)
-        return min(1.0, epoch / total_epochs)
+        return min(1.0, float(epoch) / float(total_epochs))
     return None
 
 
 def state_label(summary: dict[str, Any]) -> str:
-    state = summary.get("state", "pending")
+    state = str(summary.get("state", "pending"))
     if state == "restarting" or (state in ("pending", "starting") and (summary.get("attempt") or 1) > 1):
         return f"restarting (attempt {summary.get('attempt', 1) + (1 if state == 'restarting' else 0)}" \
                f"/{summary.get('max_failures', 0) + 1})"
@@ -263,10 +263,10 @@ class WidgetDashboard(_Follower):
             for metric in metrics:
                 for rank, (xs, ys) in self.history.per_rank(metric).items():
                     dx, dy = downsample(xs, ys, MAX_POINTS_PER_TRACE)
-                    traces.append((f"{metric} rank {rank}", dx, dy, dict(width=1), 0.5))
+                    traces.append((f"{metric} rank {rank}", dx, dy, {"width": 1.0}, 0.5))
                 mx, my = self.history.mean(metric)
                 dx, dy = downsample(mx, my, MAX_POINTS_PER_TRACE)
-                traces.append((f"{metric} mean", dx, dy, dict(width=2.5), 1.0))
+                traces.append((f"{metric} mean", dx, dy, {"width": 2.5}, 1.0))
             if figure is None:
                 figure = go.FigureWidget(layout=dict(
                     title=dict(text=group, x=0.02), height=280, width=460, margin=dict(l=50, r=10, t=40, b=40),

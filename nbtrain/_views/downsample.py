@@ -10,9 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
+
+Points = Sequence[float] | npt.NDArray[np.float64]
 
 
-def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+def downsample(xs: Points, ys: Points, max_points: int = 2000) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     x = np.asarray(xs, dtype=float)
     y = np.asarray(ys, dtype=float)
     n = len(x)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 RESERVED = frozenset({"rank", "step", "attempt", "time"})
 
@@ -52,11 +53,11 @@ class MetricHistory:
                 grouped.setdefault(name, []).append(name)
         return grouped
 
-    def per_rank(self, metric: str) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    def per_rank(self, metric: str) -> dict[int, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]:
         return {rank: (np.asarray(xs, dtype=float), np.asarray(ys, dtype=float))
                 for rank, (xs, ys) in sorted(self._series.get(metric, {}).items())}
 
-    def mean(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    def mean(self, metric: str) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         ranks = self.per_rank(metric)
         if not ranks:
             return np.empty(0), np.empty(0)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 
-from nbtrain._views.downsample import downsample
+from nbtrain._views.downsample import Points, downsample
+
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
-def svg_chart(title: str, series: dict[str, tuple[Sequence[float], Sequence[float]]],
+def svg_chart(title: str, series: Mapping[str, tuple[Points, Points]],
               width: int = 420, height: int = 240) -> str:
     left, right, top, bottom = 52, 10, 24, 30
     points = {name: downsample(xs, ys, 400) for name, (xs, ys) in series.items() if len(xs)}
@@ -33,10 +34,10 @@ def svg_chart(title: str, series: dict[str, tuple[Sequence[float], Sequence[floa
     y1 = y1 if y1 > y0 else y0 + 1
 
     def sx(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * (width - left - right)
+        return float(left + (x - x0) / (x1 - x0) * (width - left - right))
 
     def sy(y: float) -> float:
-        return height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)
+        return float(height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom))
 
     parts.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
                  f'fill="none" stroke="#ccc"/>')
