@@ -1,4 +1,5 @@
-"""Connecting: the embedded cluster stays on loopback with a token; bad addresses fail fast and clearly."""
+"""Connecting: the embedded cluster stays on loopback with a token; bad addresses fail fast and clearly;
+connecting records the cluster once, and reading the local cluster's state writes nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import pytest
 
 import nbtrain
 from nbtrain._client import local_cluster
+from nbtrain._client.auth import preflight, read_token, resolve_token
+from nbtrain._client.connection import _host_port
+from nbtrain._registry import read_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -44,14 +48,13 @@ def test_every_listening_socket_of_the_local_cluster_is_on_loopback(cluster):
 
 
 def test_client_port_refuses_a_connection_without_the_token(cluster):
-    from nbtrain._client.connection import _host_port, _preflight
-
     host, port = _host_port(cluster.address)
     began = time.monotonic()
     with pytest.raises(nbtrain.ConnectionFailedError, match="requires a token"):
-        _preflight(cluster.address, host, port, token=None)
+        preflight(cluster.address, host, port, token=None)
     with pytest.raises(nbtrain.ConnectionFailedError, match="rejected the authentication token"):
-        _preflight(cluster.address, host, port, token="not-the-token")
+        preflight(cluster.address, host, port, token="not-the-token")
+    preflight(cluster.address, host, port, token=read_token(local_cluster.status().token_path))
     assert time.monotonic() - began < 5
 
 
@@ -61,9 +64,7 @@ def test_unreachable_address_fails_within_15_s_naming_it(cluster):
         port = sock.getsockname()[1]  # closed again when the block ends: nobody listens there
     began = time.monotonic()
     with pytest.raises(nbtrain.ConnectionFailedError, match=f"Nothing is listening at ray://127.0.0.1:{port}"):
-        from nbtrain._client.connection import _host_port, _preflight
-
-        _preflight(f"ray://127.0.0.1:{port}", *_host_port(f"ray://127.0.0.1:{port}"), token=None)
+        preflight(f"ray://127.0.0.1:{port}", *_host_port(f"ray://127.0.0.1:{port}"), token=None)
     assert time.monotonic() - began < 15
 
 
@@ -86,11 +87,9 @@ def test_a_port_that_is_not_ray_client_is_named_as_such(cluster):
     thread = threading.Thread(target=accept_and_hang_up, daemon=True)
     thread.start()
     try:
-        from nbtrain._client.connection import _host_port, _preflight
-
         began = time.monotonic()
         with pytest.raises(nbtrain.ConnectionFailedError, match="does not answer as a Ray Client server"):
-            _preflight(f"ray://127.0.0.1:{port}", *_host_port(f"ray://127.0.0.1:{port}"), token=None)
+            preflight(f"ray://127.0.0.1:{port}", *_host_port(f"ray://127.0.0.1:{port}"), token=None)
         assert time.monotonic() - began < 15
     finally:
         stop.set()
@@ -112,3 +111,25 @@ def test_versions_that_differ_are_both_named():
     message = str(raised.value)
     assert "Ray 2.60.0 in the notebook but Ray 2.50.0 on the cluster" in message
     assert "Python 3.11.7 in the notebook but Python 3.10.12 on the cluster" in message
+
+
+def test_connecting_recorded_the_cluster_for_the_sidebar(cluster):
+    record = read_cluster()
+    assert record is not None
+    assert (record["address"], record["kind"]) == (cluster.address, "local")
+
+
+def test_the_embedded_token_goes_to_the_embedded_cluster_only(cluster, monkeypatch):
+    own = read_token(local_cluster.status().token_path)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "someone-elses-token")
+    assert resolve_token(None, cluster.address) == own
+    assert resolve_token(None, "ray://127.0.0.1:1") == "someone-elses-token"
+    assert resolve_token("given", cluster.address) == "given"
+
+
+def test_reading_the_local_cluster_state_creates_nothing(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("NBTRAIN_HOME", str(home))
+    assert local_cluster.status() is None
+    assert not local_cluster.token_path().exists()
+    assert not home.exists()

@@ -72,7 +72,11 @@ def check_kernel_ray(address: str) -> None:
     Ray reads ``RAY_AUTH_MODE`` at import; with it on, every Ray channel asks Ray's
     own token loader first, and that raises when it finds no token.
     """
-    from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, get_authentication_mode
+    from ray._raylet import (  # type: ignore[attr-defined]  # compiled; its stub lacks these
+        AuthenticationMode,
+        AuthenticationTokenLoader,
+        get_authentication_mode,
+    )
     from ray.exceptions import AuthenticationError
 
     if get_authentication_mode() != AuthenticationMode.TOKEN:

@@ -82,7 +82,7 @@ def current() -> Cluster:
 def _ray_connected() -> bool:
     import ray
 
-    return ray.is_initialized()
+    return bool(ray.is_initialized())
 
 
 def connect(address: str | None = None, *, token: str | None = None, num_cpus: int | None = None,
@@ -108,17 +108,13 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address and address.strip().lower() in ("local", "auto-local"):
         address = None
-    kind = "remote"
-    local_temp_dir = None
     if address is None:
-        info = local_cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, progress=say)
-        address = info.address
-        kind = "local"
-        token_value: str | None = auth.read_token(info.token_path)
-        local_temp_dir = info.temp_dir
+        address = local_cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, progress=say).address
     else:
         address = _normalise(address)
-        token_value = auth.resolve_token(token, address)
+    local = _embedded(address)  # also when RAY_ADDRESS names it (Binder, `nbtrain lab`)
+    kind = "local" if local else "remote"
+    token_value = auth.resolve_token(token, address)
     if _current is not None and _current.address == address and _ray_connected():
         return _current
     disconnect()
@@ -135,7 +131,7 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
                      _metadata=auth.grpc_metadata(token_value))
             break
         except Exception as exc:  # noqa: BLE001 - Ray Client raises several types here
-            error = _explain_connect_error(address, exc, local_temp_dir)
+            error = _explain_connect_error(address, exc, local.temp_dir if local else None)
             # The preflight proved the server answers. Ray Client starts one server process per
             # session; on a busy head that start occasionally fails and a new session succeeds.
             # On a busy 2-core head one session start takes 20-45 s, so the budget allows 3 of them.
@@ -147,7 +143,7 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
             say(f"Connecting to {address} failed ({type(exc).__name__}); "
                 f"trying again ({attempt + 1}/{CONNECT_ATTEMPTS})…")
             time.sleep(2.0 * attempt)
-    versions = _cluster_versions(lower_session_priority=_is_embedded(address))
+    versions = _cluster_versions(lower_session_priority=local is not None)
     _check_versions(versions)
     _current = Cluster(address=address, kind=kind, ray_version=versions["ray"], python_version=versions["python"])
     say(f"Connected to {address} in {time.monotonic() - began:.1f} s")
@@ -226,9 +222,10 @@ def _ray_version() -> str:
     return str(ray.__version__)
 
 
-def _is_embedded(address: str) -> bool:
+def _embedded(address: str) -> local_cluster.LocalClusterInfo | None:
+    """The embedded local cluster, when ``address`` is its."""
     info = local_cluster.status()
-    return info is not None and info.address == address
+    return info if info is not None and info.address == address else None
 
 
 def _cluster_versions(lower_session_priority: bool = False) -> dict[str, str]:
@@ -265,7 +262,8 @@ def _cluster_versions(lower_session_priority: bool = False) -> dict[str, str]:
 
     probe = VersionProbe.remote()  # type: ignore[attr-defined]
     try:
-        return ray.get(probe.versions.remote(lower_session_priority), timeout=120)
+        versions: dict[str, str] = ray.get(probe.versions.remote(lower_session_priority), timeout=120)
+        return versions
     finally:
         ray.kill(probe)
 
@@ -283,7 +281,8 @@ def check_versions(cluster: dict[str, str], local: dict[str, str]) -> None:
         problems.append(f"Python {local['python']} in the notebook but Python {cluster['python']} on the cluster")
     if problems:
         msg = ("The notebook and the cluster run different versions: " + "; ".join(problems) +
-               f". Install matching versions in the notebook's environment, e.g. `pip install ray[client]=={cluster['ray']}`.")
+               f". Install matching versions in the notebook's environment, "
+               f"e.g. `pip install ray[client]=={cluster['ray']}`.")
         raise VersionMismatchError(msg)
     if cluster.get("nbtrain", "").startswith("missing"):
         msg = (f"nbtrain cannot be imported on the cluster's nodes ({cluster['nbtrain']}). Install it there "

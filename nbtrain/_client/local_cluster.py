@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from nbtrain._cluster.priority import lower_head_bookkeeping_priority
 from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._paths import local_cluster_dir, read_json, write_json_atomic
-from nbtrain._cluster.priority import lower_head_bookkeeping_priority
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 90.0
