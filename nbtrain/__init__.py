@@ -21,6 +21,18 @@ from __future__ import annotations
 from typing import Any
 
 from nbtrain._client.connection import Cluster, connect, disconnect
+from nbtrain._client.launch import attach, launch, runs
+from nbtrain._client.run import Run
+from nbtrain._cluster.session import TrainContext
+from nbtrain._cluster.worker_api import (
+    get_context,
+    get_dataset_shard,
+    load_checkpoint,
+    prepare_loader,
+    prepare_model,
+    report,
+    save_checkpoint,
+)
 from nbtrain._exceptions import (
     ConnectionFailedError,
     NbtrainError,
@@ -32,19 +44,7 @@ from nbtrain._exceptions import (
     RunNotFoundError,
     VersionMismatchError,
 )
-from nbtrain._client.launch import attach, launch, runs
-from nbtrain._client.run import Run
-from nbtrain._cluster.session import TrainContext
 from nbtrain._states import RunState, WorkerState
-from nbtrain._cluster.worker_api import (
-    get_context,
-    get_dataset_shard,
-    load_checkpoint,
-    prepare_loader,
-    prepare_model,
-    report,
-    save_checkpoint,
-)
 
 __version__ = "0.1.0"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtrain._client.local_cluster import LOOPBACK, port_is_open
+from nbtrain._net import LOOPBACK, port_is_open
 
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

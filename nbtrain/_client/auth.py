@@ -35,6 +35,7 @@ from pathlib import Path
 
 from nbtrain._client import local_cluster
 from nbtrain._exceptions import ConnectionFailedError
+from nbtrain._net import port_is_open
 
 PREFLIGHT_TIMEOUT_S = 3.0
 
@@ -103,7 +104,7 @@ def preflight(address: str, host: str, port: int, token: str | None) -> None:
     except socket.gaierror:
         msg = f"Cannot resolve the host in {address}. Check the spelling of the head node's name."
         raise ConnectionFailedError(msg) from None
-    if not local_cluster.port_is_open(host, port, timeout=PREFLIGHT_TIMEOUT_S):
+    if not port_is_open(host, port, timeout=PREFLIGHT_TIMEOUT_S):
         msg = (f"Nothing is listening at {address}. Check that the Ray head is running "
                f"(`ray status` on the head), that {port} is its Ray Client port "
                f"(`ray start --head --ray-client-server-port={port}`), and that a firewall or "

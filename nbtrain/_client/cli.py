@@ -32,9 +32,10 @@ def _say(message: str) -> None:
 
 
 def _connect(address: str | None) -> Cluster:
-    import nbtrain
+    """Connect as a reader: the sidebar's cluster line stays the one a notebook connected to."""
+    from nbtrain._client.connection import open_session
 
-    return nbtrain.connect(address, progress=lambda _m: None)
+    return open_session(address, progress=lambda _m: None)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

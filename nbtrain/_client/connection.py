@@ -20,10 +20,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from nbtrain._client import auth, local_cluster
+from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
 from nbtrain._registry import record_connection
 
-NAMESPACE = "nbtrain"
 DEFAULT_CLIENT_PORT = 10001
 CONNECT_ATTEMPTS = 3
 Progress = Callable[[str], None]
@@ -103,6 +103,19 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
         cluster = nbtrain.connect()                      # local
         cluster = nbtrain.connect("ray://head:10001")     # remote
     """
+    say = progress or _default_progress
+    cluster = open_session(address, token=token, num_cpus=num_cpus, num_gpus=num_gpus, progress=say, timeout=timeout)
+    try:
+        record_connection(cluster.address, cluster.kind)
+    except OSError as exc:  # the sidebar's cluster line is a convenience; connecting worked
+        say(f"(The JupyterLab sidebar will not show this cluster: {exc})")
+    return cluster
+
+
+def open_session(address: str | None = None, *, token: str | None = None, num_cpus: int | None = None,
+                 num_gpus: int | None = None, progress: Progress | None = None,
+                 timeout: float = 120.0) -> Cluster:
+    """:func:`connect` without telling the sidebar: for readers (``nbtrain runs``, the lab's agent)."""
     global _current
     say = progress or _default_progress
     address = address or os.environ.get("RAY_ADDRESS") or None
@@ -147,10 +160,6 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     _check_versions(versions)
     _current = Cluster(address=address, kind=kind, ray_version=versions["ray"], python_version=versions["python"])
     say(f"Connected to {address} in {time.monotonic() - began:.1f} s")
-    try:
-        record_connection(address, kind)
-    except OSError as exc:  # the sidebar's cluster line is a convenience; connecting worked
-        say(f"(The JupyterLab sidebar will not show this cluster: {exc})")
     return _current
 
 

@@ -20,7 +20,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,25 +28,11 @@ from pathlib import Path
 
 from nbtrain._cluster.priority import lower_head_bookkeeping_priority
 from nbtrain._exceptions import ConnectionFailedError
+from nbtrain._net import LOOPBACK, free_port, port_is_open
 from nbtrain._paths import local_cluster_dir, read_json, write_json_atomic
 
-LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 90.0
 Progress = Callable[[str], None]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_is_open(host: str, port: int, timeout: float = 1.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def pid_alive(pid: int) -> bool:

@@ -28,7 +28,7 @@ def dumps_checked(fn: Callable[..., Any], what: str = "the training function") -
     try:
         data: bytes = cloudpickle.dumps(fn)
         return data
-    except Exception as exc:  # noqa: BLE001 - pickling raises many types
+    except Exception as exc:
         culprit = find_unpicklable(fn)
         if culprit is None:
             msg = (f"{what} cannot be sent to the workers: {type(exc).__name__}: {exc}. "
@@ -90,8 +90,7 @@ def _references(fn: Any) -> Iterator[tuple[str, Any]]:
     func = getattr(fn, "__func__", fn)
     code = getattr(func, "__code__", None)
     if code is None:
-        call = getattr(type(fn), "__call__", None)
-        if call is not None and hasattr(fn, "__dict__"):
+        if callable(fn) and hasattr(fn, "__dict__"):
             yield from vars(fn).items()
         return
     names = set(code_names(code))

@@ -62,7 +62,8 @@ def keep_freed_memory() -> bool:
 
 
 def _user_tuned_malloc() -> bool:
-    return any(os.environ.get(name) for name in _USER_SETTINGS) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "")
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return any(os.environ.get(name) for name in _USER_SETTINGS) or "glibc.malloc" in tunables
 
 
 def _glibc_mallopt() -> Callable[[int, int], int] | None:

@@ -86,7 +86,7 @@ def lower_session_server_priority() -> None:
 
     try:
         job_id = ray.get_runtime_context().get_job_id()
-        jobs = ray._private.state.jobs()  # noqa: SLF001 - the only place Ray keeps a driver's pid
+        jobs = ray._private.state.jobs()
     except Exception:  # noqa: BLE001 - a convenience; never fail a connection over it
         return
     for job in jobs:

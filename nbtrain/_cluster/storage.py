@@ -47,7 +47,8 @@ class RunStorage:
         self.dir = Path(root) / run_name
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "checkpoints").mkdir(exist_ok=True)
-        self._files = {kind: open(self.dir / f"{kind}.jsonl", "a", encoding="utf-8")
+        # open for the supervisor's lifetime: one flushed write per push, no reopen
+        self._files = {kind: open(self.dir / f"{kind}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
                        for kind in ("metrics", "logs", "events")}
 
     def append(self, kind: str, records: list[dict[str, Any]]) -> None:

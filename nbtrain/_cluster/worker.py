@@ -22,15 +22,10 @@ import ray
 
 from nbtrain._cluster.allocator import keep_freed_memory
 from nbtrain._cluster.session import TrainContext, TrainingSession, set_session
+from nbtrain._net import free_port
 
 if TYPE_CHECKING:
     from nbtrain._cluster.worker_group import WorkerPayload
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class TrainWorker:
@@ -54,7 +49,7 @@ class TrainWorker:
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "port": _free_port(node_ip),
+            "port": free_port(node_ip),
             "malloc_tuned": self._malloc_tuned,
         }
 
@@ -109,7 +104,8 @@ class TrainWorker:
 def _trim_traceback(text: str) -> str:
     """Drop nbtrain's own frames so the traceback starts at the user's code."""
     lines = text.splitlines(True)
-    marker = next((i for i, line in enumerate(lines) if "nbtrain/_cluster/worker.py" in line and "in run" in line), None)
+    marker = next((i for i, line in enumerate(lines)
+                   if "nbtrain/_cluster/worker.py" in line and "in run" in line), None)
     if marker is None:
         return text
     return lines[0] + "".join(lines[marker + 2:])

@@ -16,10 +16,10 @@ import threading
 import time
 from typing import Any
 
+from nbtrain._states import RunState
 from nbtrain._views.downsample import downsample
 from nbtrain._views.history import MetricHistory
 from nbtrain._views.static_plot import svg_chart
-from nbtrain._states import RunState
 
 REDRAW_INTERVAL_S = 0.25
 LONG_POLL_S = 1.0
@@ -298,7 +298,8 @@ class WidgetDashboard(_Follower):
             if worker.get("gpu_mem_mb") is not None:
                 memory += f" / GPU {worker['gpu_mem_mb']:.0f} MB"
             rows.append(
-                f'<tr data-rank="{worker["rank"]}"><td>{worker["rank"]}</td><td>{html.escape(str(worker.get("node")))}</td>'
+                f'<tr data-rank="{worker["rank"]}"><td>{worker["rank"]}</td>'
+                f'<td>{html.escape(str(worker.get("node")))}</td>'
                 f'<td>{worker.get("pid")}</td><td>{html.escape(str(worker.get("device")))}</td>'
                 f'<td style="color:{colour}" class="nbtrain-worker-state">{html.escape(state)}</td>'
                 f'<td class="nbtrain-worker-step">{worker.get("step", 0)}</td>'

@@ -7,15 +7,17 @@ scheme): spikes survive, the first and last points are always kept, and a
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-Points = Sequence[float] | npt.NDArray[np.float64]
+Array = npt.NDArray[np.float64]
+Points = Sequence[float] | Array
 
 
-def downsample(xs: Points, ys: Points, max_points: int = 2000) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+def downsample(xs: Points, ys: Points, max_points: int = 2000) -> tuple[Array, Array]:
     x = np.asarray(xs, dtype=float)
     y = np.asarray(ys, dtype=float)
     n = len(x)
@@ -24,7 +26,7 @@ def downsample(xs: Points, ys: Points, max_points: int = 2000) -> tuple[npt.NDAr
     buckets = max(1, max_points // 4)
     edges = np.linspace(0, n, buckets + 1, dtype=np.int64)
     keep: list[np.ndarray] = []
-    for start, stop in zip(edges[:-1], edges[1:]):
+    for start, stop in itertools.pairwise(edges):
         if stop <= start:
             continue
         segment = y[start:stop]

@@ -29,7 +29,8 @@ def _arguments(field: Any) -> list[argument]:
         off = meta.off_flag or "--no-" + meta.flags[0][2:]
         return [argument(*meta.flags, dest=field.name, action="store_true", default=default,
                          help=meta.help + shown),
-                argument(off, dest=field.name, action="store_false", default=default, help=f"the opposite of {meta.flags[0]}")]
+                argument(off, dest=field.name, action="store_false", default=default,
+                         help=f"the opposite of {meta.flags[0]}")]
     if meta.kind in _PAIR_KINDS:
         return [argument(*meta.flags, dest=field.name, nargs="+", default=default, metavar=meta.metavar,
                          help=meta.help)]

@@ -17,10 +17,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbtrain._client import connection
-from nbtrain._views.cell_program import CELL_FILENAME, CellProgram, referenced_names
-from nbtrain._exceptions import NbtrainError
-from nbtrain._views.magic_flags import options_from_args, run_option_flags
 from nbtrain._client.serialization import check_values
+from nbtrain._exceptions import NbtrainError
+from nbtrain._views.cell_program import CellProgram, referenced_names
+from nbtrain._views.magic_flags import options_from_args, run_option_flags
 
 
 class _RunFailedInCell(Exception):
