@@ -2,17 +2,47 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.1, message: str = "condition"):
+def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.1, message: str = "condition",
+             describe: Callable[[], object] | None = None) -> Any:
+    """Call ``predicate`` until it returns something truthy (and return that), at most ``timeout`` s.
+
+    On timeout, fail naming ``message``, and what ``describe()`` says the state is then.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {message}")
+    seen = f" (now: {describe()!r})" if describe is not None else ""
+    raise AssertionError(f"timed out after {timeout} s waiting for {message}{seen}")
+
+
+def waiting_for_an_answer(thread: threading.Thread, call: str) -> bool:
+    """Whether ``thread`` is inside ``call`` (a function name), blocked waiting for the cluster's answer.
+
+    That is: asleep in a ``wait`` with none of Ray's own code on its stack, so the
+    request has been handed to Ray in full (Ray Client has given it an id) and
+    only the answer is awaited.
+    """
+    import ray
+
+    ray_code = os.path.dirname(ray.__file__) + os.sep
+    frame = sys._current_frames().get(thread.ident)
+    stack = []
+    while frame is not None:
+        stack.append(frame.f_code)
+        frame = frame.f_back
+    return (bool(stack) and stack[0].co_name == "wait" and any(code.co_name == call for code in stack)
+            and not any(code.co_filename.startswith(ray_code) for code in stack))
 
 
 def run_actor_names(run_name: str) -> list[str]:

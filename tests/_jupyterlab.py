@@ -10,10 +10,16 @@ random token and a free port on 127.0.0.1; the nbtrain server extension is
 enabled and the lab extension is served from this checkout
 (``nbtrain/labextension``, built on demand with npm), so the tests see the
 code under test whether or not nbtrain is pip-installed.
+
+Browser test modules take Playwright's ``Page``, ``expect`` and
+``PlaywrightTimeoutError`` from here: a machine without Playwright then still
+collects the suite, and each browser test fails with the command that installs
+it (:func:`browser_setup_problem`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -30,6 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+try:  # without Playwright the browser tests fail at setup (see browser_setup_problem), not the whole collection
+    from playwright.sync_api import Page, expect
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+except ImportError:
+    Page = expect = PlaywrightTimeoutError = None  # type: ignore[assignment,misc]
+
 REPO = Path(__file__).resolve().parents[1]
 LABEXTENSION_SRC = REPO / "labextension"
 LABEXTENSION_BUILD = REPO / "nbtrain" / "labextension"
@@ -45,6 +57,23 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-dev-shm-usage",
 ]
+
+
+def browser_setup_problem() -> str | None:
+    """Why the browser tests cannot run on this machine, with the command that fixes it; None if they can.
+
+    tests/conftest.py turns this into an error for every ``browser`` test: a
+    missing browser must fail the suite, never pass it by skipping.
+    """
+    missing = [name for name in ("playwright", "pytest_playwright") if importlib.util.find_spec(name) is None]
+    if missing:
+        return (f"The browser tests need the Python packages {' and '.join(missing)}, which are not installed: "
+                "run `pip install -e .[dev]` (or scripts/run-tests, which installs everything).")
+    if not os.access(CHROMIUM, os.X_OK):
+        return (f"The browser tests drive Debian's Chromium at {CHROMIUM}, which is not installed: run "
+                "`apt-get install chromium` (Playwright cannot download its own browsers here).")
+    return None
+
 
 # Keep toasts and network look-ups out of the page under test.
 _DISABLED_LAB_PLUGINS = {"@jupyterlab/apputils-extension:announcements": True}

@@ -2,6 +2,10 @@
 
 NBTRAIN_HOME points at a throwaway directory *before* nbtrain is imported, so
 the session's cluster, token and run registry never touch the user's.
+
+Browser tests (marker ``browser``) need Playwright and Debian's Chromium; on a
+machine without them each one fails at setup with the command that installs
+them: a skipped browser test would let the suite pass without a browser.
 """
 
 from __future__ import annotations
@@ -14,13 +18,22 @@ import time
 os.environ.setdefault("NBTRAIN_HOME", tempfile.mkdtemp(prefix="nbtrain-test-home-"))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
-import cloudpickle  # noqa: E402
-import pytest  # noqa: E402
+import cloudpickle
+import pytest
 
-import nbtrain  # noqa: E402
-from nbtrain._client import local_cluster  # noqa: E402
+import nbtrain
+from nbtrain._client import local_cluster
+
+from _jupyterlab import browser_setup_problem
 
 TEST_CPUS = 4  # logical CPUs: room for 2 workers + a second small run on 2 real cores
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A browser test on a machine without Playwright or Chromium is an error saying what to install."""
+    if item.get_closest_marker("browser") is not None and (problem := browser_setup_problem()):
+        pytest.fail(problem, pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from _helpers import wait_for
 from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, start_jupyterlab
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-
+# Without Playwright or Chromium these tests fail at setup saying what to install (tests/conftest.py).
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -112,12 +113,16 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
         page.wait_for_function("() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
                                " return p && p.data && p.data.length && p.data[0].x.length > 0; }", timeout=120_000)
         first_points, first_steps = plot_points(page), worker_steps(page)
-        time.sleep(2.5)
-        second_points, second_steps = plot_points(page), worker_steps(page)
+        assert first_points > 0
+
+        def grown() -> bool:
+            steps = worker_steps(page)
+            return (plot_points(page) > first_points and set(steps) == {"0", "1"}
+                    and all(steps[r] > first_steps.get(r, 0) for r in ("0", "1")))
+
+        wait_for(grown, 30, interval=0.25, message=f"the plot to grow past {first_points} points and both "
+                 f"ranks' steps past {first_steps}", describe=lambda: (plot_points(page), worker_steps(page)))
         assert state_badge(page) == "running"
-        assert second_points > first_points > 0, (first_points, second_points)
-        assert set(second_steps) == {"0", "1"}
-        assert all(second_steps[r] > first_steps.get(r, 0) for r in ("0", "1")), (first_steps, second_steps)
         page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
         wait_for_state(page, "succeeded", 120_000)
         page.wait_for_selector(".nbtrain-summary svg", timeout=30_000)  # the static picture for the saved notebook
@@ -130,7 +135,8 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
 def test_stop_button_stops_a_background_run(page, lab):
     try:
         open_and_run(page, lab, "background.ipynb")
-        page.wait_for_function("() => { const t = document.querySelector('table.nbtrain-workers tbody tr .nbtrain-worker-step');"
+        page.wait_for_function("() => { const t = document.querySelector("
+                               "'table.nbtrain-workers tbody tr .nbtrain-worker-step');"
                                " return t && parseInt(t.textContent) > 0; }", timeout=180_000)
         page.locator(".nbtrain-dashboard button", has_text="Stop").click()
         began = time.monotonic()

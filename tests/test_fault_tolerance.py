@@ -8,13 +8,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
-from _helpers import run_actor_names, wait_for
-from _train_fns import train_steps
 
 import nbtrain
 from nbtrain._client import local_cluster
+
+from _helpers import run_actor_names, wait_for
+from _train_fns import train_steps
 
 pytestmark = pytest.mark.cluster
 
@@ -145,9 +147,9 @@ def test_a_stop_is_kept_when_the_supervisor_dies_before_finishing_it(cluster):
     dies right then comes back as stopped instead of restarting the workers."""
     import ray
 
+    from nbtrain._cluster.names import NAMESPACE, actor_name
     from nbtrain._cluster.storage import RunStorage
     from nbtrain._paths import storage_root
-    from nbtrain._cluster.names import NAMESPACE, actor_name
 
     run = nbtrain.launch(train_steps, config={"steps": 100_000, "sleep": 0.05}, workers=2, name="stop-then-die")
     wait_for(lambda: len(run.metrics) > 4, 180, message="the run to report")
@@ -220,7 +222,7 @@ def test_existing_name_is_refused_and_resume_continues_from_the_checkpoint(clust
 
 
 def test_token_never_appears_in_logs_errors_or_the_registry(cluster):
-    token = open(local_cluster.status().token_path).read().strip()
+    token = Path(local_cluster.status().token_path).read_text().strip()
 
     def leaky(config):
         import os as o
@@ -232,10 +234,9 @@ def test_token_never_appears_in_logs_errors_or_the_registry(cluster):
     run.wait(timeout=120, raise_on_failure=False)
     assert "RAY_AUTH_TOKEN_PATH" in run.logs()  # the environment was printed...
     assert token not in run.logs() and token not in run.error  # ...but it holds no token
-    home = os.environ["NBTRAIN_HOME"]
-    for root, _dirs, files in os.walk(os.path.join(home, "runs")):
-        for file in files:
-            assert token not in open(os.path.join(root, file)).read()
+    for path in (Path(os.environ["NBTRAIN_HOME"]) / "runs").rglob("*"):
+        if path.is_file():
+            assert token not in path.read_text(), path
 
 
 def test_checkpoints_load_weights_only_unless_the_user_opts_out(cluster):

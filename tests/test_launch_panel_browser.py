@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
+import ast
+from typing import Any
 
 import pytest
-from _jupyterlab import start_jupyterlab
-from test_dashboard_browser import (  # noqa: F401
+from test_dashboard_browser import (  # noqa: F401 - browser_type_launch_args is a fixture
     ARTIFACTS,
     browser_type_launch_args,
     open_and_run,
@@ -15,6 +15,9 @@ from test_dashboard_browser import (  # noqa: F401
 )
 
 import nbtrain
+
+from _helpers import wait_for
+from _jupyterlab import start_jupyterlab
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 
@@ -37,6 +40,26 @@ def lab(cluster, tmp_path_factory):
     server.stop()
 
 
+def kernel_form(page) -> Any:
+    """What the kernel's ``panel`` holds now: (workers, hyperparameters, run name).
+
+    Asked of the notebook's kernel itself, after the widget updates the page sent
+    before (the kernel handles its messages in order), so a match means Launch
+    will read these values.
+    """
+    reply = page.evaluate(
+        "async (expression) => {"
+        " const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;"
+        " const future = kernel.requestExecute({code: '', silent: true, store_history: false,"
+        "                                        user_expressions: {form: expression}});"
+        " const done = await future.done;"
+        " return done.content.user_expressions.form; }",
+        "(panel.workers.value, panel.values(), panel.name.value)")
+    if reply["status"] != "ok":
+        return f"{reply['ename']}: {reply['evalue']}"
+    return ast.literal_eval(reply["data"]["text/plain"])
+
+
 def test_form_values_reach_the_run(page, lab):
     ARTIFACTS.mkdir(exist_ok=True)
     try:
@@ -53,7 +76,9 @@ def test_form_values_reach_the_run(page, lab):
         name = panel.locator(".widget-inline-hbox", has_text="run name").locator("input")
         name.fill("panel-browser")
         name.press("Enter")
-        time.sleep(0.5)
+        form = (1, {"lr": 0.01, "epochs": 4, "optimizer": "adam"}, "panel-browser")
+        wait_for(lambda: kernel_form(page) == form, 30, message=f"the kernel's LaunchPanel to hold {form}",
+                 describe=lambda: kernel_form(page))
         panel.locator("button", has_text="Launch").click()
         page.locator(".nbtrain-launch-panel .nbtrain-dashboard").wait_for(timeout=60_000)
         run = nbtrain.attach("panel-browser")

@@ -11,13 +11,16 @@ import threading
 import time
 
 import pytest
-from _train_fns import train_steps
 
 import nbtrain
+
+from _helpers import wait_for, waiting_for_an_answer
+from _train_fns import train_steps
 
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.quick
 def test_rows_arrive_live_and_the_cursor_neither_drops_nor_repeats(cluster):
     run = nbtrain.launch(train_steps, config={"steps": 60, "sleep": 0.05}, workers=2, name="stream")
     delivered: list[dict] = []
@@ -50,14 +53,14 @@ def test_rows_arrive_live_and_the_cursor_neither_drops_nor_repeats(cluster):
 def test_reading_metrics_does_not_wait_behind_a_dashboards_long_poll(cluster):
     # One row every 6 s: a long poll on this run waits up to 6 s for the next one.
     run = nbtrain.launch(train_steps, config={"steps": 4, "sleep": 6.0}, workers=1, name="reader")
-    deadline = time.monotonic() + 120
-    while not run.refresh(wait_s=1.0) and time.monotonic() < deadline:  # until the first row is in
-        pass
+    wait_for(lambda: run.refresh(wait_s=1.0), 120, interval=0, message="the first row")
     followed: list[dict] = []
     follower = threading.Thread(target=lambda: followed.extend(run.refresh(wait_s=10.0)))
     follower.start()
-    time.sleep(0.5)  # the dashboard-style long poll is now waiting at the supervisor
-    assert follower.is_alive()
+    # Measure only once the dashboard-style long poll has been sent and waits for its answer.
+    wait_for(lambda: waiting_for_an_answer(follower, "refresh") or not follower.is_alive(), 30, interval=0.01,
+             message="the follower's long poll to be sent")
+    assert follower.is_alive(), f"the long poll answered before the next row was due: {followed}"
     began = time.monotonic()
     rows = run.metrics
     took = time.monotonic() - began
@@ -102,12 +105,13 @@ def test_a_second_driver_process_attaches_and_sees_the_same_history(cluster):
     assert expected == 80
 
 
+@pytest.mark.quick
 def test_runs_lists_this_run_and_attach_refuses_unknown_names(cluster):
     run = nbtrain.launch(train_steps, config={"steps": 5, "sleep": 0.0}, workers=1, name="listed")
     run.wait(timeout=120)
     listed = {r["name"]: r for r in nbtrain.runs()}
     assert listed["listed"]["state"] == "succeeded"
-    with pytest.raises(nbtrain.RunNotFoundError, match="No run named 'nope'.*listed"):
+    with pytest.raises(nbtrain.RunNotFoundError, match=r"No run named 'nope'.*listed"):
         nbtrain.attach("nope")
     with pytest.raises(nbtrain.RunExistsError, match="already exists"):
         nbtrain.launch(train_steps, config={"steps": 5}, workers=1, name="listed")
