@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _own_cluster import own_cluster  # noqa: E402
+from _own_cluster import own_cluster
 
 GROUPS = (  # first match wins
     ("training ranks", "TrainWorker"),
@@ -79,6 +79,7 @@ def main() -> int:
 
     import cloudpickle
     import run_benchmarks
+
     import workload
 
     cloudpickle.register_pickle_by_value(workload)
@@ -86,7 +87,7 @@ def main() -> int:
     with own_cluster("nbtrain-cpu-share-", num_cpus=4):
         for index in range(args.runs):
             shares: dict[str, Any] = {}
-            sampler = threading.Thread(target=lambda: shares.update(share_during(args.window, args.delay)))
+            sampler = threading.Thread(target=lambda found=shares: found.update(share_during(args.window, args.delay)))
             sampler.start()
             result = run_benchmarks.run_nbtrain(args.steps, 20, 900, 0.0, name=f"cpu-share-{index}-{os.getpid()}")
             sampler.join()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _own_cluster import own_cluster  # noqa: E402
+from _own_cluster import own_cluster
 
 ROLES = (  # first match wins
     ("proxy", "--mode=proxy"), ("session server", "ray.util.client.server"), ("actor", "ray::Poller"),

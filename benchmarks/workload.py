@@ -146,7 +146,8 @@ def _scheduler_counters() -> dict[str, float] | None:
         with open("/proc/thread-self/schedstat") as handle:
             wait_ns = int(handle.read().split()[1])
         with open("/proc/thread-self/status") as handle:
-            preempted = next(int(line.split(":")[1]) for line in handle if line.startswith("nonvoluntary_ctxt_switches"))
+            preempted = next(int(line.split(":")[1]) for line in handle
+                             if line.startswith("nonvoluntary_ctxt_switches"))
     except (OSError, StopIteration, IndexError, ValueError):
         return None
     return {"runqueue_wait_ms": wait_ns / 1e6, "preemptions": float(preempted),

@@ -102,4 +102,4 @@ def _runs_on_glibc() -> bool:
 
 @pytest.mark.skipif(not _runs_on_glibc(), reason="only glibc has these malloc settings")
 def test_mallopt_is_found_on_glibc():
-    assert allocator._glibc_mallopt() is not None  # noqa: SLF001
+    assert allocator._glibc_mallopt() is not None

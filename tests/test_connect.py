@@ -47,6 +47,7 @@ def test_every_listening_socket_of_the_local_cluster_is_on_loopback(cluster):
     assert all(addr.ip in loopback for _name, addr in listening), listening
 
 
+@pytest.mark.quick
 def test_client_port_refuses_a_connection_without_the_token(cluster):
     host, port = _host_port(cluster.address)
     began = time.monotonic()
@@ -97,11 +98,13 @@ def test_a_port_that_is_not_ray_client_is_named_as_such(cluster):
         server.close()
 
 
+@pytest.mark.quick
 def test_non_ray_scheme_is_refused():
     with pytest.raises(nbtrain.ConnectionFailedError, match="must look like ray://host:10001"):
         nbtrain.connect("http://example.invalid:8265")
 
 
+@pytest.mark.quick
 def test_versions_that_differ_are_both_named():
     from nbtrain._client.connection import check_versions
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from nbtrain._views.dashboard import progress_fraction, state_label
 from nbtrain._views.downsample import downsample
 from nbtrain._views.history import MetricHistory
 from nbtrain._views.static_plot import svg_chart
+
+pytestmark = pytest.mark.quick
 
 
 def test_downsampling_keeps_first_last_and_extremes():

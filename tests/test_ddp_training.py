@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 
 import pytest
-from _train_fns import TinyNet, train_regression
 
 import nbtrain
+
+from _train_fns import TinyNet, train_regression
 
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.quick
 def test_ranks_end_with_identical_parameters(cluster):
     run = nbtrain.launch(train_regression, config={"epochs": 2, "init_seed": 0}, workers=2, name="ddp-sync")
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED

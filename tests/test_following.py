@@ -7,10 +7,11 @@ import signal
 import threading
 
 import pytest
-from _helpers import wait_for
-from _train_fns import train_steps
 
 import nbtrain
+
+from _helpers import wait_for
+from _train_fns import train_steps
 
 pytestmark = pytest.mark.cluster
 
@@ -41,6 +42,7 @@ def _interrupt_once_reporting(name: str) -> None:
     threading.Thread(target=interrupt, daemon=True).start()
 
 
+@pytest.mark.quick
 def test_interrupting_a_blocking_launch_stops_the_run(cluster, capsys, python_sigint_handler):
     _interrupt_once_reporting("blocking-launch")
     with pytest.raises(KeyboardInterrupt):
@@ -66,7 +68,7 @@ def test_interrupting_a_wait_on_an_attached_run_leaves_it_running(cluster, capsy
 def test_wait_times_out_and_the_run_keeps_going(cluster):
     run = nbtrain.launch(train_steps, config=FOREVER, workers=1, name="wait-timeout")
     try:
-        with pytest.raises(TimeoutError, match="still .* after 1 s; it keeps going"):
+        with pytest.raises(TimeoutError, match=r"still .* after 1 s; it keeps going"):
             run.wait(timeout=1)
         assert not run.state.is_terminal
     finally:

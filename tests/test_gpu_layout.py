@@ -7,8 +7,12 @@ exercised on a GPU machine when one is lent (see the issue's closing note).
 
 from __future__ import annotations
 
+import pytest
+
 from nbtrain._cluster.rank_layout import layout_ranks
 from nbtrain._options import RunOptions
+
+pytestmark = pytest.mark.quick
 
 
 def _place(node: str, gpus: list[str]) -> dict:

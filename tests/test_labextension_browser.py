@@ -22,11 +22,16 @@ import pytest
 
 from nbtrain._registry import record_connection, record_from_summary, record_launch
 
-from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, JupyterLab, start_jupyterlab
-
-playwright_api = pytest.importorskip("playwright.sync_api")
-Page = playwright_api.Page
-expect = playwright_api.expect
+from _jupyterlab import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    REPO,
+    JupyterLab,
+    Page,
+    PlaywrightTimeoutError,
+    expect,
+    start_jupyterlab,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -131,7 +136,7 @@ def run_from_palette(page: Page, label: str) -> None:
             palette.locator("input").fill(label.lower(), timeout=3000)
             palette.locator(".lm-CommandPalette-item", has_text=label).click(timeout=3000)
             return
-        except playwright_api.TimeoutError:
+        except PlaywrightTimeoutError:
             continue
     pytest.fail(f"could not run {label!r} from the command palette")
 

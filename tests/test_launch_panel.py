@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ipywidgets as w
 import pytest
-from _train_fns import train_steps
 
 import nbtrain
 from nbtrain._views.launch_panel import INVALID_CLASS, config_control
+
+from _train_fns import train_steps
 
 pytestmark = pytest.mark.cluster
 
@@ -15,6 +16,7 @@ CONFIG = {"lr": 0.01, "epochs": 3, "optimizer": ["sgd", "adam"], "augment": Fals
           "steps": 5, "sleep": 0.0}
 
 
+@pytest.mark.quick
 def test_each_config_type_gets_a_fitting_control():
     assert isinstance(config_control("lr", 0.01), w.FloatLogSlider)
     assert isinstance(config_control("momentum", 0.9), w.BoundedFloatText)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from _helpers import ipython_shell
 from IPython.core.error import UsageError
 
 from nbtrain._views.cell_program import CellProgram, referenced_names
 from nbtrain._views.magic_flags import parse_config
+
+from _helpers import ipython_shell
+
+pytestmark = pytest.mark.quick
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +34,7 @@ def test_config_values_are_parsed_as_python_literals():
 
 @pytest.mark.parametrize("bad", ["lr", "=3", "2x=1"])
 def test_bad_config_pairs_say_the_expected_form(bad):
-    with pytest.raises(UsageError, match="key=value pairs like `--config lr=0.01 epochs=5`"):
+    with pytest.raises(UsageError, match=re.escape("key=value pairs like `--config lr=0.01 epochs=5`")):
         parse_config([bad])
 
 

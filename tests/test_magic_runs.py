@@ -8,10 +8,11 @@ import threading
 import time
 
 import pytest
-from _helpers import ipython_shell, run_actor_names, wait_for
 from IPython.core.error import UsageError
 
 import nbtrain
+
+from _helpers import ipython_shell, run_actor_names, wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -7,11 +7,12 @@ import time
 
 import psutil
 import pytest
-from _train_fns import train_steps
 
 import nbtrain
 from nbtrain._client import local_cluster
 from nbtrain._cluster.priority import BOOKKEEPING_NICENESS
+
+from _train_fns import train_steps
 
 pytestmark = pytest.mark.cluster
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import nbtrain
+
+pytestmark = pytest.mark.quick
 
 PACKAGE = Path(nbtrain.__file__).parent
 MAX_MODULE_LINES = 450

@@ -8,14 +8,16 @@ import threading
 import time
 
 import pytest
-from _helpers import run_actor_names, wait_for
-from _train_fns import train_steps
 
 import nbtrain
+
+from _helpers import run_actor_names, wait_for
+from _train_fns import train_steps
 
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.quick
 def test_rank_raising_at_step_20_fails_the_run_within_10_s(cluster):
     run = nbtrain.launch(train_steps, config={"steps": 1000, "sleep": 0.05, "fail_rank": 1, "fail_step": 20},
                          workers=2, name="rank1-raises")
@@ -48,6 +50,7 @@ def test_killed_worker_process_is_reported_as_died(cluster):
     wait_for(lambda: not run_actor_names("killed"), 10, message="the run's workers to be gone")
 
 
+@pytest.mark.quick
 def test_unpicklable_closure_is_named_before_any_worker_starts(cluster):
     lock = threading.Lock()
 
@@ -64,6 +67,7 @@ def test_unpicklable_closure_is_named_before_any_worker_starts(cluster):
         nbtrain.attach("unpicklable")
 
 
+@pytest.mark.quick
 def test_too_many_workers_is_refused_at_once_listing_what_exists(cluster):
     began = time.monotonic()
     with pytest.raises(nbtrain.ResourcesUnavailableError) as raised:

@@ -17,10 +17,9 @@ from test_dashboard_browser import ARTIFACTS, browser_type_launch_args, open_and
 import nbtrain
 from nbtrain._lab.commands import NbtrainServer
 
-from _jupyterlab import start_jupyterlab
+from _jupyterlab import expect, start_jupyterlab
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
-expect = pytest.importorskip("playwright.sync_api").expect
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,8 @@ def test_nbtrain_comes_from_the_wheel(venv: Path, env_without_node: dict[str, st
 
 
 def test_labextension_is_enabled_and_ok_without_node(venv: Path, env_without_node: dict[str, str]) -> None:
-    output = run([str(venv / "bin" / "python"), "-m", "jupyterlab.labextensions", "list"], env=env_without_node, cwd=venv)
+    output = run([str(venv / "bin" / "python"), "-m", "jupyterlab.labextensions", "list"],
+                 env=env_without_node, cwd=venv)
     assert re.search(r"^\s*nbtrain v0\.1\.0 enabled\s+OK", output, re.MULTILINE), output
     assert str(venv / "share" / "jupyter" / "labextensions") in output
 
