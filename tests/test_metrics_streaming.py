@@ -115,3 +115,19 @@ def test_runs_lists_this_run_and_attach_refuses_unknown_names(cluster):
         nbtrain.attach("nope")
     with pytest.raises(nbtrain.RunExistsError, match="already exists"):
         nbtrain.launch(train_steps, config={"steps": 5}, workers=1, name="listed")
+
+
+def report_fast(config):
+    for step in range(config["rows"]):
+        nbtrain.report(step=step, loss=float(step))
+
+
+def test_when_a_run_ends_every_row_it_reported_is_there(cluster):
+    """A rank's last pushes may still be in flight when its function returns; the run is not
+    called succeeded until they have landed, so a reader that sees the end sees every row."""
+    rows = 300_000
+    run = nbtrain.launch(report_fast, config={"rows": rows}, workers=2, name="every-row-at-the-end")
+    assert run.wait(timeout=300) == nbtrain.RunState.SUCCEEDED
+    metrics = run.metrics
+    assert len(metrics) == 2 * rows
+    assert sorted(row["step"] for row in metrics if row["rank"] == 1) == list(range(rows))

@@ -24,6 +24,8 @@ from nbtrain._cluster.worker_group import StartFailed, StopRequested, WorkerGrou
 from nbtrain._cluster.worker_table import WorkerTable
 from nbtrain._states import RunState, check_transition
 
+FINAL_PUSHES_WAIT_S = 30.0
+
 
 class RunController:
     def __init__(self, spec: RunSpec, datasets: dict[str, Any] | None, feed: RunFeed, storage: RunStorage,
@@ -184,7 +186,10 @@ class RunController:
             return Failed([failed.failure])
         try:
             self.transition(RunState.RUNNING)
-            return group.watch(self.table, self._interrupt)
+            outcome = group.watch(self.table, self._interrupt)
+            # pushes travel beside the outcome: let the last rows land before readers see the end
+            self.feed.wait_for_pushes(self.attempt, group.pushes, FINAL_PUSHES_WAIT_S)
+            return outcome
         finally:
             group.shutdown(self.table)
 

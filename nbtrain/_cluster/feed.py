@@ -38,6 +38,7 @@ class RunFeed:
         self.events: list[dict[str, Any]] = []
         self.latest: dict[str, Any] = {}  # each metric's last reported value, for summaries
         self._seen: set[tuple[int, int, int]] = set()
+        self._pushes: dict[tuple[int, int], int] = {}  # (attempt, rank) -> pushes received
         self.last_push: dict[int, float] = {}  # rank -> monotonic arrival of its latest push
 
     def replay(self) -> None:
@@ -57,6 +58,7 @@ class RunFeed:
             if key in self._seen:
                 return None
             self._seen.add(key)
+            self._pushes[attempt, rank] = self._pushes.get((attempt, rank), 0) + 1
             if rows:
                 self.rows.extend(rows)
                 self._storage.append("metrics", rows)
@@ -70,6 +72,17 @@ class RunFeed:
             self.last_push[rank] = time.monotonic()
             self.changed.notify_all()
             return [row for row in rows if nan_keys(row)]
+
+    def wait_for_pushes(self, attempt: int, sent: dict[int, int], timeout_s: float) -> bool:
+        """Wait until every rank's pushes of ``attempt`` (``sent``: rank -> count) have arrived."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while any(self._pushes.get((attempt, rank), 0) < count for rank, count in sent.items()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(timeout=left)
+            return True
 
     def event(self, kind: str, message: str, attempt: int) -> None:
         record = {"time": time.time(), "kind": kind, "message": message, "attempt": attempt}

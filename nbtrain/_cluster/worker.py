@@ -73,7 +73,6 @@ class TrainWorker:
                                   payload.weights_only, payload.datasets)
         set_session(session)
         session.start()
-        state = "finished"
         try:
             dist.init_process_group(
                 backend=payload.backend, init_method=f"tcp://{payload.master_addr}:{payload.master_port}",
@@ -82,23 +81,25 @@ class TrainWorker:
             )
             fn = cloudpickle.loads(payload.fn_bytes)
             result = fn(context.config) if payload.fn_takes_config else fn()
-            return {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
+            outcome: dict[str, Any] = {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
-            state = "failed"
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             sys.stderr.write(text)
-            return {
+            outcome = {
                 "ok": False, "rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000],
                 "traceback": _trim_traceback(text), "step": session.current_step(),
             }
         finally:
-            session.close(state)
             set_session(None)
             if dist.is_initialized():
                 try:
                     dist.destroy_process_group()
                 except Exception:  # noqa: BLE001 - the group may be broken by the failure
                     pass
+        session.close("finished" if outcome["ok"] else "failed")
+        # how many pushes this rank sent: the supervisor ends the attempt only once all have landed
+        outcome["pushes"] = session.seq
+        return outcome
 
 
 def _trim_traceback(text: str) -> str:

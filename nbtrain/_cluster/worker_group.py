@@ -78,6 +78,7 @@ class WorkerGroup:
         self.actors: list[Any] = []
         self._group: Any = None
         self._refs: list[Any] = []
+        self.pushes: dict[int, int] = {}  # rank -> pushes it sent in all, from its outcome
 
     @classmethod
     def start(cls, spec: RunSpec, attempt: int, supervisor: Any, datasets: dict[str, Any] | None,
@@ -186,6 +187,7 @@ class WorkerGroup:
         except ray.exceptions.RayActorError as exc:
             worker = table.mark(rank, WorkerState.DEAD)
             return failure_policy.died(rank, worker.get("pid"), worker.get("node"), exc)
+        self.pushes[rank] = outcome["pushes"]
         if outcome["ok"]:
             table.mark(rank, WorkerState.FINISHED)
             results[rank] = outcome["result"]
