@@ -51,7 +51,7 @@ def test_interrupting_a_blocking_launch_stops_the_run(cluster, capsys, python_si
     assert nbtrain.attach("blocking-launch").state == nbtrain.RunState.STOPPED
 
 
-def test_interrupting_a_wait_on_an_attached_run_leaves_it_running(cluster, capsys, python_sigint_handler):
+def test_interrupting_or_timing_out_a_wait_on_an_attached_run_leaves_it_running(cluster, capsys, python_sigint_handler):
     launched = nbtrain.launch(train_steps, config=FOREVER, workers=1, name="someone-elses")
     try:
         attached = nbtrain.attach("someone-elses")
@@ -60,16 +60,19 @@ def test_interrupting_a_wait_on_an_attached_run_leaves_it_running(cluster, capsy
             attached.wait()
         assert "Stopped waiting; run 'someone-elses' keeps going" in capsys.readouterr().out
         assert attached.state == nbtrain.RunState.RUNNING
+        with pytest.raises(TimeoutError, match=r"still running after 1 s; it keeps going"):
+            attached.wait(timeout=1)
+        assert attached.state == nbtrain.RunState.RUNNING
     finally:
         launched.stop()
     assert launched.state == nbtrain.RunState.STOPPED
 
 
-def test_wait_times_out_and_the_run_keeps_going(cluster):
-    run = nbtrain.launch(train_steps, config=FOREVER, workers=1, name="wait-timeout")
-    try:
-        with pytest.raises(TimeoutError, match=r"still .* after 1 s; it keeps going"):
-            run.wait(timeout=1)
-        assert not run.state.is_terminal
-    finally:
-        run.stop()
+def test_interrupting_the_panels_blocking_launch_stops_its_run(cluster, capsys, python_sigint_handler):
+    panel = nbtrain.LaunchPanel(train_steps, config=FOREVER, workers=1, name="panel-blocking")
+    panel.mode.value = "blocking"
+    _interrupt_once_reporting("panel-blocking")
+    with pytest.raises(KeyboardInterrupt):
+        panel.launch()
+    assert "Interrupted: run 'panel-blocking' was stopped" in capsys.readouterr().out
+    assert nbtrain.attach("panel-blocking").state == nbtrain.RunState.STOPPED
