@@ -24,7 +24,7 @@ from nbtrain._cluster.worker_group import StartFailed, StopRequested, WorkerGrou
 from nbtrain._cluster.worker_table import WorkerTable
 from nbtrain._states import RunState, check_transition
 
-FINAL_PUSHES_WAIT_S = 30.0
+FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long without one
 
 
 class RunController:
@@ -188,7 +188,7 @@ class RunController:
             self.transition(RunState.RUNNING)
             outcome = group.watch(self.table, self._interrupt)
             # pushes travel beside the outcome: let the last rows land before readers see the end
-            self.feed.wait_for_pushes(self.attempt, group.pushes, FINAL_PUSHES_WAIT_S)
+            self.feed.wait_for_pushes(self.attempt, group.pushes, FINAL_PUSHES_IDLE_S)
             return outcome
         finally:
             group.shutdown(self.table)

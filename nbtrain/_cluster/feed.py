@@ -73,16 +73,24 @@ class RunFeed:
             self.changed.notify_all()
             return [row for row in rows if nan_keys(row)]
 
-    def wait_for_pushes(self, attempt: int, sent: dict[int, int], timeout_s: float) -> bool:
-        """Wait until every rank's pushes of ``attempt`` (``sent``: rank -> count) have arrived."""
-        deadline = time.monotonic() + timeout_s
+    def wait_for_pushes(self, attempt: int, sent: dict[int, int], idle_s: float) -> bool:
+        """Wait until every rank's pushes of ``attempt`` (``sent``: rank -> count) have arrived.
+
+        A big backlog may take a while to land; give up only once none has arrived for ``idle_s``.
+        """
         with self.lock:
-            while any(self._pushes.get((attempt, rank), 0) < count for rank, count in sent.items()):
+            received = -1
+            deadline = time.monotonic()
+            while True:
+                counts = [self._pushes.get((attempt, rank), 0) for rank in sent]
+                if all(have >= count for have, count in zip(counts, sent.values())):
+                    return True
+                if sum(counts) != received:  # progress: wait a while longer
+                    received, deadline = sum(counts), time.monotonic() + idle_s
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self.changed.wait(timeout=left)
-            return True
 
     def event(self, kind: str, message: str, attempt: int) -> None:
         record = {"time": time.time(), "kind": kind, "message": message, "attempt": attempt}

@@ -20,6 +20,8 @@ import psutil
 
 from nbtrain._exceptions import NbtrainError
 
+PUSH_ORDER_WAIT_S = 30.0
+
 
 @dataclasses.dataclass
 class TrainContext:
@@ -93,6 +95,7 @@ class TrainingSession:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
         self._saved_stdio: tuple[Any, Any] | None = None
+        self._previous_push: Any = None
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -103,7 +106,7 @@ class TrainingSession:
 
     def close(self, state: str) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=PUSH_ORDER_WAIT_S + 5)
         if self._saved_stdio is not None:
             sys.stdout, sys.stderr = self._saved_stdio
         self.flush(state=state, wait=True)
@@ -157,6 +160,14 @@ class TrainingSession:
         return beat
 
     def flush(self, state: str, wait: bool = False) -> None:
+        import ray
+
+        # One push in flight per rank: the supervisor runs pushes on several threads, so a push
+        # sent before the last one landed could be applied first and put this rank's rows out of
+        # order. Waiting here (the flusher's thread, never the training step) also makes the
+        # next batch bigger when the supervisor is slow, rather than the queue longer.
+        if self._previous_push is not None:
+            ray.wait([self._previous_push], timeout=PUSH_ORDER_WAIT_S)
         rows, self.buffer = self.buffer, []
         logs, self.logs = self.logs, []
         ctx = self.context
@@ -169,9 +180,8 @@ class TrainingSession:
         self.seq += 1
         ref = self.supervisor.push.remote(ctx.rank, ctx.attempt, self.seq, out_rows,
                                           self._heartbeat(state), logs)
+        self._previous_push = ref
         if wait:
-            import ray
-
             try:
                 ray.get(ref, timeout=10)
             except Exception:  # noqa: BLE001
