@@ -48,7 +48,7 @@ class RunFeed:
             self.logs = self._storage.load("logs")
             self.events = self._storage.load("events")
             for row in self.rows:
-                self._note_latest(row)
+                self.latest.update((key, value) for key, value in row.items() if key not in RESERVED_KEYS)
 
     def accept(self, rank: int, attempt: int, seq: int, rows: list[dict[str, Any]],
                logs: list[tuple[str, float, str]]) -> list[dict[str, Any]] | None:
@@ -59,11 +59,15 @@ class RunFeed:
                 return None
             self._seen.add(key)
             self._pushes[attempt, rank] = self._pushes.get((attempt, rank), 0) + 1
+            with_nan = []
             if rows:
                 self.rows.extend(rows)
                 self._storage.append("metrics", rows)
-                for row in rows:
-                    self._note_latest(row)
+                for row in rows:  # one pass per row: the latest values, and NaN
+                    values = {key: value for key, value in row.items() if key not in RESERVED_KEYS}
+                    self.latest.update(values)
+                    if any(isinstance(value, float) and math.isnan(value) for value in values.values()):
+                        with_nan.append(row)
             if logs:
                 records = [{"rank": rank, "attempt": attempt, "stream": stream, "time": when, "text": text}
                            for stream, when, text in logs]
@@ -71,7 +75,7 @@ class RunFeed:
                 self._storage.append("logs", records)
             self.last_push[rank] = time.monotonic()
             self.changed.notify_all()
-            return [row for row in rows if nan_keys(row)]
+            return with_nan
 
     def wait_for_pushes(self, attempt: int, sent: dict[int, int], idle_s: float) -> bool:
         """Wait until every rank's pushes of ``attempt`` (``sent``: rank -> count) have arrived.
@@ -138,10 +142,6 @@ class RunFeed:
         while (any(self.last_push.get(rank, 0.0) < recent for rank in running)
                and (left := deadline - time.monotonic()) > 0):
             self.changed.wait(timeout=left)
-
-    def _note_latest(self, row: dict[str, Any]) -> None:
-        self.latest.update((key, value) for key, value in row.items() if key not in RESERVED_KEYS)
-
 
 def nan_keys(row: dict[str, Any]) -> list[str]:
     return [key for key, value in row.items() if isinstance(value, float) and math.isnan(value)]
