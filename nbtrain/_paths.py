@@ -14,10 +14,11 @@ Reading functions never create anything; writers create what they write.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
+
+from nbtrain import _json
 
 
 def nbtrain_home() -> Path:
@@ -41,15 +42,15 @@ def storage_root() -> Path:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Readers (the lab sidebar, another kernel) never see a half-written file."""
+    """Readers (the lab sidebar, another kernel) never see a half-written file; strict JSON (see _json)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.write_text(_json.dumps(data, indent=1))
     os.replace(tmp, path)
 
 
 def read_json(path: Path) -> Any | None:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return _json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None

@@ -15,7 +15,10 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("NBTRAIN_HOME", tempfile.mkdtemp(prefix="nbtrain-test-home-"))
+# Always a fresh home, also in each pytest-xdist worker (which would otherwise inherit its
+# controller's): one cluster per worker process, never the user's.
+os.environ["NBTRAIN_HOME"] = tempfile.mkdtemp(
+    prefix=f"nbtrain-test-home-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import cloudpickle

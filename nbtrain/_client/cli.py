@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nbtrain import _json
 from nbtrain._client import local_cluster
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def _address_for(name: str | None, given: str | None) -> str | None:
 def cmd_runs(args: argparse.Namespace) -> int:
     answer = cluster_answer(_connect(_address_for(None, args.address)))
     if args.json:
-        print(json.dumps(answer, default=str))
+        print(_json.dumps(answer))
         return 0
     for run in answer["runs"]:
         progress = run.get("progress") or {}

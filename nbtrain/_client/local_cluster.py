@@ -170,6 +170,9 @@ def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeo
         _ray_executable(), "start", "--head", "--block",
         f"--node-ip-address={LOOPBACK}", f"--num-cpus={num_cpus}",
         "--include-dashboard=false", "--include-log-monitor=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+        # Workers bind ports the OS picks: Ray's fixed default range (10002-19999) is the same for every
+        # cluster, so two embedded clusters on one machine (two environments, two users) would collide.
+        "--min-worker-port=0", "--max-worker-port=0",
         *(f"--{name}={port}" for name, port in ports.items()),
     ]
     if num_gpus is not None:

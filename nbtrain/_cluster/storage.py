@@ -8,11 +8,11 @@ everything recorded; the notebook's cursor then continues where it was.
 from __future__ import annotations
 
 import io
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from nbtrain import _json
 from nbtrain._exceptions import NbtrainError
 from nbtrain._paths import read_json, write_json_atomic
 
@@ -55,7 +55,7 @@ class RunStorage:
         if not records:
             return
         handle = self._files[kind]
-        handle.write("".join(json.dumps(record, default=str) + "\n" for record in records))
+        handle.write("".join(_json.dumps(record) + "\n" for record in records))
         handle.flush()
 
     def load(self, kind: str) -> list[dict[str, Any]]:
@@ -64,7 +64,7 @@ class RunStorage:
         with open(path, encoding="utf-8") as handle:
             for line in handle:
                 try:
-                    records.append(json.loads(line))
+                    records.append(_json.loads(line))
                 except ValueError:
                     break  # a line cut short by the crash: everything before it is intact
         return records

@@ -18,7 +18,6 @@ state is final: the browser keeps no list of states), ``stale`` and ``stop``
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 from urllib.parse import unquote
@@ -27,6 +26,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from nbtrain import _json
 from nbtrain._lab.commands import CommandRunner
 
 _NAME = r"(?P<name>[^/]+)"
@@ -51,13 +51,13 @@ class RunsHandler(_BaseHandler):
     def get(self) -> None:
         runs = self.commands.runs()
         self.commands.watched(runs)
-        self.finish(json.dumps({"runs": runs, "now": time.time()}))
+        self.finish(_json.dumps({"runs": runs, "now": time.time()}))
 
 
 class RunHandler(_BaseHandler):
     @web.authenticated
     def get(self, name: str) -> None:
-        self.finish(json.dumps(self.find_run(name)))
+        self.finish(_json.dumps(self.find_run(name)))
 
 
 class StopRunHandler(_BaseHandler):
@@ -67,13 +67,13 @@ class StopRunHandler(_BaseHandler):
         if run["terminal"]:
             raise web.HTTPError(409, f"Run {run['name']!r} already ended ({run['state']}); nothing to stop.")
         self.set_status(202)
-        self.finish(json.dumps(self.commands.request_stop(run)))
+        self.finish(_json.dumps(self.commands.request_stop(run)))
 
 
 class ClusterHandler(_BaseHandler):
     @web.authenticated
     def get(self) -> None:
-        self.finish(json.dumps({"cluster": self.commands.cluster()}))
+        self.finish(_json.dumps({"cluster": self.commands.cluster()}))
 
 
 def setup_handlers(web_app: web.Application, commands: CommandRunner) -> None:

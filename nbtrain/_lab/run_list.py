@@ -17,9 +17,9 @@ clock is off never makes runs look fresher or staler than they are.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from nbtrain import _json
 from nbtrain._registry import ClusterRecord, RunRecord, is_terminal, number
 
 # What the agent's answer overrides in a registry record (the rest is the run's identity).
@@ -39,7 +39,7 @@ class ClusterAnswers:
 
         Raises ``ValueError`` when it is not such an answer; what was kept before stays then.
         """
-        answer = json.loads(output)
+        answer = _json.loads(output)
         if not isinstance(answer, dict) or not isinstance(answer.get("runs"), list):
             msg = f"expected {{'address', 'cluster', 'runs'}} from nbtrain runs --json, got {output[:200]!r}"
             raise ValueError(msg)
