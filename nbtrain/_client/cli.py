@@ -5,7 +5,7 @@
     nbtrain cluster status                                is it running, at which address
     nbtrain runs [--json] [--address ADDR]               runs on the cluster (what the lab sidebar shows)
     nbtrain stop NAME [--address ADDR]                    stop a run
-    nbtrain lab [NOTEBOOK]                                local cluster + JupyterLab on 127.0.0.1
+    nbtrain lab [NOTEBOOK] [JUPYTER OPTIONS]              JupyterLab on 127.0.0.1 + the local cluster
     nbtrain agent                                         the above as JSON lines on stdin (for the lab server)
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -112,15 +113,66 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    info = local_cluster.start(progress=_say)
-    env = {**os.environ, "RAY_ADDRESS": info.address}
-    notebook = args.notebook or _default_notebook()
-    command = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1"]
-    if notebook:
+    """JupyterLab on 127.0.0.1, its kernels pointed at a cluster: ``$RAY_ADDRESS`` when set, else the
+    embedded local cluster (started or reused). Every argument after ``lab`` goes to Jupyter as is."""
+    jupyter_args: list[str] = list(args.jupyter_args)
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        _say(f"JupyterLab on 127.0.0.1; notebooks connect to $RAY_ADDRESS={address} (no local cluster started)")
+    else:
+        address = local_cluster.start(progress=_say).address
+        _say(f"JupyterLab on 127.0.0.1 with the local Ray cluster at {address}")
+    command = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", *jupyter_args]
+    if not _names_a_path(jupyter_args) and (notebook := _default_notebook()) is not None:
         command.append(str(notebook))
-    command += args.jupyter_args
-    _say(f"JupyterLab on 127.0.0.1 with the local Ray cluster at {info.address}")
-    return subprocess.call(command, env=env)
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in jupyter_args:
+        # Docker containers and most cloud GPU VMs log in as root; Jupyter refuses to start there without it.
+        _say("Running as root: JupyterLab is started with --allow-root.")
+        command.append("--allow-root")
+    return _run_forwarding_signals(command, {**os.environ, "RAY_ADDRESS": address})
+
+
+def _names_a_path(jupyter_args: list[str]) -> bool:
+    """Whether the user gave Jupyter a notebook or folder to open (then no default notebook is added)."""
+    return any(not arg.startswith("-") and (arg.endswith(".ipynb") or Path(arg).exists()) for arg in jupyter_args)
+
+
+_FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+_SHUTDOWN_GRACE_S = 30.0
+
+
+def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
+    """Run Jupyter until it exits; a SIGTERM, SIGINT or SIGHUP to this process stops it.
+
+    Each is passed on as SIGTERM, on which the Jupyter server shuts its kernels down and exits
+    (no "Shutdown this Jupyter server (y/[n])?" prompt). Jupyter runs in its own session, so a
+    Ctrl-C in the terminal reaches it once, through here. A server that has not exited
+    ``_SHUTDOWN_GRACE_S`` after the signal is killed.
+    """
+    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    stopping_since: list[float] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        stopping_since.append(time.monotonic())
+
+    previous = {name: signal.signal(getattr(signal, name), forward)
+                for name in _FORWARDED_SIGNALS if hasattr(signal, name)}
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                if stopping_since and time.monotonic() - stopping_since[0] > _SHUTDOWN_GRACE_S:
+                    _say(f"JupyterLab did not stop within {_SHUTDOWN_GRACE_S:.0f} s of the signal; killing it.")
+                    proc.kill()
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -150,9 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("name")
     stop.add_argument("--address", default=None)
     stop.set_defaults(func=cmd_stop)
-    lab = sub.add_parser("lab", help="start the local cluster and JupyterLab")
-    lab.add_argument("notebook", nargs="?", default=None)
-    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER)
+    lab = sub.add_parser("lab", help="JupyterLab on 127.0.0.1 with the local cluster (or $RAY_ADDRESS)",
+                         description="Every argument goes to `jupyter lab` as is: a notebook, --port 9999, ...")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, metavar="JUPYTER ARGS")
     lab.set_defaults(func=cmd_lab)
     agent = sub.add_parser("agent", help="answer commands from stdin, one JSON list per line (used by the lab sidebar)")
     agent.set_defaults(func=cmd_agent)
@@ -160,7 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["lab"] and argv[1:2] not in (["-h"], ["--help"]):
+        # Jupyter's own options (`--port 9999`) are not ours to parse: argparse would reject them.
+        args = argparse.Namespace(func=cmd_lab, jupyter_args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     from nbtrain._exceptions import NbtrainError
 
     try:

@@ -1,0 +1,84 @@
+"""``nbtrain lab``, as a newcomer runs it: Jupyter options pass through, root works, SIGTERM stops everything.
+
+``$RAY_ADDRESS`` names a cluster here, so ``nbtrain lab`` starts no local one
+(nothing listens there; no notebook connects in this test).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nbtrain._net import port_is_open
+
+from _helpers import wait_for
+from _jupyterlab import REPO, free_port
+
+pytestmark = pytest.mark.quick
+
+
+def lab_answers(port: int, token: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def test_lab_passes_jupyter_options_starts_as_root_and_stops_with_its_kernels_on_sigterm(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "demo.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    dirs = {name: tmp_path / name for name in ("config", "data", "runtime", "home")}
+    for path in dirs.values():
+        path.mkdir()
+    env = {
+        **os.environ, "NBTRAIN_HOME": str(dirs["home"]), "RAY_ADDRESS": "ray://127.0.0.1:1",
+        "JUPYTER_CONFIG_DIR": str(dirs["config"]), "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    port, token = free_port(), secrets.token_hex(16)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nbtrain", "lab", "--port", str(port), "--no-browser", "--port-retries=0",
+         f"--IdentityProvider.token={token}", "--LabApp.news_url=None",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "demo.ipynb"],
+        cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    lab = psutil.Process(proc.pid)
+    try:
+        wait_for(lambda: proc.poll() is not None or lab_answers(port, token), timeout=60,
+                 message="JupyterLab to answer on the --port given")
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/kernels?token={token}", method="POST",
+                                         data=b"{}")
+        urllib.request.urlopen(request, timeout=30).close()
+        kernel = wait_for(lambda: next((p for p in lab.children(recursive=True)
+                                        if "ipykernel" in " ".join(p.cmdline())), None),
+                          timeout=30, message="the kernel process")
+        family = [lab, *lab.children(recursive=True)]
+        assert kernel in family
+
+        proc.send_signal(signal.SIGTERM)
+
+        proc.wait(timeout=30)
+        wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family),
+                 timeout=15, message="JupyterLab and its kernel to exit",
+                 describe=lambda: [p.cmdline()[:3] for p in family if p.is_running()])
+        assert not port_is_open("127.0.0.1", port)
+        said = proc.stdout.read().decode() if proc.stdout else ""
+        assert "$RAY_ADDRESS=ray://127.0.0.1:1" in said
+        if os.geteuid() == 0:
+            assert said.count("Running as root") == 1, said
+    finally:
+        for process in [lab, *(lab.children(recursive=True) if lab.is_running() else [])]:
+            if process.is_running():
+                process.kill()
