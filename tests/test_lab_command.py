@@ -13,10 +13,12 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
+from nbtrain._client import cli, launch, local_cluster
 from nbtrain._net import port_is_open
 
 from _helpers import wait_for
@@ -82,3 +84,40 @@ def test_lab_passes_jupyter_options_starts_as_root_and_stops_with_its_kernels_on
         for process in [lab, *(lab.children(recursive=True) if lab.is_running() else [])]:
             if process.is_running():
                 process.kill()
+
+
+def test_stop_of_a_run_whose_record_names_no_cluster_starts_no_local_cluster(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("NBTRAIN_HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "nowhere.json").write_text('{"name": "nowhere", "state": "running"}')
+    monkeypatch.setattr(local_cluster, "start", lambda *args, **kwargs: pytest.fail("a local cluster was started"))
+
+    assert cli.main(["stop", "nowhere"]) == 2
+
+    said = capsys.readouterr().err
+    assert "The registry does not say which cluster runs 'nowhere'" in said
+    assert "nbtrain stop nowhere --address ray://HOST:PORT" in said
+
+
+def test_runs_skips_and_names_runs_whose_names_nbtrain_never_makes(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    class Head:  # a remote cluster, as much of it as `nbtrain runs` asks
+        address, kind = "ray://head:10001", "remote"
+
+        def nodes(self) -> list[dict[str, Any]]:
+            return [{"alive": True}]
+
+        def resources(self) -> dict[str, tuple[float, float]]:
+            return {"CPU": (0.0, 8.0)}
+
+    names = ["cifar", "{__import__('os').system('id')}", "../../etc/cron.d/x", "-rf"]
+    monkeypatch.setattr(launch, "run_summaries", lambda: [{"name": name, "state": "running"} for name in names])
+
+    answer = cli.cluster_answer(Head())  # type: ignore[arg-type]
+
+    assert [run["name"] for run in answer["runs"]] == ["cifar"]
+    said = capsys.readouterr().err
+    for name in names[1:]:
+        assert f"skipped a run named {name!r} on ray://head:10001" in said

@@ -282,7 +282,7 @@ def test_a_run_without_an_address_is_not_stopped_on_some_other_cluster(lab: Jupy
     record = {"name": "nowhere", "state": "running", "created": time.time(), "updated": time.time()}
     write_json(registry / "runs" / "nowhere.json", record)  # written by hand, or by an older nbtrain
 
-    assert lab.request("POST", "nbtrain/api/runs/nowhere/stop")[0] == 202
+    assert (answer := lab.request("POST", "nbtrain/api/runs/nowhere/stop"))[0] == 202, answer
 
     run = wait_for(lambda: (r := runs(lab)["nowhere"])["stop"]["status"] == "failed" and r, what="the stop to fail")
     assert "does not say which cluster" in run["stop"]["message"]
@@ -371,6 +371,91 @@ def test_cluster_is_the_last_connected_one_with_what_it_says(lab: JupyterLab, cl
     assert shown["address"] == address
     assert shown["kind"] == "local"  # from the registry (the agent only knows the address it was given)
     assert shown["resources"] == {"CPU": [1, 6], "GPU": [0, 0]}
+
+
+def test_the_cluster_line_shows_what_its_cluster_answers_while_another_is_silent(
+        lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+    # Resources written into the record at connect time (as an older nbtrain did) are not the cluster's word.
+    write_json(cluster.dir.parent / "cluster.json",
+               {"address": address, "kind": "local", "updated": time.time(), "resources": {"CPU": [2, 2]}})
+    shown = lab.request("GET", "nbtrain/api/cluster")[1]["cluster"]
+    assert (shown["resources"], shown["nodes"], shown["stale"]) == ({}, None, True)
+    launch("silent", f"ray://127.0.0.1:{next(_ports)}")  # live on a cluster that never answers
+    launch("job", address)
+    cluster.says("job", address)
+    cluster.has_nodes(address, 1, [2, 2])
+    runs(lab)
+    wait_for(lambda: lab.request("GET", "nbtrain/api/cluster")[1]["cluster"]["resources"].get("CPU") == [2, 2],
+             what="the cluster's answer while the run is live")
+
+    cluster.says("job", address, "succeeded", step=100, ended=time.time())
+    wait_for(run_shows(lab, "job", state="succeeded"), what="the run to end")
+    cluster.has_nodes(address, 1, [0, 2])  # Ray frees a run's CPUs a moment after it ends
+
+    shown = wait_for(lambda: (c := lab.request("GET", "nbtrain/api/cluster")[1]["cluster"])["resources"]
+                     .get("CPU") == [0, 2] and c, what="the CPUs to be shown free once the run ended")
+    assert shown["kind"] == "local"  # the registry's word; the (fake) agent says "remote"
+    assert shown["stale"] is False
+
+
+def test_open_dashboard_cell_is_built_from_checked_and_quoted_strings(lab: JupyterLab, registry: Path,
+                                                                       address: str) -> None:
+    launch("alpha", address)
+    write_json(registry / "runs" / "bare.json", {"name": "bare", "state": "running", "created": time.time()})
+    hostile = {"evil-address": "ray://127.0.0.1:1\n!rm -rf ~", "evil-host": "ray://{os.system('id')}:10001"}
+    for name, bad in hostile.items():
+        write_json(registry / "runs" / f"{name}.json", {"name": name, "state": "running", "address": bad})
+    write_json(registry / "runs" / "braces.json", {"name": "{__import__('os').system('id')}", "state": "running"})
+
+    listed = runs(lab)
+
+    assert listed["alpha"]["attach_cell"] == f"%ray_connect '{address}'\n%ray_attach 'alpha'"
+    assert listed["bare"]["attach_cell"] == "%ray_attach 'bare'"
+    for name in (*hostile, "{__import__('os').system('id')}"):
+        run = listed[name]
+        assert (run["attach_cell"], run["malformed"], run["terminal"], run["address"]) == (None, True, True, None)
+        assert run["error"].startswith("This run cannot be shown: its ")
+    assert "is not of the form ray://host:port" in listed["evil-host"]["error"]
+    assert "is not a run name" in listed["{__import__('os').system('id')}"]["error"]
+    status, body = lab.request("POST", "nbtrain/api/runs/evil-host/stop")
+    assert status == 409 and "cannot be shown" in body["message"]
+    assert not [call for call in calls(registry) if call[0] == "stop"]
+
+
+def test_runs_a_cluster_reports_under_names_nbtrain_never_makes_are_not_listed(
+        lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+    launch("mine", address)
+    cluster.says("{os.system('id')}", address)
+    cluster.says("-rf", address)
+    cluster.says("theirs", address, step=2)
+
+    wait_for(run_shows(lab, "theirs", state="running"), what="the valid run the cluster reports")
+
+    assert sorted(name for name, run in runs(lab).items() if run.get("address") == address) == ["mine", "theirs"]
+    warning = next(line for line in lab.log().splitlines() if "names are not run names" in line)
+    assert address in warning and "'-rf'" in warning and "{os.system('id')}" in warning
+
+
+def test_one_malformed_run_is_an_error_row_and_the_others_are_listed(lab: JupyterLab, cluster: FakeCluster,
+                                                                     address: str) -> None:
+    launch("fine", address)
+    launch("listy", address)
+    cluster.says("fine", address, step=3)
+    # What an older nbtrain on the cluster might answer: fields of the wrong type.
+    write_json(cluster.dir / "listy.json", {"name": "listy", "state": ["running"], "address": address})
+    write_json(cluster.dir / "halfway.json", {"name": "halfway", "state": "running", "progress": "half",
+                                              "address": address})
+
+    listed = wait_for(lambda: (r := runs(lab)).get("fine", {}).get("state") == "running" and r,
+                      what="the cluster's answer to be served")
+
+    assert listed["fine"]["malformed"] is False and listed["fine"]["progress"]["step"] == 3
+    assert listed["listy"]["error"] == ("This run cannot be shown: its state is not text "
+                                        f"(its record in the run registry with what {address} reports).")
+    assert listed["halfway"]["error"] == ("This run cannot be shown: its 'progress' is not an object "
+                                          f"(as {address} reports it).")
+    assert [listed[name]["state"] for name in ("listy", "halfway")] == ["unknown", "unknown"]
+    assert lab.request("GET", "nbtrain/api/runs/listy")[0] == 200
 
 
 # -- connecting ahead, and a stop's own refresh, where periodic refreshes are far apart -------------

@@ -57,16 +57,15 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def _address_for(name: str | None, given: str | None) -> str | None:
+    """``--address``, else the cluster the run's registry record names, else ``$RAY_ADDRESS``."""
     if given:
         return given
     if name:
         from nbtrain._registry import read_run
 
         record = read_run(name)
-        if record and record.get("address"):
-            local = local_cluster.status()
-            if local is None or record["address"] != local.address:
-                return record["address"]
+        if record and isinstance(record.get("address"), str) and record["address"]:
+            return record["address"]
     return os.environ.get("RAY_ADDRESS") or None
 
 
@@ -89,6 +88,7 @@ def cluster_answer(cluster: Cluster) -> dict[str, Any]:
     does not answer (restarting) is left out: readers keep what they knew of it.
     """
     from nbtrain._client.launch import run_summaries
+    from nbtrain._options import NAME_PATTERN
     from nbtrain._registry import record_from_summary
 
     alive = [node for node in cluster.nodes() if node["alive"]]
@@ -97,15 +97,29 @@ def cluster_answer(cluster: Cluster) -> dict[str, Any]:
         "resources": {key: list(pair) for key, pair in cluster.resources().items() if key in ("CPU", "GPU")},
         "updated": time.time(),
     }
-    runs: list[RunRecord] = [record_from_summary(summary, cluster.address) for summary in run_summaries()
-                             if summary["state"] != "unknown"]
+    runs: list[RunRecord] = []
+    for summary in run_summaries():
+        if summary["state"] == "unknown":
+            continue
+        if not isinstance(summary.get("name"), str) or not NAME_PATTERN.match(summary["name"]):
+            # The sidebar turns names into `%ray_attach NAME` cells: only names nbtrain itself allows.
+            _say(f"nbtrain runs: skipped a run named {str(summary.get('name'))[:120]!r} on {cluster.address}: "
+                 "not a run name (letters, digits, '_', '.', '-').")
+            continue
+        runs.append(record_from_summary(summary, cluster.address))
     return {"address": cluster.address, "cluster": record, "runs": runs}
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
     import nbtrain
+    from nbtrain._exceptions import NbtrainError
 
-    _connect(_address_for(args.name, args.address))
+    address = _address_for(args.name, args.address)
+    if address is None:  # connecting without one would start a local cluster, where the run is not
+        msg = (f"The registry does not say which cluster runs {args.name!r}; "
+               f"give it: nbtrain stop {args.name} --address ray://HOST:PORT (or set $RAY_ADDRESS).")
+        raise NbtrainError(msg)
+    _connect(address)
     run = nbtrain.attach(args.name)
     state = run.stop()
     print(f"Run {args.name!r} {state.value}.")

@@ -114,7 +114,7 @@ class CommandRunner:
         return next((run for run in self.runs() if run["name"] == name), None)
 
     def cluster(self) -> dict[str, Any] | None:
-        return served_cluster(read_cluster(self.home), self.answers)
+        return served_cluster(read_cluster(self.home), self.answers, time.time(), self.settings.stale_after)
 
     def _served_runs(self) -> list[dict[str, Any]]:
         return served_runs(read_runs(self.home), self.answers, time.time(), self.settings.stale_after)
@@ -125,9 +125,13 @@ class CommandRunner:
         ok, output = await self._agent.call(["runs", "--json", "--address", address], self.settings.command_timeout)
         if ok:
             try:
-                self.answers.store(address, output, time.time())
+                skipped = self.answers.store(address, output, time.time())
             except ValueError as error:
                 ok, output = False, f"nbtrain runs --json answered something unexpected: {error}"
+            else:
+                if skipped:
+                    self.log.warning("nbtrain: %s reports runs whose names are not run names; not shown: %s",
+                                     address, ", ".join(map(repr, skipped)))
         self.log.debug("nbtrain: refreshed %s in %.1f s (%s)", address, time.monotonic() - began,
                        "ok" if ok else "failed")
         return ok, "" if ok else output[-_OUTPUT_CHARS:]
@@ -207,13 +211,13 @@ class CommandRunner:
                 self.log.exception("nbtrain: refresh crashed")
 
     def _due_addresses(self) -> list[str]:
-        """While watched: the clusters of live runs (else the last connected one), less those
-        backing off after a failure."""
+        """While watched: the clusters of live runs and the last connected one (the sidebar's
+        cluster line shows what it answers), less those backing off after a failure."""
         if time.monotonic() - self._last_watch > self.settings.watch_window:
             return []
         wanted = _live_addresses(self._served_runs())
-        if not wanted and (cluster := read_cluster(self.home)) is not None:
-            wanted = {cluster["address"]}
+        if (cluster := read_cluster(self.home)) is not None:
+            wanted.add(cluster["address"])
         for address in set(self._retry) - wanted:
             del self._retry[address]
         now = time.monotonic()

@@ -12,8 +12,10 @@ Every handler is an ``APIHandler`` behind ``@web.authenticated``:
 without the Jupyter token (or login cookie) every route answers 403.
 A run is a registry record (:class:`nbtrain._registry.RunRecord`) with the
 agent's newest word on it (:mod:`.run_list`), plus ``terminal`` (whether its
-state is final: the browser keeps no list of states), ``stale`` and ``stop``
-(see :class:`.commands.CommandRunner`).
+state is final: the browser keeps no list of states), ``stale``, ``stop``
+(see :class:`.commands.CommandRunner`), ``attach_cell`` (the cell "Open
+dashboard" runs) and ``malformed`` (a record that cannot be shown, served as
+an error row: :mod:`.record_checks`). The cluster has ``stale`` too.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class StopRunHandler(_BaseHandler):
     @web.authenticated
     def post(self, name: str) -> None:
         run = self.find_run(name)
+        if run["malformed"]:
+            raise web.HTTPError(409, f"{run['error']} Stop it from a notebook: nbtrain.attach(NAME).stop().")
         if run["terminal"]:
             raise web.HTTPError(409, f"Run {run['name']!r} already ended ({run['state']}); nothing to stop.")
         self.set_status(202)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from nbtrain import _json
+from nbtrain._lab.record_checks import attach_cell, malformed_row, record_problem, valid_name
 from nbtrain._registry import ClusterRecord, RunRecord, is_terminal, number
 
 # What the agent's answer overrides in a registry record (the rest is the run's identity).
@@ -34,8 +35,9 @@ class ClusterAnswers:
         self._runs: dict[str, dict[str, dict[str, Any]]] = {}  # address -> name -> RunRecord
         self._clusters: dict[str, dict[str, Any]] = {}          # address -> ClusterRecord
 
-    def store(self, address: str, output: str, received: float) -> None:
-        """Keep the answer ``output`` (the JSON ``nbtrain runs --json --address ADDRESS`` printed).
+    def store(self, address: str, output: str, received: float) -> list[str]:
+        """Keep the answer ``output`` (the JSON ``nbtrain runs --json --address ADDRESS`` printed);
+        returns the names it skipped (not run names: see :mod:`.record_checks`).
 
         Raises ``ValueError`` when it is not such an answer; what was kept before stays then.
         """
@@ -44,13 +46,17 @@ class ClusterAnswers:
             msg = f"expected {{'address', 'cluster', 'runs'}} from nbtrain runs --json, got {output[:200]!r}"
             raise ValueError(msg)
         runs: dict[str, dict[str, Any]] = {}
+        skipped = []
         for record in answer["runs"]:
-            if isinstance(record, dict) and isinstance(record.get("name"), str) and record["name"]:
+            if isinstance(record, dict) and valid_name(record.get("name")):
                 runs[record["name"]] = {**record, "address": address, "updated": received}
+            else:
+                skipped.append(str(record.get("name") if isinstance(record, dict) else record)[:120])
         self._runs[address] = runs
         cluster = answer.get("cluster")
         if isinstance(cluster, dict):
             self._clusters[address] = {**cluster, "address": address, "updated": received}
+        return skipped
 
     def run(self, address: Any, name: str) -> dict[str, Any] | None:
         return self._runs.get(address, {}).get(name) if isinstance(address, str) else None
@@ -64,39 +70,57 @@ class ClusterAnswers:
 
 def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
                 stale_after: float) -> list[dict[str, Any]]:
-    """Every run to show, live first, then newest first, each with ``terminal`` and ``stale``.
+    """Every run to show, live first, then newest first, each with ``terminal``, ``stale``,
+    ``malformed`` and ``attach_cell``.
 
     ``stale``: a live run whose newest information is older than ``stale_after`` seconds
     (its cluster has not answered lately); the state shown is the last one known.
+    ``malformed``: the record could not be shown (:mod:`.record_checks`); it is served as an
+    ended run with an ``error`` saying why, and ``attach_cell`` ``None``.
     """
     served: list[dict[str, Any]] = []
     for record in registry:
         run: dict[str, Any] = dict(record)
         observed = answers.run(record.get("address"), record["name"])
+        source = "its record in the run registry"
         if observed is not None and number(observed.get("updated")) >= number(record.get("updated")):
             # Older than the record only after a resume rewrote the record: the record wins then.
             run.update((key, observed[key]) for key in OBSERVED_RUN_FIELDS if key in observed)
-        served.append(run)
+            source = f"its record in the run registry with what {observed['address']} reports"
+        served.append(_checked(run, source))
     listed = {run["name"] for run in served}
     for observed in answers.runs():
         if observed["name"] not in listed:
             listed.add(observed["name"])
-            served.append(dict(observed))
+            served.append(_checked(dict(observed), f"as {observed['address']} reports it"))
     for run in served:
-        run["terminal"] = is_terminal(run)
+        run["terminal"] = run["malformed"] or is_terminal(run)
         age = now - number(run.get("updated") or run.get("created"))
         run["stale"] = not run["terminal"] and stale_after > 0 and age > stale_after
     served.sort(key=lambda run: (run["terminal"], -number(run.get("created"))))
     return served
 
 
-def served_cluster(record: ClusterRecord | None, answers: ClusterAnswers) -> dict[str, Any] | None:
-    """The cluster a notebook last connected to, with what its latest answer says of it
-    (``nodes`` and ``resources`` are unknown, ``None`` and ``{}``, until it answers)."""
+def _checked(run: dict[str, Any], source: str) -> dict[str, Any]:
+    problem = record_problem(run)
+    if problem is not None:
+        return malformed_row(run, problem, source)
+    return {**run, "malformed": False, "attach_cell": attach_cell(run)}
+
+
+def served_cluster(record: ClusterRecord | None, answers: ClusterAnswers, now: float,
+                   stale_after: float) -> dict[str, Any] | None:
+    """The cluster a notebook last connected to, with what its latest answer says of it.
+
+    Its identity (``address``, ``kind``) is the registry's; ``nodes`` and ``resources`` come
+    only from the cluster's answers (unknown, ``None`` and ``{}``, until it answers), and
+    ``stale`` says the newest answer is older than ``stale_after`` seconds (or none came).
+    """
     if record is None:
         return None
-    cluster: dict[str, Any] = {"nodes": None, "resources": {}, **record}
+    cluster: dict[str, Any] = {**record, "nodes": None, "resources": {}}
     observed = answers.cluster(record["address"])
     if observed is not None:
         cluster.update((key, observed[key]) for key in OBSERVED_CLUSTER_FIELDS if key in observed)
+    cluster["stale"] = observed is None or (stale_after > 0 and now - number(observed.get("updated")) > stale_after)
     return cluster

@@ -1,0 +1,88 @@
+"""What the sidebar may do with a run record it did not write itself.
+
+Records come from files anyone with the home directory can edit, from older
+nbtrain versions, and from clusters other people run. The sidebar turns two of
+their strings into code (the "Open dashboard" cell runs ``%ray_connect
+ADDRESS`` and ``%ray_attach NAME`` in the user's kernel, where IPython expands
+``{...}`` and ``$name`` in magic lines), so a record is shown as it is only when
+its name is a run name nbtrain could have made (:data:`nbtrain._options.NAME_PATTERN`),
+its address is a plain ``ray://host:port`` and every field has its type.
+Anything else is served as an error row that says what is wrong, with no
+actions: one bad record never hides the others.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from nbtrain._options import NAME_PATTERN
+
+# A DNS name or IPv4 address, or a bracketed IPv6 address; a port of up to 5 digits.
+SAFE_ADDRESS = re.compile(
+    r"^ray://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}$")
+
+_TEXT_FIELDS = ("state", "notebook", "error")
+_NUMBER_FIELDS = ("created", "updated", "ended", "workers", "attempt")
+_OBJECT_FIELDS = ("progress", "latest")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def valid_name(name: Any) -> bool:
+    return isinstance(name, str) and NAME_PATTERN.match(name) is not None
+
+
+def valid_address(address: Any) -> bool:
+    return isinstance(address, str) and SAFE_ADDRESS.match(address) is not None \
+        and 0 < int(address.rsplit(":", 1)[1]) < 65536
+
+
+def record_problem(run: dict[str, Any]) -> str | None:
+    """Why ``run`` cannot be shown as a run (one sentence), or ``None`` when it can."""
+    if not valid_name(run.get("name")):
+        return (f"its name {str(run.get('name'))[:120]!r} is not a run name (letters, digits, '_', '.', '-'; "
+                "at most 100)")
+    address = run.get("address")
+    if address not in (None, "") and not valid_address(address):
+        return f"its cluster address {str(address)[:120]!r} is not of the form ray://host:port"
+    if not isinstance(run.get("state"), str):
+        return "its state is not text"
+    for key in _TEXT_FIELDS:
+        if run.get(key) is not None and not isinstance(run[key], str):
+            return f"its {key!r} is not text"
+    for key in _NUMBER_FIELDS:
+        if run.get(key) is not None and not _is_number(run[key]):
+            return f"its {key!r} is not a number"
+    for key in _OBJECT_FIELDS:
+        if run.get(key) is not None and not isinstance(run[key], dict):
+            return f"its {key!r} is not an object"
+    progress = run.get("progress") or {}
+    if any(progress.get(key) is not None and not _is_number(progress[key])
+           for key in ("step", "total_steps", "fraction")):
+        return "its progress is not made of numbers"
+    return None
+
+
+def attach_cell(run: dict[str, Any]) -> str:
+    """The cell "Open dashboard" runs for a run without a notebook (``run`` has no problem).
+
+    Quoted although a valid name and address need no quotes: the magics split their line
+    like a shell, so a quoted word is always one argument.
+    """
+    connect = f"%ray_connect '{run['address']}'\n" if run.get("address") else ""
+    return f"{connect}%ray_attach '{run['name']}'"
+
+
+def malformed_row(run: dict[str, Any], problem: str, source: str) -> dict[str, Any]:
+    """What is served in place of a record that cannot be shown: an error row with no actions."""
+    name = run.get("name")
+    shown = name if isinstance(name, str) and name else "(no name)"
+    return {
+        "name": shown[:200], "state": "unknown", "address": None, "created": None, "updated": None,
+        "ended": None, "notebook": None, "workers": None, "attempt": None, "progress": None, "latest": None,
+        "error": f"This run cannot be shown: {problem} ({source}).",
+        "malformed": True, "attach_cell": None,
+    }
