@@ -158,6 +158,9 @@ def test_sidebar_lists_runs_and_follows_their_cluster(lab_page: Page, lab: Jupyt
     launched(home, "baseline", ago=700)
     launched(home, "broken", ago=300)
     launched(home, "lost", "ray://127.0.0.1:2", ago=200)  # nothing answers there
+    # A hand-edited record whose address would run code in the "Open dashboard" cell.
+    write_json(home / "runs" / "hostile.json", {"name": "hostile", "state": "running",
+                                                "address": "ray://{__import__('os').system('id')}:1"})
     cluster_says(home, "cifar", step=10, latest={"loss": 0.8123, "accuracy": 0.52})
     cluster_says(home, "baseline", "succeeded", step=100, ended=time.time() - 400,
                  latest={"loss": 0.21, "accuracy": 0.93})
@@ -172,7 +175,13 @@ def test_sidebar_lists_runs_and_follows_their_cluster(lab_page: Page, lab: Jupyt
     expect(sidebar).to_be_visible()
     expect(sidebar.locator(".jp-nbtrain-cluster-info")).to_contain_text("2 / 2 used")
     rows = sidebar.locator("li.jp-nbtrain-run")
-    expect(rows).to_have_count(4)
+    expect(rows).to_have_count(5)
+    hostile = sidebar.locator('li[data-run-name="hostile"]')
+    expect(hostile.locator(".jp-nbtrain-message")).to_have_text(
+        "This run cannot be shown: its cluster address \"ray://{__import__('os').system('id')}:1\" is not of the "
+        "form ray://host:port (its record in the run registry).")
+    expect(hostile.locator(".jp-nbtrain-open")).to_be_disabled()
+    expect(hostile.locator(".jp-nbtrain-stop")).to_be_hidden()
     cifar = sidebar.locator('li[data-run-name="cifar"]')
     expect(cifar.locator(".jp-nbtrain-badge")).to_have_text("running")
     expect(cifar.locator(".jp-nbtrain-progress-label")).to_have_text("step 10/100")
@@ -197,7 +206,7 @@ def test_sidebar_lists_runs_and_follows_their_cluster(lab_page: Page, lab: Jupyt
     width = cifar.locator(".jp-nbtrain-progress-fill").evaluate("node => node.style.width")
     assert width == "60%"
     expect(status).to_have_text("Ray: 127.0.0.1:10001 · 4 running")
-    expect(rows).to_have_count(6)
+    expect(rows).to_have_count(7)
     expect(sidebar.locator('li[data-run-name="theirs"] .jp-nbtrain-badge')).to_have_text("running")
     shot(page, "sidebar-updated")
 

@@ -398,7 +398,7 @@ def test_the_cluster_line_shows_what_its_cluster_answers_while_another_is_silent
     assert shown["stale"] is False
 
 
-def test_open_dashboard_cell_is_built_from_checked_and_quoted_strings(lab: JupyterLab, registry: Path,
+def test_open_dashboard_cell_is_built_from_checked_strings_only(lab: JupyterLab, registry: Path,
                                                                        address: str) -> None:
     launch("alpha", address)
     write_json(registry / "runs" / "bare.json", {"name": "bare", "state": "running", "created": time.time()})
@@ -409,8 +409,8 @@ def test_open_dashboard_cell_is_built_from_checked_and_quoted_strings(lab: Jupyt
 
     listed = runs(lab)
 
-    assert listed["alpha"]["attach_cell"] == f"%ray_connect '{address}'\n%ray_attach 'alpha'"
-    assert listed["bare"]["attach_cell"] == "%ray_attach 'bare'"
+    assert listed["alpha"]["attach_cell"] == f"%ray_connect {address}\n%ray_attach alpha"
+    assert listed["bare"]["attach_cell"] == "%ray_attach bare"
     for name in (*hostile, "{__import__('os').system('id')}"):
         run = listed[name]
         assert (run["attach_cell"], run["malformed"], run["terminal"], run["address"]) == (None, True, True, None)

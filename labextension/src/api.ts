@@ -39,6 +39,13 @@ export interface IRun {
   stale: boolean;
   /** Added by the server when a stop was requested through it. */
   stop?: IStopRequest | null;
+  /**
+   * The cell "Open dashboard" runs (`%ray_connect '…'` / `%ray_attach '…'`), built by the
+   * server from a checked name and address; null for a record that cannot be shown.
+   */
+  attach_cell: string | null;
+  /** A record the server could not show as a run: `error` says why; no actions. */
+  malformed: boolean;
 }
 
 export interface IRunList {
@@ -53,6 +60,8 @@ export interface ICluster {
   nodes: number | null;
   resources: Record<string, [number, number]>;
   updated: number | null;
+  /** The cluster has not answered lately (or not yet): `resources` may be outdated. */
+  stale?: boolean;
 }
 
 /** Error raised for a non-2xx answer, carrying the server's message. */

@@ -209,12 +209,18 @@ async function openRun(
       return;
     }
   }
+  if (!run.attach_cell) {
+    // The server builds the cell only from a run name and address it has checked.
+    Notification.error(
+      `Cannot open run "${run.name}" here: ${run.error ?? 'the server did not say how to attach to it'}`,
+      { autoClose: 10000 }
+    );
+    return;
+  }
   const panel = await activeNotebook(app, notebooks);
   // Connecting again to the same address is a no-op for nbtrain, and it
   // makes the attach work in a notebook that never connected.
-  const connect = run.address ? `%ray_connect ${run.address}\n` : '';
-  const source = loadExtLine(panel) + connect + `%ray_attach ${run.name}`;
-  await insertCell(app, panel, source, true);
+  await insertCell(app, panel, loadExtLine(panel) + run.attach_cell, true);
 }
 
 /**

@@ -52,11 +52,11 @@ export class RunsModel {
 
   /** Seconds since the run was created, on the server's clock. */
   elapsed(run: IRun): number | null {
-    if (run.created === null || run.created === undefined) {
+    if (!isNumber(run.created)) {
       return null;
     }
     const end = run.terminal
-      ? (run.ended ?? run.updated ?? this._serverNow)
+      ? [run.ended, run.updated, this._serverNow].find(isNumber)!
       : this._serverNow + (Date.now() - this._fetchedAt) / 1000;
     return Math.max(0, end - run.created);
   }
@@ -91,8 +91,14 @@ export class RunsModel {
   private async _fetch(): Promise<void> {
     try {
       const [list, cluster] = await Promise.all([listRuns(), getCluster()]);
-      this._runs = list.runs;
-      this._serverNow = list.now;
+      if (!Array.isArray(list?.runs)) {
+        throw new Error('the server answered something that is not a run list');
+      }
+      // Rows are keyed by name: anything else is dropped here, and each row draws defensively.
+      this._runs = list.runs.filter(
+        run => run !== null && typeof run === 'object' && typeof run.name === 'string'
+      );
+      this._serverNow = isNumber(list.now) ? list.now : Date.now() / 1000;
       this._fetchedAt = Date.now();
       this._cluster = cluster;
       this._error = null;
@@ -113,4 +119,8 @@ export class RunsModel {
   private _loaded = false;
   private _serverNow = Date.now() / 1000;
   private _fetchedAt = Date.now();
+}
+
+function isNumber(value: unknown): value is number {
+  return typeof value === 'number' && Number.isFinite(value);
 }

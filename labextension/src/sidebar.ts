@@ -95,7 +95,12 @@ export class RaySidebar extends Widget {
         row = new RunRow(this._options);
         this._rows.set(run.name, row);
       }
-      row.update(run, this._model.elapsed(run));
+      try {
+        row.update(run, this._model.elapsed(run));
+      } catch (error) {
+        // One run the browser cannot draw must not empty the list.
+        row.showBroken(run.name, error);
+      }
       if (this._list.children[index] !== row.node) {
         this._list.insertBefore(row.node, this._list.children[index] ?? null);
       }
@@ -120,7 +125,11 @@ export class RaySidebar extends Widget {
 
   private _renderElapsed(): void {
     for (const run of this._model.runs) {
-      this._rows.get(run.name)?.setElapsed(this._model.elapsed(run));
+      try {
+        this._rows.get(run.name)?.setElapsed(this._model.elapsed(run));
+      } catch {
+        // drawn as a broken row already
+      }
     }
   }
 
@@ -146,13 +155,18 @@ export class RaySidebar extends Widget {
     if (cluster.kind) {
       add('Kind', cluster.kind);
     }
-    add('Nodes', cluster.nodes === null ? '–' : String(cluster.nodes));
+    add('Nodes', typeof cluster.nodes === 'number' ? String(cluster.nodes) : '–');
     for (const resource of ['CPU', 'GPU']) {
       const pair = cluster.resources?.[resource];
-      if (pair) {
-        add(`${resource}s`, `${fmtCount(pair[0])} / ${fmtCount(pair[1])} used`);
+      if (Array.isArray(pair)) {
+        // "?": the cluster has not answered lately, so the numbers are its last known ones.
+        const mark = cluster.stale ? '?' : '';
+        add(`${resource}s`, `${fmtCount(pair[0])} / ${fmtCount(pair[1])} used${mark}`);
       }
     }
+    table.title = cluster.stale
+      ? 'The cluster has not answered lately; its resources are the last known ones.'
+      : '';
     node.appendChild(table);
   }
 
@@ -172,13 +186,11 @@ class RunRow {
   readonly node = el('li', 'jp-nbtrain-run');
 
   constructor(options: ISidebarOptions) {
-    const top = el('div', 'jp-nbtrain-run-top');
-    top.append(this._name, this._badge, this._elapsed);
+    this._top.append(this._name, this._badge, this._elapsed);
 
     const bar = el('div', 'jp-nbtrain-progress');
     bar.appendChild(this._fill);
-    const progress = el('div', 'jp-nbtrain-progress-row');
-    progress.append(bar, this._progressLabel);
+    this._progress.append(bar, this._progressLabel);
 
     this._stop.addEventListener('click', () => {
       if (this._run) {
@@ -194,11 +206,15 @@ class RunRow {
     const actions = el('div', 'jp-nbtrain-run-actions');
     actions.append(this._stop, this._open);
 
-    this.node.append(top, progress, this._metrics, this._message, actions);
+    this.node.append(this._top, this._progress, this._metrics, this._message, actions);
   }
 
   update(run: IRun, elapsed: number | null): void {
     this._run = run;
+    this.node.classList.remove('jp-mod-broken');
+    this.node.classList.toggle('jp-mod-malformed', Boolean(run.malformed));
+    this._top.hidden = false;
+    this._progress.hidden = Boolean(run.malformed);
     const state = run.stale ? `${run.state}?` : run.state;
     this.node.dataset.runName = run.name;
     this.node.dataset.state = run.state;
@@ -239,9 +255,34 @@ class RunRow {
 
     this._stop.disabled = run.terminal || run.stop?.status === 'stopping';
     this._stop.hidden = run.terminal;
+    this._open.hidden = false;
+    this._open.disabled = !run.notebook && !run.attach_cell;
     this._open.title = run.notebook
       ? `Open ${run.notebook}`
-      : `Insert "%ray_attach ${run.name}" into the active notebook`;
+      : run.attach_cell
+        ? `Insert "${run.attach_cell.replace(/\n/g, '; ')}" into the active notebook`
+        : 'This run cannot be opened from here.';
+  }
+
+  /** A run this browser could not draw: its name and why, and no actions. */
+  showBroken(name: string, error: unknown): void {
+    this._run = null;
+    this.node.dataset.runName = name;
+    this.node.dataset.state = 'unknown';
+    this.node.classList.add('jp-nbtrain-run', 'jp-mod-broken');
+    this._name.textContent = name;
+    this._badge.textContent = 'unknown';
+    this._badge.className = 'jp-nbtrain-badge jp-nbtrain-state-unknown';
+    this._elapsed.textContent = '';
+    this._progress.hidden = true;
+    this._metrics.hidden = true;
+    this._message.textContent = `This run cannot be shown: ${
+      error instanceof Error ? error.message : String(error)
+    }`;
+    this._message.hidden = false;
+    this._message.classList.add('jp-mod-error');
+    this._stop.hidden = true;
+    this._open.hidden = true;
   }
 
   setElapsed(seconds: number | null): void {
@@ -249,6 +290,8 @@ class RunRow {
   }
 
   private _run: IRun | null = null;
+  private _top = el('div', 'jp-nbtrain-run-top');
+  private _progress = el('div', 'jp-nbtrain-progress-row');
   private _name = el('span', 'jp-nbtrain-run-name');
   private _badge = el('span', 'jp-nbtrain-badge');
   private _elapsed = el('span', 'jp-nbtrain-elapsed');
@@ -315,7 +358,10 @@ function fmtMetric(value: number): string {
     : String(Number(value.toPrecision(4)));
 }
 
-function fmtCount(value: number): string {
+function fmtCount(value: unknown): string {
+  if (typeof value !== 'number') {
+    return '?';
+  }
   return Number.isInteger(value) ? String(value) : value.toFixed(1);
 }
 

@@ -69,11 +69,12 @@ def record_problem(run: dict[str, Any]) -> str | None:
 def attach_cell(run: dict[str, Any]) -> str:
     """The cell "Open dashboard" runs for a run without a notebook (``run`` has no problem).
 
-    Quoted although a valid name and address need no quotes: the magics split their line
-    like a shell, so a quoted word is always one argument.
+    Not quoted: the magics split their line as IPython's ``arg_split`` does (``posix=False``), which
+    keeps quotes as part of the value. A checked name or address is one plain word with none of
+    ``$ { } ! ' " \\`` or spaces, so IPython expands nothing in it and it is one argument as it is.
     """
-    connect = f"%ray_connect '{run['address']}'\n" if run.get("address") else ""
-    return f"{connect}%ray_attach '{run['name']}'"
+    connect = f"%ray_connect {run['address']}\n" if run.get("address") else ""
+    return f"{connect}%ray_attach {run['name']}"
 
 
 def malformed_row(run: dict[str, Any], problem: str, source: str) -> dict[str, Any]:
