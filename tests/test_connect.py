@@ -116,6 +116,53 @@ def test_versions_that_differ_are_both_named():
     assert "Python 3.11.7 in the notebook but Python 3.10.12 on the cluster" in message
 
 
+@pytest.mark.quick
+@pytest.mark.parametrize("kwargs,expected", [
+    ({"address": 123}, "connect(address=...) must be a string like 'ray://head:10001' (the head node's Ray "
+                       "Client port), or None for the embedded local cluster; got int 123."),
+    ({"address": b"ray://h:1"}, "connect(address=...) must be a string like 'ray://head:10001'"),
+    ({"address": "ray://127.0.0.1:1", "token": 123},
+     "connect(token=...) must be a string, the cluster's token (on the head: `ray get-auth-token`), or None; got int."),
+])
+def test_an_address_or_token_that_is_not_a_string_is_named_at_once(kwargs, expected):
+    began = time.monotonic()
+    with pytest.raises(nbtrain.ConnectionFailedError) as raised:
+        nbtrain.connect(**kwargs, progress=lambda _m: None)
+    assert expected in str(raised.value)
+    assert time.monotonic() - began < 1
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("version", ["2.53.1", "2.52.0", "2.40.0"])
+@pytest.mark.parametrize("side,where,fix", [
+    ("notebook", "in this notebook's environment", "in the kernel's environment and restart the kernel"),
+    ("cluster", "on the cluster", "on every node of the cluster and restart it"),
+])
+def test_a_ray_older_than_2_54_is_refused_saying_where_and_why(version, side, where, fix):
+    from nbtrain._client.connection import check_ray_supported
+
+    with pytest.raises(nbtrain.VersionMismatchError) as raised:
+        check_ray_supported(version, side)
+    message = str(raised.value)
+    assert f"Ray {version} {where} is too old: nbtrain needs Ray >= 2.54" in message
+    assert "the dashboard agent's HTTP job endpoint does not check the token" in message
+    assert f'Upgrade Ray {fix}: `pip install -U "ray[client,default]>=2.54"`' in message
+
+
+@pytest.mark.quick
+def test_supported_rays_pass_and_ray_clients_mismatch_names_an_old_cluster():
+    from nbtrain._client.connection import _explain_connect_error, check_ray_supported
+
+    for version in ("2.54.0", "2.54.0rc1", "2.60.0", "3.0.0.dev0"):
+        check_ray_supported(version, "cluster")
+    ray_client_says = RuntimeError("Version mismatch: The cluster was started with:\n    Ray: 2.53.0\n"
+                                   "    Python: 3.11.7\nThis process on Ray Client was started with:\n"
+                                   "    Ray: 2.60.0\n    Python: 3.11.7\n")
+    error = _explain_connect_error("ray://head:10001", ray_client_says)
+    assert isinstance(error, nbtrain.VersionMismatchError)
+    assert str(error).startswith("Ray 2.53.0 on the cluster is too old: nbtrain needs Ray >= 2.54")
+
+
 def test_connecting_recorded_the_cluster_for_the_sidebar(cluster):
     record = read_cluster()
     assert record is not None
@@ -125,9 +172,9 @@ def test_connecting_recorded_the_cluster_for_the_sidebar(cluster):
 def test_the_embedded_token_goes_to_the_embedded_cluster_only(cluster, monkeypatch):
     own = read_token(local_cluster.status().token_path)
     monkeypatch.setenv("RAY_AUTH_TOKEN", "someone-elses-token")
-    assert resolve_token(None, cluster.address) == own
-    assert resolve_token(None, "ray://127.0.0.1:1") == "someone-elses-token"
-    assert resolve_token("given", cluster.address) == "given"
+    assert resolve_token(None, cluster.address).value == own
+    assert resolve_token(None, "ray://127.0.0.1:1").value == "someone-elses-token"
+    assert resolve_token("given", cluster.address).value == "given"
 
 
 def test_reading_the_local_cluster_state_creates_nothing(tmp_path, monkeypatch):

@@ -12,6 +12,13 @@ needs no environment variable or file, and sends each cluster only its own
 token. ``_metadata`` is a private argument of ``ray.init``;
 ``tests/test_import_order.py`` pins it against the installed Ray.
 
+Which token. The header goes in plain gRPC, so whoever listens at an address reads
+it: :func:`resolve_token` gives an address only a token meant for it. A token the
+user gave for an address is kept for that address (``tokens.json`` in nbtrain's
+home, 0600) once the cluster accepted it; the embedded cluster's token goes to the
+embedded cluster alone; Ray's usual places are used for other addresses unless
+what they hold is one of those.
+
 When this kernel's Ray has token mode on anyway (``RAY_AUTH_MODE=token`` in its
 environment), Ray's interceptor appends the token Ray finds itself; servers read
 the first ``authorization`` header, which is ours. With the mode on and no token
@@ -29,37 +36,112 @@ tells them apart first, in milliseconds: is anything listening on the port
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import threading
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
+from nbtrain import _json
 from nbtrain._client import local_cluster
 from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import port_is_open
+from nbtrain._paths import nbtrain_home, read_json
 
 PREFLIGHT_TIMEOUT_S = 3.0
 
 
-def resolve_token(token: str | None, address: str) -> str | None:
-    """The token for ``address``: ``token``, else the embedded cluster's own (for its address
-    only), else Ray's usual places: ``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``."""
+class ResolvedToken(NamedTuple):
+    """The token for one address, where it came from (for error messages), and the places
+    that held a token but were passed over because it belongs to another cluster."""
+
+    value: str | None
+    source: str = ""
+    withheld: tuple[str, ...] = ()
+
+
+def resolve_token(token: str | None, address: str) -> ResolvedToken:
+    """The token for ``address``, and only a token meant for it.
+
+    In order: ``token``; the embedded cluster's own token (for its address only); the
+    token given earlier for this address (:func:`remember_token`); Ray's usual places,
+    ``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``, unless what is
+    there is the embedded cluster's token or one given for another address. The token
+    travels in plain gRPC metadata, so a cluster must never receive another's.
+    """
     if token:
-        return token
+        return ResolvedToken(token, "token=")
     local = local_cluster.status()
     if local is not None and local.address == address:
-        return read_token(local.token_path)
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"]
-    for candidate in (os.environ.get("RAY_AUTH_TOKEN_PATH"), Path.home() / ".ray" / "auth_token"):
+        return ResolvedToken(read_token(local.token_path), "the embedded cluster's token")
+    remembered = remembered_tokens()
+    if remembered.get(address):
+        return ResolvedToken(remembered[address], f"the token given earlier for {address}")
+    owners = {value: other for other, value in remembered.items()}
+    embedded = local_cluster.token_path()
+    if embedded.is_file():
+        owners[read_token(embedded)] = "the embedded local cluster"
+    withheld = []
+    for source, value in _ray_default_tokens():
+        if value in owners:
+            withheld.append(f"{source} (it is the token of {owners[value]})")
+            continue
+        return ResolvedToken(value, source, tuple(withheld))
+    return ResolvedToken(None, "", tuple(withheld))
+
+
+def _ray_default_tokens() -> list[tuple[str, str]]:
+    """Where Ray itself looks for a token, in Ray's order, with what each place holds."""
+    found = []
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        found.append(("$RAY_AUTH_TOKEN", os.environ["RAY_AUTH_TOKEN"].strip()))
+    for source, candidate in (("$RAY_AUTH_TOKEN_PATH", os.environ.get("RAY_AUTH_TOKEN_PATH")),
+                              ("~/.ray/auth_token", Path.home() / ".ray" / "auth_token")):
         if candidate and Path(candidate).is_file():
             text = read_token(candidate)
             if text:
-                return text
-    return None
+                found.append((source, text))
+    return found
 
 
 def read_token(path: str | Path) -> str:
     return Path(path).read_text().strip()
+
+
+def tokens_file() -> Path:
+    """Tokens given with ``connect(address, token=...)``, by address (owner-only, 0600)."""
+    return nbtrain_home() / "tokens.json"
+
+
+def remembered_tokens() -> dict[str, str]:
+    data = read_json(tokens_file())
+    if not isinstance(data, dict):
+        return {}
+    return {address: value for address, value in data.items() if isinstance(value, str) and value}
+
+
+def remember_token(address: str, token: str) -> None:
+    """Keep ``token`` for ``address`` only, so a later ``connect(address)``, ``nbtrain runs`` and
+    the lab sidebar's agent reach that cluster without the token being typed again."""
+    path = tokens_file()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lock_fd = os.open(path.with_name(".tokens.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # two kernels connecting at once each keep their token
+        tokens = remembered_tokens()
+        if tokens.get(address) == token:
+            return
+        tokens[address] = token
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(_json.dumps(tokens, indent=1))
+        os.replace(tmp, path)
+    finally:
+        os.close(lock_fd)
 
 
 def grpc_metadata(token: str | None) -> list[tuple[str, str]]:
@@ -97,8 +179,13 @@ def check_kernel_ray(address: str) -> None:
     raise ConnectionFailedError(msg)
 
 
-def preflight(address: str, host: str, port: int, token: str | None) -> None:
-    """Raise :class:`ConnectionFailedError` naming the cause when ``address`` will not take us."""
+def preflight(address: str, host: str, port: int, token: str | None, *, source: str = "",
+              withheld: Sequence[str] = ()) -> None:
+    """Raise :class:`ConnectionFailedError` naming the cause when ``address`` will not take us.
+
+    ``source`` says where ``token`` came from and ``withheld`` which tokens were not sent
+    (:class:`ResolvedToken`), so a refusal can say which token to fix.
+    """
     try:
         socket.getaddrinfo(host, port)
     except socket.gaierror:
@@ -123,13 +210,17 @@ def preflight(address: str, host: str, port: int, token: str | None) -> None:
         code = exc.code()
         if code == grpc.StatusCode.UNAUTHENTICATED:
             if token:
-                msg = (f"The cluster at {address} rejected the authentication token. Pass the cluster's "
-                       f"token: `nbtrain.connect(address, token=...)` or set RAY_AUTH_TOKEN "
+                origin = f" ({source})" if source else ""
+                msg = (f"The cluster at {address} rejected the authentication token{origin}. Pass the "
+                       f"cluster's token: `nbtrain.connect(address, token=...)` or set RAY_AUTH_TOKEN "
                        f"(on the head: `ray get-auth-token`).")
             else:
                 msg = (f"The cluster at {address} requires a token (RAY_AUTH_MODE=token) and none was given. "
                        f"Pass `token=` or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH "
                        f"(on the head: `ray get-auth-token`).")
+                if withheld:
+                    msg += (" Not sent, because nbtrain sends a cluster's token only to that cluster: "
+                            + "; ".join(withheld) + ".")
             raise ConnectionFailedError(msg) from None
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
             msg = (f"Something is listening at {address}, but it does not answer as a Ray Client server "

@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from packaging.version import InvalidVersion, Version
+
 from nbtrain._client import auth, local_cluster
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
 from nbtrain._registry import record_connection
 
 DEFAULT_CLIENT_PORT = 10001
+MIN_RAY = (2, 54)  # 2.52-2.53: the dashboard agent's HTTP job endpoint skips the token check
 CONNECT_ATTEMPTS = 3
 Progress = Callable[[str], None]
 
@@ -66,6 +69,7 @@ class Cluster:
 
 
 _current: Cluster | None = None
+_current_token: str | None = None  # what the live connection authenticated with: a different one reconnects
 
 
 def current() -> Cluster:
@@ -94,9 +98,14 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     Without one, ``$RAY_ADDRESS`` is used, else the embedded local cluster: a Ray
     head on 127.0.0.1 started in the background (and reused later), with token
     authentication on. ``token`` authenticates to a cluster running with
-    ``RAY_AUTH_MODE=token`` (else ``$RAY_AUTH_TOKEN`` / ``$RAY_AUTH_TOKEN_PATH`` /
-    ``~/.ray/auth_token``). The token goes with this connection only, so it works
-    whether or not ``ray`` was imported first, and changes no environment variable.
+    ``RAY_AUTH_MODE=token``; once that cluster accepts it, it is kept for this
+    address alone (``$NBTRAIN_HOME/tokens.json``, owner-only), so a later
+    ``connect(address)`` needs no token. Without one: the token kept for this
+    address, else ``$RAY_AUTH_TOKEN`` / ``$RAY_AUTH_TOKEN_PATH`` / ``~/.ray/auth_token``,
+    except a token that belongs to another cluster (the embedded one's included):
+    a cluster never receives another's token. The token goes with this connection
+    only, so it works whether or not ``ray`` was imported first, and changes no
+    environment variable. Needs Ray >= 2.54 in the notebook and on the cluster.
 
     Example::
 
@@ -116,7 +125,9 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
                  num_gpus: int | None = None, progress: Progress | None = None,
                  timeout: float = 120.0) -> Cluster:
     """:func:`connect` without telling the sidebar: for readers (``nbtrain runs``, the lab's agent)."""
-    global _current
+    global _current, _current_token
+    check_connect_arguments(address, token)
+    check_ray_supported(_ray_version(), "notebook")
     say = progress or _default_progress
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address and address.strip().lower() in ("local", "auto-local"):
@@ -127,12 +138,15 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
         address = _normalise(address)
     local = _embedded(address)  # also when RAY_ADDRESS names it (Binder, `nbtrain lab`)
     kind = "local" if local else "remote"
-    token_value = auth.resolve_token(token, address)
-    if _current is not None and _current.address == address and _ray_connected():
+    resolved = auth.resolve_token(token, address)
+    if (_current is not None and _current.address == address and resolved.value == _current_token
+            and _ray_connected()):
         return _current
     disconnect()
     host, port = _host_port(address)
-    auth.preflight(address, host, port, token_value)
+    auth.preflight(address, host, port, resolved.value, source=resolved.source, withheld=resolved.withheld)
+    if token and local is None:  # the cluster took it: later connections to this address find it
+        auth.remember_token(address, token)
     auth.check_kernel_ray(address)
     import ray
 
@@ -141,7 +155,7 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:
             ray.init(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR",
-                     _metadata=auth.grpc_metadata(token_value))
+                     _metadata=auth.grpc_metadata(resolved.value))
             break
         except Exception as exc:  # noqa: BLE001 - Ray Client raises several types here
             error = _explain_connect_error(address, exc, local.temp_dir if local else None)
@@ -157,24 +171,38 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
                 f"trying again ({attempt + 1}/{CONNECT_ATTEMPTS})…")
             time.sleep(2.0 * attempt)
     versions = _cluster_versions(lower_session_priority=local is not None)
+    check_ray_supported(versions["ray"], "cluster")
     _check_versions(versions)
     _current = Cluster(address=address, kind=kind, ray_version=versions["ray"], python_version=versions["python"])
+    _current_token = resolved.value
     say(f"Connected to {address} in {time.monotonic() - began:.1f} s")
     return _current
 
 
 def disconnect() -> None:
     """Drop the connection. Runs keep going on the cluster; ``attach()`` gets them back."""
-    global _current
+    global _current, _current_token
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
-    _current = None
+    _current = _current_token = None
 
 
 def _default_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def check_connect_arguments(address: object, token: object) -> None:
+    """Name the parameter and its expected form before anything is started or sent."""
+    if address is not None and not isinstance(address, str):
+        msg = (f"connect(address=...) must be a string like 'ray://head:10001' (the head node's Ray Client "
+               f"port), or None for the embedded local cluster; got {type(address).__name__} {address!r}.")
+        raise ConnectionFailedError(msg)
+    if token is not None and not isinstance(token, str):
+        msg = (f"connect(token=...) must be a string, the cluster's token (on the head: `ray get-auth-token`), "
+               f"or None; got {type(token).__name__}.")
+        raise ConnectionFailedError(msg)
 
 
 def _normalise(address: str) -> str:
@@ -198,6 +226,12 @@ def _host_port(address: str) -> tuple[str, int]:
 
 def _explain_connect_error(address: str, exc: Exception, local_temp_dir: str | None = None) -> Exception:
     text = str(exc)
+    cluster_ray = re.search(r"cluster was started with:\s*Ray: (\S+)", text)
+    if cluster_ray:
+        try:
+            check_ray_supported(cluster_ray.group(1), "cluster")
+        except VersionMismatchError as too_old:
+            return too_old
     if "version" in text.lower() and ("mismatch" in text.lower() or "differ" in text.lower()):
         return VersionMismatchError(
             f"Ray refused the connection to {address} because versions differ: {text}. "
@@ -279,6 +313,25 @@ def _cluster_versions(lower_session_priority: bool = False) -> dict[str, str]:
 
 def _check_versions(cluster: dict[str, str]) -> None:
     check_versions(cluster, {"ray": _ray_version(), "python": platform.python_version()})
+
+
+def check_ray_supported(version: str, side: str) -> None:
+    """Refuse a Ray older than :data:`MIN_RAY` on ``side`` ("notebook" or "cluster")."""
+    try:
+        release = Version(version).release
+    except InvalidVersion:
+        return  # not a version Ray publishes (a local build): nothing to judge by
+    if release[:2] >= MIN_RAY:
+        return
+    where = "in this notebook's environment" if side == "notebook" else "on the cluster"
+    fix = ("in the kernel's environment and restart the kernel" if side == "notebook"
+           else "on every node of the cluster and restart it")
+    minimum = ".".join(map(str, MIN_RAY))
+    msg = (f"Ray {version} {where} is too old: nbtrain needs Ray >= {minimum}, because Ray before 2.52 "
+           f"has no token authentication and in 2.52-2.53 the dashboard agent's HTTP job endpoint does "
+           f"not check the token, so anyone who can reach that port can run code on the cluster. "
+           f"Upgrade Ray {fix}: `pip install -U \"ray[client,default]>={minimum}\"`.")
+    raise VersionMismatchError(msg)
 
 
 def check_versions(cluster: dict[str, str], local: dict[str, str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import shlex
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -46,24 +47,36 @@ class NbtrainMagics(Magics):
     @magic_arguments()
     @argument("address", nargs="?", default=None,
               help="ray://host:port of the cluster's Ray Client server; omit for the embedded local cluster")
-    @argument("--token", default=None, help="authentication token of a cluster with RAY_AUTH_MODE=token")
+    @argument("--token-file", default=None, metavar="PATH",
+              help="read the cluster's token from this file (e.g. a copy of `ray get-auth-token` output)")
+    @argument("--ask-token", action="store_true", help="ask for the token at a hidden prompt")
+    @argument("--token", default=None,
+              help="the token itself; it is then saved in the notebook and IPython's history: prefer the above")
     @argument("--num-cpus", type=int, default=None, help="CPUs of the local cluster (when starting it)")
     @argument("--num-gpus", type=int, default=None, help="GPUs of the local cluster (when starting it)")
     @line_magic
     def ray_connect(self, line: str) -> Any:
         """Connect this notebook to a Ray cluster (default: an embedded local one on 127.0.0.1).
 
+        A cluster with token authentication (RAY_AUTH_MODE=token) needs its token.
+        Whatever is on the magic's line is saved in the notebook and in IPython's
+        history, so give it with --token-file PATH, --ask-token (a hidden prompt)
+        or $RAY_AUTH_TOKEN in the kernel's environment rather than --token. Once
+        the cluster accepts it, the token is kept for that address only, and a
+        later ``%ray_connect ADDRESS`` needs none.
+
         Example::
 
             In [1]: %ray_connect
             Local Ray cluster ready at ray://127.0.0.1:41837 (11.2 s)
-            In [2]: %ray_connect ray://head.example.com:10001 --token $TOKEN
+            In [2]: %ray_connect ray://head.example.com:10001 --token-file ~/.ray/head_token
         """
         args = self._parse(self.ray_connect, line)
         if args is None:
             return None
+        token = _connect_token(args)
         try:
-            cluster = connection.connect(args.address, token=args.token, num_cpus=args.num_cpus,
+            cluster = connection.connect(args.address, token=token, num_cpus=args.num_cpus,
                                           num_gpus=args.num_gpus, progress=_print_now)
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
@@ -252,6 +265,36 @@ def _with_suggestion(message: str, magic: Any, line: str) -> str:
     prefix = "%%" if name == "ray_train" else "%"
     fix = f" ({'; '.join(hints)})" if hints else ""
     return f"{prefix}{name}: {message}{fix}. See `{prefix}{name} --help` for every option."
+
+
+def _connect_token(args: Any) -> str | None:
+    """The token ``%ray_connect`` was given, from one of its three flags (or ``None``)."""
+    given = [flag for flag, value in (("--token", args.token), ("--token-file", args.token_file),
+                                      ("--ask-token", args.ask_token)) if value]
+    if len(given) > 1:
+        raise UsageError(f"%ray_connect: give the token one way, not {' and '.join(given)}.")
+    if args.token:
+        print("(--token keeps the token in this notebook and IPython's history; "
+              "--token-file PATH, --ask-token or $RAY_AUTH_TOKEN do not.)", flush=True)
+        return str(args.token)
+    if args.token_file:
+        path = Path(args.token_file).expanduser()
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            msg = f"%ray_connect --token-file: cannot read {path}: {exc.strerror or exc}."
+            raise UsageError(msg) from None
+        if not token:
+            raise UsageError(f"%ray_connect --token-file: {path} is empty; put the cluster's token in it.")
+        return token
+    if args.ask_token:
+        import getpass
+
+        token = getpass.getpass(f"Token for {args.address or 'the cluster'}: ").strip()
+        if not token:
+            raise UsageError("%ray_connect --ask-token: no token was typed.")
+        return token
+    return None
 
 
 def _print_now(message: str) -> None:
