@@ -35,6 +35,7 @@ from nbtrain._cluster.worker_api import (
 )
 from nbtrain._exceptions import (
     ConnectionFailedError,
+    InvalidOptionError,
     NbtrainError,
     NotConnectedError,
     NotSerializableError,
@@ -42,6 +43,7 @@ from nbtrain._exceptions import (
     RunExistsError,
     RunFailedError,
     RunNotFoundError,
+    StorageError,
     VersionMismatchError,
 )
 from nbtrain._states import RunState, WorkerState
@@ -51,6 +53,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cluster",
     "ConnectionFailedError",
+    "InvalidOptionError",
     "LaunchPanel",
     "NbtrainError",
     "NotConnectedError",
@@ -61,6 +64,7 @@ __all__ = [
     "RunFailedError",
     "RunNotFoundError",
     "RunState",
+    "StorageError",
     "TrainContext",
     "VersionMismatchError",
     "WorkerState",

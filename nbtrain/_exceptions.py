@@ -4,6 +4,8 @@ The tree::
 
     NbtrainError
     ├── ConnectionFailedError     the cluster address cannot be reached or refuses us
+    ├── InvalidOptionError        a launch option has the wrong type or value (also a ValueError)
+    ├── StorageError              a run's storage directory cannot be created or written
     ├── VersionMismatchError      notebook and cluster run different Ray/Python versions
     ├── ResourcesUnavailableError the cluster cannot hold the requested workers
     ├── NotSerializableError      something the training function uses cannot be sent
@@ -35,6 +37,14 @@ class NbtrainError(Exception):
 
 class ConnectionFailedError(NbtrainError):
     """The cluster address cannot be reached, or it refused the connection."""
+
+
+class InvalidOptionError(NbtrainError, ValueError):
+    """A launch option (keyword or ``%%ray_train`` flag) has the wrong type or value; nothing was started."""
+
+
+class StorageError(NbtrainError):
+    """A run's storage directory (``storage=`` or nbtrain's home on the head node) cannot be written."""
 
 
 class VersionMismatchError(NbtrainError):

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import reprlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._exceptions import NbtrainError
+from nbtrain._exceptions import InvalidOptionError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 ON_STALL_CHOICES = ("warn", "fail", "restart")
@@ -112,6 +115,8 @@ class RunOptions:
         _check_mapping("config", self.config, values_are_text=False)
         _check_mapping("env", self.env, values_are_text=True)
         _check_mapping("datasets", self.datasets, values_are_text=False)
+        _check_env(self.env)
+        _check_datasets(self.datasets)
         _check_whole("workers", self.workers, minimum=1)
         _check_number("cpus_per_worker", self.cpus_per_worker, "a positive number", lambda v: v > 0)
         _check_number("gpus_per_worker", self.gpus_per_worker, "0 or more", lambda v: v >= 0)
@@ -128,14 +133,15 @@ class RunOptions:
         if self.backend is not None:
             _check_choice("backend", self.backend, BACKEND_CHOICES)
             if self.backend == "nccl" and not self.gpus_per_worker:
-                raise NbtrainError(_problem("backend", "'gloo' on a run without GPUs (nccl needs one GPU per "
-                                                       "worker: set gpus_per_worker)", self.backend))
-        if self.storage is not None and not isinstance(self.storage, str):
-            raise NbtrainError(_problem("storage", "a directory path (text) that every node can reach",
-                                        self.storage))
+                raise InvalidOptionError(_problem("backend", "'gloo' on a run without GPUs (nccl needs one GPU "
+                                                             "per worker: set gpus_per_worker)", self.backend))
+        if self.storage is not None and (not isinstance(self.storage, str) or not os.path.isabs(self.storage)):
+            # relative to what? The supervisor and every rank run in directories of Ray's choosing
+            raise InvalidOptionError(_problem("storage", "an absolute directory path that every node can reach, "
+                                                         "e.g. '/mnt/shared/checkpoints'", self.storage))
         for name in ("wait", "resume", "stop_on_nan", "checkpoint_weights_only"):
             if not isinstance(getattr(self, name), bool):
-                raise NbtrainError(_problem(name, "True or False", getattr(self, name)))
+                raise InvalidOptionError(_problem(name, "True or False", getattr(self, name)))
 
     @property
     def resolved_backend(self) -> str:
@@ -182,37 +188,65 @@ def describe() -> str:
     return "\n".join(lines) + "\n"
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxdict = _SHORT.maxlist = 6
+
+
 def _problem(name: str, what: str, got: Any) -> str:
-    return f"{name} ({flag_of(name)}) must be {what}, got {got!r}."
+    """``name (--flag) must be <what>, got <value>``; the value's repr is kept short (a config can be huge)."""
+    shown = _SHORT.repr(got)
+    return f"{name} ({flag_of(name)}) must be {what}, got {shown if len(shown) <= 200 else shown[:199] + '…'}."
 
 
 def _check_name(name: str | None) -> None:
     if name is not None and (not isinstance(name, str) or not NAME_PATTERN.match(name)):
-        msg = (f"Run name {name!r} is not valid: use letters, digits, '-', '_' or '.', "
-               f"starting with a letter or digit (at most 100 characters).")
-        raise NbtrainError(msg)
+        raise InvalidOptionError(_problem("name", "letters, digits, '-', '_' or '.', starting with a letter or "
+                                                  "digit (at most 100 characters)", name))
 
 
 def _check_whole(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         what = f"a whole number of at least {minimum}" if minimum else "a whole number of 0 or more"
-        raise NbtrainError(_problem(name, what, value))
+        raise InvalidOptionError(_problem(name, what, value))
 
 
 def _check_number(name: str, value: Any, what: str, ok: Callable[[float], bool]) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
-        raise NbtrainError(_problem(name, what, value))
+        raise InvalidOptionError(_problem(name, what, value))
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise NbtrainError(_problem(name, "one of " + ", ".join(repr(c) for c in choices), value))
+        raise InvalidOptionError(_problem(name, "one of " + ", ".join(repr(c) for c in choices), value))
 
 
 def _check_mapping(name: str, value: Any, values_are_text: bool) -> None:
     if value is None:
         return
-    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
-        raise NbtrainError(_problem(name, "a dict with text keys", value))
-    if values_are_text and not all(isinstance(v, str) for v in value.values()):
-        raise NbtrainError(_problem(name, "a dict of text values (environment variables are text)", value))
+    if not isinstance(value, dict):
+        raise InvalidOptionError(_problem(name, "a dict with text keys", value))
+    for key, item in value.items():  # the first bad entry is named, not the whole (maybe huge) dict
+        if not isinstance(key, str):
+            raise InvalidOptionError(_problem(name, "a dict with text keys", {key: item}))
+        if values_are_text and not isinstance(item, str):
+            raise InvalidOptionError(_problem(name, "a dict of text values (environment variables are text)",
+                                              {key: item}))
+
+
+def _check_env(env: dict[str, str] | None) -> None:
+    for key, value in (env or {}).items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidOptionError(_problem("env", "variable names without '=' or NUL, and values without NUL",
+                                              {key: value}))
+
+
+def _check_datasets(datasets: dict[str, Any] | None) -> None:
+    """Each value a Ray Dataset; ``ray.data`` is not imported for this (a Dataset's module is loaded already)."""
+    if not datasets:
+        return
+    dataset_type = getattr(sys.modules.get("ray.data"), "Dataset", None)
+    for key, value in datasets.items():
+        if dataset_type is None or not isinstance(value, dataset_type):
+            raise InvalidOptionError(_problem("datasets", f"a dict of Ray Datasets (ray.data.Dataset), but "
+                                                          f"{key!r} is a {type(value).__name__}", value))

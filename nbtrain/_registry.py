@@ -53,9 +53,15 @@ class ClusterRecord(TypedDict, total=False):
     updated: float
 
 
-def _progress(step: int, total_steps: int | None) -> Progress:
-    return {"step": step, "total_steps": total_steps,
-            "fraction": min(1.0, step / total_steps) if total_steps else None}
+def is_whole(value: Any) -> bool:
+    """A count: an int of 0 or more (not a bool, not text such as an older nbtrain let through)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _progress(step: Any, total_steps: Any) -> Progress:
+    step = step if is_whole(step) else 0
+    total = total_steps if is_whole(total_steps) and total_steps > 0 else None
+    return {"step": step, "total_steps": total, "fraction": min(1.0, step / total) if total else None}
 
 
 def record_launch(name: str, address: str, *, notebook: str | None, workers: int,
@@ -77,19 +83,33 @@ def record_connection(address: str, kind: str) -> None:
 
 
 def record_from_summary(summary: dict[str, Any], address: str) -> RunRecord:
-    """A supervisor's summary as a registry record (what ``nbtrain runs --json`` prints)."""
-    owner = summary.get("owner") or {}
-    progress = _progress(summary.get("step") or 0, summary.get("total_steps"))
-    if summary["state"] == RunState.SUCCEEDED:
+    """A supervisor's summary as a registry record (what ``nbtrain runs --json`` prints).
+
+    Never raises for a summary's odd values (a run started by an older nbtrain): a count that is
+    not a count reads as unknown, so one such run cannot break the list of every run.
+    """
+    owner: dict[str, Any] = summary["owner"] if isinstance(summary.get("owner"), dict) else {}
+    progress = _progress(summary.get("step"), summary.get("total_steps"))
+    state = _text(summary.get("state")) or "unknown"
+    if state == RunState.SUCCEEDED:
         progress["fraction"] = 1.0  # done, whether or not it knew its total
+    error = summary.get("error")
     return {
-        "name": summary["name"], "state": summary["state"], "address": address,
-        "created": summary.get("started"), "updated": summary.get("now") or time.time(),
-        "ended": summary.get("ended"), "notebook": owner.get("notebook"), "workers": summary.get("world_size"),
-        "attempt": summary.get("attempt"), "progress": progress,
-        "latest": dict(summary.get("latest") or {}),
-        "error": (summary.get("error") or "").split("\n")[0] or None,
+        "name": str(summary.get("name")), "state": state, "address": address,
+        "created": _time(summary.get("started")), "updated": _time(summary.get("now")) or time.time(),
+        "ended": _time(summary.get("ended")), "notebook": _text(owner.get("notebook")),
+        "workers": _count(summary.get("world_size")), "attempt": _count(summary.get("attempt")),
+        "progress": progress, "latest": _latest(summary.get("latest")),
+        "error": (error if isinstance(error, str) else "").split("\n")[0] or None,
     }
+
+
+def forget_run(name: str, address: str, home: Path | None = None) -> None:
+    """Remove the record of run ``name`` on cluster ``address`` (after ``Run.delete()``); another
+    cluster's run of the same name keeps its record."""
+    record = read_run(name, home)
+    if record is not None and record.get("address") == address:
+        (runs_dir(home) / f"{name}.json").unlink(missing_ok=True)
 
 
 def is_terminal(record: RunRecord | dict[str, Any]) -> bool:
@@ -101,18 +121,63 @@ def number(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
+def _time(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _count(value: Any) -> int | None:
+    return value if is_whole(value) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _latest(value: Any) -> dict[str, Any]:
+    """Metric values as JSON keeps them: numbers (NaN and infinities too), text, booleans, null."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(key): item for key, item in value.items() if item is None or isinstance(item, (int, float, str))}
+
+
 def _valid_run(data: Any) -> TypeGuard[RunRecord]:
     return isinstance(data, dict) and isinstance(data.get("name"), str) and bool(data["name"])
 
 
+def _readable_run(data: Any) -> RunRecord | None:
+    """A record file's content with every field of the type the schema says, or ``None`` if it names no run.
+
+    Files outlive versions (and people edit them): a field of the wrong type reads as unknown
+    rather than breaking the sidebar's list for every run.
+    """
+    if not _valid_run(data):
+        return None
+    raw: dict[str, Any] = dict(data)
+    progress: dict[str, Any] = raw["progress"] if isinstance(raw.get("progress"), dict) else {}
+    fraction = progress.get("fraction")
+    record = cast(RunRecord, raw)
+    record.update({
+        "state": _text(raw.get("state")) or "unknown", "address": _text(raw.get("address")) or "",
+        "created": _time(raw.get("created")), "ended": _time(raw.get("ended")),
+        "updated": _time(raw.get("updated")) or 0.0, "notebook": _text(raw.get("notebook")),
+        "workers": _count(raw.get("workers")), "attempt": _count(raw.get("attempt")),
+        "progress": _progress(progress.get("step"), progress.get("total_steps")),
+        "latest": _latest(raw.get("latest")), "error": _text(raw.get("error")),
+    })
+    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 <= fraction <= 1:
+        record["progress"]["fraction"] = float(fraction)  # a succeeded run's full bar
+    return record
+
+
 def read_runs(home: Path | None = None) -> list[RunRecord]:
-    """Every recorded run, live ones first, then newest first. Broken files are skipped, never raised."""
+    """Every recorded run, live ones first, then newest first. A broken file is skipped, never raised;
+    a record's field of the wrong type reads as unknown (see :func:`_readable_run`)."""
     try:
         paths = sorted(runs_dir(home).glob("*.json"))
     except OSError:
         return []
-    records = [data for path in paths if not path.name.startswith(".")
-               and _valid_run(data := read_json(path))]
+    records = [record for path in paths if not path.name.startswith(".")
+               and (record := _readable_run(read_json(path))) is not None]
     records.sort(key=lambda run: (is_terminal(run), -number(run.get("created"))))
     return records
 
@@ -120,8 +185,8 @@ def read_runs(home: Path | None = None) -> list[RunRecord]:
 def read_run(name: str, home: Path | None = None) -> RunRecord | None:
     if not name or "/" in name or "\\" in name or name.startswith("."):
         return None
-    data = read_json(runs_dir(home) / f"{name}.json")
-    return data if _valid_run(data) and data["name"] == name else None
+    record = _readable_run(read_json(runs_dir(home) / f"{name}.json"))
+    return record if record is not None and record["name"] == name else None
 
 
 def read_cluster(home: Path | None = None) -> ClusterRecord | None:

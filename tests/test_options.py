@@ -78,11 +78,14 @@ def test_flags_parse_into_the_same_options_as_launch_keywords(train_parser):
     line = ("--workers 3 --cpus-per-worker 0.5 --name exp.1 --config lr=0.1 tags=['a'] --env OMP_NUM_THREADS=1 "
             "--stall-timeout 30 --on-stall restart --placement-strategy SPREAD --flush-interval 0.5 --bg "
             "--no-checkpoint-weights-only --datasets train=ds")
-    options = options_from_args(train_parser.parse_args(line.split()), {"ds": "a dataset"})
+    import ray.data
+
+    dataset = ray.data.Dataset.__new__(ray.data.Dataset)  # a Dataset's type is all the check reads
+    options = options_from_args(train_parser.parse_args(line.split()), {"ds": dataset})
     assert options == RunOptions(workers=3, cpus_per_worker=0.5, name="exp.1", config={"lr": 0.1, "tags": ["a"]},
                                  env={"OMP_NUM_THREADS": "1"}, stall_timeout_s=30.0, on_stall="restart",
                                  placement_strategy="SPREAD", flush_interval_s=0.5, wait=False,
-                                 checkpoint_weights_only=False, datasets={"train": "a dataset"})
+                                 checkpoint_weights_only=False, datasets={"train": dataset})
 
 
 @pytest.mark.parametrize("bad,expected", [
@@ -97,7 +100,7 @@ def test_flags_parse_into_the_same_options_as_launch_keywords(train_parser):
     ({"backend": "nccl"}, "backend (--backend) must be 'gloo' on a run without GPUs"),
     ({"env": {"A": 1}}, "env (--env) must be a dict of text values"),
     ({"config": [1]}, "config (--config) must be a dict with text keys"),
-    ({"name": "bad name"}, "Run name 'bad name' is not valid"),
+    ({"name": "bad name"}, "name (--name) must be letters, digits"),
     ({"total_steps": 0}, "total_steps (--total-steps) must be a whole number of at least 1"),
 ])
 def test_bad_options_name_the_parameter_and_its_flag(bad, expected):

@@ -14,11 +14,11 @@ PACKAGE = Path(nbtrain.__file__).parent
 MAX_MODULE_LINES = 450
 
 EXPECTED_ALL = [
-    "Cluster", "ConnectionFailedError", "LaunchPanel", "NbtrainError", "NotConnectedError", "NotSerializableError",
-    "ResourcesUnavailableError", "Run", "RunExistsError", "RunFailedError", "RunNotFoundError", "RunState",
-    "TrainContext", "VersionMismatchError", "WorkerState", "attach", "connect", "disconnect", "get_context",
-    "get_dataset_shard", "launch", "load_checkpoint", "prepare_loader", "prepare_model", "report", "runs",
-    "save_checkpoint",
+    "Cluster", "ConnectionFailedError", "InvalidOptionError", "LaunchPanel", "NbtrainError", "NotConnectedError",
+    "NotSerializableError", "ResourcesUnavailableError", "Run", "RunExistsError", "RunFailedError", "RunNotFoundError",
+    "RunState", "StorageError", "TrainContext", "VersionMismatchError", "WorkerState", "attach", "connect",
+    "disconnect", "get_context", "get_dataset_shard", "launch", "load_checkpoint", "prepare_loader", "prepare_model",
+    "report", "runs", "save_checkpoint",
 ]
 
 

@@ -12,7 +12,9 @@ import dataclasses
 import inspect
 import math
 import os
+import re
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,10 +25,18 @@ from nbtrain import _options, _registry
 from nbtrain._client import connection
 from nbtrain._client.following import block_until_done
 from nbtrain._client.run import POLL_TIMEOUT_S, Run, find_supervisor, run_names
-from nbtrain._client.serialization import dumps_checked
+from nbtrain._client.serialization import check_values, dumps_checked
 from nbtrain._cluster.spec import RunSpec
-from nbtrain._exceptions import NbtrainError, ResourcesUnavailableError, RunExistsError, RunNotFoundError
+from nbtrain._exceptions import (
+    NbtrainError,
+    ResourcesUnavailableError,
+    RunExistsError,
+    RunNotFoundError,
+    StorageError,
+)
 from nbtrain._options import RunOptions
+
+SUPERVISOR_START_S = 30.0  # launch() waits this long for the run's supervisor to take up its storage
 
 
 def launch(
@@ -87,13 +97,17 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
 
     from nbtrain._cluster.supervisor import RunSupervisor, supervisor_options
 
-    cluster = connection.current()
     takes_config = _check_signature(train_fn)
     name = options.name or _default_name()
     config = dict(options.config or {})
     datasets = options.datasets
     options = dataclasses.replace(options, name=name, config=config, env=dict(options.env or {}), datasets=None,
                                total_epochs=options.total_epochs or _guess_epochs(config))
+    owner = _owner()
+    # everything that can be checked here is, before the cluster is asked anything
+    spec = RunSpec(options=options, fn_bytes=dumps_checked(train_fn), fn_takes_config=takes_config, owner=owner)
+    spec_bytes = _pickled(spec)
+    cluster = connection.current()
     check_resources(options.workers, options.cpus_per_worker, options.gpus_per_worker)
     existing = find_supervisor(name)
     if existing is not None and not options.resume:
@@ -104,17 +118,18 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     if existing is None and options.resume:
         msg = f"resume=True needs an existing run named {name!r}, and there is none on {cluster.address}."
         raise RunNotFoundError(msg)
-    owner = _owner()
-    spec = RunSpec(options=options, fn_bytes=dumps_checked(train_fn), fn_takes_config=takes_config, owner=owner)
     if existing is not None:
-        state = ray.get(existing.resume.remote(cloudpickle.dumps(spec), datasets), timeout=POLL_TIMEOUT_S)
+        state = ray.get(existing.resume.remote(spec_bytes, datasets), timeout=POLL_TIMEOUT_S)
         if state != "resumed":
-            msg = f"Run {name!r} is still {state}; only an ended run can be resumed. Attach to it instead."
+            msg = f"Run {name!r} cannot be resumed: it is {state}; only an ended run can be. Attach to it instead."
             raise RunExistsError(msg)
         handle = existing
     else:
+        if options.storage and cluster.kind == "local":  # the notebook sees the cluster's disk: check now
+            check_writable(options.storage)
         # datasets as an argument, not inside the pickled spec: Ray Client maps their object refs
-        handle = ray.remote(RunSupervisor).options(**supervisor_options(name)).remote(cloudpickle.dumps(spec), datasets)
+        handle = ray.remote(RunSupervisor).options(**supervisor_options(name)).remote(spec_bytes, datasets)
+        _wait_for_supervisor(handle, name)
     _registry.record_launch(name, cluster.address, notebook=owner["notebook"], workers=options.workers,
                             total_steps=options.total_steps)
     run = Run(name, handle, cluster.address)
@@ -122,6 +137,65 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         block_until_done(run, launched=True)
         run.raise_if_failed()
     return run
+
+
+def check_writable(storage: str) -> None:
+    """Refuse at once a ``storage=`` directory that cannot be created or written (one probe file)."""
+    try:
+        os.makedirs(storage, exist_ok=True)
+        with tempfile.TemporaryFile(dir=storage):
+            pass
+    except OSError as exc:
+        msg = (f"storage (--storage) must be a directory the cluster can write, but {storage!r} cannot be "
+               f"written: {exc.strerror or exc}. Pick another directory, or fix its permissions.")
+        raise StorageError(msg) from None
+
+
+def _wait_for_supervisor(handle: Any, name: str) -> None:
+    """Wait until the run's supervisor has taken up its storage; raise its reason if it could not.
+
+    Ray keeps an actor's constructor error in its death cause; nbtrain's own errors (a
+    :class:`StorageError` naming the directory) come back as raised, and no run is left behind.
+    """
+    import ray
+
+    try:
+        ray.get(handle.summary.remote(), timeout=SUPERVISOR_START_S)
+    except ray.exceptions.GetTimeoutError:
+        return  # a slow head node: the run is on its way, and reading it waits as usual
+    except ray.exceptions.RayActorError as exc:
+        ray.kill(handle, no_restart=True)
+        cause = _constructor_error(exc)
+        if cause is not None:
+            raise cause from None
+        msg = f"Run {name!r} could not start its supervisor on the cluster: {exc}"
+        raise NbtrainError(msg) from None
+
+
+def _constructor_error(exc: Exception) -> NbtrainError | None:
+    """The nbtrain error a supervisor's constructor raised, from Ray's actor-died error.
+
+    Over Ray Client the cause arrives only as the remote traceback's text, whose last
+    ``nbtrain._exceptions.<Name>: <message>`` line names it.
+    """
+    from nbtrain import _exceptions
+
+    found = list(re.finditer(r"^nbtrain\._exceptions\.(\w+): ", str(exc), re.MULTILINE))
+    if not found:
+        return None
+    kind = getattr(_exceptions, found[-1].group(1), None)
+    if not (isinstance(kind, type) and issubclass(kind, NbtrainError)):
+        return None
+    return kind(str(exc)[found[-1].end():].strip())
+
+
+def _pickled(spec: RunSpec) -> bytes:
+    """The spec as bytes; an unpicklable config value is named (``config['key']``)."""
+    try:
+        return cloudpickle.dumps(spec)  # type: ignore[no-any-return]
+    except Exception:
+        check_values({f"config[{key!r}]": value for key, value in (spec.options.config or {}).items()})
+        raise
 
 
 def check_resources(workers: int, cpus_per_worker: float, gpus_per_worker: float) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import cloudpickle
 
+from nbtrain import _registry
 from nbtrain._cluster.names import ACTOR_PREFIX, NAMESPACE, actor_name
 from nbtrain._cluster.storage import load_trusted
 from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
@@ -21,6 +22,7 @@ from nbtrain._states import RunState
 
 POLL_TIMEOUT_S = 15.0
 SUPERVISOR_RESTART_GRACE_S = 60.0
+NAME_RELEASE_S = 10.0  # how long delete() waits for the cluster to free the run's name
 
 
 class Run:
@@ -76,8 +78,8 @@ class Run:
         self._cursors = (max(have[0], reply["cursor"]), max(have[1], reply["log_cursor"]),
                          max(have[2], reply["event_cursor"]))
         if reply["now"] >= self._summary.get("now", 0.0):  # an answer that was overtaken keeps the newer summary
-            self._summary = {k: v for k, v in reply.items()
-                             if k not in ("rows", "logs", "events", "cursor", "log_cursor", "event_cursor")}
+            self._summary = _readable({k: v for k, v in reply.items()
+                                       if k not in ("rows", "logs", "events", "cursor", "log_cursor", "event_cursor")})
         return rows
 
     def _poll(self, cursor: int, log_cursor: int, event_cursor: int, wait_s: float) -> dict[str, Any]:
@@ -156,7 +158,14 @@ class Run:
 
     @property
     def config(self) -> dict[str, Any]:
-        return dict(self._fresh_summary()["config"])
+        """The whole ``config`` the run was launched (or last resumed) with.
+
+        Summaries and the dashboard carry only a short ``config_summary``; this asks the run for the dict.
+        """
+        import ray
+
+        config = ray.get(self._handle.config.remote(), timeout=POLL_TIMEOUT_S)
+        return dict(config or {})
 
     @property
     def attempt(self) -> int:
@@ -241,14 +250,25 @@ class Run:
         _meta, data, path = found
         return load_trusted(data if data is not None else path, "cpu", weights_only)
 
-    def delete(self) -> None:
-        """Forget a finished run on the cluster (its supervisor and stored history)."""
+    def delete(self, timeout: float = 30.0) -> None:
+        """Delete an ended run: its stored history, checkpoints and state, its supervisor, its registry record.
+
+        A run still going is refused, and nothing is deleted: ``run.stop()`` it first
+        (deleting is not undoable, so it never stops a run on the way). Afterwards the
+        name is free, and launching it again starts a new run from step 0.
+        """
         import ray
 
-        if not self.state.is_terminal:
-            msg = f"Run {self.name!r} is still {self.state.value}; stop it before deleting it."
+        outcome = ray.get(self._handle.delete.remote(), timeout=timeout)
+        if outcome != "deleted":
+            msg = (f"Run {self.name!r} is still {outcome}, so nothing was deleted. Stop it first with "
+                   f"run.stop() (or `nbtrain stop {self.name}`), then delete it.")
             raise NbtrainError(msg)
         ray.kill(self._handle, no_restart=True)
+        _registry.forget_run(self.name, self._address)
+        deadline = time.monotonic() + NAME_RELEASE_S
+        while find_supervisor(self.name) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)  # ray.kill returns before the cluster frees the name; a launch of it may follow
 
     def dashboard(self, **options: Any) -> Any:
         """The live dashboard (widgets in a notebook, a text line elsewhere)."""
@@ -261,6 +281,17 @@ class Run:
         state = summary.get("state", "?")
         return f"<nbtrain.Run {self.name!r} {state}, attempt {summary.get('attempt', '?')}, {len(self._rows)} rows>"
 
+
+
+def _readable(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary with its counts as whole numbers or ``None``: a run started by an older nbtrain
+    (``total_steps="100"`` was once accepted) must not break every view that reads it."""
+    for key in ("total_steps", "total_epochs"):
+        if key in summary and not _registry.is_whole(summary[key]):
+            summary[key] = None
+    if "step" in summary and not _registry.is_whole(summary["step"]):
+        summary["step"] = 0
+    return summary
 
 
 def find_supervisor(name: str) -> Any | None:

@@ -36,6 +36,7 @@ class RunController:
         self.table = table
         self._storage = storage
         self._supervisor = supervisor
+        self._launch_id = spec.launch_id  # kept through resumes: the files stay this launch's
         self._lock = feed.lock
         self._stop = threading.Event()
         self._nan = threading.Event()
@@ -64,7 +65,7 @@ class RunController:
 
     def persist(self) -> None:
         self._storage.save_state({
-            "state": self.state.value, "attempt": self.attempt, "failures": self.failures,
+            "launch": self._launch_id, "state": self.state.value, "attempt": self.attempt, "failures": self.failures,
             "error": self.error, "checkpoint": self.checkpoint, "started": self.started,
             "ended": self.ended, "stop_requested": self.stop_requested,
         })

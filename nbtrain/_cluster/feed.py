@@ -25,7 +25,7 @@ LONG_POLL_LIMIT_S = 10.0
 # Ranks flush on the same wall-clock ticks (see session.until_next_tick); a long poll woken
 # by the first rank's push waits this long at most for the others of that tick.
 TICK_GATHER_S = 0.05
-RESERVED_KEYS = ("rank", "step", "attempt", "time")
+RESERVED_KEYS = ("rank", "step", "attempt", "time")  # every row's own keys, set by nbtrain (step by default)
 
 
 class RunFeed:
@@ -37,6 +37,7 @@ class RunFeed:
         self.logs: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.latest: dict[str, Any] = {}  # each metric's last reported value, for summaries
+        self.latest_by_rank: dict[int, dict[str, Any]] = {}  # the same per rank, for the worker table
         self._seen: set[tuple[int, int, int]] = set()
         self._pushes: dict[tuple[int, int], int] = {}  # (attempt, rank) -> pushes received
         self.last_push: dict[int, float] = {}  # rank -> monotonic arrival of its latest push
@@ -48,7 +49,7 @@ class RunFeed:
             self.logs = self._storage.load("logs")
             self.events = self._storage.load("events")
             for row in self.rows:
-                self.latest.update((key, value) for key, value in row.items() if key not in RESERVED_KEYS)
+                self._note_latest(row, self.latest_by_rank.setdefault(row.get("rank", -1), {}))
 
     def accept(self, rank: int, attempt: int, seq: int, rows: list[dict[str, Any]],
                logs: list[tuple[str, float, str]]) -> list[dict[str, Any]] | None:
@@ -63,9 +64,9 @@ class RunFeed:
             if rows:
                 self.rows.extend(rows)
                 self._storage.append("metrics", rows)
+                of_rank = self.latest_by_rank.setdefault(rank, {})
                 for row in rows:  # one pass per row: the latest values, and NaN
-                    values = {key: value for key, value in row.items() if key not in RESERVED_KEYS}
-                    self.latest.update(values)
+                    values = self._note_latest(row, of_rank)
                     if any(isinstance(value, float) and math.isnan(value) for value in values.values()):
                         with_nan.append(row)
             if logs:
@@ -76,6 +77,13 @@ class RunFeed:
             self.last_push[rank] = time.monotonic()
             self.changed.notify_all()
             return with_nan
+
+    def _note_latest(self, row: dict[str, Any], of_rank: dict[str, Any]) -> dict[str, Any]:
+        """Take ``row``'s values (numbers, text, NaN and infinities alike) as the latest; returns them."""
+        values = {key: value for key, value in row.items() if key not in RESERVED_KEYS}
+        self.latest.update(values)
+        of_rank.update(values)
+        return values
 
     def wait_for_pushes(self, attempt: int, sent: dict[int, int], idle_s: float) -> bool:
         """Wait until every rank's pushes of ``attempt`` (``sent``: rank -> count) have arrived.

@@ -21,6 +21,9 @@ import psutil
 from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0
+# Every row's own keys besides ``step`` (which report(step=) sets): a metric of one of these
+# names is kept as ``user_<name>``, so it can neither overwrite them nor be lost.
+ROW_KEYS = ("rank", "attempt", "time")
 
 
 @dataclasses.dataclass
@@ -96,6 +99,7 @@ class TrainingSession:
         self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
         self._saved_stdio: tuple[Any, Any] | None = None
         self._previous_push: Any = None
+        self._renamed: set[str] = set()
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -117,9 +121,14 @@ class TrainingSession:
         self.report_calls += 1
         if step is None:
             step = self.step if self.uses_loader else self.report_calls
+        try:
+            step = int(step)
+        except (TypeError, ValueError, OverflowError):
+            msg = f"report(step=...) must be a whole number (the row's step), got {step!r}."
+            raise NbtrainError(msg) from None
         self.last_step = step
         now = time.time()
-        self.buffer.append((int(step), now, metrics))
+        self.buffer.append((step, now, metrics))
         self.last_progress = now
 
     def on_batch(self, batch_size: int) -> None:
@@ -175,6 +184,8 @@ class TrainingSession:
         for step, when, metrics in rows:
             row: dict[str, Any] = {"rank": ctx.rank, "step": step, "attempt": ctx.attempt, "time": when}
             for key, value in metrics.items():
+                if key in ROW_KEYS:
+                    key = self._renamed_key(key, logs)
                 row[key] = _to_number(value)
             out_rows.append(row)
         self.seq += 1
@@ -186,6 +197,17 @@ class TrainingSession:
                 ray.get(ref, timeout=10)
             except Exception:  # noqa: BLE001
                 pass
+
+
+    def _renamed_key(self, key: str, logs: list[tuple[str, float, str]]) -> str:
+        """``user_<key>`` for a metric named like a row's own key; says so once in the rank's log
+        (added to ``logs``, the push's log text: the last push goes after stderr is given back)."""
+        if key not in self._renamed:
+            self._renamed.add(key)
+            logs.append(("stderr", time.time(), f"nbtrain: report({key}=...) is kept as 'user_{key}': every row's "
+                                                f"{', '.join(ROW_KEYS)} are set by nbtrain. Give the metric another "
+                                                f"name to silence this.\n"))
+        return f"user_{key}"
 
 
 def until_next_tick(interval_s: float) -> float:

@@ -9,10 +9,15 @@ Client maps their object references.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import reprlib
 import time
+import uuid
 from typing import Any
 
 from nbtrain._options import RunOptions
+
+CONFIG_SUMMARY_CHARS = 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,8 +27,37 @@ class RunSpec:
     fn_takes_config: bool
     owner: dict[str, Any] = dataclasses.field(default_factory=dict)  # notebook path, host, pid
     created: float = dataclasses.field(default_factory=time.time)
+    # Which launch the run's stored files belong to: a supervisor takes up only its own launch's files.
+    launch_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def name(self) -> str:
         assert self.options.name is not None
         return self.options.name
+
+    @functools.cached_property
+    def config_summary(self) -> str:
+        """The config as one short line for headers and summaries; the full dict stays in ``options.config``."""
+        return summarize_config(self.options.config or {})
+
+
+def summarize_config(config: dict[str, Any], limit: int = CONFIG_SUMMARY_CHARS) -> str:
+    """``lr=0.01, epochs=5, …`` in at most ``limit`` characters, however big the config or its values.
+
+    The config is resent in every poll and drawn in the dashboard's header, where a
+    megabyte of it would cost every refresh and fill the screen.
+    """
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 60
+    short.maxlist = short.maxdict = short.maxtuple = short.maxset = 4
+    parts: list[str] = []
+    used = 0
+    for key, value in config.items():
+        part = f"{key}={short.repr(value)}"
+        if parts and used + len(part) + 2 > limit - 16:  # room left for "… (N more)"
+            parts.append(f"… ({len(config) - len(parts)} more)")
+            break
+        parts.append(part)
+        used += len(part) + 2
+    text = ", ".join(parts)
+    return text if len(text) <= limit else text[:limit - 1] + "…"

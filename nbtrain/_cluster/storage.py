@@ -85,3 +85,8 @@ class RunStorage:
             if old != path:
                 old.unlink(missing_ok=True)
         return str(path)
+
+    def close(self) -> None:
+        """Close the history files (before the run's directory is deleted); safe to call twice."""
+        for handle in self._files.values():
+            handle.close()

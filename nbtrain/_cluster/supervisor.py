@@ -22,8 +22,11 @@ method blocks on workers while holding it.
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -36,7 +39,8 @@ from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import RunStorage
 from nbtrain._cluster.worker_table import WorkerTable
-from nbtrain._paths import storage_root
+from nbtrain._exceptions import StorageError
+from nbtrain._paths import read_json, storage_root
 
 
 def supervisor_options(run_name: str) -> dict[str, Any]:
@@ -53,12 +57,17 @@ class RunSupervisor:
         lower_own_priority()  # the ranks' cores come first; see priority
         spec: RunSpec = cloudpickle.loads(spec_bytes)
         lock = threading.RLock()
-        storage = RunStorage(spec.options.storage or storage_root(), spec.name)
+        set_aside = _set_aside_earlier_run(spec)
+        storage = open_storage(spec)
         self._storage = storage
+        self._deleted = False
         self._feed = RunFeed(storage, lock)
         self._table = WorkerTable(lock)
         self._run = RunController(spec, datasets, self._feed, storage, self._table,
                                   ray.get_runtime_context().current_actor)
+        if set_aside is not None:
+            self._feed.event("storage", f"{storage.dir} held the files of an earlier run named {spec.name!r} "
+                                        f"that is no longer on the cluster; they were moved to {set_aside}.", 0)
         self._run.recover()
         if not self._run.state.is_terminal:
             self._run.start(fresh_budget=False)
@@ -117,16 +126,23 @@ class RunSupervisor:
         run = self._run
         options = run.spec.options
         workers = self._table.snapshot()
+        for worker in workers:
+            worker["latest"] = dict(self._feed.latest_by_rank.get(worker["rank"], {}))
         return {
             "name": run.spec.name, "state": run.state.value, "attempt": run.attempt,
             "max_failures": options.max_failures, "workers": workers, "error": run.error,
             "failures": list(run.failures), "checkpoint": run.checkpoint, "started": run.started,
-            "ended": run.ended, "now": time.time(), "config": options.config, "world_size": options.workers,
+            "ended": run.ended, "now": time.time(), "config_summary": run.spec.config_summary,
+            "world_size": options.workers,
             "gpus_per_worker": options.gpus_per_worker, "cpus_per_worker": options.cpus_per_worker,
             "total_steps": options.total_steps, "total_epochs": options.total_epochs,
             "step": min([w.get("step", 0) for w in workers] or [0]), "owner": run.spec.owner,
             "latest": dict(self._feed.latest),
         }
+
+    def config(self) -> dict[str, Any] | None:
+        """The run's whole config (summaries carry only ``config_summary``: they are sent on every poll)."""
+        return self._run.spec.options.config
 
     def result(self) -> list[bytes] | None:
         return self._run.results
@@ -138,6 +154,63 @@ class RunSupervisor:
     def resume(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> str:
         """Start an ended run again as a new attempt from its latest checkpoint (``launch(resume=True)``).
 
-        Returns ``"resumed"``, or the state that prevented it (a run still going).
+        Returns ``"resumed"``, or the state that prevented it (a run still going, or ``"deleted"``).
         """
+        with self._feed.lock:
+            if self._deleted:
+                return "deleted"
         return self._run.resume(cloudpickle.loads(spec_bytes), datasets)
+
+    def delete(self) -> str:
+        """Remove the ended run's files: history, checkpoints and state (``storage=`` included).
+
+        Returns ``"deleted"``, or the state of a run still going (nothing is removed then).
+        The caller kills this actor next, so nothing writes the files again.
+        """
+        with self._feed.lock:
+            if not self._run.state.is_terminal:
+                return self._run.state.value
+            self._deleted = True
+            self._storage.close()
+            try:
+                shutil.rmtree(self._storage.dir)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                msg = (f"Run {self._run.spec.name!r}'s files in {self._storage.dir} could not all be deleted "
+                       f"({exc}); delete that directory by hand.")
+                raise StorageError(msg) from None
+        return "deleted"
+
+
+def open_storage(spec: RunSpec) -> RunStorage:
+    """The run's storage, or a :class:`StorageError` naming the directory that cannot be written."""
+    root = spec.options.storage or storage_root()
+    try:
+        return RunStorage(root, spec.name)
+    except OSError as exc:
+        where = "storage (--storage)" if spec.options.storage else "nbtrain's home on the head node ($NBTRAIN_HOME)"
+        msg = (f"Run {spec.name!r} cannot keep its files in {Path(root) / spec.name}: "
+               f"{exc.strerror or exc}. Give {where} a directory the cluster's head node can write.")
+        raise StorageError(msg) from None
+
+
+def _set_aside_earlier_run(spec: RunSpec) -> Path | None:
+    """Move away the files of an earlier run of this name (not this launch's), so they are never taken up.
+
+    A run that left the cluster without ``delete()`` (the cluster restarted, the actor was
+    killed) leaves its files; a new launch of the name must start from step 0, not from them.
+    Returns where they went.
+    """
+    directory = Path(spec.options.storage or storage_root()) / spec.name
+    saved = read_json(directory / "state.json")
+    if not isinstance(saved, dict) or saved.get("launch") == spec.launch_id:
+        return None
+    aside = directory.with_name(f"{spec.name}.earlier-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}")
+    try:
+        os.replace(directory, aside)
+    except OSError as exc:
+        msg = (f"Run {spec.name!r}: {directory} holds the files of an earlier run of that name and they "
+               f"cannot be moved aside ({exc}). Delete or move that directory, or pick another name.")
+        raise StorageError(msg) from None
+    return aside

@@ -35,7 +35,11 @@ def report(**metrics: Any) -> None:
     Each call is one row with ``rank``, ``step``, ``attempt`` and ``time`` added.
     ``step`` defaults to the number of batches drawn from loaders made by
     :func:`prepare_loader` (or, without one, the number of ``report`` calls);
-    pass ``step=`` to set it yourself. Example::
+    pass ``step=`` (a whole number) to set it yourself. A metric named ``rank``,
+    ``attempt`` or ``time`` cannot replace the row's own: it is kept as
+    ``user_rank``, ``user_attempt`` or ``user_time`` (the rank's log says so once).
+    Values may be numbers (tensors and numpy scalars become numbers), text, or
+    NaN and infinities, which are kept as they are everywhere. Example::
 
         nbtrain.report(loss=loss.item(), lr=scheduler.get_last_lr()[0])
     """
