@@ -6,15 +6,21 @@ it, so tests and users with several setups move everything with one variable::
 
     runs/<name>.json       the run registry (written at launch; see _registry)
     cluster.json           the cluster a notebook last connected to
-    cluster/               the embedded local cluster: state, token, start log
+    cluster/               the embedded local cluster: state, token, start log, start lock
+    ray/                   the embedded cluster's Ray temp dir (sessions, logs, Unix sockets)
     storage/<run>/         a run's history and checkpoints (supervisor side)
 
 Reading functions never create anything; writers create what they write.
+Everything here is the user's alone (tokens, metrics, checkpoints): directories
+are 0700 and files 0600, set explicitly where each is created (never through the
+process umask, which would change the kernel's), and a home left with looser
+modes is tightened the next time nbtrain writes to it.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +43,75 @@ def local_cluster_dir() -> Path:
     return nbtrain_home() / "cluster"
 
 
+def ray_temp_dir() -> Path:
+    return nbtrain_home() / "ray"
+
+
 def storage_root() -> Path:
     return nbtrain_home() / "storage"
 
 
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def _make_private(path: Path, mode: int) -> None:
+    """chmod ``path`` to ``mode`` if it is ours and looser (a directory someone else owns is left alone)."""
+    info = path.stat()
+    if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != mode:
+        path.chmod(mode)
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` and its missing parents owner-only (0700), and tighten ``path`` itself.
+
+    Under ``$NBTRAIN_HOME`` the home and every directory down to ``path`` are
+    tightened too; outside it (a ``storage=`` path) existing parents are the
+    user's and keep their modes.
+    """
+    path = Path(path)
+    made = []
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        made.append(probe)
+        probe = probe.parent
+    for directory in reversed(made):
+        try:
+            directory.mkdir(mode=PRIVATE_DIR)
+        except FileExistsError:  # another process made it between our check and now
+            pass
+    home = nbtrain_home()
+    ours = {path, *made}
+    if path.is_relative_to(home):
+        ours.update(home.joinpath(*path.relative_to(home).parts[:n])
+                    for n in range(len(path.relative_to(home).parts) + 1))
+    for directory in ours:
+        _make_private(directory, PRIVATE_DIR)
+    return path
+
+
+def private_opener(path: str, flags: int) -> int:
+    """``open(..., opener=private_opener)``: a new file is created 0600, an existing one is tightened to 0600."""
+    fd = os.open(path, flags, PRIVATE_FILE)
+    try:
+        info = os.fstat(fd)
+        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != PRIVATE_FILE:
+            os.fchmod(fd, PRIVATE_FILE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Readers (the lab sidebar, another kernel) never see a half-written file; strict JSON (see _json)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Readers (the lab sidebar, another kernel) never see a half-written file; strict JSON (see _json).
+
+    The file is 0600 in a 0700 directory (see the module docstring), also when it replaces an older, looser one.
+    """
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(_json.dumps(data, indent=1))
+    with open(tmp, "w", encoding="utf-8", opener=private_opener) as handle:
+        handle.write(_json.dumps(data, indent=1))
     os.replace(tmp, path)
 
 

@@ -2,7 +2,9 @@
 
 The supervisor appends every row as it arrives (JSON lines, flushed per batch),
 so if its process dies Ray restarts it and :meth:`RunStorage.load` gives back
-everything recorded; the notebook's cursor then continues where it was.
+everything recorded; the notebook's cursor then continues where it was. The
+run's directory is 0700 and its files 0600 (metrics and checkpoints are the
+user's alone; see :mod:`nbtrain._paths`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from nbtrain import _json
 from nbtrain._exceptions import NbtrainError
-from nbtrain._paths import read_json, write_json_atomic
+from nbtrain._paths import private_dir, private_opener, read_json, write_json_atomic
 
 KEEP_CHECKPOINTS = 2
 
@@ -44,11 +46,11 @@ def load_trusted(source: bytes | str, map_location: Any, weights_only: bool) -> 
 
 class RunStorage:
     def __init__(self, root: str | Path, run_name: str) -> None:
-        self.dir = Path(root) / run_name
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "checkpoints").mkdir(exist_ok=True)
+        self.dir = private_dir(Path(root) / run_name)
+        private_dir(self.dir / "checkpoints")
         # open for the supervisor's lifetime: one flushed write per push, no reopen
-        self._files = {kind: open(self.dir / f"{kind}.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self._files = {kind: open(self.dir / f"{kind}.jsonl", "a", encoding="utf-8",  # noqa: SIM115
+                                  opener=private_opener)
                        for kind in ("metrics", "logs", "events")}
 
     def append(self, kind: str, records: list[dict[str, Any]]) -> None:
@@ -78,7 +80,8 @@ class RunStorage:
     def write_checkpoint(self, meta: dict[str, Any], data: bytes) -> str:
         path = checkpoint_path(self.dir / "checkpoints", meta["attempt"], meta["step"])
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
+        with open(tmp, "wb", opener=private_opener) as handle:
+            handle.write(data)
         os.replace(tmp, path)
         kept = sorted((self.dir / "checkpoints").glob("checkpoint-*.pt"), key=os.path.getmtime)
         for old in kept[:-KEEP_CHECKPOINTS]:

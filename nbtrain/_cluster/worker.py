@@ -6,11 +6,17 @@ joins the ``torch.distributed`` process group, runs the function, and returns
 an *outcome* dict instead of raising, so the supervisor gets the rank, step
 and formatted traceback without unwrapping Ray's error types. A process that
 dies shows up on the supervisor as ``RayActorError`` instead.
+
+On a cluster whose nodes are on loopback (the embedded one) every socket a rank
+listens on is bound to loopback too: a ``tcp://127.0.0.1`` rendezvous alone
+still makes the TCPStore listen on all interfaces, and gloo picks the
+hostname's interface.
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import socket
 import sys
@@ -74,11 +80,7 @@ class TrainWorker:
         set_session(session)
         session.start()
         try:
-            dist.init_process_group(
-                backend=payload.backend, init_method=f"tcp://{payload.master_addr}:{payload.master_port}",
-                rank=rank, world_size=payload.world_size,
-                timeout=datetime.timedelta(seconds=payload.collective_timeout_s),
-            )
+            _join_process_group(payload)
             fn = cloudpickle.loads(payload.fn_bytes)
             result = fn(context.config) if payload.fn_takes_config else fn()
             outcome: dict[str, Any] = {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
@@ -100,6 +102,46 @@ class TrainWorker:
         # how many pushes this rank sent: the supervisor ends the attempt only once all have landed
         outcome["pushes"] = session.seq
         return outcome
+
+
+def _join_process_group(payload: WorkerPayload) -> None:
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=payload.collective_timeout_s)
+    host, port = payload.master_addr, payload.master_port
+    if not _is_loopback(host):
+        dist.init_process_group(backend=payload.backend, init_method=f"tcp://{host}:{port}",
+                                rank=payload.rank, world_size=payload.world_size, timeout=timeout)
+        return
+    loopback_interface = "lo0" if sys.platform == "darwin" else "lo"
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface
+    os.environ["NCCL_SOCKET_IFNAME"] = loopback_interface
+    is_master = payload.rank == 0
+    store = dist.TCPStore(host, port, payload.world_size, is_master, timeout,
+                          master_listen_fd=_listening_fd(host, port) if is_master else None)
+    dist.init_process_group(backend=payload.backend, store=store, rank=payload.rank,
+                            world_size=payload.world_size, timeout=timeout)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: a node of a real cluster
+        return False
+
+
+def _listening_fd(host: str, port: int) -> int:
+    """A socket listening on ``host`` only, for the TCPStore to take over (it closes it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
 
 
 def _trim_traceback(text: str) -> str:

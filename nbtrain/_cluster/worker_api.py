@@ -15,6 +15,7 @@ from typing import Any
 from nbtrain._cluster.session import TrainContext, current_session
 from nbtrain._cluster.storage import checkpoint_path, load_trusted
 from nbtrain._exceptions import NbtrainError
+from nbtrain._paths import private_dir, private_opener
 
 
 def get_context() -> TrainContext:
@@ -160,9 +161,10 @@ def save_checkpoint(obj: Any) -> None:
     meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time()}
     if session.storage:
         path = checkpoint_path(os.path.join(session.storage, ctx.run_name, "checkpoints"), ctx.attempt, step)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         tmp = path.with_suffix(".tmp")
-        torch.save(obj, tmp)
+        with open(tmp, "wb", opener=private_opener) as handle:
+            torch.save(obj, handle)
         os.replace(tmp, path)
         ray.get(session.supervisor.record_checkpoint.remote(meta, None, str(path)))
         return
