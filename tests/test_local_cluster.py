@@ -190,15 +190,16 @@ def test_two_kernels_connecting_at_once_share_one_private_head(fresh_home, tmp_p
         state = local_cluster_dir() / "local.json"
         record = json.loads(state.read_text())
         write_json_atomic(state, {**record, "python": "/opt/other-venv/bin/python", "prefix": "/opt/other-venv"})
-        other = subprocess.run([sys.executable, "-c", "import nbtrain; nbtrain.connect(progress=print)"],
-                               capture_output=True, text=True, timeout=120,
-                               env={**os.environ, "NBTRAIN_HOME": str(fresh_home)})
-        assert other.returncode != 0
-        assert "VersionMismatchError" in other.stderr
-        assert "was started from another environment (different Python executable, sys.prefix)" in other.stderr
-        assert "the cluster runs:  Python /opt/other-venv/bin/python" in other.stderr
-        assert f"this notebook runs: Python {sys.executable}" in other.stderr
-        assert "nbtrain cluster stop" in other.stderr
+        for named_by in ({}, {"RAY_ADDRESS": info.address}):  # started for it, or named by $RAY_ADDRESS
+            other = subprocess.run([sys.executable, "-c", "import nbtrain; nbtrain.connect(progress=print)"],
+                                   capture_output=True, text=True, timeout=120,
+                                   env={**os.environ, "NBTRAIN_HOME": str(fresh_home), **named_by})
+            assert other.returncode != 0, named_by
+            assert "VersionMismatchError" in other.stderr
+            assert "was started from another environment (different Python executable, sys.prefix)" in other.stderr
+            assert "the cluster runs:  Python /opt/other-venv/bin/python" in other.stderr
+            assert f"this notebook runs: Python {sys.executable}" in other.stderr
+            assert "nbtrain cluster stop" in other.stderr
 
         assert local_cluster.stop() is True
         wait_for(lambda: _ray_processes_naming(info.temp_dir) == {"head": [], "gcs_server": []}, timeout=30,

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from packaging.version import InvalidVersion, Version
 
-from nbtrain._client import auth, local_cluster
+from nbtrain._client import auth, local_cluster, local_head
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
 from nbtrain._registry import record_connection
@@ -266,9 +266,12 @@ def _ray_version() -> str:
 
 
 def _embedded(address: str) -> local_cluster.LocalClusterInfo | None:
-    """The embedded local cluster, when ``address`` is its."""
+    """The embedded local cluster, when ``address`` is its (named by ``$RAY_ADDRESS`` too: same environment check)."""
     info = local_cluster.status()
-    return info if info is not None and info.address == address else None
+    if info is None or info.address != address:
+        return None
+    local_head.check_environment(info)
+    return info
 
 
 def _cluster_versions(lower_session_priority: bool = False) -> dict[str, str]:
