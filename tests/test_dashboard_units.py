@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
-from nbtrain._views.dashboard import progress_fraction, state_label
+from nbtrain._cluster.counted_shard import CountedShard
+from nbtrain._cluster.worker_api import _batch_size
+from nbtrain._cluster.worker_table import WorkerTable
+from nbtrain._views.dashboard import CONFIG_CHARS, WidgetDashboard, progress_fraction, state_label
 from nbtrain._views.downsample import downsample
 from nbtrain._views.history import MetricHistory
 from nbtrain._views.static_plot import svg_chart
@@ -62,3 +69,81 @@ def test_static_chart_is_a_small_svg_with_the_series_names():
     svg = svg_chart("loss", {"loss mean": (xs, 1 / (xs + 1))})
     assert svg.startswith("<svg") and svg.endswith("</svg>") and "loss mean" in svg
     assert len(svg) < 20_000
+
+
+def beats(table: WorkerTable, rank: int, *beats: tuple[float, int, float | None]) -> None:
+    for when, step, samples_per_s in beats:
+        beat = {"time": when, "step": step, "state": "running"}
+        if samples_per_s is not None:
+            beat["samples_per_s"] = samples_per_s
+        table.beat(rank, 1, beat)
+
+
+def test_worker_table_shows_samples_per_s_only_when_batches_have_a_size_else_steps_per_s():
+    table = WorkerTable(threading.RLock())
+    table.reset(1)
+    place = {"node_ip": "127.0.0.1", "hostname": "h", "pid": 1, "malloc_tuned": False}
+    table.add_group([place, place], ["cpu", "cpu"], 1)
+    t = time.time() - 2
+    beats(table, 0, (t, 0, None), (t + 1, 5, 0.0), (t + 2, 10, 0.0))        # report() only: no batch size
+    beats(table, 1, (t, 0, None), (t + 1, 5, 160.0), (t + 2, 15, 320.0))   # prepare_loader batches
+    dashboard = WidgetDashboard(SimpleNamespace(name="speed"))
+    dashboard.history.add([{"rank": 0, "step": 10, "attempt": 1, "time": 0.0, "loss": 0.5, "phase": "warmup",
+                            "done": False},
+                           {"rank": 1, "step": 15, "attempt": 1, "time": 0.0, "note": "x" * 500}])
+
+    dashboard._draw_workers({"workers": table.snapshot()})
+
+    html = dashboard.worker_table.value
+    rank0, rank1 = html.split('<tr data-rank="0">')[1].split('<tr data-rank="1">')
+    assert '<td class="nbtrain-worker-rate">5 steps/s</td>' in rank0
+    assert '<td class="nbtrain-worker-rate">320 samples/s</td>' in rank1
+    assert '<td class="nbtrain-worker-text">phase=warmup · done=False</td>' in rank0
+    assert f"note={'x' * 59}…</td>" in rank1
+    assert "step_mark" not in table.snapshot()[0]
+
+
+def test_a_run_without_total_steps_shows_steps_elapsed_time_and_a_moving_bar():
+    dashboard = WidgetDashboard(SimpleNamespace(name="open-ended"))
+
+    dashboard._draw_header({"state": "running", "step": 42, "started": 100.0, "now": 165.0, "world_size": 2})
+
+    assert dashboard.progress.layout.display == "none"
+    assert "nbtrain-progress-indeterminate" in dashboard.progress_label.value
+    assert dashboard.progress_label.value.endswith(" step 42 · 0:01:05")
+
+    dashboard._draw_header({"state": "failed", "step": 50, "started": 100.0, "ended": 170.0, "world_size": 2})
+
+    assert dashboard.progress.layout.display is None
+    assert (dashboard.progress.value, dashboard.progress.bar_style) == (1.0, "danger")
+    assert dashboard.progress_label.value == " step 50 · 0:01:10"
+
+
+def test_a_huge_config_is_cut_short_in_the_header_and_says_where_the_rest_is():
+    dashboard = WidgetDashboard(SimpleNamespace(name="big"))
+    config = {f"layer_{i}": list(range(50)) for i in range(1000)}
+
+    dashboard._draw_header({"state": "running", "step": 1, "world_size": 2, "config": config})
+
+    shown = dashboard.header.value.split('<code class="nbtrain-config">')[1].split("</code>")[0]
+    assert len(shown) == CONFIG_CHARS and shown.endswith("…") and shown.startswith("layer_0=[0, 1, 2")
+    assert "(the whole config: <code>run.config</code>)" in dashboard.header.value
+
+    dashboard._draw_header({"state": "running", "step": 1, "world_size": 2, "config_summary": "lr=0.01, epochs=2"})
+    assert '<code class="nbtrain-config">lr=0.01, epochs=2</code>' in dashboard.header.value
+    assert "run.config" not in dashboard.header.value
+
+
+def test_a_dataset_shards_batches_count_toward_samples_per_s():
+    class Shard:  # a ray.data.DataIterator, as much of it as matters here
+        stats = "shard stats"
+
+        def iter_torch_batches(self, batch_size):
+            return iter([{"x": np.zeros(batch_size)}, {"x": np.zeros(batch_size // 2)}])
+
+    sizes = []
+    shard = CountedShard(Shard(), lambda batch: sizes.append(_batch_size(batch)))
+
+    assert [len(batch["x"]) for batch in shard.iter_torch_batches(batch_size=16)] == [16, 8]
+    assert sizes == [16, 8]
+    assert shard.stats == "shard stats"

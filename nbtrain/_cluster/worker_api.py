@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from nbtrain._cluster.counted_shard import CountedShard
 from nbtrain._cluster.session import TrainContext, current_session
 from nbtrain._cluster.storage import checkpoint_path, load_trusted
 from nbtrain._exceptions import NbtrainError
@@ -215,7 +216,7 @@ def get_dataset_shard(name: str = "train") -> Any:
     """
     session = current_session()
     try:
-        return session.datasets[name]
+        return CountedShard(session.datasets[name], lambda batch: session.on_batch(_batch_size(batch)))
     except KeyError:
         known = ", ".join(sorted(session.datasets)) or "none"
         msg = f"No dataset named {name!r} was passed to launch(datasets=...); this run has: {known}."

@@ -1,7 +1,7 @@
 """The state of every rank of the current attempt, as the dashboard's worker table shows it.
 
 Written by the worker group (placed, finished, failed, dead, stopped), by each
-rank's heartbeat (step, samples/s, memory) and by the stall check; read by
+rank's heartbeat (step, samples/s or steps/s, memory) and by the stall check; read by
 summaries. Guarded by the supervisor's lock.
 """
 
@@ -34,21 +34,48 @@ class WorkerTable:
                 self._rows[rank] = {
                     "rank": rank, "node": place["node_ip"], "hostname": place["hostname"], "pid": place["pid"],
                     "device": device, "state": WorkerState.STARTING, "step": 0, "samples_per_s": None,
+                    "steps_per_s": None, "batch_size_known": False, "step_mark": None,
                     "rss_mb": None, "gpu_mem_mb": None, "last_heartbeat": now, "last_progress": now,
                     "attempt": attempt, "malloc_tuned": place["malloc_tuned"],
                 }
 
     def beat(self, rank: int, attempt: int, beat: dict[str, Any]) -> None:
-        """A rank's heartbeat; ignored if it belongs to an earlier attempt."""
+        """A rank's heartbeat; ignored if it belongs to an earlier attempt.
+
+        ``samples_per_s`` counts only samples whose batch size is known (batches from
+        ``prepare_loader`` or a dataset shard's ``iter_torch_batches``); a rank that steps
+        without any has ``None`` there, and ``steps_per_s`` (from its steps between
+        heartbeats at least a second apart) tells how fast it goes.
+        """
         with self._lock:
             worker = self._rows.get(rank)
             if worker is None or attempt != self._attempt:
                 return
             state = beat.pop("state", None)
+            samples_rate = beat.pop("samples_per_s", None)
+            if samples_rate:
+                worker["batch_size_known"] = True
+            if worker.get("batch_size_known") and samples_rate is not None:
+                worker["samples_per_s"] = samples_rate
+            self._rate_steps(worker, beat)
             worker.update(beat)
             worker["last_heartbeat"] = beat["time"]
             if state == "running" and worker["state"] in (WorkerState.STARTING, WorkerState.STALLED):
                 worker["state"] = WorkerState.RUNNING
+
+    @staticmethod
+    def _rate_steps(worker: dict[str, Any], beat: dict[str, Any]) -> None:
+        step, when = beat.get("step"), beat.get("time")
+        if not isinstance(step, int) or not isinstance(when, (int, float)):
+            return
+        mark: tuple[float, int] | None = worker.get("step_mark")
+        if mark is None or step < mark[1]:  # first beat, or a restart from a checkpoint
+            worker["step_mark"] = (when, step)
+            return
+        mark_time, mark_step = mark
+        if when - mark_time >= 1.0:
+            worker["steps_per_s"] = (step - mark_step) / (when - mark_time)
+            worker["step_mark"] = (when, step)
 
     def mark(self, rank: int, state: WorkerState) -> dict[str, Any]:
         """Set one rank's state; returns a copy of its row (empty if unknown)."""
@@ -90,6 +117,7 @@ class WorkerTable:
             rows = []
             for rank in sorted(self._rows):
                 worker = dict(self._rows[rank])
+                worker.pop("step_mark", None)
                 worker["state"] = str(worker["state"])
                 beat = worker.get("last_heartbeat")
                 worker["heartbeat_age_s"] = now - beat if beat else None

@@ -25,6 +25,15 @@ REDRAW_INTERVAL_S = 0.25
 LONG_POLL_S = 1.0
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000
+CONFIG_CHARS = 300   # of the config in the header; the whole dict is `run.config`
+TEXT_METRIC_CHARS = 60
+# Shown instead of the progress bar while a run that does not know its total_steps goes on.
+INDETERMINATE_BAR = (
+    '<span class="nbtrain-progress-indeterminate" title="total_steps unknown" style="display:inline-block;'
+    "width:240px;height:10px;border-radius:5px;vertical-align:middle;background:repeating-linear-gradient("
+    '-45deg,#1f77b4 0 8px,#aec7e8 8px 16px);background-size:22.6px 22.6px;animation:nbtrain-stripes 1s linear '
+    'infinite"></span><style>@keyframes nbtrain-stripes{to{background-position:22.6px 0}}</style>'
+)
 STATE_COLOURS = {
     "pending": "#777", "starting": "#1f77b4", "running": "#1f77b4", "restarting": "#ff7f0e",
     "succeeded": "#2ca02c", "failed": "#d62728", "stopped": "#555",
@@ -69,6 +78,31 @@ def progress_fraction(summary: dict[str, Any]) -> float | None:
         epoch = min(w.get("epoch", 0) for w in workers)
         return min(1.0, float(epoch) / float(total_epochs))
     return None
+
+
+def config_text(summary: dict[str, Any]) -> tuple[str, bool]:
+    """The config as the header shows it, at most ``CONFIG_CHARS`` characters; (text, cut short).
+
+    The cluster sends a short ``config_summary``; a summary from an older supervisor has the
+    whole ``config`` instead, which is shortened here.
+    """
+    text = summary.get("config_summary")
+    if not isinstance(text, str):
+        config = summary.get("config")
+        text = ", ".join(f"{k}={v}" for k, v in config.items()) if isinstance(config, dict) else ""
+    if len(text) > CONFIG_CHARS:
+        return text[:CONFIG_CHARS - 1] + "…", True
+    return text, text.endswith(("…", " more)"))
+
+
+def throughput(worker: dict[str, Any]) -> str:
+    """samples/s when the rank knows its batch size, else steps/s, labelled; a dash before the first."""
+    samples, steps = worker.get("samples_per_s"), worker.get("steps_per_s")
+    if samples is not None:
+        return f"{samples:.0f} samples/s"
+    if steps is not None:
+        return f"{steps:.3g} steps/s"
+    return "–"
 
 
 def state_label(summary: dict[str, Any]) -> str:
@@ -239,20 +273,29 @@ class WidgetDashboard(_Follower):
         label = state_label(summary)
         badge = (f'<span class="nbtrain-state" data-state="{state}" style="background:{colour};color:white;'
                  f'padding:2px 8px;border-radius:10px">{html.escape(label)}</span>')
-        config = ", ".join(f"{k}={v}" for k, v in (summary.get("config") or {}).items())
+        config, cut = config_text(summary)
+        whole = (' <span class="nbtrain-config-more" style="opacity:0.7">(the whole config: '
+                 '<code>run.config</code>)</span>') if cut else ""
         self.header.value = (f'<b style="font-size:1.1em">{html.escape(self.run.name)}</b> {badge} '
                              f'<span class="nbtrain-elapsed">{_fmt_duration(_elapsed(summary))}</span> · '
-                             f'{summary.get("world_size")} workers · <code>{html.escape(config)}</code>')
+                             f'{summary.get("world_size")} workers · '
+                             f'<code class="nbtrain-config">{html.escape(config)}</code>{whole}')
         fraction = progress_fraction(summary)
+        elapsed = _elapsed(summary)
         self.progress.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning"}.get(state, "")
         if fraction is not None:
+            self.progress.layout.display = None
             self.progress.value = fraction
-            elapsed = _elapsed(summary)
             eta = elapsed / fraction * (1 - fraction) if fraction > 0 and state == "running" else None
             self.progress_label.value = f" {fraction:.0%}" + (f" · ETA {_fmt_duration(eta)}" if eta else "")
-        else:
-            self.progress.value = 1.0 if state in ("succeeded",) else self.progress.value
-            self.progress_label.value = f" step {summary.get('step', 0)}"
+        elif RunState(state).is_terminal:
+            self.progress.layout.display = None
+            self.progress.value = 1.0  # a full bar in the state's colour (red stays red)
+            self.progress_label.value = f" step {summary.get('step', 0)} · {_fmt_duration(elapsed)}"
+        else:  # no total_steps: how far and how long, and a bar that says it is going
+            self.progress.layout.display = "none"
+            self.progress_label.value = (f"{INDETERMINATE_BAR} step {summary.get('step', 0)} · "
+                                         f"{_fmt_duration(elapsed)}")
 
     def _draw_curves(self) -> None:
         import plotly.graph_objects as go
@@ -293,7 +336,6 @@ class WidgetDashboard(_Follower):
                       "finished": "#2ca02c"}.get(worker.get("state", ""), "inherit")
             if state.startswith("no heartbeat"):
                 colour = "#ff7f0e"
-            rate = worker.get("samples_per_s")
             memory = f"{worker['rss_mb']:.0f} MB" if worker.get("rss_mb") else "–"
             if worker.get("gpu_mem_mb") is not None:
                 memory += f" / GPU {worker['gpu_mem_mb']:.0f} MB"
@@ -303,13 +345,21 @@ class WidgetDashboard(_Follower):
                 f'<td>{worker.get("pid")}</td><td>{html.escape(str(worker.get("device")))}</td>'
                 f'<td style="color:{colour}" class="nbtrain-worker-state">{html.escape(state)}</td>'
                 f'<td class="nbtrain-worker-step">{worker.get("step", 0)}</td>'
-                f'<td>{"–" if rate is None else f"{rate:.0f}"}</td><td>{memory}</td>'
-                f'<td>{"–" if age is None else f"{age:.1f}s ago"}</td></tr>')
+                f'<td class="nbtrain-worker-rate">{throughput(worker)}</td><td>{memory}</td>'
+                f'<td>{"–" if age is None else f"{age:.1f}s ago"}</td>'
+                f'<td class="nbtrain-worker-text">{self._text_metrics(worker["rank"])}</td></tr>')
         self.worker_table.value = (
             '<table class="nbtrain-workers" style="border-collapse:collapse;font-size:0.9em">'
             "<thead><tr><th>rank</th><th>node</th><th>pid</th><th>device</th><th>state</th><th>step</th>"
-            "<th>samples/s</th><th>memory</th><th>heartbeat</th></tr></thead><tbody>" + "".join(rows) +
-            "</tbody></table>")
+            "<th>speed</th><th>memory</th><th>heartbeat</th><th>text metrics</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+    def _text_metrics(self, rank: int) -> str:
+        """What the rank last reported as text (``report(phase="warmup")``), which no curve shows."""
+        values = self.history.text.get(rank, {})
+        return html.escape(" · ".join(
+            f"{key}={value if len(value) <= TEXT_METRIC_CHARS else value[:TEXT_METRIC_CHARS - 1] + '…'}"
+            for key, value in values.items()))
 
     def _draw_logs(self, summary: dict[str, Any]) -> None:
         import ipywidgets as w

@@ -20,13 +20,19 @@ class MetricHistory:
         self._series: dict[str, dict[int, tuple[list[float], list[float]]]] = {}
         self.rows_seen = 0
         self.latest: dict[str, float] = {}
+        self.text: dict[int, dict[str, str]] = {}  # rank -> the last text (or true/false) of each metric
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
             self.rows_seen += 1
             rank, step = row["rank"], row["step"]
             for key, value in row.items():
-                if key in RESERVED or not isinstance(value, (int, float)) or isinstance(value, bool):
+                if key in RESERVED:
+                    continue
+                if isinstance(value, (str, bool)):  # not drawn as a curve: shown in the worker table
+                    self.text.setdefault(rank, {})[key] = str(value)
+                    continue
+                if not isinstance(value, (int, float)):
                     continue
                 xs, ys = self._series.setdefault(key, {}).setdefault(rank, ([], []))
                 if xs and step <= xs[-1]:
