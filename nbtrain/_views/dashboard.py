@@ -278,8 +278,9 @@ class WidgetDashboard(_Follower):
                  '<code>run.config</code>)</span>') if cut else ""
         self.header.value = (f'<b style="font-size:1.1em">{html.escape(self.run.name)}</b> {badge} '
                              f'<span class="nbtrain-elapsed">{_fmt_duration(_elapsed(summary))}</span> · '
-                             f'{summary.get("world_size")} workers · '
-                             f'<code class="nbtrain-config">{html.escape(config)}</code>{whole}')
+                             f'{summary.get("world_size")} workers'
+                             + (f' · <code class="nbtrain-config">{html.escape(config)}</code>{whole}'
+                                if config else ""))
         fraction = progress_fraction(summary)
         elapsed = _elapsed(summary)
         self.progress.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning"}.get(state, "")
