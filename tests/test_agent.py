@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain._paths import nbtrain_home
+from nbtrain._paths import nbtrain_home, ray_temp_dir
 
 from _helpers import wait_for
 from _train_fns import train_steps
@@ -21,9 +21,11 @@ pytestmark = pytest.mark.cluster
 
 
 def files_under(home: Path) -> dict[str, int]:
-    """Every file in the nbtrain home except the embedded cluster's own, with its modification time."""
+    """Every file in the nbtrain home except the embedded cluster's own (its state, Ray's temp dir, the
+    runs' storage), with its modification time."""
+    cluster_own = ("cluster", "storage", ray_temp_dir().relative_to(home).parts[0])
     return {str(path.relative_to(home)): path.stat().st_mtime_ns for path in home.rglob("*")
-            if path.is_file() and path.relative_to(home).parts[0] not in ("cluster", "storage")}
+            if path.is_file() and path.relative_to(home).parts[0] not in cluster_own}
 
 
 def test_one_agent_reports_and_stops_runs_over_one_connection_and_writes_nothing(cluster):
