@@ -122,7 +122,7 @@ def ensure_labextension_built() -> Path:
 
 @dataclass
 class JupyterLab:
-    """A running ``jupyter lab``; stop it with :meth:`stop`."""
+    """A running ``jupyter lab`` (or Notebook 7, ``app="notebook"``); stop it with :meth:`stop`."""
 
     url: str
     token: str
@@ -132,10 +132,16 @@ class JupyterLab:
     env: dict[str, str]
     _proc: subprocess.Popen[bytes] = field(repr=False)
     _tmp: Path = field(repr=False)
+    app: str = "lab"
 
     def lab_url(self, path: str = "") -> str:
         """``/lab/<path>`` with the token, ready for ``page.goto``."""
         return f"{self.url}lab/{path}?token={self.token}"
+
+    def notebook_url(self, notebook: str) -> str:
+        """The page that opens ``notebook`` (relative to the root) in this server's app, with the token."""
+        path = f"lab/tree/{notebook}" if self.app == "lab" else f"notebooks/{notebook}"
+        return f"{self.url}{path}?token={self.token}"
 
     def api_url(self, path: str) -> str:
         return f"{self.url}{path.lstrip('/')}"
@@ -179,6 +185,7 @@ def start_jupyterlab(
     labextension: bool = True,
     python: str = sys.executable,
     timeout: float = 90.0,
+    app: str = "lab",
 ) -> JupyterLab:
     """Start ``jupyter lab`` on 127.0.0.1 and wait until it answers.
 
@@ -194,6 +201,8 @@ def start_jupyterlab(
             lab extension (building it first if it is stale).
         python: the interpreter that runs the server.
         timeout: seconds to wait for the server to answer.
+        app: ``"lab"`` (JupyterLab) or ``"notebook"`` (Notebook 7, ``jupyter notebook``), which
+            loads the same extensions; see :func:`start_notebook7`.
     """
     tmp = Path(tempfile.mkdtemp(prefix="nbtrain-lab-"))
     dirs = {name: tmp / name for name in ("config", "data", "runtime", "workspaces", "labextensions")}
@@ -226,10 +235,11 @@ def start_jupyterlab(
     if from_checkout:
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     full_env.update(env or {})
+    module, app_class = {"lab": ("jupyterlab", "LabApp"), "notebook": ("notebook", "JupyterNotebookApp")}[app]
     command = [
         python,
         "-m",
-        "jupyterlab",
+        module,
         "--no-browser",
         "--ip=127.0.0.1",
         f"--port={port}",
@@ -237,13 +247,16 @@ def start_jupyterlab(
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root_dir}",
         "--allow-root",
-        "--LabApp.news_url=None",
-        "--LabApp.extension_manager=readonly",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        "--LabApp.expose_app_in_browser=True",
-        f"--LabApp.workspaces_dir={dirs['workspaces']}",
-        f"--LabApp.extra_labextensions_path={dirs['labextensions']}",
+        f"--{app_class}.expose_app_in_browser=True",
+        f"--{app_class}.workspaces_dir={dirs['workspaces']}",
+        f"--{app_class}.extra_labextensions_path={dirs['labextensions']}",
     ]
+    if app == "lab":
+        command += [
+            "--LabApp.news_url=None",
+            "--LabApp.extension_manager=readonly",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
     log_path = tmp / "jupyterlab.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -263,6 +276,7 @@ def start_jupyterlab(
         env=full_env,
         _proc=proc,
         _tmp=tmp,
+        app=app,
     )
     deadline = time.monotonic() + timeout
     while True:
@@ -283,3 +297,8 @@ def start_jupyterlab(
             msg = f"jupyter lab did not answer within {timeout:.0f} s:\n{text[-4000:]}"
             raise RuntimeError(msg)
         time.sleep(0.25)
+
+
+def start_notebook7(root_dir: str | os.PathLike[str], env: dict[str, str] | None = None, **options: Any) -> JupyterLab:
+    """Start Notebook 7 (``jupyter notebook``) as :func:`start_jupyterlab` starts JupyterLab."""
+    return start_jupyterlab(root_dir, env, app="notebook", **options)
