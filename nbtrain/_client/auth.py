@@ -39,16 +39,14 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from nbtrain import _json
 from nbtrain._client import local_cluster
 from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import port_is_open
-from nbtrain._paths import nbtrain_home, read_json
+from nbtrain._paths import nbtrain_home, private_dir, read_json, write_json_atomic
 
 PREFLIGHT_TIMEOUT_S = 3.0
 
@@ -126,20 +124,13 @@ def remember_token(address: str, token: str) -> None:
     """Keep ``token`` for ``address`` only, so a later ``connect(address)``, ``nbtrain runs`` and
     the lab sidebar's agent reach that cluster without the token being typed again."""
     path = tokens_file()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(path.parent)
     lock_fd = os.open(path.with_name(".tokens.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # two kernels connecting at once each keep their token
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # two kernels (or threads) at once each keep their token
         tokens = remembered_tokens()
-        if tokens.get(address) == token:
-            return
-        tokens[address] = token
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(_json.dumps(tokens, indent=1))
-        os.replace(tmp, path)
+        if tokens.get(address) != token:
+            write_json_atomic(path, {**tokens, address: token})
     finally:
         os.close(lock_fd)
 
