@@ -119,6 +119,11 @@ class Run:
         with self._lock:
             return self._rows[start:]
 
+    @property
+    def row_window_start(self) -> int:
+        """Index of the first metric row still held in memory (older rows are on the cluster only)."""
+        return 0
+
     def cached_log_entries(self, start: int = 0) -> list[dict[str, Any]]:
         """Log chunks (rank, stream, time, text) already fetched, from index ``start`` on."""
         with self._lock:
