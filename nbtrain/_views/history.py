@@ -269,9 +269,10 @@ class _Band:
         return self.coarse.nbytes + self.fine.nbytes
 
     @staticmethod
-    def _clear(cells: Array) -> None:
-        cells[..., :-2] = 0.0
-        cells[..., -2], cells[..., -1] = np.inf, -np.inf
+    def _clear(table: Array, rows: Any = slice(None)) -> None:
+        """Empty ``table[rows]`` in place (sums 0, min +inf, max -inf)."""
+        table[rows, :-2] = 0.0
+        table[rows, -2], table[rows, -1] = np.inf, -np.inf
 
     def add(self, steps: Array, values: Array) -> None:
         keep = np.isfinite(values)
@@ -283,7 +284,7 @@ class _Band:
             halved = np.concatenate([merged[:, :, :3].sum(axis=1), merged[:, :, 3:4].min(axis=1),
                                      merged[:, :, 4:5].max(axis=1)], axis=1)
             self.coarse[:BAND_BINS // 2] = halved
-            self._clear(self.coarse[BAND_BINS // 2:])
+            self._clear(self.coarse, slice(BAND_BINS // 2, None))
             self.width *= 2
         bins = s // self.width
         np.add.at(self.coarse[:, 0], bins, 1.0)
@@ -296,7 +297,7 @@ class _Band:
             if top - self.top >= BAND_RECENT_STEPS:
                 self._clear(self.fine)
             else:
-                self._clear(self.fine[np.arange(self.top + 1, top + 1) % BAND_RECENT_STEPS])
+                self._clear(self.fine, np.arange(self.top + 1, top + 1) % BAND_RECENT_STEPS)
             self.top = top
         recent = s > self.top - BAND_RECENT_STEPS
         cells, v = s[recent] % BAND_RECENT_STEPS, v[recent]
@@ -308,10 +309,10 @@ class _Band:
     def forget_from(self, step: int) -> None:
         """A new attempt resumes at ``step``: what earlier attempts reported from there on no longer counts."""
         step = max(step, 0)
-        self._clear(self.coarse[min(BAND_BINS, -(-step // self.width)):])
+        self._clear(self.coarse, slice(min(BAND_BINS, -(-step // self.width)), None))
         if step <= self.top:
-            self._clear(self.fine[np.arange(max(step, self.top - BAND_RECENT_STEPS + 1), self.top + 1)
-                                  % BAND_RECENT_STEPS])
+            self._clear(self.fine, np.arange(max(step, self.top - BAND_RECENT_STEPS + 1), self.top + 1)
+                        % BAND_RECENT_STEPS)
             self.top = step - 1
 
     def view(self) -> tuple[Array, Array, Array, Array]:
