@@ -9,6 +9,7 @@ it, so tests and users with several setups move everything with one variable::
     cluster/               the embedded local cluster: state, token, start log, start lock
     ray/                   the embedded cluster's Ray temp dir (sessions, logs, Unix sockets)
     storage/<run>/         a run's history and checkpoints (supervisor side)
+    run-index/<run>.json   where each run on this head keeps its files (a finished run has no process)
 
 Reading functions never create anything; writers create what they write.
 Everything here is the user's alone (tokens, metrics, checkpoints): directories
@@ -49,6 +50,10 @@ def ray_temp_dir() -> Path:
 
 def storage_root() -> Path:
     return nbtrain_home() / "storage"
+
+
+def run_index_dir() -> Path:
+    return nbtrain_home() / "run-index"
 
 
 PRIVATE_DIR = 0o700

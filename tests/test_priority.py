@@ -12,6 +12,7 @@ import nbtrain
 from nbtrain._client import local_cluster
 from nbtrain._cluster.priority import BOOKKEEPING_NICENESS
 
+from _helpers import wait_for
 from _train_fns import train_steps
 
 pytestmark = pytest.mark.cluster
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.cluster
 
 def _thread_niceness(pid: int) -> list[int]:
     """Niceness of every thread of ``pid``: on Linux it is per thread."""
-    found = []
+    found: list[int] = []
+    if not os.path.exists(f"/proc/{pid}/task"):  # the process ended meanwhile (a finished run's supervisor)
+        return found
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             found.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
@@ -54,14 +57,19 @@ def test_ranks_keep_full_priority_while_the_bookkeeping_runs_nicer(cluster):
     assert run.wait(timeout=120) == nbtrain.RunState.SUCCEEDED, run.error
     assert run.result == [0, 0], "the ranks must run at the priority the user's own processes have"
 
+    # a finished run's supervisor has exited: look at one whose run goes on
+    going = nbtrain.launch(train_steps, config={"steps": 10**6, "sleep": 0.05}, workers=1, name="priority-going")
+    wait_for(lambda: going.metrics, 60, message="the second run's first row")
     processes = _head_processes()
-    niceness = {role: sorted({min(_thread_niceness(p.pid)) for p in group}) for role, group in processes.items()}
+    niceness = {role: sorted({min(found) for p in group if (found := _thread_niceness(p.pid))})
+                for role, group in processes.items()}
     print(f"niceness by role: {niceness}")
     for role in ("raylet/raylet", "--mode=proxy"):
         # workers inherit the raylet's niceness, a new Ray Client session's server the proxy's
         assert max(_thread_niceness(processes[role][0].pid)) == 0, (role, niceness)
     for role in ("gcs_server", "--mode=specific-server", "DashboardAgent", "RunSupervisor"):
         assert niceness[role] and min(niceness[role]) >= BOOKKEEPING_NICENESS, (role, niceness)
+    going.stop()
 
 
 def test_one_long_poll_carries_every_rank_s_rows_of_a_flush(cluster):

@@ -24,8 +24,9 @@ import cloudpickle
 from nbtrain import _options, _registry
 from nbtrain._client import connection
 from nbtrain._client.following import block_until_done
-from nbtrain._client.run import POLL_TIMEOUT_S, Run, find_supervisor, run_names
+from nbtrain._client.run import NAME_RELEASE_S, POLL_TIMEOUT_S, Run, find_supervisor, run_names
 from nbtrain._client.serialization import check_values, dumps_checked
+from nbtrain._client.stored import StoredRunHandle, find_stored, stored_names, stored_summaries
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import (
     NbtrainError,
@@ -110,21 +111,30 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     cluster = connection.current()
     check_resources(options.workers, options.cpus_per_worker, options.gpus_per_worker)
     existing = find_supervisor(name)
-    if existing is not None and not options.resume:
+    stored = find_stored(name) if existing is None else None
+    if (existing is not None or stored is not None) and not options.resume:
         msg = (f"A run named {name!r} already exists on {cluster.address}. Pick another name, "
                f"continue it from its latest checkpoint with resume=True (%%ray_train --resume), "
                f"attach to it with nbtrain.attach({name!r}), or delete it with nbtrain.attach({name!r}).delete().")
         raise RunExistsError(msg)
-    if existing is None and options.resume:
+    if existing is None and stored is None and options.resume:
         msg = f"resume=True needs an existing run named {name!r}, and there is none on {cluster.address}."
         raise RunNotFoundError(msg)
     if existing is not None:
-        state = ray.get(existing.resume.remote(spec_bytes, datasets), timeout=POLL_TIMEOUT_S)
-        if state != "resumed":
+        try:
+            state = ray.get(existing.resume.remote(spec_bytes, datasets), timeout=POLL_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            state = "retired"  # it exited as the run had ended: resume from the files
+        if state == "retired":
+            _wait_until_name_free(name)
+            stored = find_stored(name)
+        elif state != "resumed":
             msg = f"Run {name!r} cannot be resumed: it is {state}; only an ended run can be. Attach to it instead."
             raise RunExistsError(msg)
         handle = existing
-    else:
+    if stored is not None:  # resume an ended run from its files: a new supervisor takes them up
+        handle = _resume_stored(name, spec, datasets)
+    elif existing is None:
         if options.storage and cluster.kind == "local":  # the notebook sees the cluster's disk: check now
             check_writable(options.storage)
         # datasets as an argument, not inside the pickled spec: Ray Client maps their object refs
@@ -137,6 +147,34 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         block_until_done(run, launched=True)
         run.raise_if_failed()
     return run
+
+
+def _resume_stored(name: str, spec: RunSpec, datasets: dict[str, Any] | None) -> Any:
+    """Start a supervisor on an ended run's files (same launch, so it takes them up) and resume it."""
+    import ray
+
+    from nbtrain._cluster.supervisor import RunSupervisor, supervisor_options
+
+    launch_id = ray.get(StoredRunHandle(name).summary.remote(), timeout=POLL_TIMEOUT_S).get("launch")
+    spec = dataclasses.replace(spec, launch_id=launch_id or spec.launch_id)
+    spec_bytes = _pickled(spec)
+    handle = ray.remote(RunSupervisor).options(**supervisor_options(name)).remote(spec_bytes, datasets)
+    _wait_for_supervisor(handle, name)
+    state = ray.get(handle.resume.remote(spec_bytes, datasets), timeout=POLL_TIMEOUT_S)
+    # a run whose supervisor vanished mid-run is taken up (restarted) by the new one at once
+    if state != "resumed" and state not in _GOING:
+        msg = f"Run {name!r} cannot be resumed: it is {state}. Attach to it to see why."
+        raise RunExistsError(msg)
+    return handle
+
+
+_GOING = ("pending", "starting", "running", "restarting")
+
+
+def _wait_until_name_free(name: str) -> None:
+    deadline = time.monotonic() + NAME_RELEASE_S
+    while find_supervisor(name) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)  # ray.kill returns before the cluster frees the name
 
 
 def check_writable(storage: str) -> None:
@@ -270,9 +308,9 @@ def attach(name: str) -> Run:
         run.dashboard()
     """
     cluster = connection.current()
-    handle = find_supervisor(name)
+    handle = find_supervisor(name) or find_stored(name)
     if handle is None:
-        known = ", ".join(run_names()) or "none"
+        known = ", ".join(sorted({*run_names(), *stored_names()})) or "none"
         msg = f"No run named {name!r} on {cluster.address}. Runs there: {known}. See nbtrain.runs()."
         raise RunNotFoundError(msg)
     run = Run(name, handle, cluster.address)
@@ -288,17 +326,21 @@ def runs() -> list[dict[str, Any]]:
 
 
 def run_summaries() -> list[dict[str, Any]]:
-    """Each run's full supervisor summary (``{"name", "state": "unknown"}`` for one that does not answer)."""
+    """Each run's full summary: from its supervisor while it goes on, from its files once ended
+    (``{"name", "state": "unknown"}`` for one that does not answer)."""
     import ray
 
     connection.current()
     names = run_names()
     handles = [(name, find_supervisor(name)) for name in names]
     refs = [(name, handle.summary.remote()) for name, handle in handles if handle is not None]
+    ended = stored_summaries(exclude=names)
     found = []
     for name, ref in refs:
         try:
             found.append(ray.get(ref, timeout=POLL_TIMEOUT_S))
+        except ray.exceptions.RayActorError:  # it exited just now, its run ended: read its files
+            found.extend(stored_summaries(exclude=[n for n in names if n != name] + [s["name"] for s in ended]))
         except Exception:  # noqa: BLE001 - a restarting supervisor must not hide the others
             found.append({"name": name, "state": "unknown"})
-    return found
+    return sorted(found + ended, key=lambda summary: summary.get("started") or 0.0)

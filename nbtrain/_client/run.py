@@ -3,6 +3,15 @@
 A ``Run`` keeps cursors into the run's append-only histories and fetches only
 what is new, so re-attaching from a fresh kernel replays the whole history once
 and then follows it live. Reading never writes: not the registry, not a file.
+
+Memory stays bounded however long the run: the Run holds the most recent
+``ROW_WINDOW`` metric rows and ``LOG_WINDOW`` log chunks (what views draw from);
+``run.metrics``, ``run.metrics_frame()`` and ``run.logs()`` fetch older ones from
+the cluster, page by page, only when asked.
+
+While the run goes on, its supervisor answers; once it has ended and the
+supervisor has exited, a short-lived task reads the run's files instead
+(:mod:`nbtrain._client.stored`), with the same cursors: the switch is invisible.
 """
 
 from __future__ import annotations
@@ -15,12 +24,17 @@ from typing import Any
 import cloudpickle
 
 from nbtrain import _registry
+from nbtrain._client.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
 from nbtrain._cluster.names import ACTOR_PREFIX, NAMESPACE, actor_name
 from nbtrain._cluster.storage import load_trusted
 from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
 from nbtrain._states import RunState
 
 POLL_TIMEOUT_S = 15.0
+ROW_WINDOW = 50_000   # metric rows kept in the notebook (~25 MB); older ones are fetched when asked
+LOG_WINDOW = 20_000   # log chunks kept likewise
+PAGE_ROWS = 50_000    # rows per poll when fetching a long history
+FRAME_PAGE_ROWS = 2_000_000  # rows per Arrow page of metrics_frame()
 SUPERVISOR_RESTART_GRACE_S = 60.0
 NAME_RELEASE_S = 10.0  # how long delete() waits for the cluster to free the run's name
 
@@ -37,8 +51,10 @@ class Run:
         self._handle = handle
         self._address = address
         self._lock = threading.Lock()
-        self._rows: list[dict[str, Any]] = []
-        self._logs: list[dict[str, Any]] = []
+        self._rows: list[dict[str, Any]] = []  # rows from index _row_base on
+        self._row_base = 0
+        self._logs: list[dict[str, Any]] = []  # log chunks from index _log_base on
+        self._log_base = 0
         self._events: list[dict[str, Any]] = []
         self._cursors = (0, 0, 0)
         self._summary: dict[str, Any] = {}
@@ -74,6 +90,14 @@ class Run:
         rows: list[dict[str, Any]] = reply["rows"][have[0] - asked[0]:]
         self._rows.extend(rows)
         self._logs.extend(reply["logs"][have[1] - asked[1]:])
+        if len(self._rows) > ROW_WINDOW * 3 // 2:  # drop the oldest in chunks, not on every poll
+            cut = len(self._rows) - ROW_WINDOW
+            del self._rows[:cut]
+            self._row_base += cut
+        if len(self._logs) > LOG_WINDOW * 3 // 2:
+            cut = len(self._logs) - LOG_WINDOW
+            del self._logs[:cut]
+            self._log_base += cut
         self._events.extend(reply["events"][have[2] - asked[2]:])
         self._cursors = (max(have[0], reply["cursor"]), max(have[1], reply["log_cursor"]),
                          max(have[2], reply["event_cursor"]))
@@ -88,24 +112,52 @@ class Run:
 
         deadline = time.monotonic() + SUPERVISOR_RESTART_GRACE_S
         while True:
+            handle = self._handle
+            if isinstance(handle, StoredRunHandle):
+                stored: dict[str, Any] = ray.get(handle.poll.remote(cursor, log_cursor, event_cursor),
+                                                 timeout=POLL_TIMEOUT_S)
+                return stored
             try:
                 # A future, not ray.get: over Ray Client the answer then comes back on the
                 # session's open data stream instead of a new gRPC call per poll, which saves
                 # the Ray Client proxy about a third of its CPU per poll (on a laptop, CPU the
                 # ranks need; benchmarks/README.md has the figures).
-                reply = self._handle.poll.remote(cursor, log_cursor, event_cursor, wait_s=wait_s).future()
+                reply = handle.poll.remote(cursor, log_cursor, event_cursor, wait_s=wait_s).future()
                 answer: dict[str, Any] = reply.result(timeout=POLL_TIMEOUT_S + wait_s)
                 return answer
             except concurrent.futures.TimeoutError:
                 msg = (f"Run {self.name!r}'s supervisor did not answer within {POLL_TIMEOUT_S:.0f} s; "
                        f"it may be restarting. Try again shortly.")
                 raise NbtrainError(msg) from None
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-                if time.monotonic() > deadline or find_supervisor(self.name) is None:
-                    msg = (f"Run {self.name!r}'s supervisor is gone ({type(exc).__name__}). "
-                           f"The run was deleted or its cluster restarted.")
-                    raise RunNotFoundError(msg) from None
-                time.sleep(0.5)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self._after_supervisor_error(deadline)
+
+    def _call(self, method: str, *args: Any, timeout: float = POLL_TIMEOUT_S) -> Any:
+        """``ray.get(handle.<method>.remote(*args))`` on the supervisor, or on the run's files once it has exited."""
+        import ray
+
+        deadline = time.monotonic() + SUPERVISOR_RESTART_GRACE_S
+        while True:
+            try:
+                return ray.get(getattr(self._handle, method).remote(*args), timeout=timeout)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self._after_supervisor_error(deadline)
+
+    def _after_supervisor_error(self, deadline: float) -> None:
+        """The supervisor did not answer: read the run's files if it has exited, else wait while Ray restarts it."""
+        if find_supervisor(self.name) is None:
+            stored = find_stored(self.name)
+            if stored is None:
+                msg = (f"Run {self.name!r} is gone: it has no supervisor and no files on the cluster. "
+                       f"It was deleted, or its cluster's head node lost its files.")
+                raise RunNotFoundError(msg) from None
+            self._handle = stored
+            return
+        if time.monotonic() > deadline:
+            msg = (f"Run {self.name!r}'s supervisor has not come back within {SUPERVISOR_RESTART_GRACE_S:.0f} s. "
+                   f"Check the cluster (`ray status`), then attach again.")
+            raise RunNotFoundError(msg) from None
+        time.sleep(0.5)  # Ray is restarting it; nothing to wait on but time
 
     @property
     def cached_summary(self) -> dict[str, Any]:
@@ -114,20 +166,29 @@ class Run:
             return dict(self._summary)
 
     def cached_rows(self, start: int = 0) -> list[dict[str, Any]]:
-        """Metric rows already fetched, from index ``start`` on. A view that reads by index
-        misses nothing, whichever ``refresh()`` (its own or a cell's ``run.metrics``) fetched them."""
+        """Metric rows already fetched, from index ``start`` (or :attr:`row_window_start`, if later) on.
+
+        A view that reads by index misses nothing, whichever ``refresh()`` (its own or a
+        cell's ``run.metrics``) fetched them, as long as it keeps up with the window.
+        """
         with self._lock:
-            return self._rows[start:]
+            return self._rows[max(start - self._row_base, 0):]
 
     @property
     def row_window_start(self) -> int:
         """Index of the first metric row still held in memory (older rows are on the cluster only)."""
-        return 0
+        with self._lock:
+            return self._row_base
 
     def cached_log_entries(self, start: int = 0) -> list[dict[str, Any]]:
-        """Log chunks (rank, stream, time, text) already fetched, from index ``start`` on."""
+        """Log chunks (rank, stream, time, text) already fetched, from index ``start`` (or the window's start) on."""
         with self._lock:
-            return self._logs[start:]
+            return self._logs[max(start - self._log_base, 0):]
+
+    @property
+    def log_window_start(self) -> int:
+        with self._lock:
+            return self._log_base
 
     def cached_events(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -144,10 +205,46 @@ class Run:
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
-        """Every reported row so far: ``rank``, ``step``, ``attempt``, ``time`` and the values."""
+        """Every reported row so far: ``rank``, ``step``, ``attempt``, ``time`` and the values.
+
+        A long run's older rows are fetched from the cluster page by page (the Run keeps only
+        the latest); for millions of rows :meth:`metrics_frame` is faster and far smaller.
+        """
         self.refresh()
         with self._lock:
-            return list(self._rows)
+            if self._row_base == 0:
+                return list(self._rows)
+            cursors, recent = self._cursors, list(self._rows)
+        return self._fetch_rows(0, cursors[0] - len(recent), cursors) + recent
+
+    def _fetch_rows(self, start: int, stop: int, cursors: tuple[int, int, int]) -> list[dict[str, Any]]:
+        """Metric rows ``[start, stop)`` from the cluster, without keeping them."""
+        rows: list[dict[str, Any]] = []
+        while start < stop:
+            reply = self._poll(start, cursors[1], cursors[2], 0.0)
+            page = reply["rows"][:stop - start]
+            if not page:
+                break
+            rows.extend(page)
+            start += len(page)
+        return rows
+
+    def metrics_frame(self) -> Any:
+        """Every reported row so far as a pandas DataFrame (columns ``rank``, ``step``, ``attempt``, ``time``
+        and one per metric), built from Arrow pages sent by the cluster: no Python object per row, so
+        millions of rows load in seconds."""
+        import pyarrow as pa
+
+        self.refresh()
+        with self._lock:
+            total = self._cursors[0]
+        tables = []
+        for start in range(0, total, FRAME_PAGE_ROWS):
+            data = self._call("frame_ipc", start, min(start + FRAME_PAGE_ROWS, total), timeout=READ_TIMEOUT_S)
+            tables.append(pa.ipc.open_stream(data).read_all())
+        if not tables:
+            return pa.table({"rank": [], "step": [], "attempt": [], "time": []}).to_pandas()
+        return pa.concat_tables(tables, promote_options="permissive").to_pandas()
 
     @property
     def workers(self) -> list[dict[str, Any]]:
@@ -167,10 +264,8 @@ class Run:
 
         Summaries and the dashboard carry only a short ``config_summary``; this asks the run for the dict.
         """
-        import ray
-
-        config = ray.get(self._handle.config.remote(), timeout=POLL_TIMEOUT_S)
-        return dict(config or {})
+        data = self._call("config")
+        return dict(cloudpickle.loads(data) or {}) if data is not None else {}
 
     @property
     def attempt(self) -> int:
@@ -187,19 +282,31 @@ class Run:
         """What the workers printed (stdout and stderr), for one rank or all of them."""
         self.refresh()
         with self._lock:
-            chunks = [entry for entry in self._logs if rank is None or entry["rank"] == rank]
+            entries, base, cursors = list(self._logs), self._log_base, self._cursors
+        if base:  # a long run's older chunks are on the cluster only
+            entries = self._fetch_logs(base, cursors) + entries
+        chunks = [entry for entry in entries if rank is None or entry["rank"] == rank]
         if rank is not None:
             return "".join(entry["text"] for entry in chunks)
         return "".join(f"[rank {entry['rank']}] {line}\n" for entry in chunks
                        for line in entry["text"].splitlines() if line.strip())
 
+    def _fetch_logs(self, stop: int, cursors: tuple[int, int, int]) -> list[dict[str, Any]]:
+        """Log chunks ``[0, stop)`` from the cluster, without keeping them."""
+        entries: list[dict[str, Any]] = []
+        while len(entries) < stop:
+            reply = self._poll(cursors[0], len(entries), cursors[2], 0.0)
+            page = reply["logs"][:stop - len(entries)]
+            if not page:
+                break
+            entries.extend(page)
+        return entries
+
     @property
     def result(self) -> list[Any] | None:
         """What the training function returned on each rank (a list indexed by rank), once succeeded."""
-        import ray
-
         if self._result is None:
-            raw = ray.get(self._handle.result.remote(), timeout=POLL_TIMEOUT_S)
+            raw = self._call("result")
             if raw is not None:
                 self._result = [cloudpickle.loads(item) for item in raw]
         return self._result
@@ -235,7 +342,7 @@ class Run:
         import ray
 
         try:
-            ray.get(self._handle.stop.remote(), timeout=timeout)
+            self._call("stop", timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             msg = f"Run {self.name!r} did not stop within {timeout:g} s; its supervisor may be stuck."
             raise NbtrainError(msg) from None
@@ -247,9 +354,7 @@ class Run:
         Loaded with ``torch.load(weights_only=True)``: only tensors and plain
         containers. Pass ``weights_only=False`` only for checkpoints you trust.
         """
-        import ray
-
-        found = ray.get(self._handle.latest_checkpoint.remote(), timeout=120)
+        found = self._call("latest_checkpoint", timeout=READ_TIMEOUT_S)
         if found is None:
             return None
         _meta, data, path = found
@@ -264,13 +369,15 @@ class Run:
         """
         import ray
 
-        outcome = ray.get(self._handle.delete.remote(), timeout=timeout)
+        outcome = self._call("delete", timeout=timeout)
         if outcome != "deleted":
             msg = (f"Run {self.name!r} is still {outcome}, so nothing was deleted. Stop it first with "
                    f"run.stop() (or `nbtrain stop {self.name}`), then delete it.")
             raise NbtrainError(msg)
-        ray.kill(self._handle, no_restart=True)
         _registry.forget_run(self.name, self._address)
+        if isinstance(self._handle, StoredRunHandle):  # no process to end: the files were the run
+            return
+        ray.kill(self._handle, no_restart=True)
         deadline = time.monotonic() + NAME_RELEASE_S
         while find_supervisor(self.name) is not None and time.monotonic() < deadline:
             time.sleep(0.05)  # ray.kill returns before the cluster frees the name; a launch of it may follow

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from nbtrain._cluster import failure_policy
@@ -29,8 +30,9 @@ FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long
 
 class RunController:
     def __init__(self, spec: RunSpec, datasets: dict[str, Any] | None, feed: RunFeed, storage: RunStorage,
-                 table: WorkerTable, supervisor: Any) -> None:
+                 table: WorkerTable, supervisor: Any, on_end: Callable[[], None]) -> None:
         self.spec = spec
+        self._on_end = on_end  # called by the control thread once the run has ended
         self.datasets = datasets
         self.feed = feed
         self.table = table
@@ -172,6 +174,9 @@ class RunController:
                 self.error = "nbtrain's run supervisor hit an internal error:\n" + traceback.format_exc()
             if not self.state.is_terminal:
                 self.transition(RunState.FAILED, "internal error")
+        finally:
+            if self.state.is_terminal:  # on its own thread: a stop() waiting for this one gets its answer first
+                threading.Thread(target=self._on_end, name="nbtrain-retire", daemon=True).start()
 
     def _run_attempt(self) -> Outcome:
         """One worker group from placement to the end."""

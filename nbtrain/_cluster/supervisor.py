@@ -8,6 +8,10 @@ pinned to the head node, with ``max_restarts=-1``: if its process dies Ray
 restarts it, it reloads its history from storage and restarts the workers from
 the latest checkpoint.
 
+A finished run holds no process: once the run has ended and its history is
+durable, the supervisor writes what readers need (summary, result, config) and
+exits; :mod:`~nbtrain._cluster.stored_run` answers for the run from then on.
+
 The actor itself is thin. Its parts, one job each:
 
 * :class:`~nbtrain._cluster.feed.RunFeed` — the history and the cursor feed (``push`` in, ``poll`` out);
@@ -38,9 +42,15 @@ from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import RunStorage
+from nbtrain._cluster.stored_run import index_path, record_in_index, write_final
 from nbtrain._cluster.worker_table import WorkerTable
 from nbtrain._exceptions import StorageError
 from nbtrain._paths import read_json, storage_root
+
+# A supervisor that finds its run already ended (Ray restarted it, or launch(resume=True) brought it
+# back for a resume) waits this long for the resume before it exits again.
+RESUME_GRACE_S = 30.0
+DISK_RETRY_S = 2.0  # a history that cannot be written (disk full) is retried this often before exiting
 
 
 def supervisor_options(run_name: str) -> dict[str, Any]:
@@ -59,18 +69,45 @@ class RunSupervisor:
         lock = threading.RLock()
         set_aside = _set_aside_earlier_run(spec)
         storage = open_storage(spec)
+        record_in_index(spec.name, storage.dir, spec.launch_id)
         self._storage = storage
         self._deleted = False
+        self._retired = False
+        self._handle = ray.get_runtime_context().current_actor
         self._feed = RunFeed(storage, lock)
         self._table = WorkerTable(lock)
-        self._run = RunController(spec, datasets, self._feed, storage, self._table,
-                                  ray.get_runtime_context().current_actor)
+        self._run = RunController(spec, datasets, self._feed, storage, self._table, self._handle,
+                                  on_end=self._retire)
         if set_aside is not None:
             self._feed.event("storage", f"{storage.dir} held the files of an earlier run named {spec.name!r} "
                                         f"that is no longer on the cluster; they were moved to {set_aside}.", 0)
         self._run.recover()
-        if not self._run.state.is_terminal:
+        if self._run.state.is_terminal:
+            threading.Timer(RESUME_GRACE_S, self._retire).start()
+        else:
             self._run.start(fresh_budget=False)
+
+    def _retire(self) -> None:
+        """Leave the ended run to its files and exit: a finished run holds no process.
+
+        Called by the control thread when the run ends (and after the resume grace of a
+        supervisor that found its run ended). Returns without exiting if the run was
+        resumed or deleted meanwhile.
+        """
+        with self._feed.lock:
+            if not self._run.state.is_terminal or self._deleted or self._retired:
+                return
+            summary = self._summary_locked()
+            results = self._run.results
+            config = cloudpickle.dumps(self._run.spec.options.config)
+        write_final(self._storage.dir, summary, results, config)
+        while not self._storage.sync():  # rows kept in memory while the disk was full: write them first
+            time.sleep(DISK_RETRY_S)
+        with self._feed.lock:
+            if not self._run.state.is_terminal or self._deleted:
+                return
+            self._retired = True
+        ray.kill(self._handle, no_restart=True)
 
     # ------------------------------------------------------------------ worker-facing
     def push(self, rank: int, attempt: int, seq: int, rows: list[dict[str, Any]],
@@ -137,12 +174,17 @@ class RunSupervisor:
             "gpus_per_worker": options.gpus_per_worker, "cpus_per_worker": options.cpus_per_worker,
             "total_steps": options.total_steps, "total_epochs": options.total_epochs,
             "step": min([w.get("step", 0) for w in workers] or [0]), "owner": run.spec.owner,
-            "latest": dict(self._feed.latest),
+            "latest": dict(self._feed.latest), "launch": run.spec.launch_id,
         }
 
-    def config(self) -> dict[str, Any] | None:
-        """The run's whole config (summaries carry only ``config_summary``: they are sent on every poll)."""
-        return self._run.spec.options.config
+    def config(self) -> bytes:
+        """The run's whole config, cloudpickled (summaries carry only ``config_summary``: they are sent on
+        every poll). Bytes, as a stored run answers, since the config may hold values only the notebook can load."""
+        return cloudpickle.dumps(self._run.spec.options.config)  # type: ignore[no-any-return]
+
+    def frame_ipc(self, start: int = 0, stop: int | None = None) -> bytes:
+        """Metric rows ``[start, stop)`` as an Arrow IPC stream (``run.metrics_frame()``)."""
+        return self._feed.frame_ipc(start, stop)
 
     def result(self) -> list[bytes] | None:
         return self._run.results
@@ -154,11 +196,14 @@ class RunSupervisor:
     def resume(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> str:
         """Start an ended run again as a new attempt from its latest checkpoint (``launch(resume=True)``).
 
-        Returns ``"resumed"``, or the state that prevented it (a run still going, or ``"deleted"``).
+        Returns ``"resumed"``, or what prevented it: the state of a run still going, ``"deleted"``, or
+        ``"retired"`` (this supervisor is exiting: the caller resumes the run from its files instead).
         """
         with self._feed.lock:
             if self._deleted:
                 return "deleted"
+            if self._retired:
+                return "retired"
         return self._run.resume(cloudpickle.loads(spec_bytes), datasets)
 
     def delete(self) -> str:
@@ -172,6 +217,7 @@ class RunSupervisor:
                 return self._run.state.value
             self._deleted = True
             self._storage.close()
+            index_path(self._run.spec.name).unlink(missing_ok=True)
             try:
                 shutil.rmtree(self._storage.dir)
             except FileNotFoundError:
