@@ -167,3 +167,10 @@ def test_rows_the_run_no_longer_holds_are_skipped_not_waited_for():
     view.update()
     assert view.history.rows_seen == 5000
     assert view.history.points("loss", 0)[0][0] == 4000
+
+
+def test_outside_a_notebook_the_progress_line_names_the_stragglers():
+    run = FakeRun(256, 50, lagging={17: 10, 200: 20})
+    view = TextProgress(run)
+    assert " 256 workers stragglers 17,200 " in view.line(run.cached_summary)
+    assert " 2 workers 0:00:00" in view.line(FakeRun(2, 5).cached_summary)

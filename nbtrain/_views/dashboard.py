@@ -222,8 +222,12 @@ class TextProgress(_Follower):
         fraction = progress_fraction(summary)
         share = f" {fraction:4.0%}" if fraction is not None else ""
         metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(self.history.latest.items())[:4])
+        late = stragglers(summary.get("workers") or [])
+        behind = (" stragglers " + ",".join(map(str, late[:STRAGGLERS_LISTED]))
+                  + ("…" if len(late) > STRAGGLERS_LISTED else "")) if late else ""
         return (f"[nbtrain] {self.run.name} {state_label(summary)}{share} step {summary.get('step', 0)} "
-                f"{len(summary.get('workers') or [])} workers {_fmt_duration(_elapsed(summary))} {metrics}").rstrip()
+                f"{len(summary.get('workers') or [])} workers{behind} "
+                f"{_fmt_duration(_elapsed(summary))} {metrics}").rstrip()
 
     def update(self, wait_s: float = 0.0) -> bool:
         self.run.refresh(wait_s=wait_s)
