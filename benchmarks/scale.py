@@ -1,0 +1,308 @@
+"""How nbtrain holds up as runs get long, wide and many: memory, CPU, feed latency, redraw, processes left.
+
+Starts its own loopback cluster (a throwaway ``NBTRAIN_HOME``), then measures three things
+and prints one markdown table each:
+
+* **rows** — one rank reports N rows of 3 values as fast as it can (N = 10^5 … 10^7). The
+  benchmark process follows the run as a dashboard does (``run.refresh(wait_s=1)`` feeding a
+  ``WidgetDashboard``'s history). Figures: the supervisor's peak RSS and CPU seconds, the
+  notebook's (this process's) RSS growth, feed latency (report → row in the notebook, p50/p95),
+  and the dashboard's redraw time at the end.
+* **ranks** — a SIMULATION of wide runs: 256 ranks do not fit on 2 cores, so 2 real workers
+  each run ``ranks/2`` reporter threads, and every thread is a simulated rank with its own
+  worker-side reporting session (``report()`` and the flusher that pushes to the supervisor:
+  nbtrain's own code), reporting 10 times a second, without DDP. Figures: the supervisor's
+  CPU (cores) while ingesting, the feed latency p50/p95, the notebook's RSS growth and the
+  redraw time of the band drawing.
+* **finished runs** — N short runs launched and ended: supervisor processes left afterwards
+  (target 0), Ray worker processes on the head before and after, and ``attach()`` time of a
+  finished run.
+
+::
+
+    python benchmarks/scale.py                               # rows 1e5,1e6,2e6; ranks 2,16,64,256; 20 runs
+    python benchmarks/scale.py --rows 1e7 --ranks 256 --finished-runs 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from _own_cluster import own_cluster
+
+
+def supervisor_processes() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if " ".join(process.info["cmdline"] or []).startswith("ray::RunSupervisor"):
+            found.append(process)
+    return found
+
+
+def ray_worker_processes() -> int:
+    count = 0
+    for process in psutil.process_iter(["cmdline"]):
+        line = " ".join(process.info["cmdline"] or [])
+        if line.startswith("ray::") or "default_worker.py" in line:
+            count += 1
+    return count
+
+
+class SupervisorWatch:
+    """Samples the run's supervisor process: peak RSS, and its CPU seconds between two marks."""
+
+    def __init__(self) -> None:
+        self.peak_rss = 0.0
+        self.cpu = 0.0
+        self._process: psutil.Process | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> SupervisorWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def cpu_now(self) -> float:
+        return self.cpu
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            if self._process is None:
+                found = supervisor_processes()
+                if not found:
+                    continue
+                self._process = found[0]
+            try:
+                self.peak_rss = max(self.peak_rss, self._process.memory_info().rss / 2**20)
+                times = self._process.cpu_times()
+                self.cpu = times.user + times.system
+            except psutil.Error:  # the run ended and its supervisor exited
+                return
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def follow(run: Any, dashboard: Any, until: Any) -> list[float]:
+    """Follow ``run`` like a dashboard; returns report → notebook latencies (s) of the rows seen live."""
+    latencies: list[float] = []
+    while True:
+        rows = run.refresh(wait_s=1.0)
+        now = time.time()
+        latencies.extend(now - row["time"] for row in rows[-2000:])
+        history = dashboard.history
+        history.rows_seen = max(history.rows_seen, run.row_window_start)
+        history.add(run.cached_rows(history.rows_seen))
+        if until():
+            return latencies
+
+
+def redraw_ms(dashboard: Any) -> float:
+    dashboard._draw_curves()
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        dashboard._draw_curves()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ------------------------------------------------------------------ the training functions
+def report_rows(config: dict[str, Any]) -> None:
+    import math
+
+    import nbtrain
+
+    for step in range(config["rows"]):
+        nbtrain.report(step=step, loss=1.0 / (step + 1), accuracy=math.sin(step), lr=1e-3)
+
+
+def simulate_ranks(config: dict[str, Any]) -> None:
+    """SIMULATION: this worker runs ranks/2 reporter threads, each a simulated rank with its own session."""
+    import threading as th
+    import time as t
+
+    from nbtrain._cluster import session as sessions
+
+    real = sessions.current_session()
+    ranks, seconds, per_s = config["ranks"], config["seconds"], config["reports_per_s"]
+    mine = [rank for rank in range(ranks) if rank % real.context.world_size == real.context.rank]
+
+    def reporter(rank: int) -> None:
+        context = sessions.TrainContext(rank=rank, world_size=ranks, local_rank=rank, local_world_size=ranks,
+                                        node_rank=0, device=real.context.device, attempt=real.context.attempt,
+                                        config={}, run_name=real.context.run_name)
+        fake = sessions.TrainingSession(context, real.supervisor, real.flush_interval_s, None, True, None)
+        fake._thread.start()  # the flusher only: the simulated ranks share the real rank's stdout
+        began = t.time()
+        step = 0
+        while t.time() - began < seconds:
+            step += 1
+            fake.report({"step": step, "loss": 1.0 / step + rank * 1e-3, "accuracy": 0.5, "lr": 1e-3})
+            t.sleep(max(0.0, began + step / per_s - t.time()))
+        fake.close("finished")
+
+    threads = [th.Thread(target=reporter, args=(rank,)) for rank in mine]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def quick(config: dict[str, Any]) -> int:
+    import nbtrain
+
+    nbtrain.report(step=1, loss=1.0)
+    return 1
+
+
+# ------------------------------------------------------------------ the three measurements
+def measure_rows(rows: int) -> dict[str, Any]:
+    import nbtrain
+    from nbtrain._views.dashboard import WidgetDashboard
+
+    before = rss_mb()
+    with SupervisorWatch() as watch:
+        run = nbtrain.launch(report_rows, workers=1, config={"rows": rows}, total_steps=rows,
+                             name=f"rows-{rows}")
+        dashboard = WidgetDashboard(run)
+        started = time.monotonic()
+        latencies = follow(run, dashboard, lambda: run.cached_summary.get("state") in ("succeeded", "failed"))
+        took = time.monotonic() - started
+        grown = rss_mb() - before
+    drawn = redraw_ms(dashboard)
+    run.raise_if_failed()
+    stored = len(run.cached_rows(run.row_window_start)) + run.row_window_start
+    run.delete()
+    return {"rows": rows, "received": stored, "supervisor_mb": watch.peak_rss, "supervisor_cpu_s": watch.cpu,
+            "notebook_mb": grown, "p50_ms": 1000 * percentile(latencies, 0.5),
+            "p95_ms": 1000 * percentile(latencies, 0.95), "redraw_ms": drawn, "seconds": took}
+
+
+def measure_ranks(ranks: int, seconds: float) -> dict[str, Any]:
+    import nbtrain
+    from nbtrain._views.dashboard import WidgetDashboard
+
+    before = rss_mb()
+    with SupervisorWatch() as watch:
+        run = nbtrain.launch(simulate_ranks, workers=2, name=f"ranks-{ranks}",
+                             config={"ranks": ranks, "seconds": seconds, "reports_per_s": 10})
+        dashboard = WidgetDashboard(run)
+        dashboard.wide = ranks > 8
+        # CPU over the steady middle of the run: from the first rows until 80 % of its time
+        marks: dict[str, float] = {}
+
+        def until() -> bool:
+            now = time.monotonic()
+            if "start" not in marks and run.row_window_start + len(run.cached_rows(run.row_window_start)) > ranks:
+                marks["start"], marks["cpu0"] = now, watch.cpu_now()
+            if "start" in marks and "end" not in marks and now - marks["start"] > 0.8 * seconds - 2:
+                marks["end"], marks["cpu1"] = now, watch.cpu_now()
+            return run.cached_summary.get("state") in ("succeeded", "failed")
+
+        latencies = follow(run, dashboard, until)
+        grown = rss_mb() - before
+    run.raise_if_failed()
+    drawn = redraw_ms(dashboard)
+    rows = run.row_window_start + len(run.cached_rows(run.row_window_start))
+    run.delete()
+    cores = (marks.get("cpu1", 0.0) - marks.get("cpu0", 0.0)) / max(marks.get("end", 1.0) - marks.get("start", 0.0),
+                                                                   1e-9)
+    return {"ranks": ranks, "rows": rows, "supervisor_cores": cores, "supervisor_mb": watch.peak_rss,
+            "notebook_mb": grown, "p50_ms": 1000 * percentile(latencies, 0.5),
+            "p95_ms": 1000 * percentile(latencies, 0.95), "redraw_ms": drawn}
+
+
+def measure_finished(count: int) -> dict[str, Any]:
+    import nbtrain
+
+    workers_before = ray_worker_processes()
+    names = [f"finished-{index}" for index in range(count)]
+    batch = 4  # a few at a time: 4 one-CPU runs fill the 4 logical CPUs
+    for start in range(0, count, batch):
+        runs = [nbtrain.launch(quick, workers=1, name=name) for name in names[start:start + batch]]
+        for run in runs:
+            run.wait(timeout=300)
+        print(f"  {min(start + batch, count)}/{count} runs finished", flush=True)
+    deadline = time.monotonic() + 60
+    while supervisor_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = len(supervisor_processes())
+    attach_s = []
+    for name in names[:5]:
+        start = time.perf_counter()
+        run = nbtrain.attach(name)
+        assert run.state == nbtrain.RunState.SUCCEEDED and run.result == [1]
+        attach_s.append(time.perf_counter() - start)
+    listed = len(nbtrain.runs())
+    for name in names:
+        nbtrain.attach(name).delete()
+    return {"runs": count, "supervisors_left": left, "listed": listed, "ray_workers_before": workers_before,
+            "ray_workers_after": ray_worker_processes(), "attach_s": statistics.median(attach_s),
+            "attach_max_s": max(attach_s)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default="1e5,1e6,2e6", help="rows of the long runs, comma-separated (1e5,1e6,2e6)")
+    parser.add_argument("--ranks", default="2,16,64,256", help="simulated ranks of the wide runs (2,16,64,256)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long each wide run reports (20)")
+    parser.add_argument("--finished-runs", type=int, default=20, help="short runs launched and ended (20)")
+    args = parser.parse_args()
+    with own_cluster("nbtrain-scale-", num_cpus=4):
+        long_runs = []
+        for size in args.rows.split(","):
+            long_runs.append(measure_rows(int(float(size))))
+            print(f"done: {long_runs[-1]}", flush=True)
+        wide = []
+        for ranks in args.ranks.split(","):
+            wide.append(measure_ranks(int(ranks), args.seconds))
+            print(f"done: {wide[-1]}", flush=True)
+        finished = measure_finished(args.finished_runs)
+        print(f"done: {finished}", flush=True)
+
+    print("\n**Long runs** (1 rank, 3 values per row, reported as fast as it can)\n")
+    print("| rows | received | supervisor peak RSS | supervisor CPU | notebook RSS growth | feed p50 / p95 "
+          "| redraw | run took |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in long_runs:
+        print(f"| {r['rows']:,} | {r['received']:,} | {r['supervisor_mb']:.0f} MB | {r['supervisor_cpu_s']:.1f} s | "
+              f"{r['notebook_mb']:+.0f} MB | {r['p50_ms']:.0f} / {r['p95_ms']:.0f} ms | {r['redraw_ms']:.1f} ms | "
+              f"{r['seconds']:.0f} s |")
+    print(f"\n**Wide runs** (SIMULATED ranks: reporter threads in 2 workers, 10 reports/s each, "
+          f"{args.seconds:g} s)\n")
+    print("| ranks | rows | supervisor CPU (cores) | supervisor peak RSS | notebook RSS growth | feed p50 / p95 "
+          "| redraw |")
+    print("|---|---|---|---|---|---|---|")
+    for r in wide:
+        print(f"| {r['ranks']} | {r['rows']:,} | {r['supervisor_cores']:.2f} | {r['supervisor_mb']:.0f} MB | "
+              f"{r['notebook_mb']:+.0f} MB | {r['p50_ms']:.0f} / {r['p95_ms']:.0f} ms | {r['redraw_ms']:.1f} ms |")
+    f = finished
+    print("\n**Finished runs**\n")
+    print("| runs ended | supervisors left | listed by runs() | Ray worker processes before / after "
+          "| attach() of a finished run (median / max) |")
+    print("|---|---|---|---|---|")
+    print(f"| {f['runs']} | {f['supervisors_left']} | {f['listed']} | {f['ray_workers_before']} / "
+          f"{f['ray_workers_after']} | {f['attach_s']:.2f} / {f['attach_max_s']:.2f} s |")
+
+
+if __name__ == "__main__":
+    main()

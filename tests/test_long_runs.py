@@ -1,0 +1,48 @@
+"""A long run's history stays whole for the user while the notebook holds only its latest part.
+
+The ``Run`` keeps a window of the latest rows and log chunks (what views draw
+from); ``run.metrics`` and ``run.logs()`` still return everything, fetched page by
+page from the cluster, and ``run.metrics_frame()`` returns it as a DataFrame.
+"""
+
+from __future__ import annotations
+
+import math
+
+import nbtrain
+from nbtrain._client import run as run_module
+
+ROWS = 130_000  # past the Run's window (50 000 rows, trimmed at 75 000)
+LINES = 16_000  # each print is two log chunks (the text, the newline): past the 20 000-chunk window
+
+
+def report_many(config):
+    for step in range(config["rows"]):
+        nbtrain.report(step=step, loss=1.0 / (step + 1), phase="warmup" if step < 10 else "main",
+                       spike=math.nan if step == 77_777 else 0.0)
+    for line in range(config["lines"]):
+        print(f"line {line}")
+
+
+def test_a_long_run_reads_whole_though_the_notebook_keeps_its_latest_part(cluster):
+    run = nbtrain.launch(report_many, name="long", workers=1, config={"rows": ROWS, "lines": LINES})
+    while run.refresh(wait_s=1.0) or not run.cached_summary["state"] in ("succeeded", "failed"):
+        assert len(run.cached_rows(run.row_window_start)) <= run_module.ROW_WINDOW * 3 // 2
+    run.raise_if_failed()
+    assert run.row_window_start > 0 and run.log_window_start > 0, "the window never moved: the test proves nothing"
+    assert len(run.cached_rows(0)) < ROWS
+
+    rows = run.metrics
+    assert [row["step"] for row in rows] == list(range(ROWS))
+    assert rows[5]["phase"] == "warmup" and rows[-1]["phase"] == "main" and math.isnan(rows[77_777]["spike"])
+
+    frame = run.metrics_frame()
+    assert len(frame) == ROWS
+    assert list(frame["step"]) == list(range(ROWS))
+    assert {"rank", "step", "attempt", "time", "loss", "phase", "spike"} <= set(frame.columns)
+    assert frame["loss"].iloc[-1] == 1.0 / ROWS and math.isnan(frame["spike"].iloc[77_777])
+    assert frame["phase"].iloc[0] == "warmup"
+
+    text = run.logs(rank=0)
+    assert text.startswith("line 0\n") and text.endswith(f"line {LINES - 1}\n")
+    assert text.count("\n") == LINES
