@@ -42,6 +42,8 @@ MAX_CHOSEN_RANKS = 16        # per-rank lines drawn on demand in a wide run
 STRAGGLER_MIN_LAG = 10       # steps behind the median step of the running ranks...
 STRAGGLER_LAG_SHARE = 0.05   # ...and this share of the median step, whichever is more
 STRAGGLERS_LISTED = 8        # in the header; the rest are counted
+RANK_HINT = ('<span style="opacity:0.7">lines of their own, besides the mean and the min–max band across '
+             "ranks</span>")
 # Shown instead of the progress bar while a run that does not know its total_steps goes on.
 INDETERMINATE_BAR = (
     '<span class="nbtrain-progress-indeterminate" title="total_steps unknown" style="display:inline-block;'
@@ -266,8 +268,7 @@ class WidgetDashboard(_Follower):
         self.rank_box = w.Text(value=", ".join(map(str, self.chosen_ranks)), description="ranks:",
                                placeholder="e.g. 0, 17, 200-203", continuous_update=False,
                                tooltip="Ranks drawn as lines of their own, besides the mean and band")
-        self.rank_note = w.HTML('<span style="opacity:0.7">lines of their own, besides the mean and the '
-                                "min–max band across ranks</span>")
+        self.rank_note = w.HTML(RANK_HINT)
         self.rank_box.observe(self._on_ranks, names="value")
         self.rank_row = w.HBox([self.rank_box, self.rank_note], layout=w.Layout(display="none"))
         self.figure_box = w.HBox(layout=w.Layout(flex_flow="row wrap"))
@@ -324,7 +325,7 @@ class WidgetDashboard(_Follower):
         except ValueError as exc:
             self.rank_note.value = f'<span style="color:#d62728">{html.escape(str(exc))}</span>'
             return
-        self.rank_note.value = ""
+        self.rank_note.value = RANK_HINT
         with self._lock:
             self.chosen_ranks = ranks
             self._draw_curves()
