@@ -16,6 +16,7 @@ import tempfile
 import time
 
 os.environ["NBTRAIN_HOME"] = tempfile.mkdtemp(prefix="nbtrain-test-home-")  # always fresh, never the user's
+os.environ["NBTRAIN_FAULT_DISK_FULL"] = os.path.join(os.environ["NBTRAIN_HOME"], "fault-disk-full")  # see history_log
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 import cloudpickle

@@ -66,7 +66,7 @@ def test_home_and_every_file_in_it_are_owner_only(fresh_home, tmp_path):
     assert _mode(fresh_home) == 0o700 and _mode(runs_dir()) == 0o700
     assert _mode(old) == 0o600, "a registry file written before stayed readable by others"
     assert {p.name for p in storage.dir.iterdir()} == {
-        "checkpoints", "metrics.jsonl", "logs.jsonl", "events.jsonl", "state.json"}
+        "checkpoints", "metrics", "logs", "events", "state.json"}
     assert checkpoint.exists()
     assert _loose(fresh_home) == []
 

@@ -21,6 +21,9 @@ import psutil
 from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0
+FINAL_PUSH_WAIT_S = 10.0
+MAX_WAITING_ROWS = 200_000  # rows a rank keeps for the supervisor while it does not answer (~100 MB)
+MAX_WAITING_LOGS = 20_000   # log chunks likewise
 # Every row's own keys besides ``step`` (which report(step=) sets): a metric of one of these
 # names is kept as ``user_<name>``, so it can neither overwrite them nor be lost.
 ROW_KEYS = ("rank", "attempt", "time")
@@ -98,7 +101,11 @@ class TrainingSession:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
         self._saved_stdio: tuple[Any, Any] | None = None
-        self._previous_push: Any = None
+        self._in_flight: Any = None  # the ref of the last push until it is known to have landed or failed
+        # the last push's (seq, rows, logs) until it landed: sent again, same seq, if it failed
+        self._unsent: tuple[int, list[dict[str, Any]], list[tuple[str, float, str]]] | None = None
+        self._waiting_rows: list[dict[str, Any]] = []
+        self._waiting_logs: list[tuple[str, float, str]] = []
         self._renamed: set[str] = set()
 
     # -- lifecycle -------------------------------------------------------
@@ -169,35 +176,76 @@ class TrainingSession:
         return beat
 
     def flush(self, state: str, wait: bool = False) -> None:
-        import ray
+        """Send what was reported since the last push (and a heartbeat) to the supervisor.
 
-        # One push in flight per rank: the supervisor runs pushes on several threads, so a push
-        # sent before the last one landed could be applied first and put this rank's rows out of
-        # order. Waiting here (the flusher's thread, never the training step) also makes the
-        # next batch bigger when the supervisor is slow, rather than the queue longer.
-        if self._previous_push is not None:
-            ray.wait([self._previous_push], timeout=PUSH_ORDER_WAIT_S)
+        One push is in flight per rank: the supervisor runs pushes on several threads, so a
+        push sent before the last one landed could be applied first and put this rank's rows
+        out of order (and it keeps only a rank's last ``seq`` to spot resends). Waiting here
+        (the flusher's thread, never the training step) also makes the next batch bigger when
+        the supervisor is slow, rather than the queue longer. A push that failed (the
+        supervisor restarting, an error) is sent again, same ``seq``, on the next tick: the
+        supervisor drops it if its first send landed after all. Memory stays bounded while
+        the supervisor is away: the rows waiting beyond :data:`MAX_WAITING_ROWS` (log chunks
+        beyond :data:`MAX_WAITING_LOGS`) are dropped oldest first, and the rank's log says how
+        many; so a rank holds at most twice that (the unanswered push and the rows after it).
+        ``wait``: the last push, sent even if the one before it has not answered, and waited for.
+        """
+        self._collect()
+        if not self._settled(PUSH_ORDER_WAIT_S) and not wait:
+            return  # still on its way: the rows go with a later tick, in order
+        self._send(state)
+        if wait and self._settled(FINAL_PUSH_WAIT_S) and (self._waiting_rows or self._waiting_logs):
+            self._send(state)  # the push before was a resend: now the rows after it
+            self._settled(FINAL_PUSH_WAIT_S)
+
+    def _collect(self) -> None:
+        """Move what was reported into the rows waiting to be sent (as rows), within the bounds."""
         rows, self.buffer = self.buffer, []
         logs, self.logs = self.logs, []
         ctx = self.context
-        out_rows = []
         for step, when, metrics in rows:
             row: dict[str, Any] = {"rank": ctx.rank, "step": step, "attempt": ctx.attempt, "time": when}
             for key, value in metrics.items():
                 if key in ROW_KEYS:
                     key = self._renamed_key(key, logs)
                 row[key] = _to_number(value)
-            out_rows.append(row)
-        self.seq += 1
-        ref = self.supervisor.push.remote(ctx.rank, ctx.attempt, self.seq, out_rows,
-                                          self._heartbeat(state), logs)
-        self._previous_push = ref
-        if wait:
-            try:
-                ray.get(ref, timeout=10)
-            except Exception:  # noqa: BLE001
-                pass
+            self._waiting_rows.append(row)
+        self._waiting_logs.extend(logs)
+        dropped_rows = max(len(self._waiting_rows) - MAX_WAITING_ROWS, 0)
+        dropped_logs = max(len(self._waiting_logs) - MAX_WAITING_LOGS, 0)
+        if dropped_rows or dropped_logs:
+            del self._waiting_rows[:dropped_rows]
+            del self._waiting_logs[:dropped_logs]
+            self._waiting_logs.append(("stderr", time.time(), f"nbtrain: the run's supervisor did not take this "
+                                                              f"rank's pushes for a while; its {dropped_rows} oldest "
+                                                              f"metric rows and {dropped_logs} log chunks waiting to "
+                                                              f"be sent were dropped.\n"))
 
+    def _settled(self, timeout: float) -> bool:
+        """Whether no push is in flight any more (waiting up to ``timeout``); one that failed stays unsent."""
+        import ray
+
+        if self._in_flight is None:
+            return True
+        ready, _ = ray.wait([self._in_flight], timeout=timeout)
+        if not ready:
+            return False
+        self._in_flight = None
+        try:
+            ray.get(ready[0])
+        except Exception:  # noqa: BLE001 - the supervisor restarting or gone: sent again next time
+            return True
+        self._unsent = None
+        return True
+
+    def _send(self, state: str) -> None:
+        if self._unsent is None:
+            self.seq += 1
+            self._unsent = (self.seq, self._waiting_rows, self._waiting_logs)
+            self._waiting_rows, self._waiting_logs = [], []
+        seq, rows, logs = self._unsent
+        self._in_flight = self.supervisor.push.remote(self.context.rank, self.context.attempt, seq, rows,
+                                                      self._heartbeat(state), logs)
 
     def _renamed_key(self, key: str, logs: list[tuple[str, float, str]]) -> str:
         """``user_<key>`` for a metric named like a row's own key; says so once in the rank's log

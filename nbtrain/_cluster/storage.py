@@ -1,9 +1,15 @@
-"""A run's durable record on the supervisor's node: metrics, logs, events, checkpoints.
+"""A run's durable record on the supervisor's node: history, state, checkpoints.
 
-The supervisor appends every row as it arrives (JSON lines, flushed per batch),
-so if its process dies Ray restarts it and :meth:`RunStorage.load` gives back
-everything recorded; the notebook's cursor then continues where it was. The
-run's directory is 0700 and its files 0600 (metrics and checkpoints are the
+The history — metric rows, log chunks, events — is three append-only
+:class:`~nbtrain._cluster.history_log.HistoryLog` s in the run's directory
+(segmented JSON lines; their module docstring states the crash-safety and
+fsync policy). If the supervisor's process dies, Ray restarts it and the logs
+give back everything recorded, each record at the same index, so a notebook's
+cursor continues where it was. :meth:`RunStorage.save_state` fsyncs the
+history before it records a change of the run's state, so a state file never
+claims more history than the disk holds.
+
+The run's directory is 0700 and its files 0600 (metrics and checkpoints are the
 user's alone; see :mod:`nbtrain._paths`).
 """
 
@@ -14,11 +20,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nbtrain import _json
+from nbtrain._cluster.history_log import HistoryLog
 from nbtrain._exceptions import NbtrainError
 from nbtrain._paths import private_dir, private_opener, read_json, write_json_atomic
 
 KEEP_CHECKPOINTS = 2
+HISTORY_KINDS = ("metrics", "logs", "events")
 
 
 def checkpoint_path(directory: str | Path, attempt: int, step: int) -> Path:
@@ -45,39 +52,62 @@ def load_trusted(source: bytes | str, map_location: Any, weights_only: bool) -> 
 
 
 class RunStorage:
+    """One run's directory: the supervisor's (writable) or, with :meth:`open_existing`, a reader's."""
+
     def __init__(self, root: str | Path, run_name: str) -> None:
         self.dir = private_dir(Path(root) / run_name)
         private_dir(self.dir / "checkpoints")
-        # open for the supervisor's lifetime: one flushed write per push, no reopen
-        self._files = {kind: open(self.dir / f"{kind}.jsonl", "a", encoding="utf-8",  # noqa: SIM115
-                                  opener=private_opener)
-                       for kind in ("metrics", "logs", "events")}
+        self.read_only = False
+        self._logs = {kind: HistoryLog(self.dir, kind) for kind in HISTORY_KINDS}
+
+    @classmethod
+    def open_existing(cls, directory: str | Path) -> RunStorage:
+        """The run stored in ``directory``, for reading only: nothing is created or written.
+
+        Example::
+
+            feed = RunFeed(RunStorage.open_existing(run_dir), threading.RLock())
+            feed.replay()
+        """
+        storage = cls.__new__(cls)
+        storage.dir = Path(directory)
+        if not storage.dir.is_dir():
+            msg = f"{storage.dir} holds no run (it is not a directory)."
+            raise FileNotFoundError(msg)
+        storage.read_only = True
+        storage._logs = {kind: HistoryLog(storage.dir, kind, read_only=True) for kind in HISTORY_KINDS}
+        return storage
+
+    def history(self, kind: str) -> HistoryLog:
+        """The log of ``kind``: ``"metrics"``, ``"logs"`` or ``"events"``."""
+        return self._logs[kind]
 
     def append(self, kind: str, records: list[dict[str, Any]]) -> None:
-        if not records:
-            return
-        handle = self._files[kind]
-        handle.write("".join(_json.dumps(record) + "\n" for record in records))
-        handle.flush()
+        """Append to the log of ``kind``; a failed write keeps the records pending (see :meth:`failure`)."""
+        self._logs[kind].append(records)
 
-    def load(self, kind: str) -> list[dict[str, Any]]:
-        path = self.dir / f"{kind}.jsonl"
-        records = []
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    records.append(_json.loads(line))
-                except ValueError:
-                    break  # a line cut short by the crash: everything before it is intact
-        return records
+    def failure(self) -> OSError | None:
+        """Why history records are pending in memory (the disk is full...), or None when all are written."""
+        return next((log.failure for log in self._logs.values() if log.pending and log.failure), None)
+
+    def flush_pending(self) -> bool:
+        """Try again to write the pending records; True when none are left."""
+        return all([log.flush_pending() for log in self._logs.values()])
+
+    def sync(self) -> bool:
+        """Write pending records and fsync every log; True when nothing is pending."""
+        return all([log.sync() for log in self._logs.values()])
 
     def save_state(self, state: dict[str, Any]) -> None:
+        self._writable()
+        self.sync()
         write_json_atomic(self.dir / "state.json", state)
 
     def load_state(self) -> dict[str, Any] | None:
         return read_json(self.dir / "state.json")
 
     def write_checkpoint(self, meta: dict[str, Any], data: bytes) -> str:
+        self._writable()
         path = checkpoint_path(self.dir / "checkpoints", meta["attempt"], meta["step"])
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb", opener=private_opener) as handle:
@@ -91,5 +121,10 @@ class RunStorage:
 
     def close(self) -> None:
         """Close the history files (before the run's directory is deleted); safe to call twice."""
-        for handle in self._files.values():
-            handle.close()
+        for log in self._logs.values():
+            log.close()
+
+    def _writable(self) -> None:
+        if self.read_only:
+            msg = f"{self.dir} was opened read-only (RunStorage.open_existing); it cannot be written."
+            raise PermissionError(msg)
