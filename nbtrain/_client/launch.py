@@ -331,16 +331,16 @@ def run_summaries() -> list[dict[str, Any]]:
     import ray
 
     connection.current()
-    names = run_names()
-    handles = [(name, find_supervisor(name)) for name in names]
-    refs = [(name, handle.summary.remote()) for name, handle in handles if handle is not None]
-    ended = stored_summaries(exclude=names)
-    found = []
+    handles = [(name, handle) for name in run_names() if (handle := find_supervisor(name)) is not None]
+    refs = [(name, handle.summary.remote()) for name, handle in handles]
+    found, answered = [], []
     for name, ref in refs:
         try:
             found.append(ray.get(ref, timeout=POLL_TIMEOUT_S))
-        except ray.exceptions.RayActorError:  # it exited just now, its run ended: read its files
-            found.extend(stored_summaries(exclude=[n for n in names if n != name] + [s["name"] for s in ended]))
+        except ray.exceptions.RayActorError:
+            continue  # it exited just now, as its run ended: its files answer below
         except Exception:  # noqa: BLE001 - a restarting supervisor must not hide the others
             found.append({"name": name, "state": "unknown"})
+        answered.append(name)
+    ended = stored_summaries(exclude=answered)
     return sorted(found + ended, key=lambda summary: summary.get("started") or 0.0)

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from nbtrain._cluster.feed import RunFeed
+from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.storage import RunStorage
 from nbtrain._exceptions import StorageError
 from nbtrain._paths import private_opener, read_json, run_index_dir, storage_root, write_json_atomic
-from nbtrain._states import RunState
+from nbtrain._states import TERMINAL_STATE_NAMES, RunState
 
 SUMMARY_FILE = "summary.json"  # the supervisor's last summary (workers as last seen, latest values)
 RESULT_FILE = "result.pkl"     # what each rank returned: a pickled list of cloudpickle bytes
@@ -86,6 +87,11 @@ class StoredRun:
         self.name = name
         self.dir = directory
         self._state: dict[str, Any] = read_json(directory / "state.json") or {}
+
+    @property
+    def ended(self) -> bool:
+        """Whether the run ended as recorded (else its supervisor is alive, or vanished mid-run)."""
+        return str(self._state.get("state")) in TERMINAL_STATE_NAMES
 
     def summary(self) -> dict[str, Any]:
         saved = read_json(self.dir / SUMMARY_FILE)
@@ -176,7 +182,20 @@ def stored_summaries(exclude: list[str]) -> list[dict[str, Any]]:
         if name in exclude:
             continue
         try:
-            found.append(StoredRun(name).summary())
+            stored = StoredRun(name)
+            if not stored.ended and _has_supervisor(name):
+                continue  # launched after the caller listed the supervisors: it is listed next time
+            found.append(stored.summary())
         except (OSError, ValueError):
             continue  # deleted meanwhile, or a half-written index entry
     return found
+
+
+def _has_supervisor(name: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(actor_name(name), namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True

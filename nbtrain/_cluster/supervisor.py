@@ -95,7 +95,7 @@ class RunSupervisor:
         resumed or deleted meanwhile.
         """
         with self._feed.lock:
-            if not self._run.state.is_terminal or self._deleted or self._retired:
+            if not self._may_retire():
                 return
             summary = self._summary_locked()
             results = self._run.results
@@ -103,11 +103,14 @@ class RunSupervisor:
         write_final(self._storage.dir, summary, results, config)
         while not self._storage.sync():  # rows kept in memory while the disk was full: write them first
             time.sleep(DISK_RETRY_S)
-        with self._feed.lock:
-            if not self._run.state.is_terminal or self._deleted:
+        with self._feed.lock:  # a resume or delete may have come while the files were written
+            if not self._may_retire():
                 return
             self._retired = True
         ray.kill(self._handle, no_restart=True)
+
+    def _may_retire(self) -> bool:
+        return self._run.state.is_terminal and not self._deleted and not self._retired
 
     # ------------------------------------------------------------------ worker-facing
     def push(self, rank: int, attempt: int, seq: int, rows: list[dict[str, Any]],
