@@ -185,13 +185,15 @@ class TrainingSession:
         the supervisor is slow, rather than the queue longer. A push that failed (the
         supervisor restarting, an error) is sent again, same ``seq``, on the next tick: the
         supervisor drops it if its first send landed after all. Memory stays bounded while
-        the supervisor is away: the rows waiting beyond :data:`MAX_WAITING_ROWS` (log chunks
-        beyond :data:`MAX_WAITING_LOGS`) are dropped oldest first, and the rank's log says how
-        many; so a rank holds at most twice that (the unanswered push and the rows after it).
+        the supervisor is away (its last push failed): the rows waiting beyond
+        :data:`MAX_WAITING_ROWS` (log chunks beyond :data:`MAX_WAITING_LOGS`) are dropped oldest
+        first, and the rank's log says how many; so a rank holds at most twice that (the failed
+        push and the rows after it). A supervisor that answers gets every row, however many.
         ``wait``: the last push, sent even if the one before it has not answered, and waited for.
         """
+        settled = self._settled(PUSH_ORDER_WAIT_S)
         self._collect()
-        if not self._settled(PUSH_ORDER_WAIT_S) and not wait:
+        if not settled and not wait:
             return  # still on its way: the rows go with a later tick, in order
         self._send(state)
         if wait and self._settled(FINAL_PUSH_WAIT_S) and (self._waiting_rows or self._waiting_logs):
@@ -211,6 +213,8 @@ class TrainingSession:
                 row[key] = _to_number(value)
             self._waiting_rows.append(row)
         self._waiting_logs.extend(logs)
+        if self._unsent is None:  # the supervisor took the last push: it takes everything
+            return
         dropped_rows = max(len(self._waiting_rows) - MAX_WAITING_ROWS, 0)
         dropped_logs = max(len(self._waiting_logs) - MAX_WAITING_LOGS, 0)
         if dropped_rows or dropped_logs:
