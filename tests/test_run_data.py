@@ -132,7 +132,7 @@ def test_every_kind_of_reported_value_is_kept_everywhere(cluster):
         assert worker["latest"]["phase"] == "main"
         assert worker["latest"]["lr"] == pytest.approx(0.1 * (worker["rank"] + 1))
 
-    stored = (storage_root() / name / "metrics.jsonl").read_text().splitlines()
+    stored = stored_lines(storage_root() / name, "metrics")
     for line in stored:
         strict(line)
     assert _same(stored, rows)
@@ -145,6 +145,12 @@ def test_every_kind_of_reported_value_is_kept_everywhere(cluster):
     assert _same([_json.dumps(row) for row in again.metrics], rows)
     assert math.isnan(again.summary()["latest"]["loss"]) and again.summary()["latest"]["phase"] == "main"
     again.delete()
+
+
+def stored_lines(directory, kind: str) -> list[str]:
+    """The JSON lines of a run's ``kind`` history, over its segment files."""
+    return [line for segment in sorted((directory / kind).glob("*.jsonl"))
+            for line in segment.read_text().splitlines()]
 
 
 def _same(lines: list[str], rows: list[dict]) -> bool:
@@ -202,7 +208,7 @@ def test_an_odd_run_breaks_nothing_and_delete_clears_its_name(cluster, tmp_path)
     wait_for(lambda: new.metrics, 60, message="the new run's first row")
     with pytest.raises(nbtrain.NbtrainError, match=r"is still running, so nothing was deleted\. Stop it first"):
         new.delete()
-    assert (storage_root() / name / "metrics.jsonl").exists()
+    assert stored_lines(storage_root() / name, "metrics")
     go.touch()
     assert new.wait(timeout=60) == nbtrain.RunState.SUCCEEDED
     assert [(row["step"], row["marker"]) for row in new.metrics] == [(1, "new"), (2, "new")]
@@ -218,7 +224,7 @@ def test_an_odd_run_breaks_nothing_and_delete_clears_its_name(cluster, tmp_path)
     assert len(moved) == 1 and "held the files of an earlier run" in moved[0]
     earlier = list(storage_root().glob(f"{name}.earlier-*"))
     assert len(earlier) == 1 and str(earlier[0]) in moved[0]
-    assert len((earlier[0] / "metrics.jsonl").read_text().splitlines()) == 2
+    assert len(stored_lines(earlier[0], "metrics")) == 2
     third.delete()
     shutil.rmtree(earlier[0])
 

@@ -34,7 +34,7 @@ POLL_TIMEOUT_S = 15.0
 ROW_WINDOW = 50_000   # metric rows kept in the notebook (~25 MB); older ones are fetched when asked
 LOG_WINDOW = 20_000   # log chunks kept likewise
 PAGE_ROWS = 50_000    # rows per poll when fetching a long history
-FRAME_PAGE_ROWS = 2_000_000  # rows per Arrow page of metrics_frame()
+FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of supervisor memory at most
 SUPERVISOR_RESTART_GRACE_S = 60.0
 NAME_RELEASE_S = 10.0  # how long delete() waits for the cluster to free the run's name
 
