@@ -147,18 +147,22 @@ def simulate_ranks(config: dict[str, Any]) -> None:
     mine = [rank for rank in range(ranks) if rank % real.context.world_size == real.context.rank]
 
     def reporter(rank: int) -> None:
-        context = sessions.TrainContext(rank=rank, world_size=ranks, local_rank=rank, local_world_size=ranks,
-                                        node_rank=0, device=real.context.device, attempt=real.context.attempt,
-                                        config={}, run_name=real.context.run_name)
-        fake = sessions.TrainingSession(context, real.supervisor, real.flush_interval_s, None, True, None)
-        fake._thread.start()  # the flusher only: the simulated ranks share the real rank's stdout
+        if rank == real.context.rank:  # the real rank's own session reports for it
+            fake = real
+        else:
+            context = sessions.TrainContext(rank=rank, world_size=ranks, local_rank=rank, local_world_size=ranks,
+                                            node_rank=0, device=real.context.device, attempt=real.context.attempt,
+                                            config={}, run_name=real.context.run_name)
+            fake = sessions.TrainingSession(context, real.supervisor, real.flush_interval_s, None, True, None)
+            fake._thread.start()  # the flusher only: the simulated ranks share the real rank's stdout
         began = t.time()
         step = 0
         while t.time() - began < seconds:
             step += 1
             fake.report({"step": step, "loss": 1.0 / step + rank * 1e-3, "accuracy": 0.5, "lr": 1e-3})
             t.sleep(max(0.0, began + step / per_s - t.time()))
-        fake.close("finished")
+        if fake is not real:
+            fake.close("finished")
 
     threads = [th.Thread(target=reporter, args=(rank,)) for rank in mine]
     for thread in threads:
@@ -268,6 +272,7 @@ def main() -> None:
     parser.add_argument("--finished-runs", type=int, default=20, help="short runs launched and ended (20)")
     args = parser.parse_args()
     with own_cluster("nbtrain-scale-", num_cpus=4):
+        measure_rows(1000)  # imports and first widgets: not counted in the first size's notebook memory
         long_runs = []
         for size in args.rows.split(","):
             long_runs.append(measure_rows(int(float(size))))
