@@ -59,6 +59,7 @@ class SupervisorWatch:
 
     def __init__(self) -> None:
         self.peak_rss = 0.0
+        self.peak_uss = 0.0  # private memory: RSS also counts pages of Ray's shared object store it read
         self.cpu = 0.0
         self._process: psutil.Process | None = None
         self._stop = threading.Event()
@@ -83,7 +84,9 @@ class SupervisorWatch:
                     continue
                 self._process = found[0]
             try:
-                self.peak_rss = max(self.peak_rss, self._process.memory_info().rss / 2**20)
+                memory = self._process.memory_full_info()
+                self.peak_rss = max(self.peak_rss, memory.rss / 2**20)
+                self.peak_uss = max(self.peak_uss, memory.uss / 2**20)
                 times = self._process.cpu_times()
                 self.cpu = times.user + times.system
             except psutil.Error:  # the run ended and its supervisor exited
@@ -196,7 +199,8 @@ def measure_rows(rows: int) -> dict[str, Any]:
     run.raise_if_failed()
     stored = len(run.cached_rows(run.row_window_start)) + run.row_window_start
     run.delete()
-    return {"rows": rows, "received": stored, "supervisor_mb": watch.peak_rss, "supervisor_cpu_s": watch.cpu,
+    return {"rows": rows, "received": stored, "supervisor_mb": watch.peak_rss, "supervisor_uss": watch.peak_uss,
+            "supervisor_cpu_s": watch.cpu,
             "notebook_mb": grown, "p50_ms": 1000 * percentile(latencies, 0.5),
             "p95_ms": 1000 * percentile(latencies, 0.95), "redraw_ms": drawn, "seconds": took}
 
@@ -231,6 +235,7 @@ def measure_ranks(ranks: int, seconds: float) -> dict[str, Any]:
     cores = (marks.get("cpu1", 0.0) - marks.get("cpu0", 0.0)) / max(marks.get("end", 1.0) - marks.get("start", 0.0),
                                                                    1e-9)
     return {"ranks": ranks, "rows": rows, "supervisor_cores": cores, "supervisor_mb": watch.peak_rss,
+            "supervisor_uss": watch.peak_uss,
             "notebook_mb": grown, "p50_ms": 1000 * percentile(latencies, 0.5),
             "p95_ms": 1000 * percentile(latencies, 0.95), "redraw_ms": drawn}
 
@@ -285,20 +290,22 @@ def main() -> None:
         print(f"done: {finished}", flush=True)
 
     print("\n**Long runs** (1 rank, 3 values per row, reported as fast as it can)\n")
-    print("| rows | received | supervisor peak RSS | supervisor CPU | notebook RSS growth | feed p50 / p95 "
-          "| redraw | run took |")
+    print("| rows | received | supervisor peak RSS (private) | supervisor CPU | notebook RSS growth "
+          "| feed p50 / p95 | redraw | run took |")
     print("|---|---|---|---|---|---|---|---|")
     for r in long_runs:
-        print(f"| {r['rows']:,} | {r['received']:,} | {r['supervisor_mb']:.0f} MB | {r['supervisor_cpu_s']:.1f} s | "
+        print(f"| {r['rows']:,} | {r['received']:,} | {r['supervisor_mb']:.0f} MB ({r['supervisor_uss']:.0f} MB) | "
+              f"{r['supervisor_cpu_s']:.1f} s | "
               f"{r['notebook_mb']:+.0f} MB | {r['p50_ms']:.0f} / {r['p95_ms']:.0f} ms | {r['redraw_ms']:.1f} ms | "
               f"{r['seconds']:.0f} s |")
     print(f"\n**Wide runs** (SIMULATED ranks: reporter threads in 2 workers, 10 reports/s each, "
           f"{args.seconds:g} s)\n")
-    print("| ranks | rows | supervisor CPU (cores) | supervisor peak RSS | notebook RSS growth | feed p50 / p95 "
-          "| redraw |")
+    print("| ranks | rows | supervisor CPU (cores) | supervisor peak RSS (private) | notebook RSS growth "
+          "| feed p50 / p95 | redraw |")
     print("|---|---|---|---|---|---|---|")
     for r in wide:
-        print(f"| {r['ranks']} | {r['rows']:,} | {r['supervisor_cores']:.2f} | {r['supervisor_mb']:.0f} MB | "
+        print(f"| {r['ranks']} | {r['rows']:,} | {r['supervisor_cores']:.2f} | {r['supervisor_mb']:.0f} MB "
+              f"({r['supervisor_uss']:.0f} MB) | "
               f"{r['notebook_mb']:+.0f} MB | {r['p50_ms']:.0f} / {r['p95_ms']:.0f} ms | {r['redraw_ms']:.1f} ms |")
     f = finished
     print("\n**Finished runs**\n")

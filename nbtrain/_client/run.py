@@ -59,10 +59,15 @@ class Run:
         self._cursors = (0, 0, 0)
         self._summary: dict[str, Any] = {}
         self._result: list[Any] | None = None
+        self._has_more = False  # the last poll left rows for the next
 
     # ------------------------------------------------------------------ reading
     def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
-        """Fetch everything new; returns the new metric rows (also appended to ``metrics``).
+        """Fetch what is new, up to one page of rows (:data:`PAGE_ROWS`); returns the new metric rows.
+
+        One page, so the notebook's memory stays bounded however far behind it is: a view
+        that follows the run draws every page (``cached_rows``) before the next is fetched.
+        Logs and events come whole, and the summary (state, workers) is current either way.
 
         ``wait_s`` > 0 waits up to that long for something new to arrive (a long
         poll: one round trip, answered as soon as a worker's batch lands).
@@ -72,17 +77,18 @@ class Run:
         are positions in append-only histories: whichever answer lands second adds
         only what the first did not, so nothing is lost and nothing is seen twice.
         """
-        new_rows: list[dict[str, Any]] = []
-        while True:
-            with self._lock:
-                asked = self._cursors
-            reply = self._poll(*asked, wait_s)
-            wait_s = 0.0
-            with self._lock:
-                new_rows.extend(self._apply(asked, reply))
-            if not reply["has_more"]:
-                break
-        return new_rows
+        with self._lock:
+            asked = self._cursors
+        reply = self._poll(*asked, wait_s)
+        with self._lock:
+            self._has_more = bool(reply["has_more"])
+            return self._apply(asked, reply)
+
+    def _catch_up(self) -> None:
+        """Refresh until every row reported so far has been fetched (the window keeps the latest)."""
+        self.refresh()
+        while self._has_more:
+            self.refresh()
 
     def _apply(self, asked: tuple[int, int, int], reply: dict[str, Any]) -> list[dict[str, Any]]:
         """Add the part of ``reply``, the answer to a poll from cursors ``asked``, not yet here."""
@@ -122,7 +128,7 @@ class Run:
                 # session's open data stream instead of a new gRPC call per poll, which saves
                 # the Ray Client proxy about a third of its CPU per poll (on a laptop, CPU the
                 # ranks need; benchmarks/README.md has the figures).
-                reply = handle.poll.remote(cursor, log_cursor, event_cursor, wait_s=wait_s).future()
+                reply = handle.poll.remote(cursor, log_cursor, event_cursor, PAGE_ROWS, wait_s).future()
                 answer: dict[str, Any] = reply.result(timeout=POLL_TIMEOUT_S + wait_s)
                 return answer
             except concurrent.futures.TimeoutError:
@@ -210,7 +216,7 @@ class Run:
         A long run's older rows are fetched from the cluster page by page (the Run keeps only
         the latest); for millions of rows :meth:`metrics_frame` is faster and far smaller.
         """
-        self.refresh()
+        self._catch_up()
         with self._lock:
             if self._row_base == 0:
                 return list(self._rows)
@@ -235,13 +241,16 @@ class Run:
         millions of rows load in seconds."""
         import pyarrow as pa
 
-        self.refresh()
-        with self._lock:
-            total = self._cursors[0]
         tables = []
-        for start in range(0, total, FRAME_PAGE_ROWS):
-            data = self._call("frame_ipc", start, min(start + FRAME_PAGE_ROWS, total), timeout=READ_TIMEOUT_S)
-            tables.append(pa.ipc.open_stream(data).read_all())
+        start = 0
+        while True:
+            data = self._call("frame_ipc", start, start + FRAME_PAGE_ROWS, timeout=READ_TIMEOUT_S)
+            table = pa.ipc.open_stream(data).read_all()
+            if table.num_rows:
+                tables.append(table)
+            if table.num_rows < FRAME_PAGE_ROWS:
+                break
+            start += table.num_rows
         if not tables:
             return pa.table({"rank": [], "step": [], "attempt": [], "time": []}).to_pandas()
         return pa.concat_tables(tables, promote_options="permissive").to_pandas()
@@ -280,7 +289,7 @@ class Run:
 
     def logs(self, rank: int | None = None) -> str:
         """What the workers printed (stdout and stderr), for one rank or all of them."""
-        self.refresh()
+        self._catch_up()
         with self._lock:
             entries, base, cursors = list(self._logs), self._log_base, self._cursors
         if base:  # a long run's older chunks are on the cluster only

@@ -22,6 +22,10 @@ from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0
 FINAL_PUSH_WAIT_S = 10.0
+# One push carries at most this much: the supervisor ingests a push under its lock, so a rank
+# reporting faster than a tick can carry must not make its pushes (and polls' waits) grow.
+MAX_PUSH_ROWS = 20_000
+MAX_PUSH_LOGS = 20_000
 MAX_WAITING_ROWS = 200_000  # rows a rank keeps for the supervisor while it does not answer (~100 MB)
 MAX_WAITING_LOGS = 20_000   # log chunks likewise
 # Every row's own keys besides ``step`` (which report(step=) sets): a metric of one of these
@@ -151,6 +155,11 @@ class TrainingSession:
         while not self._stop.wait(until_next_tick(self.flush_interval_s)):
             try:
                 self.flush(state="running")
+                # more than one push's worth reported: send the rest as each push lands, not a tick later
+                while self._waiting_rows and not self._stop.is_set():
+                    if not self._settled(PUSH_ORDER_WAIT_S) or self._unsent is not None:
+                        break  # slow or failed: the next tick carries on
+                    self.flush(state="running")
             except Exception:  # noqa: BLE001 - the supervisor may be restarting; retry next tick
                 pass
 
@@ -181,8 +190,9 @@ class TrainingSession:
         One push is in flight per rank: the supervisor runs pushes on several threads, so a
         push sent before the last one landed could be applied first and put this rank's rows
         out of order (and it keeps only a rank's last ``seq`` to spot resends). Waiting here
-        (the flusher's thread, never the training step) also makes the next batch bigger when
-        the supervisor is slow, rather than the queue longer. A push that failed (the
+        (the flusher's thread, never the training step) also keeps the rows on the rank when
+        the supervisor is slow, rather than its queue longer; a push carries at most
+        :data:`MAX_PUSH_ROWS` rows, the rest follow as each push lands. A push that failed (the
         supervisor restarting, an error) is sent again, same ``seq``, on the next tick: the
         supervisor drops it if its first send landed after all. Memory stays bounded while
         the supervisor is away (its last push failed): the rows waiting beyond
@@ -196,9 +206,10 @@ class TrainingSession:
         if not settled and not wait:
             return  # still on its way: the rows go with a later tick, in order
         self._send(state)
-        if wait and self._settled(FINAL_PUSH_WAIT_S) and (self._waiting_rows or self._waiting_logs):
-            self._send(state)  # the push before was a resend: now the rows after it
-            self._settled(FINAL_PUSH_WAIT_S)
+        # the last flush: the rows after a resend, or after a full push, go too, each waited for
+        while (wait and self._settled(FINAL_PUSH_WAIT_S) and self._unsent is None
+               and (self._waiting_rows or self._waiting_logs)):
+            self._send(state)
 
     def _collect(self) -> None:
         """Move what was reported into the rows waiting to be sent (as rows), within the bounds."""
@@ -245,8 +256,9 @@ class TrainingSession:
     def _send(self, state: str) -> None:
         if self._unsent is None:
             self.seq += 1
-            self._unsent = (self.seq, self._waiting_rows, self._waiting_logs)
-            self._waiting_rows, self._waiting_logs = [], []
+            rows, self._waiting_rows = self._waiting_rows[:MAX_PUSH_ROWS], self._waiting_rows[MAX_PUSH_ROWS:]
+            logs, self._waiting_logs = self._waiting_logs[:MAX_PUSH_LOGS], self._waiting_logs[MAX_PUSH_LOGS:]
+            self._unsent = (self.seq, rows, logs)
         seq, rows, logs = self._unsent
         self._in_flight = self.supervisor.push.remote(self.context.rank, self.context.attempt, seq, rows,
                                                       self._heartbeat(state), logs)
