@@ -4,10 +4,10 @@ Starts its own loopback cluster (a throwaway ``NBTRAIN_HOME``), then measures th
 and prints one markdown table each:
 
 * **rows** — one rank reports N rows of 3 values as fast as it can (N = 10^5 … 10^7). The
-  benchmark process follows the run as a dashboard does (``run.refresh(wait_s=1)`` feeding a
-  ``WidgetDashboard``'s history). Figures: the supervisor's peak RSS and CPU seconds, the
-  notebook's (this process's) RSS growth, feed latency (report → row in the notebook, p50/p95),
-  and the dashboard's redraw time at the end.
+  benchmark process follows the run as a dashboard does (``run.refresh(wait_s=1)``, at most one
+  per ``REDRAW_INTERVAL_S``, feeding a ``WidgetDashboard``'s history). Figures: the supervisor's
+  peak RSS and CPU seconds, the notebook's (this process's) RSS growth, feed latency (report →
+  row in the notebook, p50/p95), and the dashboard's redraw time at the end.
 * **ranks** — a SIMULATION of wide runs: 256 ranks do not fit on 2 cores, so 2 real workers
   each run ``ranks/2`` reporter threads, and every thread is a simulated rank with its own
   worker-side reporting session (``report()`` and the flusher that pushes to the supervisor:
@@ -99,8 +99,11 @@ def rss_mb() -> float:
 
 def follow(run: Any, dashboard: Any, until: Any) -> list[float]:
     """Follow ``run`` like a dashboard; returns report → notebook latencies (s) of the rows seen live."""
+    from nbtrain._views.dashboard import REDRAW_INTERVAL_S
+
     latencies: list[float] = []
     while True:
+        began = time.monotonic()
         rows = run.refresh(wait_s=1.0)
         now = time.time()
         latencies.extend(now - row["time"] for row in rows[-2000:])
@@ -109,6 +112,7 @@ def follow(run: Any, dashboard: Any, until: Any) -> list[float]:
         history.add(run.cached_rows(history.rows_seen))
         if until():
             return latencies
+        time.sleep(max(0.0, REDRAW_INTERVAL_S - (time.monotonic() - began)))  # a dashboard's pace
 
 
 def redraw_ms(dashboard: Any) -> float:
