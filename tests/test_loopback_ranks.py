@@ -13,7 +13,7 @@ import cloudpickle
 import pytest
 
 import nbtrain
-from nbtrain._paths import nbtrain_home, runs_dir, storage_root
+from nbtrain._paths import nbtrain_home, run_index_dir, runs_dir, storage_root
 
 from _helpers import wait_for
 
@@ -97,10 +97,14 @@ def test_the_runs_files_are_owner_only(held_run):
     assert run.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
     assert run.result == [2.0, 2.0]
     run_dir = storage_root() / "loopback-ranks"
-    written = [runs_dir() / "loopback-ranks.json", run_dir / "metrics.jsonl", run_dir / "events.jsonl",
-               run_dir / "state.json", *(run_dir / "checkpoints").glob("checkpoint-*.pt")]
-    assert len(written) == 5 and all(path.exists() for path in written), written
-    loose = [f"{path} {oct(stat.S_IMODE(path.stat().st_mode))}"
-             for path in [nbtrain_home(), runs_dir(), storage_root(), run_dir, run_dir / "checkpoints", *written]
+    wait_for(lambda: (run_dir / "summary.json").exists(), 30, message="the finished run's files")
+    written = [runs_dir() / "loopback-ranks.json", run_dir / "metrics" / "000000000000.jsonl",
+               run_dir / "events" / "000000000000.jsonl", run_dir / "state.json", run_dir / "summary.json",
+               run_dir / "result.pkl", run_dir / "config.pkl", run_index_dir() / "loopback-ranks.json",
+               *(run_dir / "checkpoints").glob("checkpoint-*.pt")]
+    assert len(written) == 9 and all(path.exists() for path in written), written
+    directories = [nbtrain_home(), runs_dir(), storage_root(), run_index_dir(), run_dir, run_dir / "checkpoints",
+                   run_dir / "metrics", run_dir / "events"]
+    loose = [f"{path} {oct(stat.S_IMODE(path.stat().st_mode))}" for path in [*directories, *written]
              if path.stat().st_mode & 0o077]
     assert loose == []
