@@ -12,10 +12,11 @@ import pytest
 from nbtrain._cluster.counted_shard import CountedShard
 from nbtrain._cluster.worker_api import _batch_size
 from nbtrain._cluster.worker_table import WorkerTable
-from nbtrain._views.dashboard import CONFIG_CHARS, WidgetDashboard, progress_fraction, state_label
+from nbtrain._views.dashboard import WidgetDashboard
 from nbtrain._views.downsample import downsample
 from nbtrain._views.history import MetricHistory
 from nbtrain._views.static_plot import svg_chart
+from nbtrain._views.summary_text import CONFIG_CHARS, progress_fraction, state_label
 
 pytestmark = pytest.mark.quick
 

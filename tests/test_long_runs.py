@@ -26,7 +26,7 @@ def report_many(config):
 
 def test_a_long_run_reads_whole_though_the_notebook_keeps_its_latest_part(cluster):
     run = nbtrain.launch(report_many, name="long", workers=1, config={"rows": ROWS, "lines": LINES})
-    while run.refresh(wait_s=1.0) or not run.cached_summary["state"] in ("succeeded", "failed"):
+    while run.refresh(wait_s=1.0) or run.cached_summary["state"] not in ("succeeded", "failed"):
         assert len(run.cached_rows(run.row_window_start)) <= run_module.ROW_WINDOW * 3 // 2
     run.raise_if_failed()
     assert run.row_window_start > 0 and run.log_window_start > 0, "the window never moved: the test proves nothing"

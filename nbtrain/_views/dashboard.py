@@ -17,44 +17,39 @@ are listed in the header and marked in the table, whatever the width.
 from __future__ import annotations
 
 import html
-import re
 import sys
 import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from nbtrain._states import RunState
-from nbtrain._views.history import MetricHistory
+from nbtrain._views.history import MetricHistory, take_new_rows
 from nbtrain._views.static_plot import COLOURS, svg_chart
+from nbtrain._views.summary_text import (
+    INDETERMINATE_BAR,
+    STATE_COLOURS,
+    config_text,
+    elapsed,
+    fmt_duration,
+    progress_fraction,
+    state_label,
+)
+from nbtrain._views.worker_table_view import (
+    RANK_HINT,
+    RANKS_PER_PAGE,
+    parse_ranks,
+    stragglers,
+    summary_table,
+    worker_table,
+)
 
 REDRAW_INTERVAL_S = 0.25
 LONG_POLL_S = 1.0
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000
-CONFIG_CHARS = 300   # of the config in the header; the whole dict is `run.config`
-TEXT_METRIC_CHARS = 60
 WIDE_RANKS = 8               # above this many ranks: a band across ranks, a summarised and paged worker table
-RANKS_PER_PAGE = 16
-MAX_CHOSEN_RANKS = 16        # per-rank lines drawn on demand in a wide run
-STRAGGLER_MIN_LAG = 10       # steps behind the median step of the running ranks...
-STRAGGLER_LAG_SHARE = 0.05   # ...and this share of the median step, whichever is more
 STRAGGLERS_LISTED = 8        # in the header; the rest are counted
-RANK_HINT = ('<span style="opacity:0.7">lines of their own, besides the mean and the min–max band across '
-             "ranks</span>")
-# Shown instead of the progress bar while a run that does not know its total_steps goes on.
-INDETERMINATE_BAR = (
-    '<span class="nbtrain-progress-indeterminate" title="total_steps unknown" style="display:inline-block;'
-    "width:240px;height:10px;border-radius:5px;vertical-align:middle;background:repeating-linear-gradient("
-    '-45deg,#1f77b4 0 8px,#aec7e8 8px 16px);background-size:22.6px 22.6px;animation:nbtrain-stripes 1s linear '
-    'infinite"></span><style>@keyframes nbtrain-stripes{to{background-position:22.6px 0}}</style>'
-)
-STATE_COLOURS = {
-    "pending": "#777", "starting": "#1f77b4", "running": "#1f77b4", "restarting": "#ff7f0e",
-    "succeeded": "#2ca02c", "failed": "#d62728", "stopped": "#555",
-}
 
 
 def in_notebook() -> bool:
@@ -77,93 +72,6 @@ def show_dashboard(run: Any, *, follow: str = "background", ranks: Iterable[int]
     if follow == "background":
         view.follow_in_background()
     return view
-
-
-def _elapsed(summary: dict[str, Any]) -> float:
-    end = summary.get("ended") or summary.get("now") or time.time()
-    return max(0.0, end - (summary.get("started") or end))
-
-
-def _fmt_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def progress_fraction(summary: dict[str, Any]) -> float | None:
-    total_steps = summary.get("total_steps")
-    if total_steps:
-        return min(1.0, float(summary.get("step") or 0) / float(total_steps))
-    total_epochs = summary.get("total_epochs")
-    workers = summary.get("workers") or []
-    if total_epochs and workers:
-        epoch = min(w.get("epoch", 0) for w in workers)
-        return min(1.0, float(epoch) / float(total_epochs))
-    return None
-
-
-def config_text(summary: dict[str, Any]) -> tuple[str, bool]:
-    """The config as the header shows it, at most ``CONFIG_CHARS`` characters; (text, cut short).
-
-    The cluster sends a short ``config_summary``; a summary from an older supervisor has the
-    whole ``config`` instead, which is shortened here.
-    """
-    text = summary.get("config_summary")
-    if not isinstance(text, str):
-        config = summary.get("config")
-        text = ", ".join(f"{k}={v}" for k, v in config.items()) if isinstance(config, dict) else ""
-    if len(text) > CONFIG_CHARS:
-        return text[:CONFIG_CHARS - 1] + "…", True
-    return text, text.endswith(("…", " more)"))
-
-
-def throughput(worker: dict[str, Any]) -> str:
-    """samples/s when the rank knows its batch size, else steps/s, labelled; a dash before the first."""
-    samples, steps = worker.get("samples_per_s"), worker.get("steps_per_s")
-    if samples is not None:
-        return f"{samples:.0f} samples/s"
-    if steps is not None:
-        return f"{steps:.3g} steps/s"
-    return "–"
-
-
-def stragglers(workers: list[dict[str, Any]]) -> list[int]:
-    """Running ranks whose step lags the running ranks' median step by more than
-    ``STRAGGLER_MIN_LAG`` steps and ``STRAGGLER_LAG_SHARE`` of the median."""
-    running = [w for w in workers if w.get("state") == "running" and w.get("step") is not None]
-    if len(running) < 2:
-        return []
-    median = float(np.median([w["step"] for w in running]))
-    threshold = max(STRAGGLER_MIN_LAG, STRAGGLER_LAG_SHARE * median)
-    return sorted(int(w["rank"]) for w in running if median - w["step"] > threshold)
-
-
-def parse_ranks(text: str) -> list[int]:
-    """``"0, 17, 200-203"`` -> ``[0, 17, 200, 201, 202, 203]``; ValueError says which part is wrong."""
-    ranks: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.replace(";", ",").split(","))):
-        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
-        if not match or (match[2] and int(match[2]) < int(match[1])):
-            msg = f"not a rank or range of ranks: {part!r} (write e.g. 0, 17, 200-203)"
-            raise ValueError(msg)
-        ranks.update(range(int(match[1]), int(match[2] or match[1]) + 1))
-    if len(ranks) > MAX_CHOSEN_RANKS:
-        msg = f"{len(ranks)} ranks chosen; at most {MAX_CHOSEN_RANKS} are drawn as lines of their own"
-        raise ValueError(msg)
-    return sorted(ranks)
-
-
-def _take_new_rows(run: Any, history: MetricHistory) -> None:
-    """Rows from where the history left off; rows the Run no longer holds are skipped, not waited for."""
-    history.rows_seen = max(history.rows_seen, run.row_window_start)
-    history.add(run.cached_rows(history.rows_seen))
-
-
-def state_label(summary: dict[str, Any]) -> str:
-    state = str(summary.get("state", "pending"))
-    if state == "restarting" or (state in ("pending", "starting") and (summary.get("attempt") or 1) > 1):
-        return f"restarting (attempt {summary.get('attempt', 1) + (1 if state == 'restarting' else 0)}" \
-               f"/{summary.get('max_failures', 0) + 1})"
-    return state
 
 
 class _Follower:
@@ -229,11 +137,11 @@ class TextProgress(_Follower):
                   + ("…" if len(late) > STRAGGLERS_LISTED else "")) if late else ""
         return (f"[nbtrain] {self.run.name} {state_label(summary)}{share} step {summary.get('step', 0)} "
                 f"{len(summary.get('workers') or [])} workers{behind} "
-                f"{_fmt_duration(_elapsed(summary))} {metrics}").rstrip()
+                f"{fmt_duration(elapsed(summary))} {metrics}").rstrip()
 
     def update(self, wait_s: float = 0.0) -> bool:
         self.run.refresh(wait_s=wait_s)
-        _take_new_rows(self.run, self.history)
+        take_new_rows(self.run, self.history)
         summary = self.run.cached_summary
         terminal = RunState(summary["state"]).is_terminal
         now = time.monotonic()
@@ -341,7 +249,7 @@ class WidgetDashboard(_Follower):
         with self._lock:
             # by position in the Run's history, not refresh()'s return value: rows a cell's
             # run.metrics fetched in the meantime are drawn too
-            _take_new_rows(self.run, self.history)
+            take_new_rows(self.run, self.history)
             summary = self.run.cached_summary
             self._summary = summary
             wide = max(summary.get("world_size") or 0, len(self.history.ranks())) > WIDE_RANKS
@@ -372,27 +280,27 @@ class WidgetDashboard(_Follower):
         whole = (' <span class="nbtrain-config-more" style="opacity:0.7">(the whole config: '
                  '<code>run.config</code>)</span>') if cut else ""
         self.header.value = (f'<b style="font-size:1.1em">{html.escape(self.run.name)}</b> {badge} '
-                             f'<span class="nbtrain-elapsed">{_fmt_duration(_elapsed(summary))}</span> · '
+                             f'<span class="nbtrain-elapsed">{fmt_duration(elapsed(summary))}</span> · '
                              f'{summary.get("world_size")} workers'
                              + self._straggler_note(summary)
                              + (f' · <code class="nbtrain-config">{html.escape(config)}</code>{whole}'
                                 if config else ""))
         fraction = progress_fraction(summary)
-        elapsed = _elapsed(summary)
+        seconds = elapsed(summary)
         self.progress.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning"}.get(state, "")
         if fraction is not None:
             self.progress.layout.display = None
             self.progress.value = fraction
-            eta = elapsed / fraction * (1 - fraction) if fraction > 0 and state == "running" else None
-            self.progress_label.value = f" {fraction:.0%}" + (f" · ETA {_fmt_duration(eta)}" if eta else "")
+            eta = seconds / fraction * (1 - fraction) if fraction > 0 and state == "running" else None
+            self.progress_label.value = f" {fraction:.0%}" + (f" · ETA {fmt_duration(eta)}" if eta else "")
         elif RunState(state).is_terminal:
             self.progress.layout.display = None
             self.progress.value = 1.0  # a full bar in the state's colour (red stays red)
-            self.progress_label.value = f" step {summary.get('step', 0)} · {_fmt_duration(elapsed)}"
+            self.progress_label.value = f" step {summary.get('step', 0)} · {fmt_duration(seconds)}"
         else:  # no total_steps: how far and how long, and a bar that says it is going
             self.progress.layout.display = "none"
             self.progress_label.value = (f"{INDETERMINATE_BAR} step {summary.get('step', 0)} · "
-                                         f"{_fmt_duration(elapsed)}")
+                                         f"{fmt_duration(seconds)}")
 
     def _straggler_note(self, summary: dict[str, Any]) -> str:
         late = stragglers(summary.get("workers") or [])
@@ -466,64 +374,11 @@ class WidgetDashboard(_Follower):
             self.page_label.value = (f'<span class="nbtrain-worker-page" style="padding:0 8px">ranks '
                                      f'{shown[0]["rank"] if shown else 0}–{shown[-1]["rank"] if shown else 0} '
                                      f"of {len(workers)} (page {self.page + 1}/{pages})</span>")
-            self.worker_summary.value = self._summary_table(workers, late)
+            self.worker_summary.value = summary_table(workers, late)
         else:
             shown = workers
             self.worker_summary.value = ""
-        self.worker_table.value = (
-            '<table class="nbtrain-workers" style="border-collapse:collapse;font-size:0.9em">'
-            "<thead><tr><th>rank</th><th>node</th><th>pid</th><th>device</th><th>state</th><th>step</th>"
-            "<th>speed</th><th>memory</th><th>heartbeat</th><th>text metrics</th></tr></thead><tbody>"
-            + "".join(self._worker_row(worker, worker["rank"] in late) for worker in shown) + "</tbody></table>")
-
-    def _worker_row(self, worker: dict[str, Any], late: bool) -> str:
-        state = worker.get("state", "")
-        age = worker.get("heartbeat_age_s")
-        if state in ("running", "starting") and age is not None and age > 10:
-            state = f"no heartbeat {age:.0f}s"
-        colour = {"failed": "#d62728", "dead": "#d62728", "stalled": "#ff7f0e",
-                  "finished": "#2ca02c"}.get(worker.get("state", ""), "inherit")
-        if state.startswith("no heartbeat"):
-            colour = "#ff7f0e"
-        memory = f"{worker['rss_mb']:.0f} MB" if worker.get("rss_mb") else "–"
-        if worker.get("gpu_mem_mb") is not None:
-            memory += f" / GPU {worker['gpu_mem_mb']:.0f} MB"
-        mark = (' class="nbtrain-straggler" style="background:#fff3e0" title="straggler: behind the median step"'
-                if late else "")
-        return (f'<tr data-rank="{worker["rank"]}"{mark}><td>{worker["rank"]}</td>'
-                f'<td>{html.escape(str(worker.get("node")))}</td>'
-                f'<td>{worker.get("pid")}</td><td>{html.escape(str(worker.get("device")))}</td>'
-                f'<td style="color:{colour}" class="nbtrain-worker-state">{html.escape(state)}</td>'
-                f'<td class="nbtrain-worker-step">{worker.get("step", 0)}</td>'
-                f'<td class="nbtrain-worker-rate">{throughput(worker)}</td><td>{memory}</td>'
-                f'<td>{"–" if age is None else f"{age:.1f}s ago"}</td>'
-                f'<td class="nbtrain-worker-text">{self._text_metrics(worker["rank"])}</td></tr>')
-
-    @staticmethod
-    def _summary_table(workers: list[dict[str, Any]], late: set[int]) -> str:
-        """A wide run's workers by node and state: how many, their steps, and the stragglers among them."""
-        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for worker in workers:
-            groups.setdefault((str(worker.get("node")), str(worker.get("state", ""))), []).append(worker)
-        rows = []
-        for (node, state), members in sorted(groups.items()):
-            steps = np.array([m.get("step") or 0 for m in members])
-            behind = sorted(m["rank"] for m in members if m["rank"] in late)
-            rows.append(f'<tr data-node="{html.escape(node)}" data-state="{html.escape(state)}">'
-                        f"<td>{html.escape(node)}</td><td>{html.escape(state)}</td>"
-                        f'<td class="nbtrain-summary-count">{len(members)}</td><td>{steps.min()}</td>'
-                        f"<td>{np.median(steps):g}</td><td>{steps.max()}</td>"
-                        f'<td style="color:#ff7f0e">{", ".join(map(str, behind))}</td></tr>')
-        return ('<table class="nbtrain-worker-summary" style="border-collapse:collapse;font-size:0.9em">'
-                "<thead><tr><th>node</th><th>state</th><th>ranks</th><th>step min</th><th>median</th>"
-                "<th>max</th><th>stragglers</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
-
-    def _text_metrics(self, rank: int) -> str:
-        """What the rank last reported as text (``report(phase="warmup")``), which no curve shows."""
-        values = self.history.text.get(rank, {})
-        return html.escape(" · ".join(
-            f"{key}={value if len(value) <= TEXT_METRIC_CHARS else value[:TEXT_METRIC_CHARS - 1] + '…'}"
-            for key, value in values.items()))
+        self.worker_table.value = worker_table(shown, late, self.history.text)
 
     def _draw_logs(self, summary: dict[str, Any]) -> None:
         import ipywidgets as w
@@ -579,7 +434,7 @@ class WidgetDashboard(_Follower):
             charts.append(svg_chart(group, series))
         state = summary["state"]
         latest = ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.history.latest.items()))
-        text = (f"Run {self.run.name}: {state} after {_fmt_duration(_elapsed(summary))}, "
+        text = (f"Run {self.run.name}: {state} after {fmt_duration(elapsed(summary))}, "
                 f"{summary.get('world_size')} workers, attempt {summary.get('attempt')}, "
                 f"{self.history.rows_seen} metric rows. Final: {latest or 'no metrics'}.")
         error = summary.get("error")

@@ -433,3 +433,9 @@ class MetricHistory:
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self._tiers.values()) + sum(b.nbytes for b in self._bands.values())
+
+
+def take_new_rows(run: Any, history: MetricHistory) -> None:
+    """Rows from where the history left off; rows the Run no longer holds are skipped, not waited for."""
+    history.rows_seen = max(history.rows_seen, run.row_window_start)
+    history.add(run.cached_rows(history.rows_seen))

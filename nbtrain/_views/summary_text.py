@@ -1,0 +1,64 @@
+"""A run's summary in words, as the dashboard's header and the text progress line show it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+CONFIG_CHARS = 300   # of the config in the header; the whole dict is `run.config`
+STATE_COLOURS = {
+    "pending": "#777", "starting": "#1f77b4", "running": "#1f77b4", "restarting": "#ff7f0e",
+    "succeeded": "#2ca02c", "failed": "#d62728", "stopped": "#555",
+}
+# Shown instead of the progress bar while a run that does not know its total_steps goes on.
+INDETERMINATE_BAR = (
+    '<span class="nbtrain-progress-indeterminate" title="total_steps unknown" style="display:inline-block;'
+    "width:240px;height:10px;border-radius:5px;vertical-align:middle;background:repeating-linear-gradient("
+    '-45deg,#1f77b4 0 8px,#aec7e8 8px 16px);background-size:22.6px 22.6px;animation:nbtrain-stripes 1s linear '
+    'infinite"></span><style>@keyframes nbtrain-stripes{to{background-position:22.6px 0}}</style>'
+)
+
+
+def elapsed(summary: dict[str, Any]) -> float:
+    end = summary.get("ended") or summary.get("now") or time.time()
+    return max(0.0, end - (summary.get("started") or end))
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def progress_fraction(summary: dict[str, Any]) -> float | None:
+    total_steps = summary.get("total_steps")
+    if total_steps:
+        return min(1.0, float(summary.get("step") or 0) / float(total_steps))
+    total_epochs = summary.get("total_epochs")
+    workers = summary.get("workers") or []
+    if total_epochs and workers:
+        epoch = min(w.get("epoch", 0) for w in workers)
+        return min(1.0, float(epoch) / float(total_epochs))
+    return None
+
+
+def config_text(summary: dict[str, Any]) -> tuple[str, bool]:
+    """The config as the header shows it, at most ``CONFIG_CHARS`` characters; (text, cut short).
+
+    The cluster sends a short ``config_summary``; a summary from an older supervisor has the
+    whole ``config`` instead, which is shortened here.
+    """
+    text = summary.get("config_summary")
+    if not isinstance(text, str):
+        config = summary.get("config")
+        text = ", ".join(f"{k}={v}" for k, v in config.items()) if isinstance(config, dict) else ""
+    if len(text) > CONFIG_CHARS:
+        return text[:CONFIG_CHARS - 1] + "…", True
+    return text, text.endswith(("…", " more)"))
+
+
+def state_label(summary: dict[str, Any]) -> str:
+    state = str(summary.get("state", "pending"))
+    if state == "restarting" or (state in ("pending", "starting") and (summary.get("attempt") or 1) > 1):
+        return f"restarting (attempt {summary.get('attempt', 1) + (1 if state == 'restarting' else 0)}" \
+               f"/{summary.get('max_failures', 0) + 1})"
+    return state
