@@ -22,6 +22,7 @@ and prints one markdown table each:
 
     python benchmarks/scale.py                               # rows 1e5,1e6,2e6; ranks 2,16,64,256; 20 runs
     python benchmarks/scale.py --rows 1e7 --ranks 256 --finished-runs 100
+    python benchmarks/scale.py --only ranks --ranks 64,256 --relay both
 """
 
 from __future__ import annotations
@@ -152,6 +153,15 @@ def simulate_ranks(config: dict[str, Any]) -> None:
     real = sessions.current_session()
     ranks, seconds, per_s = config["ranks"], config["seconds"], config["reports_per_s"]
     mine = [rank for rank in range(ranks) if rank % real.context.world_size == real.context.rank]
+    if config["relay"]:  # each worker is a simulated node of len(mine) ranks: its relay, as the worker group makes one
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from nbtrain._cluster.push_relay import PushRelay
+
+        node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        real.relay = ray.remote(PushRelay).options(num_cpus=0, scheduling_strategy=node).remote(
+            real.supervisor, len(mine))
 
     def reporter(rank: int) -> None:
         if rank == real.context.rank:  # the real rank's own session reports for it
@@ -160,7 +170,8 @@ def simulate_ranks(config: dict[str, Any]) -> None:
             context = sessions.TrainContext(rank=rank, world_size=ranks, local_rank=rank, local_world_size=ranks,
                                             node_rank=0, device=real.context.device, attempt=real.context.attempt,
                                             config={}, run_name=real.context.run_name)
-            fake = sessions.TrainingSession(context, real.supervisor, real.flush_interval_s, None, True, None)
+            fake = sessions.TrainingSession(context, real.supervisor, real.flush_interval_s, None, True, None,
+                                            relay=real.relay)
             fake._thread.start()  # the flusher only: the simulated ranks share the real rank's stdout
         began = t.time()
         step = 0
@@ -209,14 +220,14 @@ def measure_rows(rows: int) -> dict[str, Any]:
             "p95_ms": 1000 * percentile(latencies, 0.95), "redraw_ms": drawn, "seconds": took}
 
 
-def measure_ranks(ranks: int, seconds: float) -> dict[str, Any]:
+def measure_ranks(ranks: int, seconds: float, relay: bool) -> dict[str, Any]:
     import nbtrain
     from nbtrain._views.dashboard import WidgetDashboard
 
     before = rss_mb()
     with SupervisorWatch() as watch:
-        run = nbtrain.launch(simulate_ranks, workers=2, name=f"ranks-{ranks}",
-                             config={"ranks": ranks, "seconds": seconds, "reports_per_s": 10})
+        run = nbtrain.launch(simulate_ranks, workers=2, name=f"ranks-{ranks}", feed_relay="never",
+                             config={"ranks": ranks, "seconds": seconds, "reports_per_s": 10, "relay": relay})
         dashboard = WidgetDashboard(run)
         dashboard.wide = ranks > 8
         # CPU over the steady middle of the run: from the first rows until 80 % of its time
@@ -238,7 +249,7 @@ def measure_ranks(ranks: int, seconds: float) -> dict[str, Any]:
     run.delete()
     cores = (marks.get("cpu1", 0.0) - marks.get("cpu0", 0.0)) / max(marks.get("end", 1.0) - marks.get("start", 0.0),
                                                                    1e-9)
-    return {"ranks": ranks, "rows": rows, "supervisor_cores": cores, "supervisor_mb": watch.peak_rss,
+    return {"ranks": ranks, "relay": relay, "rows": rows, "supervisor_cores": cores, "supervisor_mb": watch.peak_rss,
             "supervisor_uss": watch.peak_uss,
             "notebook_mb": grown, "p50_ms": 1000 * percentile(latencies, 0.5),
             "p95_ms": 1000 * percentile(latencies, 0.95), "redraw_ms": drawn}
@@ -278,21 +289,37 @@ def main() -> None:
     parser.add_argument("--rows", default="1e5,1e6,2e6", help="rows of the long runs, comma-separated (1e5,1e6,2e6)")
     parser.add_argument("--ranks", default="2,16,64,256", help="simulated ranks of the wide runs (2,16,64,256)")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long each wide run reports (20)")
+    parser.add_argument("--relay", choices=("both", "on", "off"), default="both",
+                        help="wide runs with a push relay per simulated node, without, or both (both)")
     parser.add_argument("--finished-runs", type=int, default=20, help="short runs launched and ended (20)")
+    parser.add_argument("--only", choices=("rows", "ranks", "finished"), help="measure one of the three only")
     args = parser.parse_args()
+    relays = {"both": (False, True), "on": (True,), "off": (False,)}[args.relay]
+    long_runs: list[dict[str, Any]] = []
+    wide: list[dict[str, Any]] = []
+    finished: dict[str, Any] | None = None
     with own_cluster("nbtrain-scale-", num_cpus=4):
         measure_rows(1000)  # imports and first widgets: not counted in the first size's notebook memory
-        long_runs = []
-        for size in args.rows.split(","):
+        for size in args.rows.split(",") if args.only in (None, "rows") else []:
             long_runs.append(measure_rows(int(float(size))))
             print(f"done: {long_runs[-1]}", flush=True)
-        wide = []
-        for ranks in args.ranks.split(","):
-            wide.append(measure_ranks(int(ranks), args.seconds))
-            print(f"done: {wide[-1]}", flush=True)
-        finished = measure_finished(args.finished_runs)
-        print(f"done: {finished}", flush=True)
+        for ranks in args.ranks.split(",") if args.only in (None, "ranks") else []:
+            for relay in relays:
+                wide.append(measure_ranks(int(ranks), args.seconds, relay))
+                print(f"done: {wide[-1]}", flush=True)
+        if args.only in (None, "finished"):
+            finished = measure_finished(args.finished_runs)
+            print(f"done: {finished}", flush=True)
 
+    if long_runs:
+        print_long(long_runs)
+    if wide:
+        print_wide(wide, args.seconds)
+    if finished:
+        print_finished(finished)
+
+
+def print_long(long_runs: list[dict[str, Any]]) -> None:
     print("\n**Long runs** (1 rank, 3 values per row, reported as fast as it can)\n")
     print("| rows | received | supervisor peak RSS (private) | supervisor CPU | notebook RSS growth "
           "| feed p50 / p95 | redraw | run took |")
@@ -302,16 +329,22 @@ def main() -> None:
               f"{r['supervisor_cpu_s']:.1f} s | "
               f"{r['notebook_mb']:+.0f} MB | {r['p50_ms']:.0f} / {r['p95_ms']:.0f} ms | {r['redraw_ms']:.1f} ms | "
               f"{r['seconds']:.0f} s |")
+
+
+def print_wide(wide: list[dict[str, Any]], seconds: float) -> None:
     print(f"\n**Wide runs** (SIMULATED ranks: reporter threads in 2 workers, 10 reports/s each, "
-          f"{args.seconds:g} s)\n")
-    print("| ranks | rows | supervisor CPU (cores) | supervisor peak RSS (private) | notebook RSS growth "
-          "| feed p50 / p95 | redraw |")
-    print("|---|---|---|---|---|---|---|")
+          f"{seconds:g} s)\n")
+    print("| ranks | push relay per node | rows | supervisor CPU (cores) | supervisor peak RSS (private) "
+          "| notebook RSS growth | feed p50 / p95 | redraw |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in wide:
-        print(f"| {r['ranks']} | {r['rows']:,} | {r['supervisor_cores']:.2f} | {r['supervisor_mb']:.0f} MB "
+        relay = "yes" if r["relay"] else "no"
+        print(f"| {r['ranks']} | {relay} | {r['rows']:,} | {r['supervisor_cores']:.2f} | {r['supervisor_mb']:.0f} MB "
               f"({r['supervisor_uss']:.0f} MB) | "
               f"{r['notebook_mb']:+.0f} MB | {r['p50_ms']:.0f} / {r['p95_ms']:.0f} ms | {r['redraw_ms']:.1f} ms |")
-    f = finished
+
+
+def print_finished(f: dict[str, Any]) -> None:
     print("\n**Finished runs**\n")
     print("| runs ended | supervisors left | listed by runs() | Ray worker processes before / after "
           "| attach() of a finished run (median / max) |")

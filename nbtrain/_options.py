@@ -30,6 +30,7 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 ON_STALL_CHOICES = ("warn", "fail", "restart")
 BACKEND_CHOICES = ("gloo", "nccl")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+FEED_RELAY_CHOICES = ("auto", "always", "never")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +108,9 @@ class RunOptions:
     stop_on_nan: bool = option(False, "fail the run when a reported metric is NaN", "--stop-on-nan", kind="flag")
     flush_interval_s: float = option(0.25, "seconds between a rank's batched sends of metrics and logs",
                                      "--flush-interval", parse=float, metavar="SECONDS")
+    feed_relay: str = option("auto", "gather each node's metric pushes into one call to the supervisor per flush; "
+                             "auto: on nodes holding 2+ ranks of runs of 16+ ranks", "--feed-relay",
+                             choices=FEED_RELAY_CHOICES)
     env: dict[str, str] | None = option(None, "environment variables for the workers, e.g. --env OMP_NUM_THREADS=1",
                                         "--env", kind="strings", metavar="KEY=VALUE")
 
@@ -130,6 +134,7 @@ class RunOptions:
                       lambda v: 0.01 <= v <= 10)
         _check_choice("on_stall", self.on_stall, ON_STALL_CHOICES)
         _check_choice("placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES)
+        _check_choice("feed_relay", self.feed_relay, FEED_RELAY_CHOICES)
         if self.backend is not None:
             _check_choice("backend", self.backend, BACKEND_CHOICES)
             if self.backend == "nccl" and not self.gpus_per_worker:

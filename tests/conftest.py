@@ -18,6 +18,9 @@ import time
 os.environ["NBTRAIN_HOME"] = tempfile.mkdtemp(prefix="nbtrain-test-home-")  # always fresh, never the user's
 os.environ["NBTRAIN_FAULT_DISK_FULL"] = os.path.join(os.environ["NBTRAIN_HOME"], "fault-disk-full")  # see history_log
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+# A Ray call made while not connected raises, in this process and every kernel or driver a test
+# starts, instead of starting a private Ray inside it (which took this process down with it).
+os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
 
 import cloudpickle
 import pytest

@@ -63,6 +63,7 @@ BAD = [
     ("name", 7, "letters, digits, '-', '_' or '.'"),
     ("on_stall", "explode", "one of 'warn', 'fail', 'restart', got 'explode'"),
     ("placement_strategy", "pack", "one of 'PACK', 'SPREAD'"),
+    ("feed_relay", True, "one of 'auto', 'always', 'never', got True"),
     ("backend", "mpi", "one of 'gloo', 'nccl', got 'mpi'"),
     ("backend", "nccl", "'gloo' on a run without GPUs"),
     ("wait", "yes", "True or False, got 'yes'"),

@@ -76,6 +76,12 @@ def test_running_without_a_connection_says_to_connect(ip):
     try:
         message = _usage_error(ip, "%%ray_train --workers 2\nx = 1\n")
         assert "Not connected to a Ray cluster. Run `nbtrain.connect()` (or `%ray_connect`) first." in message
+        if previous is not None:  # once nbtrain connected, a stray Ray call raises instead of starting a cluster
+            import ray
+
+            with pytest.raises(Exception, match=r"before ray\.init\(\)"):
+                ray.available_resources()
+            assert not ray.is_initialized()
     finally:
         if previous is not None:
             nbtrain.connect(previous.address, progress=lambda msg: None)

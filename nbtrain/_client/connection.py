@@ -150,6 +150,7 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
     auth.check_kernel_ray(address)
     import ray
 
+    _never_start_ray_implicitly()
     say(f"Connecting to {address}…")
     began = time.monotonic()
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
@@ -187,6 +188,21 @@ def disconnect() -> None:
     if ray.is_initialized():
         ray.shutdown()
     _current = _current_token = None
+
+
+def _never_start_ray_implicitly() -> None:
+    """Turn off Ray's auto-init in this process: a Ray call made while not connected raises.
+
+    Without this, a call reaching Ray after :func:`disconnect` (a dashboard's follower
+    thread, a cell run against a dropped connection) makes Ray start a private cluster
+    inside the kernel: with Ray's defaults (not loopback-only, no token), ignored by the
+    sidebar, and killing the kernel with it when it goes. Once nbtrain manages the
+    connection, "not connected" must be an error that says so, never a new cluster.
+    ``RAY_ENABLE_AUTO_CONNECT=0`` does the same but is read when Ray is imported.
+    """
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
 
 
 def _default_progress(message: str) -> None:

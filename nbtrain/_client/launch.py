@@ -64,6 +64,7 @@ def launch(
     on_stall: str = "warn",
     stop_on_nan: bool = False,
     flush_interval_s: float = 0.25,
+    feed_relay: str = "auto",
     env: dict[str, str] | None = None,
 ) -> Run:
     """Start ``train_fn`` on ``workers`` DDP ranks on the connected cluster.

@@ -20,3 +20,7 @@ def group_name(run_name: str, attempt: int) -> str:
 
 def worker_name(run_name: str, attempt: int, rank: int) -> str:
     return f"nbtrain-worker:{run_name}:{attempt}:{rank}"
+
+
+def relay_name(run_name: str, attempt: int, node_id: str) -> str:
+    return f"nbtrain-relay:{run_name}:{attempt}:{node_id[:12]}"

@@ -3,7 +3,9 @@
 ``report()`` is on the training step's hot path, so it only appends a tuple to
 a list (a few hundred nanoseconds). A background thread swaps that list out
 every ``flush_interval_s`` and sends one fire-and-forget actor call to the
-supervisor carrying the rows, a heartbeat and any new log text. Nothing on the
+supervisor (through its node's push relay in wide runs, see
+:mod:`~nbtrain._cluster.push_relay`) carrying the rows, a heartbeat and any new
+log text. Nothing on the
 step path waits for the supervisor, let alone the notebook.
 """
 
@@ -22,6 +24,7 @@ from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0
 FINAL_PUSH_WAIT_S = 10.0
+FINAL_PUSH_TRIES = 3
 # One push carries at most this much: the supervisor ingests a push under its lock, so a rank
 # reporting faster than a tick can carry must not make its pushes (and polls' waits) grow.
 MAX_PUSH_ROWS = 20_000
@@ -83,9 +86,11 @@ class TrainingSession:
     """State of one rank during one attempt; created by the worker actor."""
 
     def __init__(self, context: TrainContext, supervisor: Any, flush_interval_s: float,
-                 storage: str | None, weights_only: bool, datasets: dict[str, Any] | None) -> None:
+                 storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
+                 relay: Any = None) -> None:
         self.context = context
         self.supervisor = supervisor
+        self.relay = relay  # this node's push relay (see push_relay); None once it failed: straight to the supervisor
         self.flush_interval_s = flush_interval_s
         self.storage = storage
         self.weights_only = weights_only
@@ -206,9 +211,24 @@ class TrainingSession:
         if not settled and not wait:
             return  # still on its way: the rows go with a later tick, in order
         self._send(state)
-        # the last flush: the rows after a resend, or after a full push, go too, each waited for
-        while (wait and self._settled(FINAL_PUSH_WAIT_S) and self._unsent is None
-               and (self._waiting_rows or self._waiting_logs)):
+        if wait:
+            self._send_the_rest(state)
+
+    def _send_the_rest(self, state: str) -> None:
+        """The last flush: every push still to go (rows beyond a full push, a failed push) sent and waited for.
+
+        A failed push is sent again, up to :data:`FINAL_PUSH_TRIES` times (straight to the
+        supervisor when it failed on the way through a relay), all within :data:`FINAL_PUSH_WAIT_S`.
+        """
+        deadline = time.monotonic() + FINAL_PUSH_WAIT_S
+        failures = 0
+        while self._settled(max(deadline - time.monotonic(), 0.0)):
+            if self._unsent is not None:
+                failures += 1
+                if failures >= FINAL_PUSH_TRIES or time.monotonic() > deadline:
+                    return
+            elif not (self._waiting_rows or self._waiting_logs):
+                return
             self._send(state)
 
     def _collect(self) -> None:
@@ -249,6 +269,7 @@ class TrainingSession:
         try:
             ray.get(ready[0])
         except Exception:  # noqa: BLE001 - the supervisor restarting or gone: sent again next time
+            self.relay = None  # and if it went through the relay, straight to the supervisor from now on
             return True
         self._unsent = None
         return True
@@ -260,8 +281,9 @@ class TrainingSession:
             logs, self._waiting_logs = self._waiting_logs[:MAX_PUSH_LOGS], self._waiting_logs[MAX_PUSH_LOGS:]
             self._unsent = (self.seq, rows, logs)
         seq, rows, logs = self._unsent
-        self._in_flight = self.supervisor.push.remote(self.context.rank, self.context.attempt, seq, rows,
-                                                      self._heartbeat(state), logs)
+        target = self.relay or self.supervisor
+        self._in_flight = target.push.remote(self.context.rank, self.context.attempt, seq, rows,
+                                             self._heartbeat(state), logs)
 
     def _renamed_key(self, key: str, logs: list[tuple[str, float, str]]) -> str:
         """``user_<key>`` for a metric named like a row's own key; says so once in the rank's log

@@ -40,6 +40,7 @@ from nbtrain._cluster.controller import RunController
 from nbtrain._cluster.feed import RunFeed
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.priority import lower_own_priority
+from nbtrain._cluster.push_relay import Push
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import RunStorage
 from nbtrain._cluster.stored_run import index_path, record_in_index, write_final
@@ -122,6 +123,11 @@ class RunSupervisor:
         self._table.beat(rank, attempt, beat)
         if nan_rows:
             self._run.note_nan_rows(nan_rows)
+
+    def push_many(self, pushes: list[Push]) -> None:
+        """The pushes of one node's ranks on one tick, from its :mod:`~nbtrain._cluster.push_relay`."""
+        for push in pushes:
+            self.push(*push)
 
     def record_checkpoint(self, meta: dict[str, Any], data: bytes | None, path: str | None) -> None:
         if data is not None:

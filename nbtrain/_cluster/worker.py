@@ -76,7 +76,7 @@ class TrainWorker:
             device=device, attempt=payload.attempt, config=dict(payload.config), run_name=payload.run_name,
         )
         session = TrainingSession(context, payload.supervisor, payload.flush_interval_s, payload.storage,
-                                  payload.weights_only, payload.datasets)
+                                  payload.weights_only, payload.datasets, relay=payload.relay)
         set_session(session)
         session.start()
         try:

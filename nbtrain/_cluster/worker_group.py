@@ -16,11 +16,12 @@ from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from nbtrain._cluster import failure_policy
 from nbtrain._cluster.failure_policy import Failed, Failure, Outcome, Succeeded
-from nbtrain._cluster.names import NAMESPACE, group_name, worker_name
+from nbtrain._cluster.names import NAMESPACE, group_name, relay_name, worker_name
+from nbtrain._cluster.push_relay import PushRelay, wants_relays
 from nbtrain._cluster.rank_layout import layout_ranks
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.worker import TrainWorker
@@ -58,6 +59,7 @@ class WorkerPayload:
     run_name: str
     config: dict[str, Any]
     supervisor: Any
+    relay: Any                # this node's push relay, or None: pushes go straight to the supervisor
     flush_interval_s: float
     storage: str | None
     weights_only: bool
@@ -76,6 +78,7 @@ class WorkerGroup:
         self.spec = spec
         self.attempt = attempt
         self.actors: list[Any] = []
+        self.relays: dict[str, Any] = {}  # node id -> its push relay
         self._group: Any = None
         self._refs: list[Any] = []
         self.pushes: dict[int, int] = {}  # rank -> pushes it sent in all, from its outcome
@@ -90,6 +93,7 @@ class WorkerGroup:
             group._place(stop_requested)
             on_placed()
             places = group._start_actors(stop_requested)
+            group._start_relays(places, supervisor)
             payloads = group._payloads(places, supervisor, datasets)
             table.add_group(places, [p.device_name for p in payloads], attempt)
             group._refs = [actor.run.remote(payload) for actor, payload in zip(group.actors, payloads)]
@@ -126,6 +130,18 @@ class WorkerGroup:
             lambda: Failure(None, "startup", f"the workers did not start within {WORKER_START_TIMEOUT_S:.0f} s"))
         return places
 
+    def _start_relays(self, places: list[dict[str, Any]], supervisor: Any) -> None:
+        """A push relay on each node that wants one (see :mod:`~nbtrain._cluster.push_relay`); no CPU reserved."""
+        by_node: dict[str, int] = {}
+        for place in places:
+            by_node[place["node_id"]] = by_node.get(place["node_id"], 0) + 1
+        for node_id, count in by_node.items():
+            if wants_relays(self.spec.options.feed_relay, len(places), count):
+                self.relays[node_id] = ray.remote(PushRelay).options(
+                    num_cpus=0, max_restarts=0, name=relay_name(self.spec.name, self.attempt, node_id),
+                    namespace=NAMESPACE, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(supervisor, count)
+
     def _payloads(self, places: list[dict[str, Any]], supervisor: Any,
                   datasets: dict[str, Any] | None) -> list[WorkerPayload]:
         options = self.spec.options
@@ -134,7 +150,8 @@ class WorkerGroup:
                   for name, dataset in (datasets or {}).items()}
         return [WorkerPayload(
             rank=rank, world_size=options.workers, attempt=self.attempt, run_name=self.spec.name,
-            config=dict(options.config or {}), supervisor=supervisor, flush_interval_s=options.flush_interval_s,
+            config=dict(options.config or {}), supervisor=supervisor,
+            relay=self.relays.get(places[rank]["node_id"]), flush_interval_s=options.flush_interval_s,
             storage=options.storage, weights_only=options.checkpoint_weights_only, backend=options.resolved_backend,
             master_addr=places[0]["node_ip"], master_port=places[0]["port"],
             collective_timeout_s=options.collective_timeout_s, fn_bytes=self.spec.fn_bytes,
@@ -197,12 +214,13 @@ class WorkerGroup:
 
     def shutdown(self, table: WorkerTable) -> None:
         """Kill every actor and free the placement group; ranks still going show as stopped."""
-        for actor in self.actors:
+        for actor in [*self.actors, *self.relays.values()]:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead is fine
                 pass
         self.actors = []
+        self.relays = {}
         if self._group is not None:
             try:
                 remove_placement_group(self._group)

@@ -1,0 +1,89 @@
+"""Wide runs push through one relay per node: every row still arrives once, in order, even if the relay dies.
+
+Real loopback cluster; ``feed_relay="always"`` gives the 2-rank test run the relay a
+wide run's nodes get (``auto`` starts them from 16 ranks).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import ray
+
+import nbtrain
+from nbtrain._cluster.names import NAMESPACE
+from nbtrain._cluster.push_relay import wants_relays
+
+from _helpers import wait_for
+
+STEPS_EACH_HALF = 40
+
+
+def report_around_a_gate(config):
+    """Reports the first half of its steps, waits for the test's gate file, then reports the rest."""
+    import os
+    import time as t
+
+    for step in range(1, config["half"] + 1):
+        nbtrain.report(step=step, loss=1.0 / step)
+    deadline = t.monotonic() + 120
+    while not os.path.exists(config["gate"]):
+        if t.monotonic() > deadline:
+            raise TimeoutError(f"the test never opened {config['gate']}")
+        t.sleep(0.02)
+    for step in range(config["half"] + 1, 2 * config["half"] + 1):
+        nbtrain.report(step=step, loss=1.0 / step)
+
+
+def _relays(run_name: str) -> list[str]:
+    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["namespace"] == NAMESPACE and actor["name"].startswith(f"nbtrain-relay:{run_name}:")]
+
+
+@pytest.mark.quick
+def test_auto_gives_relays_to_wide_runs_only():
+    assert not wants_relays("auto", world_size=8, ranks_on_node=8)
+    assert wants_relays("auto", world_size=256, ranks_on_node=8)
+    assert not wants_relays("auto", world_size=256, ranks_on_node=1)  # a node of one rank gains nothing
+    assert wants_relays("always", world_size=2, ranks_on_node=1)
+    assert not wants_relays("never", world_size=256, ranks_on_node=8)
+
+
+@pytest.mark.cluster
+def test_rows_arrive_once_in_order_through_the_relay_and_after_it_dies(cluster, tmp_path: Path):
+    gate = tmp_path / "gate"
+    name = "relay-killed"
+    run = nbtrain.launch(report_around_a_gate, workers=2, name=name, feed_relay="always",
+                         config={"half": STEPS_EACH_HALF, "gate": str(gate)})
+
+    def first_halves_in() -> bool:
+        run.refresh(wait_s=0.5)
+        return len(run.cached_rows(0)) >= 2 * STEPS_EACH_HALF
+
+    wait_for(first_halves_in, timeout=90, message="both ranks' first rows, through the relay",
+             describe=lambda: (run.state, len(run.cached_rows(0))))
+    relays = _relays(name)
+    assert len(relays) == 1, relays  # both ranks on the one loopback node: one relay
+    ray.kill(ray.get_actor(relays[0], namespace=NAMESPACE), no_restart=True)
+    wait_for(lambda: not _relays(name), timeout=30, message="the killed relay to be gone")
+    gate.touch()
+
+    run.wait(timeout=120)
+    assert run.state == nbtrain.RunState.SUCCEEDED, run.error
+    for rank in (0, 1):
+        steps = [row["step"] for row in run.metrics if row["rank"] == rank]
+        assert steps == list(range(1, 2 * STEPS_EACH_HALF + 1)), (rank, steps)
+
+
+@pytest.mark.cluster
+def test_a_small_run_starts_no_relay(cluster, tmp_path: Path):
+    gate = tmp_path / "gate"
+    name = "relay-none"
+    run = nbtrain.launch(report_around_a_gate, workers=2, name=name, config={"half": 5, "gate": str(gate)})
+    wait_for(lambda: run.refresh(wait_s=0.5) or len(run.cached_rows(0)) >= 10, timeout=90,
+             message="both ranks' first rows")
+    assert _relays(name) == []  # its ranks are up and waiting at the gate: no relay beside them
+    gate.touch()
+    run.wait(timeout=120)
+    assert run.state == nbtrain.RunState.SUCCEEDED, run.error
