@@ -23,6 +23,7 @@ from typing import Any
 from nbtrain._client.connection import Cluster, connect, disconnect
 from nbtrain._client.launch import attach, launch, runs
 from nbtrain._client.run import Run
+from nbtrain._client.warm import release_warm
 from nbtrain._cluster.session import TrainContext
 from nbtrain._cluster.worker_api import (
     get_context,
@@ -77,6 +78,7 @@ __all__ = [
     "load_checkpoint",
     "prepare_loader",
     "prepare_model",
+    "release_warm",
     "report",
     "runs",
     "save_checkpoint",

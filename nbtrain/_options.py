@@ -111,6 +111,10 @@ class RunOptions:
     feed_relay: str = option("auto", "gather each node's metric pushes into one call to the supervisor per flush; "
                              "auto: on nodes holding 2+ ranks of runs of 16+ ranks", "--feed-relay",
                              choices=FEED_RELAY_CHOICES)
+    warm: bool = option(True, "keep the workers ready, idle, for this notebook session's next run of the same shape "
+                        "(they reserve no CPU or GPU while idle)", "--warm", kind="flag")
+    warm_idle_s: float = option(600.0, "seconds idle warm workers wait for the next run before they exit",
+                                "--warm-idle", parse=float, metavar="SECONDS")
     env: dict[str, str] | None = option(None, "environment variables for the workers, e.g. --env OMP_NUM_THREADS=1",
                                         "--env", kind="strings", metavar="KEY=VALUE")
 
@@ -128,7 +132,7 @@ class RunOptions:
         for name in ("total_steps", "total_epochs"):
             if getattr(self, name) is not None:
                 _check_whole(name, getattr(self, name), minimum=1)
-        for name in ("placement_timeout_s", "collective_timeout_s", "stall_timeout_s"):
+        for name in ("placement_timeout_s", "collective_timeout_s", "stall_timeout_s", "warm_idle_s"):
             _check_number(name, getattr(self, name), "a positive number of seconds", lambda v: v > 0)
         _check_number("flush_interval_s", self.flush_interval_s, "between 0.01 and 10 seconds",
                       lambda v: 0.01 <= v <= 10)
@@ -144,7 +148,7 @@ class RunOptions:
             # relative to what? The supervisor and every rank run in directories of Ray's choosing
             raise InvalidOptionError(_problem("storage", "an absolute directory path that every node can reach, "
                                                          "e.g. '/mnt/shared/checkpoints'", self.storage))
-        for name in ("wait", "resume", "stop_on_nan", "checkpoint_weights_only"):
+        for name in ("wait", "resume", "stop_on_nan", "checkpoint_weights_only", "warm"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidOptionError(_problem(name, "True or False", getattr(self, name)))
 

@@ -50,6 +50,7 @@ class ClusterRecord(TypedDict, total=False):
     kind: str                  # "local" or "remote"
     nodes: int | None
     resources: dict[str, list[float]]   # {"CPU": [used, total], "GPU": [used, total]}
+    warm: dict[str, Any]       # warm workers of every notebook session: {"idle", "busy", "next_exit_s"}
     updated: float
 
 

@@ -45,12 +45,20 @@ def waiting_for_an_answer(thread: threading.Thread, call: str) -> bool:
             and not any(code.co_filename.startswith(ray_code) for code in stack))
 
 
-def run_actor_names(run_name: str) -> list[str]:
-    """Named actors of a run still alive on the cluster (workers are named per run)."""
+def run_actor_names(run_name: str, run: Any = None) -> list[str]:
+    """A run's workers still alive: named ones it started, ones lent to it by a warm pool, and (given
+    the ``run``) any process of its worker table still running."""
+    import psutil
     import ray.util
 
-    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["name"].startswith(f"nbtrain-worker:{run_name}:")]
+    from nbtrain._client.warm import warm_pools
+
+    named = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["name"].startswith(f"nbtrain-worker:{run_name}:")]
+    lent = [f"warm pid {w['pid']}" for pool in warm_pools().values() for w in pool if w["run"] == run_name]
+    running = [f"pid {w['pid']}" for w in (run.workers if run is not None else [])
+               if psutil.pid_exists(w["pid"]) and psutil.Process(w["pid"]).status() != psutil.STATUS_ZOMBIE]
+    return named + lent + running
 
 
 def ipython_shell():

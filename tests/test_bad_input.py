@@ -64,6 +64,8 @@ BAD = [
     ("on_stall", "explode", "one of 'warn', 'fail', 'restart', got 'explode'"),
     ("placement_strategy", "pack", "one of 'PACK', 'SPREAD'"),
     ("feed_relay", True, "one of 'auto', 'always', 'never', got True"),
+    ("warm", "yes", "True or False, got 'yes'"),
+    ("warm_idle_s", -1, "a positive number of seconds, got -1"),
     ("backend", "mpi", "one of 'gloo', 'nccl', got 'mpi'"),
     ("backend", "nccl", "'gloo' on a run without GPUs"),
     ("wait", "yes", "True or False, got 'yes'"),

@@ -160,7 +160,7 @@ def test_a_stop_is_kept_when_the_supervisor_dies_before_finishing_it(cluster):
     assert run.wait(timeout=120) == nbtrain.RunState.STOPPED
     assert run.attempt == 1, "the restarted supervisor started a new worker group despite the stop"
     assert any("restarted while stopping" in e["message"] for e in run.events)
-    wait_for(lambda: not run_actor_names("stop-then-die"), 20, message="no workers left")
+    wait_for(lambda: not run_actor_names("stop-then-die", run), 20, message="no workers left")
 
 
 def test_rank_stuck_before_a_collective_fails_by_the_collective_timeout(cluster):
@@ -179,7 +179,7 @@ def test_rank_stuck_before_a_collective_fails_by_the_collective_timeout(cluster)
     assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.FAILED
     assert time.monotonic() - began < 90
     assert "Rank 0 raised" in run.error
-    wait_for(lambda: not run_actor_names("stuck"), 10, message="no actors left")
+    wait_for(lambda: not run_actor_names("stuck", run), 10, message="no actors left")
 
 
 def test_rank_without_progress_is_reported_stalled_and_on_stall_fail_ends_the_run(cluster):

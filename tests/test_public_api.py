@@ -18,7 +18,7 @@ EXPECTED_ALL = [
     "NotSerializableError", "ResourcesUnavailableError", "Run", "RunExistsError", "RunFailedError", "RunNotFoundError",
     "RunState", "StorageError", "TrainContext", "VersionMismatchError", "WorkerState", "attach", "connect",
     "disconnect", "get_context", "get_dataset_shard", "launch", "load_checkpoint", "prepare_loader", "prepare_model",
-    "report", "runs", "save_checkpoint",
+    "release_warm", "report", "runs", "save_checkpoint",
 ]
 
 

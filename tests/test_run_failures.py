@@ -34,7 +34,7 @@ def test_rank_raising_at_step_20_fails_the_run_within_10_s(cluster):
     assert 'raise ValueError(f"boom at step {step}")' in message
     assert "The other 1 worker" in message
     assert run.state == nbtrain.RunState.FAILED
-    wait_for(lambda: not run_actor_names("rank1-raises"), 10, message="the run's workers to be gone")
+    wait_for(lambda: not run_actor_names("rank1-raises", run), 10, message="the run's workers to be gone")
 
 
 def test_killed_worker_process_is_reported_as_died(cluster):
@@ -47,7 +47,7 @@ def test_killed_worker_process_is_reported_as_died(cluster):
     assert state == nbtrain.RunState.FAILED
     assert time.monotonic() - began < 10
     assert f"Rank 1's worker process died (pid {pid}" in run.error
-    wait_for(lambda: not run_actor_names("killed"), 10, message="the run's workers to be gone")
+    wait_for(lambda: not run_actor_names("killed", run), 10, message="the run's workers to be gone")
 
 
 @pytest.mark.quick

@@ -60,6 +60,8 @@ export interface ICluster {
   nodes: number | null;
   resources: Record<string, [number, number]>;
   updated: number | null;
+  /** Warm workers of every notebook session: idle ones wait for their session's next run, then exit. */
+  warm?: { idle: number; busy: number; next_exit_s: number | null };
   /** The cluster has not answered lately (or not yet): `resources` may be outdated. */
   stale?: boolean;
 }

@@ -164,6 +164,14 @@ export class RaySidebar extends Widget {
         add(`${resource}s`, `${fmtCount(pair[0])} / ${fmtCount(pair[1])} used${mark}`);
       }
     }
+    const warm = cluster.warm;
+    if (warm && warm.idle + warm.busy > 0) {
+      const exit =
+        typeof warm.next_exit_s === 'number'
+          ? `, next exits in ${Math.ceil(warm.next_exit_s / 60)} min`
+          : '';
+      add('Warm workers', `${warm.idle} idle, ${warm.busy} in runs${exit}`);
+    }
     table.title = cluster.stale
       ? 'The cluster has not answered lately; its resources are the last known ones.'
       : '';

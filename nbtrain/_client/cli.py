@@ -95,7 +95,7 @@ def cluster_answer(cluster: Cluster) -> dict[str, Any]:
     record: ClusterRecord = {
         "address": cluster.address, "kind": cluster.kind, "nodes": len(alive),
         "resources": {key: list(pair) for key, pair in cluster.resources().items() if key in ("CPU", "GPU")},
-        "updated": time.time(),
+        "warm": _warm_summary(), "updated": time.time(),
     }
     runs: list[RunRecord] = []
     for summary in run_summaries():
@@ -108,6 +108,15 @@ def cluster_answer(cluster: Cluster) -> dict[str, Any]:
             continue
         runs.append(record_from_summary(summary, cluster.address))
     return {"address": cluster.address, "cluster": record, "runs": runs}
+
+
+def _warm_summary() -> dict[str, Any]:
+    """Warm workers of every notebook session on the cluster: how many idle, in runs, and the next to exit."""
+    from nbtrain._client.warm import warm_pools
+
+    workers = [worker for pool in warm_pools().values() for worker in pool]
+    idle = [worker["expires_in_s"] for worker in workers if worker["state"] == "idle"]
+    return {"idle": len(idle), "busy": len(workers) - len(idle), "next_exit_s": min(idle) if idle else None}
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 import cloudpickle
 
 from nbtrain import _options, _registry
-from nbtrain._client import connection
+from nbtrain._client import connection, warm
 from nbtrain._client.following import block_until_done
 from nbtrain._client.run import NAME_RELEASE_S, POLL_TIMEOUT_S, Run, find_supervisor, run_names
 from nbtrain._client.serialization import check_values, dumps_checked
@@ -65,6 +65,8 @@ def launch(
     stop_on_nan: bool = False,
     flush_interval_s: float = 0.25,
     feed_relay: str = "auto",
+    warm: bool = True,
+    warm_idle_s: float = 600.0,
     env: dict[str, str] | None = None,
 ) -> Run:
     """Start ``train_fn`` on ``workers`` DDP ranks on the connected cluster.
@@ -111,6 +113,11 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     spec_bytes = _pickled(spec)
     cluster = connection.current()
     check_resources(options.workers, options.cpus_per_worker, options.gpus_per_worker)
+    if options.storage and cluster.kind == "local":  # the notebook sees the cluster's disk: check now
+        check_writable(options.storage)
+    if options.warm:
+        spec = dataclasses.replace(spec, warm_pool=warm.pool_for_launch())
+        spec_bytes = _pickled(spec)
     existing = find_supervisor(name)
     stored = find_stored(name) if existing is None else None
     if (existing is not None or stored is not None) and not options.resume:
@@ -136,8 +143,6 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     if stored is not None:  # resume an ended run from its files: a new supervisor takes them up
         handle = _resume_stored(name, spec, datasets)
     elif existing is None:
-        if options.storage and cluster.kind == "local":  # the notebook sees the cluster's disk: check now
-            check_writable(options.storage)
         # datasets as an argument, not inside the pickled spec: Ray Client maps their object refs
         handle = ray.remote(RunSupervisor).options(**supervisor_options(name)).remote(spec_bytes, datasets)
         _wait_for_supervisor(handle, name)

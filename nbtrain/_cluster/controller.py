@@ -86,7 +86,7 @@ class RunController:
         self.state = RunState(saved["state"])  # as recorded: this is where the machine stood
         if self.state.is_terminal:
             return
-        remove_leftover_group(self.spec.name, self.attempt)
+        remove_leftover_group(self.spec, self.attempt)
         if self.stop_requested:  # the user's stop wins over Ray bringing the supervisor back mid-stop
             self.transition(RunState.STOPPED, "stopped by the user (the supervisor restarted while stopping)")
             return

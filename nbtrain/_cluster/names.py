@@ -8,6 +8,7 @@ from __future__ import annotations
 
 NAMESPACE = "nbtrain"
 ACTOR_PREFIX = "nbtrain-run:"
+POOL_PREFIX = "nbtrain-warm:"
 
 
 def actor_name(run_name: str) -> str:
@@ -20,6 +21,11 @@ def group_name(run_name: str, attempt: int) -> str:
 
 def worker_name(run_name: str, attempt: int, rank: int) -> str:
     return f"nbtrain-worker:{run_name}:{attempt}:{rank}"
+
+
+def pool_name(session_id: str) -> str:
+    """The warm pool of one notebook session (see warm_pool)."""
+    return POOL_PREFIX + session_id
 
 
 def relay_name(run_name: str, attempt: int, node_id: str) -> str:

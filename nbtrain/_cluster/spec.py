@@ -29,6 +29,8 @@ class RunSpec:
     created: float = dataclasses.field(default_factory=time.time)
     # Which launch the run's stored files belong to: a supervisor takes up only its own launch's files.
     launch_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    # The launching notebook session's warm pool (its actor name), when the run may use warm workers.
+    warm_pool: str | None = None
 
     @property
     def name(self) -> str:

@@ -1,6 +1,7 @@
 """The TrainWorker actor: one process per rank that runs the user's function.
 
-The supervisor creates N of these inside a placement group, asks each where it
+The supervisor creates N of these inside a placement group (or leases them,
+warm, from the notebook session's :mod:`~nbtrain._cluster.warm_pool`), asks each where it
 landed, then calls :meth:`TrainWorker.run` on all of them at once. ``run``
 joins the ``torch.distributed`` process group, runs the function, and returns
 an *outcome* dict instead of raising, so the supervisor gets the rank, step
@@ -16,6 +17,7 @@ hostname's interface.
 from __future__ import annotations
 
 import datetime
+import gc
 import ipaddress
 import os
 import socket
@@ -43,7 +45,15 @@ class TrainWorker:
         except OSError:
             pass
         self._malloc_tuned = keep_freed_memory()  # before torch allocates anything; see _allocator
-        import torch  # noqa: F401 - pay the import while the run is "starting", not in the first step
+        import torch  # pay the import while the run is "starting", not in the first step
+
+        # what a fresh process starts from, for a warm worker's next run (see warm_pool)
+        self._fresh_environ = dict(os.environ)
+        self._fresh_torch_seed = torch.initial_seed()
+        self._runs = 0
+
+    def ping(self) -> bool:
+        return True
 
     def where(self) -> dict[str, Any]:
         """Where this rank landed, for local ranks, the worker table and MASTER_ADDR."""
@@ -64,6 +74,9 @@ class TrainWorker:
         import torch.distributed as dist
 
         rank = payload.rank
+        if self._runs:
+            self._start_afresh()
+        self._runs += 1
         if payload.cuda_visible_devices is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = payload.cuda_visible_devices
         torch.set_num_threads(max(1, int(payload.cpus_per_worker)))
@@ -102,6 +115,25 @@ class TrainWorker:
         # how many pushes this rank sent: the supervisor ends the attempt only once all have landed
         outcome["pushes"] = session.seq
         return outcome
+
+    def _start_afresh(self) -> None:
+        """A warm worker's next run starts as a fresh process would, except for modules already imported:
+        the environment as the worker started, the same torch seed, new random seeds, no CUDA cache.
+        (The function and its globals are unpickled anew for every run.)"""
+        import random
+
+        import torch
+
+        os.environ.clear()
+        os.environ.update(self._fresh_environ)
+        torch.manual_seed(self._fresh_torch_seed)
+        random.seed()
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed()
+        gc.collect()  # the previous run's model and tensors
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
 
 def _join_process_group(payload: WorkerPayload) -> None:

@@ -24,6 +24,7 @@ from nbtrain._cluster.names import NAMESPACE, group_name, relay_name, worker_nam
 from nbtrain._cluster.push_relay import PushRelay, wants_relays
 from nbtrain._cluster.rank_layout import layout_ranks
 from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.warm_pool import shape_of
 from nbtrain._cluster.worker import TrainWorker
 from nbtrain._cluster.worker_table import WorkerTable
 from nbtrain._states import WorkerState
@@ -31,6 +32,7 @@ from nbtrain._states import WorkerState
 WORKER_START_TIMEOUT_S = 180.0
 FAILURE_GATHER_S = 1.0   # after a first failure, how long to wait for the other ranks' (to tell cause from consequence)
 WATCH_TICK_S = 0.2
+GIVE_BACK_TIMEOUT_S = 10.0
 
 
 class StopRequested(Exception):
@@ -79,6 +81,9 @@ class WorkerGroup:
         self.attempt = attempt
         self.actors: list[Any] = []
         self.relays: dict[str, Any] = {}  # node id -> its push relay
+        self.reused: list[bool] = []       # per rank: a warm worker from an earlier run
+        self._pool: Any = None             # the warm pool the actors were leased from, if any
+        self._succeeded = False            # every rank's run() returned: warm workers go back to the pool
         self._group: Any = None
         self._refs: list[Any] = []
         self.pushes: dict[int, int] = {}  # rank -> pushes it sent in all, from its outcome
@@ -118,17 +123,52 @@ class WorkerGroup:
 
     def _start_actors(self, stop_requested: Callable[[], bool]) -> list[dict[str, Any]]:
         options = self.spec.options
-        for rank in range(options.workers):
-            self.actors.append(ray.remote(TrainWorker).options(
+        if not (self.spec.warm_pool and self._lease_warm(stop_requested)):
+            self.actors = [ray.remote(TrainWorker).options(
                 num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
                 name=worker_name(self.spec.name, self.attempt, rank), namespace=NAMESPACE,
                 runtime_env={"env_vars": options.env} if options.env else None,
-            ).remote())
+            ).remote() for rank in range(options.workers)]
+            self.reused = [False] * options.workers
         places: list[dict[str, Any]] = self._wait(
             [actor.where.remote() for actor in self.actors], WORKER_START_TIMEOUT_S, stop_requested,
             lambda: Failure(None, "startup", f"the workers did not start within {WORKER_START_TIMEOUT_S:.0f} s"))
+        if self._pool is not None:
+            for rank, gpu_ids in enumerate(self._bundle_gpus(stop_requested)):
+                places[rank]["gpu_ids"] = gpu_ids  # a leased worker reserves no GPU: its bundle's
+                self._pool.note_pid.remote(self.actors[rank], places[rank]["pid"])
         return places
+
+    def _lease_warm(self, stop_requested: Callable[[], bool]) -> bool:
+        """Lease one worker per bundle from the notebook session's warm pool (see warm_pool);
+        False when there is no pool any more (the session ended): new workers then."""
+        options = self.spec.options
+        try:
+            pool = ray.get_actor(self.spec.warm_pool, namespace=NAMESPACE)
+            nodes = _bundle_nodes(self._group, options.workers)
+            lent = self._wait(pool.lease.remote(self.spec.name, shape_of(
+                options.workers, options.cpus_per_worker, options.gpus_per_worker, options.env),
+                nodes, options.warm_idle_s), WORKER_START_TIMEOUT_S, stop_requested,
+                lambda: Failure(None, "startup", "the warm pool did not answer"))
+        except (ValueError, StartFailed, ray.exceptions.RayError):
+            return False
+        self._pool = pool
+        self.actors = [handle for handle, _ in lent]
+        self.reused = [reused for _, reused in lent]
+        return True
+
+    def _bundle_gpus(self, stop_requested: Callable[[], bool]) -> list[list[str]]:
+        """The GPU ids each bundle of the placement group reserved (a zero-CPU task in each asks Ray)."""
+        options = self.spec.options
+        if not options.gpus_per_worker:
+            return [[] for _ in range(options.workers)]
+        probe = ray.remote(_assigned_gpus)
+        return list(self._wait([probe.options(
+            num_cpus=0, num_gpus=options.gpus_per_worker,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
+        ).remote() for rank in range(options.workers)], WORKER_START_TIMEOUT_S, stop_requested,
+            lambda: Failure(None, "startup", "the placement group's GPUs could not be read")))
 
     def _start_relays(self, places: list[dict[str, Any]], supervisor: Any) -> None:
         """A push relay on each node that wants one (see :mod:`~nbtrain._cluster.push_relay`); no CPU reserved."""
@@ -196,6 +236,7 @@ class WorkerGroup:
             early = interrupt()
             if early is not None:
                 return early
+        self._succeeded = True
         return Succeeded([results[rank] for rank in range(len(self._refs))])
 
     def _outcome(self, rank: int, ref: Any, table: WorkerTable, results: dict[int, bytes]) -> Failure | None:
@@ -213,8 +254,20 @@ class WorkerGroup:
         return failure_policy.raised(rank, outcome)
 
     def shutdown(self, table: WorkerTable) -> None:
-        """Kill every actor and free the placement group; ranks still going show as stopped."""
-        for actor in [*self.actors, *self.relays.values()]:
+        """Kill every actor (leased workers of an attempt that succeeded go back to the warm pool instead)
+        and free the placement group; ranks still going show as stopped."""
+        ended = list(self.relays.values())
+        if self._pool is not None:
+            try:  # waited for: the supervisor may exit next, and an unsent call would leave them lent
+                ray.get(self._pool.give_back.remote(self.spec.name, self.actors if self._succeeded else []),
+                        timeout=GIVE_BACK_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - the pool is gone (its workers with it) or exiting
+                pass
+            if not self._succeeded:
+                ended += self.actors
+        else:
+            ended += self.actors
+        for actor in ended:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead is fine
@@ -230,14 +283,34 @@ class WorkerGroup:
         table.stop_live()
 
 
-def remove_leftover_group(run_name: str, attempt: int) -> None:
-    """Free the placement group a previous supervisor process left (its workers died with it)."""
+def remove_leftover_group(spec: RunSpec, attempt: int) -> None:
+    """Free the placement group a previous supervisor process left, and end the workers a warm pool had
+    lent it (workers it started itself died with it)."""
     from ray.util import get_placement_group
 
+    run_name = spec.name
+    if spec.warm_pool:
+        try:
+            pool = ray.get_actor(spec.warm_pool, namespace=NAMESPACE)
+            ray.get(pool.give_back.remote(run_name, []), timeout=GIVE_BACK_TIMEOUT_S)
+        except (ValueError, ray.exceptions.RayError):
+            pass  # no pool: nothing was lent, or it ended with its workers
     try:
         remove_placement_group(get_placement_group(group_name(run_name, attempt)))
     except Exception:  # noqa: BLE001 - nothing left over
         pass
+
+
+def _bundle_nodes(group: Any, count: int) -> list[str]:
+    """The node id each bundle of a ready placement group is on."""
+    from ray.util import placement_group_table
+
+    by_bundle = placement_group_table(group)["bundles_to_node_id"]
+    return [by_bundle[index] for index in range(count)]
+
+
+def _assigned_gpus() -> list[str]:
+    return [str(gpu) for gpu in ray.get_gpu_ids()]
 
 
 def _resource_picture() -> str:

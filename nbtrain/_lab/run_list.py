@@ -25,7 +25,7 @@ from nbtrain._registry import ClusterRecord, RunRecord, is_terminal, number
 
 # What the agent's answer overrides in a registry record (the rest is the run's identity).
 OBSERVED_RUN_FIELDS = ("state", "attempt", "progress", "latest", "error", "ended", "updated", "workers")
-OBSERVED_CLUSTER_FIELDS = ("nodes", "resources", "updated")
+OBSERVED_CLUSTER_FIELDS = ("nodes", "resources", "warm", "updated")
 
 
 class ClusterAnswers:

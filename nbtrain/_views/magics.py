@@ -171,6 +171,7 @@ class NbtrainMagics(Magics):
             role = "head" if node["head"] else "worker"
             print(f"  node {node['address']} ({role}, {'alive' if node['alive'] else 'dead'}): "
                   f"{node['cpus']:g} CPU, {node['gpus']:g} GPU")
+        _print_warm_workers()
         found = nbtrain.runs()
         if not found:
             print("No runs on this cluster yet.")
@@ -305,3 +306,19 @@ def register(ipython: Any) -> None:
     ipython.register_magics(NbtrainMagics)
 
 
+
+
+def _print_warm_workers() -> None:
+    """Each notebook session's warm workers: idle ones with the time they have left."""
+    from nbtrain._client.warm import is_this_session, warm_pools
+
+    for name, workers in warm_pools().items():
+        if not workers:
+            continue
+        whose = "this notebook" if is_this_session(name) else f"session {name.split(':', 1)[1]}"
+        idle = [w for w in workers if w["state"] == "idle"]
+        print(f"warm workers of {whose}: {len(idle)} idle, {len(workers) - len(idle)} in a run "
+              f"(nbtrain.release_warm() ends this notebook's idle ones)")
+        for worker in workers:
+            left = f"exits in {worker['expires_in_s']:.0f} s" if worker["state"] == "idle" else f"in {worker['run']}"
+            print(f"  pid {worker['pid']:<8} {worker['shape']:<28} {left}")

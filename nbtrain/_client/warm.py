@@ -1,0 +1,82 @@
+"""The notebook session's side of warm workers (see :mod:`nbtrain._cluster.warm_pool`).
+
+The first launch that wants warm workers makes this connection's pool and the
+anchor that ties it to the session; later launches name the same pool in their
+spec. ``release_warm()`` ends this session's idle workers; ``warm_pools()`` lists
+every session's, for ``%ray_status`` and the sidebar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+from nbtrain._client import connection
+from nbtrain._cluster.names import NAMESPACE, POOL_PREFIX, pool_name
+
+DESCRIBE_TIMEOUT_S = 10.0
+
+
+@dataclasses.dataclass
+class _SessionPool:
+    cluster: connection.Cluster  # the connection it belongs to: a new connection is a new session
+    name: str
+    pool: Any
+    anchor: Any
+
+
+_made: _SessionPool | None = None
+
+
+def pool_for_launch() -> str:
+    """The actor name of this session's warm pool, made on first use."""
+    import ray
+
+    from nbtrain._cluster.warm_pool import SessionAnchor, WarmPool
+
+    global _made
+    cluster = connection.current()
+    if _made is None or _made.cluster is not cluster:
+        anchor = ray.remote(SessionAnchor).options(num_cpus=0).remote()
+        name = pool_name(uuid.uuid4().hex[:12])
+        pool = ray.remote(WarmPool).options(
+            name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_concurrency=16,
+            resources={"node:__internal_head__": 0.001},
+        ).remote(anchor)
+        _made = _SessionPool(cluster, name, pool, anchor)
+    return _made.name
+
+
+def release_warm() -> int:
+    """End this notebook session's idle warm workers now (they would otherwise wait ``warm_idle_s``
+    for the next run of their shape); returns how many ended. Runs going on are not touched."""
+    import ray
+
+    if _made is None or _made.cluster is not connection.current():
+        return 0
+    try:
+        return int(ray.get(_made.pool.release.remote(), timeout=DESCRIBE_TIMEOUT_S))
+    except ray.exceptions.RayActorError:
+        return 0
+
+
+def warm_pools() -> dict[str, list[dict[str, Any]]]:
+    """Every notebook session's warm workers on the cluster: pool name -> its workers (``describe()``)."""
+    import ray
+
+    connection.current()
+    names = [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+             if actor["namespace"] == NAMESPACE and actor["name"].startswith(POOL_PREFIX)]
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name in names:
+        try:
+            pool = ray.get_actor(name, namespace=NAMESPACE)
+            found[name] = ray.get(pool.describe.remote(), timeout=DESCRIBE_TIMEOUT_S)
+        except (ValueError, ray.exceptions.RayError):
+            continue  # exiting as we asked
+    return found
+
+
+def is_this_session(name: str) -> bool:
+    return _made is not None and _made.name == name

@@ -1,0 +1,159 @@
+"""Warm workers: a relaunch of the same shape takes the previous run's idle processes, started afresh.
+
+Real loopback cluster. Each test gives its runs an ``env`` of its own, so its shape
+differs from every other test's and its workers are its own (a lease of another shape
+ends the idle workers of the shape before: that is tested too). Whether a process is
+alive is asked of the OS: the cluster is on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from contextlib import redirect_stdout
+from io import StringIO
+from pathlib import Path
+
+import psutil
+import pytest
+
+import nbtrain
+from nbtrain._client.warm import warm_pools
+
+from _helpers import ipython_shell, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def leftovers(config):
+    """Reports what a previous run in this process left: a global, an env variable, the RNG; then leaves them."""
+    import os as _os
+    import random
+
+    import torch
+
+    found = {"global": "LEFT_BEHIND" in globals(), "env": "NBTRAIN_LEFT_BEHIND" in _os.environ,
+             "torch_seed": torch.initial_seed(), "pid": _os.getpid()}
+    globals()["LEFT_BEHIND"] = True
+    _os.environ["NBTRAIN_LEFT_BEHIND"] = "1"
+    torch.manual_seed(1234)
+    random.seed(1234)
+    nbtrain.report(step=1, left_global=float(found["global"]), left_env=float(found["env"]),
+                   torch_seed=float(found["torch_seed"] % 1_000_000), pid=float(found["pid"]))
+    return found
+
+
+def _pids(run) -> list[int]:
+    return sorted(worker["pid"] for worker in run.workers)
+
+
+def _launch(name: str, shape: str, **options):
+    run = nbtrain.launch(leftovers, name=name, workers=2, env={"WARM_TEST_SHAPE": shape}, **options)
+    run.wait(timeout=120)
+    assert run.state == nbtrain.RunState.SUCCEEDED, run.error
+    return run
+
+
+def _all_gone(pids: list[int]) -> bool:
+    return not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+
+
+@pytest.mark.cluster
+def test_a_relaunch_reuses_the_workers_started_afresh_and_reaches_its_first_step_sooner(cluster):
+    started = time.monotonic()
+    first = nbtrain.launch(leftovers, name="warm-first", workers=2, env={"WARM_TEST_SHAPE": "same"})
+    wait_for(lambda: first.refresh(wait_s=0.5) or first.cached_rows(0), 120, message="the first run's first row")
+    first_launch_s = time.monotonic() - started
+    first.wait(timeout=120)
+    assert first.state == nbtrain.RunState.SUCCEEDED, first.error
+
+    started = time.monotonic()
+    again = nbtrain.launch(leftovers, name="warm-again", workers=2, env={"WARM_TEST_SHAPE": "same"})
+    wait_for(lambda: again.refresh(wait_s=0.5) or again.cached_rows(0), 120, message="the relaunch's first row")
+    relaunch_s = time.monotonic() - started
+    again.wait(timeout=120)
+    assert again.state == nbtrain.RunState.SUCCEEDED, again.error
+
+    assert _pids(again) == _pids(first)  # the same processes
+    for result in again.result:          # ... each started afresh
+        assert result["global"] is False and result["env"] is False, result
+    seed_of = {r["pid"]: r["torch_seed"] for r in first.result}  # torch's seed as the process started with
+    assert {r["pid"]: r["torch_seed"] for r in again.result} == seed_of
+    assert relaunch_s < first_launch_s, (relaunch_s, first_launch_s)
+
+    printed = StringIO()  # %ray_status lists this notebook's idle warm workers with their time left
+    with redirect_stdout(printed):
+        ipython_shell().run_line_magic("ray_status", "")
+    assert "warm workers of this notebook: 2 idle" in printed.getvalue(), printed.getvalue()
+    for pid in _pids(again):
+        assert f"pid {pid}" in printed.getvalue()
+
+    from nbtrain._client.cli import cluster_answer  # what the lab sidebar is served
+
+    warm = cluster_answer(cluster)["cluster"]["warm"]
+    assert warm["idle"] >= 2 and 0 < warm["next_exit_s"] <= 600, warm
+
+    assert nbtrain.release_warm() == 2
+    wait_for(lambda: _all_gone(_pids(again)), 30, message="released workers to exit")
+
+
+@pytest.mark.cluster
+def test_another_shape_gets_new_workers_and_the_idle_ones_end(cluster):
+    before = _launch("warm-shape-a", "a")
+    after = _launch("warm-shape-b", "b")
+    assert not set(_pids(after)) & set(_pids(before))
+    wait_for(lambda: _all_gone(_pids(before)), 30, message="shape a's idle workers to end")
+    nbtrain.release_warm()
+
+
+@pytest.mark.cluster
+def test_idle_workers_exit_after_warm_idle_s(cluster):
+    run = _launch("warm-timeout", "timeout", warm_idle_s=2.0)
+    assert not _all_gone(_pids(run))  # idle, warm
+    wait_for(lambda: _all_gone(_pids(run)), 30, message="idle workers to exit after warm_idle_s")
+
+
+@pytest.mark.cluster
+def test_a_warm_worker_killed_while_idle_is_not_reused(cluster):
+    first = _launch("warm-killed-1", "killed")
+    killed, kept = _pids(first)
+    os.kill(killed, signal.SIGKILL)
+    wait_for(lambda: _all_gone([killed]), 10, message="the killed worker to be gone")
+    again = _launch("warm-killed-2", "killed")
+    assert killed not in _pids(again) and kept in _pids(again), (_pids(first), _pids(again))
+    nbtrain.release_warm()
+
+
+@pytest.mark.cluster
+def test_warm_false_leaves_no_worker(cluster):
+    run = _launch("warm-off", "off", warm=False)
+    wait_for(lambda: _all_gone(_pids(run)), 30, message="a warm=False run's workers to exit")
+
+
+@pytest.mark.cluster
+def test_warm_workers_end_with_the_notebook_session_that_made_them(cluster, tmp_path: Path):
+    """A separate process is the notebook: it launches, waits for the run, prints the pids and exits."""
+    script = tmp_path / "session.py"
+    script.write_text(textwrap.dedent("""
+        import json, nbtrain
+
+        def train():
+            import os
+            nbtrain.report(step=1, pid=float(os.getpid()))
+
+        nbtrain.connect()
+        run = nbtrain.launch(train, name="warm-session", workers=2, env={"WARM_TEST_SHAPE": "session"})
+        run.wait(timeout=120)
+        print(json.dumps(sorted(w["pid"] for w in run.workers)))
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    pids = [int(pid) for pid in result.stdout.strip().splitlines()[-1].strip("[]").split(",")]
+    wait_for(lambda: _all_gone(pids), 90, message="the ended session's warm workers to exit",
+             describe=lambda: warm_pools())
