@@ -279,7 +279,7 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
                 variant: str = "nbtrain") -> dict[str, Any]:
     import nbtrain
     from nbtrain import RunState
-    from nbtrain._views.dashboard import REDRAW_INTERVAL_S
+    from nbtrain._views.dashboard import FOLLOW_POLL_S
 
     arrivals: list[tuple[float, dict[str, Any]]] = []
     poll_costs: list[float] = []
@@ -306,7 +306,7 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
         if poll_ms:
             time.sleep(poll_ms / 1000.0)
         else:  # paced as the dashboard's follow loop is: at most one long poll per redraw interval
-            time.sleep(max(0.0, REDRAW_INTERVAL_S - (time.perf_counter() - before)))
+            time.sleep(max(0.0, FOLLOW_POLL_S - (time.perf_counter() - before)))
     ended = time.time()
     if state != RunState.SUCCEEDED:
         raise RuntimeError(f"nbtrain run {name} ended {state.value}:\n{run.error}")

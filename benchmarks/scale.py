@@ -5,7 +5,7 @@ and prints one markdown table each:
 
 * **rows** — one rank reports N rows of 3 values as fast as it can (N = 10^5 … 10^7). The
   benchmark process follows the run as a dashboard does (``run.refresh(wait_s=1)``, at most one
-  per ``REDRAW_INTERVAL_S``, feeding a ``WidgetDashboard``'s history). Figures: the supervisor's
+  per ``FOLLOW_POLL_S``, feeding a ``WidgetDashboard``'s history). Figures: the supervisor's
   peak RSS and CPU seconds, the notebook's (this process's) RSS growth, feed latency (report →
   row in the notebook, p50/p95), and the dashboard's redraw time at the end.
 * **ranks** — a SIMULATION of wide runs: 256 ranks do not fit on 2 cores, so 2 real workers
@@ -100,7 +100,7 @@ def rss_mb() -> float:
 
 def follow(run: Any, dashboard: Any, until: Any) -> list[float]:
     """Follow ``run`` like a dashboard; returns report → notebook latencies (s) of the rows seen live."""
-    from nbtrain._views.dashboard import REDRAW_INTERVAL_S
+    from nbtrain._views.dashboard import FOLLOW_POLL_S
 
     latencies: list[float] = []
     while True:
@@ -113,7 +113,7 @@ def follow(run: Any, dashboard: Any, until: Any) -> list[float]:
         history.add(run.cached_rows(history.rows_seen))
         if until():
             return latencies
-        time.sleep(max(0.0, REDRAW_INTERVAL_S - (time.monotonic() - began)))  # a dashboard's pace
+        time.sleep(max(0.0, FOLLOW_POLL_S - (time.monotonic() - began)))  # a dashboard's pace
 
 
 def redraw_ms(dashboard: Any) -> float:

@@ -106,7 +106,7 @@ class RunOptions:
                                     "--stall-timeout", parse=float, metavar="SECONDS")
     on_stall: str = option("warn", "what a stall does", "--on-stall", choices=ON_STALL_CHOICES)
     stop_on_nan: bool = option(False, "fail the run when a reported metric is NaN", "--stop-on-nan", kind="flag")
-    flush_interval_s: float = option(0.25, "seconds between a rank's batched sends of metrics and logs",
+    flush_interval_s: float = option(0.1, "seconds between a rank's batched sends of metrics and logs",
                                      "--flush-interval", parse=float, metavar="SECONDS")
     feed_relay: str = option("auto", "gather each node's metric pushes into one call to the supervisor per flush; "
                              "auto: on nodes holding 2+ ranks of runs of 16+ ranks", "--feed-relay",

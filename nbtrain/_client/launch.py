@@ -63,7 +63,7 @@ def launch(
     stall_timeout_s: float = 300.0,
     on_stall: str = "warn",
     stop_on_nan: bool = False,
-    flush_interval_s: float = 0.25,
+    flush_interval_s: float = 0.1,
     feed_relay: str = "auto",
     warm: bool = True,
     warm_idle_s: float = 600.0,

@@ -1,7 +1,9 @@
 """The live view of a run: widgets in a notebook, one text line elsewhere.
 
-Both read the same :class:`~nbtrain.Run` through its cursor. Redraws are
-coalesced (at most one every ``REDRAW_INTERVAL_S``), widgets are updated in
+Both read the same :class:`~nbtrain.Run` through its cursor. The follower
+long-polls once per flush tick (``FOLLOW_POLL_S``), so rows reach the kernel
+one tick after they were reported; redraws are coalesced apart from that (at
+most one every ``REDRAW_INTERVAL_S``, a pending one drawn when due), widgets are updated in
 place (never re-displayed), curves are downsampled before they reach the
 browser, worker logs go to collapsed per-rank panes rather than the cell's
 output, and a failed run turns red and stays red. When the run ends, a static
@@ -45,6 +47,7 @@ from nbtrain._views.worker_table_view import (
 )
 
 REDRAW_INTERVAL_S = 0.25
+FOLLOW_POLL_S = 0.1          # at most one long poll per default flush tick: rows arrive a tick after their report
 LONG_POLL_S = 1.0
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000
@@ -83,12 +86,18 @@ class _Follower:
     def update(self, wait_s: float = 0.0) -> bool:  # True once the run is terminal and drawn
         raise NotImplementedError
 
+    def draw_due_in(self) -> float | None:
+        """Seconds until a redraw held back by the throttle is due; None when nothing waits to be drawn."""
+        return None
+
     def _tick(self) -> bool:
-        """One long-poll update, then a pause so redraws stay at a few per second."""
+        """One long-poll update (shorter when a held-back redraw falls due sooner), then a pause so
+        polls stay at one per flush tick."""
         began = time.monotonic()
-        done = self.update(wait_s=LONG_POLL_S)
+        due = self.draw_due_in()
+        done = self.update(wait_s=LONG_POLL_S if due is None else max(due, 0.0))
         if not done:
-            time.sleep(max(0.0, REDRAW_INTERVAL_S - (time.monotonic() - began)))
+            time.sleep(max(0.0, FOLLOW_POLL_S - (time.monotonic() - began)))
         return done
 
     def follow_in_background(self) -> threading.Thread:
@@ -168,6 +177,8 @@ class WidgetDashboard(_Follower):
         self._figures: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._drawn_rows = -1
+        self._drawn_at = 0.0        # monotonic time of the last redraw
+        self._undrawn = False       # rows or a summary taken since then, waiting for the throttle
         self._finished = False
         self._static_handle: Any = None
         self.header = w.HTML()
@@ -244,6 +255,9 @@ class WidgetDashboard(_Follower):
             self._draw_workers(self._summary)
 
     # ------------------------------------------------------------------ drawing
+    def draw_due_in(self) -> float | None:
+        return REDRAW_INTERVAL_S - (time.monotonic() - self._drawn_at) if self._undrawn else None
+
     def update(self, wait_s: float = 0.0) -> bool:
         self.run.refresh(wait_s=wait_s)  # outside the lock: a long poll must not block Stop's redraw
         with self._lock:
@@ -257,6 +271,11 @@ class WidgetDashboard(_Follower):
                 self.wide, self._drawn_rows = wide, -1
                 self.rank_row.layout.display = None if wide else "none"
             terminal = RunState(summary["state"]).is_terminal
+            now = time.monotonic()
+            if not terminal and now - self._drawn_at < REDRAW_INTERVAL_S:
+                self._undrawn = True  # drawn when due: redraws stay at a few per second
+                return False
+            self._drawn_at, self._undrawn = now, False
             self._draw_header(summary)
             if self.history.rows_seen != self._drawn_rows:
                 self._draw_curves()
