@@ -5,6 +5,7 @@ One command::
 
     python benchmarks/run_benchmarks.py [--reps 3] [--steps 200] [--warmup 20] [--out PATH]
     python benchmarks/run_benchmarks.py --quick          # smoke run: 40 steps, 1 rep, no Ray Train
+    python benchmarks/run_benchmarks.py --skip-relaunch  # first launches only
 
 The log goes to stdout; every repetition, the medians, the verdicts and the table
 go as JSON to ``benchmarks/results/latest.json`` (``--quick``:
@@ -24,11 +25,22 @@ another cluster, and stops it at the end. Per repetition it runs, interleaved
   long polls, at most one per 250 ms (the dashboard's redraw interval), or, with
   ``--poll-ms N``, a plain poll every N ms.
 
+Right after each of these runs comes its **relaunch**, a short run
+(``--relaunch-steps``) of the same variant launched the same way: what a notebook
+user gets when they run the cell again. torchrun starts again; the Ray Train
+driver calls ``TorchTrainer(...).fit()`` a second time; nbtrain launches the same
+shape again, which takes the warm workers the run before left. nbtrain's idle warm
+workers are ended (``nbtrain.release_warm()``) before each first launch and after
+each relaunch, so its first launch starts its workers cold, as before warm workers
+existed, and no idle rank sits through the other variants' runs.
+
 Every variant runs :func:`workload.train_loop`; only the report function and the
 launcher differ. Figures (medians over repetitions):
 
 * launch → first step: wall time from the launch call (``Popen``, ``TorchTrainer(...)``,
   ``nbtrain.launch``) to the end of the first training step on the earliest rank;
+* relaunch → first step: the same for the relaunch (only this figure and its wall time are
+  kept from it: its few steps would skew the throughput and latency figures);
 * steady samples/s: measured inside rank 0 from per-step timestamps after the warm-up;
 * report() cost: median time of one report call inside the training loop (µs);
 * report → driver p50: arrival time in the driver (for Ray Train: in its controller, via a
@@ -54,6 +66,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +81,10 @@ VARIANTS = ("torchrun", "torchrun_malloc", "raytrain", "nbtrain", "nbtrain_slowp
 TITLES = {"torchrun": "torchrun", "torchrun_malloc": "torchrun + nbtrain's malloc settings",
           "raytrain": "Ray Train v2", "nbtrain": "nbtrain", "nbtrain_slowpoll": "nbtrain, slow poll"}
 WORKERS = 2
+RELAUNCH_WARMUP = 2        # a relaunch keeps only its launch → first step; its steps need not settle
+RELEASE_WAIT_S = 30.0      # how long to wait for released warm workers' processes to exit
+
+Outcome = dict[str, Any] | Exception   # a relaunch's summary, or what it raised
 
 
 def _free_port() -> int:
@@ -115,10 +132,28 @@ def _summarise(variant: str, launched: float, ended: float, results: list[dict[s
         "page_faults_per_step": [r.get("page_faults_per_step") for r in by_rank],
         "page_faults": _median([r.get("page_faults_per_step") for r in by_rank]),
         "worker_nice": [r["nice"] for r in by_rank], "final_loss": by_rank[0]["final_loss"],
-        "params": by_rank[0]["params"],
+        "params": by_rank[0]["params"], "pids": [r["pid"] for r in by_rank],
     }
     summary.update(extra or {})
     return summary
+
+
+def _attempt(run: Callable[[], dict[str, Any]]) -> Outcome:
+    """Run a relaunch; what it raises is returned, so a failed relaunch never loses its first run's figures."""
+    try:
+        return run()
+    except Exception as exc:  # noqa: BLE001 - reported by the caller with the variant and repetition
+        return exc
+
+
+def _relaunch_fields(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """What a run keeps of its relaunch: the launch time and wall only (its few steps would
+    skew the throughput and latency figures), and how many of its ranks ran in the
+    processes of the run before (nbtrain's warm workers; 0 for a launcher that starts anew)."""
+    return {"relaunch_to_first_step_s": again["launch_to_first_step_s"],
+            "relaunch_total_wall_s": again["total_wall_s"],
+            "relaunch_steps": again["steps"], "relaunch_warmup": again["warmup"],
+            "relaunch_reused_ranks": len(set(again["pids"]) & set(first["pids"]))}
 
 
 def _paired_ratio(runs: list[dict[str, Any]], torchrun_runs: list[dict[str, Any]],
@@ -183,10 +218,17 @@ def run_torchrun(steps: int, warmup: int, out_dir: Path, timeout: float,
 
 # ---------------------------------------------------------------------------- Ray Train v2
 def run_raytrain(steps: int, warmup: int, out_dir: Path, timeout: float, address: str,
-                 poll_s: float | None) -> dict[str, Any]:
+                 poll_s: float | None, relaunch_steps: int | None) -> tuple[dict[str, Any], Outcome | None]:
+    """One Ray Train driver process: its fit and, with ``relaunch_steps``, a second fit (the relaunch).
+
+    The relaunch is a second ``TorchTrainer(...).fit()`` in the same driver, as in a notebook
+    whose cell runs again: connected already, Ray Train imported. Returns the first fit's
+    summary and the relaunch's summary, what failed it, or None when none was asked for.
+    """
     import nbtrain._client.local_cluster as local_cluster
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    again_dir = out_dir / "relaunch"
+    again_dir.mkdir(parents=True, exist_ok=True)
     env = local_cluster.ray_env()          # loopback, RAY_AUTH_MODE=token, this cluster's token file
     env["RAY_TRAIN_V2_ENABLED"] = "1"
     env.pop("NBTRAIN_HOME", None)
@@ -194,19 +236,21 @@ def run_raytrain(steps: int, warmup: int, out_dir: Path, timeout: float, address
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(poll_s)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--raytrain-driver", "--address", address,
            "--steps", str(steps), "--warmup", str(warmup), "--driver-out", str(out_dir)]
-    with open(out_dir / "raytrain-driver.log", "w") as log:
+    cmd += ["--relaunch-steps", str(relaunch_steps)] if relaunch_steps else ["--skip-relaunch"]
+    log_path = out_dir / "raytrain-driver.log"
+    with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=str(out_dir))
         try:
-            code = proc.wait(timeout=timeout)
+            code: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise RuntimeError(f"the Ray Train driver did not finish within {timeout:.0f} s") from None
+            code = None
+    why = f"did not finish within {timeout:.0f} s" if code is None else f"exited {code}"
     timing_path = out_dir / "raytrain-driver.json"
-    if code != 0 or not timing_path.exists():
-        raise RuntimeError(f"the Ray Train driver exited {code}; see {out_dir / 'raytrain-driver.log'}:\n"
-                           + (out_dir / "raytrain-driver.log").read_text()[-3000:])
+    if not timing_path.exists():   # written once the first fit is over: that one did not end
+        raise RuntimeError(f"the Ray Train driver {why}; see {log_path}:\n" + log_path.read_text()[-3000:])
     timing = json.loads(timing_path.read_text())
     latencies = []
     arrivals = out_dir / "raytrain-arrivals.jsonl"
@@ -215,13 +259,24 @@ def run_raytrain(steps: int, warmup: int, out_dir: Path, timeout: float, address
             record = json.loads(line)
             if record["step"] > warmup and record["t"] is not None:
                 latencies.append((record["arrival"] - record["t"]) * 1000.0)
-    return _summarise("raytrain", timing["launched"], timing["ended"], _load_results(out_dir, "raytrain"),
-                      latencies, {"connect_s": timing["connect_s"], "latency_where": "controller",
-                                  "health_check_interval_s": poll_s})
+    first = _summarise("raytrain", timing["launched"], timing["ended"], _load_results(out_dir, "raytrain"),
+                       latencies, {"connect_s": timing["connect_s"], "latency_where": "controller",
+                                   "health_check_interval_s": poll_s})
+    if not relaunch_steps:
+        return first, None
+    again = timing.get("relaunch")
+    if again is None:
+        error = timing.get("relaunch_error")
+        text = (f"the second fit raised {error.strip().splitlines()[-1]}\n{error}" if error
+                else f"the Ray Train driver {why} before its relaunch ended")
+        return first, RuntimeError(f"{text}\nsee {log_path}")
+    return first, _attempt(lambda: _summarise("raytrain", again["launched"], again["ended"],
+                                              _load_results(again_dir, "raytrain"), None))
 
 
 def raytrain_driver(args: argparse.Namespace) -> None:
-    """The Ray Train v2 driver, in its own process: connect over ray://, fit, record timings."""
+    """The Ray Train v2 driver, in its own process: connect over ray://, fit (again for the relaunch),
+    record timings."""
     import ray
     import ray.cloudpickle
 
@@ -235,14 +290,16 @@ def raytrain_driver(args: argparse.Namespace) -> None:
     from ray.train.torch import TorchTrainer
 
     train_loop, write_result = workload.train_loop, workload.write_result
-    arrivals_path = str(out_dir / "raytrain-arrivals.jsonl")
 
     class ArrivalRecorder(UserCallback):
         """Runs in the Ray Train controller: when did each report get there?"""
 
+        def __init__(self, path: str) -> None:
+            self.path = path
+
         def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
             now = time.time()
-            with open(arrivals_path, "a") as handle:
+            with open(self.path, "a") as handle:
                 for item in metrics:
                     handle.write(json.dumps({"arrival": now, "t": item.get("t"), "step": item.get("step")}) + "\n")
 
@@ -253,18 +310,34 @@ def raytrain_driver(args: argparse.Namespace) -> None:
                             warmup=config["warmup"], variant="raytrain")
         write_result(result, config["out"])
 
-    launched = time.time()
-    trainer = TorchTrainer(
-        train_fn,
-        train_loop_config={"steps": args.steps, "warmup": args.warmup, "out": str(out_dir)},
-        scaling_config=ScalingConfig(num_workers=WORKERS, use_gpu=False, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(name=f"bench-{os.getpid()}", storage_path=str(out_dir / "raytrain-storage"),
-                             callbacks=[ArrivalRecorder()]),
-    )
-    trainer.fit()
-    ended = time.time()
-    (out_dir / "raytrain-driver.json").write_text(json.dumps(
-        {"launched": launched, "ended": ended, "connect_s": connect_s}))
+    def fit(name: str, out: Path, steps: int, warmup: int) -> dict[str, float]:
+        launched = time.time()
+        trainer = TorchTrainer(
+            train_fn,
+            train_loop_config={"steps": steps, "warmup": warmup, "out": str(out)},
+            scaling_config=ScalingConfig(num_workers=WORKERS, use_gpu=False, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(name=name, storage_path=str(out_dir / "raytrain-storage"),
+                                 callbacks=[ArrivalRecorder(str(out / "raytrain-arrivals.jsonl"))]),
+        )
+        trainer.fit()
+        return {"launched": launched, "ended": time.time()}
+
+    def record(timing: dict[str, Any]) -> None:
+        path = out_dir / "raytrain-driver.json"   # whole or absent, even if the parent kills this process
+        path.with_name(path.name + ".tmp").write_text(json.dumps(timing))
+        path.with_name(path.name + ".tmp").replace(path)
+
+    timing: dict[str, Any] = {**fit(f"bench-{os.getpid()}", out_dir, args.steps, args.warmup), "connect_s": connect_s}
+    record(timing)                 # now: a relaunch that hangs must not take the first fit's figures with it
+    if not args.skip_relaunch:
+        again_dir = out_dir / "relaunch"
+        again_dir.mkdir(parents=True, exist_ok=True)
+        try:  # a run name of its own, as a notebook's TorchTrainer gets each time its cell runs
+            timing["relaunch"] = fit(f"bench-{os.getpid()}-relaunch", again_dir, args.relaunch_steps,
+                                     RELAUNCH_WARMUP)
+        except Exception:  # noqa: BLE001 - the parent reports it as this repetition's relaunch error
+            timing["relaunch_error"] = traceback.format_exc()
+        record(timing)
     ray.shutdown()
 
 
@@ -321,6 +394,33 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
         "rows_received": len(arrivals), "latency_where": "driver (run.refresh())",
         "poll_ms": poll_ms, "refresh_ms_median": statistics.median(poll_costs) * 1000.0 if poll_costs else None,
     })
+
+
+def release_warm_workers() -> int:
+    """End this session's idle nbtrain workers (``nbtrain.release_warm()``) and wait until their
+    processes have exited, so that their exit does not take CPU from the next timed launch.
+
+    Returns how many ended. The cluster is on this machine, so their pids can be watched here.
+    """
+    import psutil
+
+    import nbtrain
+    from nbtrain._client.warm import is_this_session, warm_pools
+
+    pids = [worker["pid"] for name, workers in warm_pools().items() if is_this_session(name)
+            for worker in workers if worker["state"] == "idle" and worker["pid"]]
+    ended = nbtrain.release_warm()
+
+    def gone(pid: int) -> bool:
+        try:
+            return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while ended and not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return ended
 
 
 # ---------------------------------------------------------------------------- machine
@@ -389,6 +489,8 @@ def build_table(summary: dict[str, dict[str, Any]], variants: list[str], args: a
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     row("launch → first step (s)", "launch_to_first_step_s", 1)
+    if not args.skip_relaunch:
+        row("relaunch → first step (s)", "relaunch_to_first_step_s", 2)
     row("steady samples/s", "samples_per_s", 0)
     ratios = []
     for variant in variants:
@@ -449,6 +551,20 @@ def targets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     add("launch ≤ 0.5 × Ray Train's", launch, limit,
         None if launch is None or limit is None else launch <= limit,
         f"{_fmt(launch, 1)} s vs limit {_fmt(limit, 1)} s" if limit else "Ray Train not run")
+    tr_launch = tr.get("launch_to_first_step_s")
+    limit = 1.2 * tr_launch if tr_launch else None
+    add("first launch ≤ 1.2 × torchrun's", launch, limit,
+        None if launch is None or limit is None else launch <= limit,
+        f"{_fmt(launch, 2)} s vs limit {_fmt(limit, 2)} s (torchrun {_fmt(tr_launch, 2)} s); nbtrain's workers "
+        f"started cold" if limit else "torchrun not run")
+    again = nb.get("relaunch_to_first_step_s")
+    others = ", ".join(f"{title} {_fmt(info['relaunch_to_first_step_s'], 2)} s"
+                       for title, info in (("torchrun", tr), ("Ray Train", rt))
+                       if info.get("relaunch_to_first_step_s") is not None)
+    add("relaunch → first step < 1 s (nbtrain)", again, 1.0, None if again is None else again < 1.0,
+        f"{_fmt(again, 2)} s; ranks that ran in the run before's warm workers: "
+        f"{_fmt(nb.get('relaunch_reused_ranks'), 0)} of {WORKERS} (median)" + (f"; {others}" if others else "")
+        if again is not None else "no relaunch measured")
     cost = nb.get("report_us")
     add("report() ≤ 20 µs median", cost, 20.0, None if cost is None else cost <= 20.0, f"{_fmt(cost, 1)} µs")
     lat = nb.get("latency_p50_ms")
@@ -474,6 +590,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "launch time and report cost; each of its runs takes minutes, which more "
                              "torchrun/nbtrain pairs put to better use")
     parser.add_argument("--skip-raytrain", action="store_true")
+    parser.add_argument("--relaunch-steps", type=int, default=10,
+                        help="steps of the relaunch after each run: the same launch again, as when a notebook "
+                             f"cell runs again; only its launch → first step is kept ({RELAUNCH_WARMUP} warm-up; "
+                             "default 10)")
+    parser.add_argument("--skip-relaunch", action="store_true", help="no relaunch runs: first launches only")
     parser.add_argument("--poll-ms", type=float, default=0.0,
                         help="nbtrain driver poll interval (ms); 0 (default) long-polls like the dashboard")
     parser.add_argument("--slow-poll-ms", type=float, default=None,
@@ -487,7 +608,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-cpus", type=int, default=4, help="logical CPUs of the benchmark's Ray cluster")
     parser.add_argument("--no-prewarm", action="store_true",
                         help="skip the untimed short run of each variant before the repetitions")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 40 steps, 10 warm-up, 1 rep, no Ray Train")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 40 steps, 10 warm-up, 1 rep, no Ray Train (relaunches kept)")
     parser.add_argument("--out", "--json", dest="out", default=None, metavar="PATH",
                         help="write every repetition, the medians, the verdicts and the table here as JSON "
                              f"(default: {RESULTS_DIR.relative_to(HERE.parent) / 'latest.json'}; with --quick "
@@ -511,6 +633,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error("need 1 ≤ --warmup < --steps")
         if not args.skip_raytrain and not 1 <= args.raytrain_warmup < args.raytrain_steps:
             parser.error("need 1 ≤ --raytrain-warmup < --raytrain-steps")
+        if not args.skip_relaunch and args.relaunch_steps <= RELAUNCH_WARMUP:
+            parser.error(f"need --relaunch-steps > {RELAUNCH_WARMUP} (its warm-up)")
     return args
 
 
@@ -559,6 +683,10 @@ def main(argv: list[str] | None = None) -> int:
             f"its per-step report is slow; its total wall is for those steps, not {args.steps}.")
         if args.raytrain_reps is not None and args.raytrain_reps < args.reps:
             log(f"NOTE: Ray Train runs in the first {args.raytrain_reps} of {args.reps} repetitions only.")
+    if not args.skip_relaunch:
+        log(f"relaunch: right after each run, the same launch again for {args.relaunch_steps} steps "
+            f"({RELAUNCH_WARMUP} warm-up); only its launch → first step is kept. nbtrain's warm workers are "
+            f"released before each first launch and after each relaunch.")
     all_runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     steal = StealMeter()
     errors: list[str] = []
@@ -572,22 +700,36 @@ def main(argv: list[str] | None = None) -> int:
 
         log(f"Ray {ray.__version__}; cluster resources {ray.cluster_resources().get('CPU')} CPU")
 
-        def one(variant: str, rep: str, steps: int, warmup: int) -> dict[str, Any]:
+        def one(variant: str, rep: str, steps: int, warmup: int,
+                relaunch: bool) -> tuple[dict[str, Any], Outcome | None]:
+            """A variant's run and, with ``relaunch``, right after it the same launch again, short."""
             out = work / f"{variant}-{rep}"
+            again_steps = args.relaunch_steps
             if variant in ("torchrun", "torchrun_malloc"):
-                return run_torchrun(steps, warmup, out, args.timeout, variant)
+                first = run_torchrun(steps, warmup, out, args.timeout, variant)
+                return first, (_attempt(lambda: run_torchrun(again_steps, RELAUNCH_WARMUP, out / "relaunch",
+                                                             args.timeout, variant)) if relaunch else None)
             if variant == "raytrain":
-                return run_raytrain(steps, warmup, out, args.timeout, address, args.raytrain_poll_s)
-            if variant == "nbtrain_slowpoll":
-                return run_nbtrain(steps, warmup, args.timeout, args.slow_poll_ms, variant=variant,
-                                   name=f"bench-slow-{rep}-{os.getpid()}")
-            return run_nbtrain(steps, warmup, args.timeout, args.poll_ms, name=f"bench-{rep}-{os.getpid()}")
+                return run_raytrain(steps, warmup, out, args.timeout, address, args.raytrain_poll_s,
+                                    again_steps if relaunch else None)
+            poll_ms, prefix = ((args.slow_poll_ms, "bench-slow") if variant == "nbtrain_slowpoll"
+                               else (args.poll_ms, "bench"))
+
+            def launch(steps: int, warmup: int, name: str) -> dict[str, Any]:
+                return run_nbtrain(steps, warmup, args.timeout, poll_ms, variant=variant,
+                                   name=f"{prefix}-{name}-{os.getpid()}")
+
+            release_warm_workers()   # the first launch starts its workers cold: none left by an earlier run
+            first = launch(steps, warmup, rep)
+            again = _attempt(lambda: launch(again_steps, RELAUNCH_WARMUP, f"{rep}-relaunch")) if relaunch else None
+            release_warm_workers()   # idle ranks must not sit through the other variants' runs
+            return first, again
 
         if not args.no_prewarm:
             for variant in [v for v in variants if v != "nbtrain_slowpoll"]:
                 began = time.monotonic()
                 try:
-                    one(variant, "prewarm", 4, 1)
+                    one(variant, "prewarm", 4, 1, relaunch=False)
                     log(f"prewarm {variant}: {time.monotonic() - began:.1f} s")
                 except Exception as exc:  # noqa: BLE001
                     errors.append(f"prewarm {variant}: {exc}")
@@ -601,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
                                  else (args.steps, args.warmup))
                 began = time.monotonic()
                 try:
-                    result = one(variant, f"r{rep}", steps, warmup)
+                    result, again = one(variant, f"r{rep}", steps, warmup, relaunch=not args.skip_relaunch)
                 except Exception as exc:  # noqa: BLE001 - one failed variant must not lose the others
                     errors.append(f"rep {rep} {variant}: {exc}")
                     log(f"rep {rep} {variant} FAILED after {time.monotonic() - began:.1f} s: {exc}")
@@ -624,6 +766,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{_numbers(result['runqueue_wait_ms_per_step'], 1)} ms, preempted "
                     f"{_numbers(result['preemptions_per_step'], 0)} times, page faults "
                     f"{_numbers(result['page_faults_per_step'], 0)}")
+                if isinstance(again, Exception):
+                    errors.append(f"rep {rep} {variant} relaunch: {again}")
+                    log(f"rep {rep} {variant} relaunch FAILED: {again}")
+                    traceback.print_exception(again)
+                elif again is not None:
+                    result.update(_relaunch_fields(result, again))
+                    log(f"rep {rep} {variant:8s} relaunch ({again['steps']} steps): launch→first step "
+                        f"{result['relaunch_to_first_step_s']:.2f} s, wall {result['relaunch_total_wall_s']:.1f} s, "
+                        f"ranks in the processes of the run before {result['relaunch_reused_ranks']}/{WORKERS}")
     finally:
         try:
             nbtrain.disconnect()
@@ -634,13 +785,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    keys = ("launch_to_first_step_s", "samples_per_s", "report_us", "report_us_p90", "latency_p50_ms",
-            "latency_p90_ms", "total_wall_s", "steal_pct", "samples_per_s_unstolen", "page_faults")
+    keys = ("launch_to_first_step_s", "relaunch_to_first_step_s", "samples_per_s", "report_us", "report_us_p90",
+            "latency_p50_ms", "latency_p90_ms", "total_wall_s", "relaunch_total_wall_s", "relaunch_reused_ranks",
+            "steal_pct", "samples_per_s_unstolen", "page_faults")
     summary: dict[str, dict[str, Any]] = {}
     for variant in variants:
         runs = all_runs[variant]
         summary[variant] = {key: _median([r.get(key) for r in runs]) for key in keys}
         summary[variant]["reps_ok"] = len(runs)
+        summary[variant]["relaunch_reps_ok"] = sum(1 for r in runs if "relaunch_to_first_step_s" in r)
         if runs:
             summary[variant]["steps"] = runs[0]["steps"]
             summary[variant]["warmup"] = runs[0]["warmup"]
