@@ -48,6 +48,12 @@ def pool_for_launch() -> str:
     return _made.name
 
 
+def prestart(shape: Any, idle_s: float) -> None:
+    """Ask this session's pool to start the next run's workers now (see ``WarmPool.prestart``)."""
+    if _made is not None:
+        _made.pool.prestart.remote(shape, idle_s)
+
+
 def release_warm() -> int:
     """End this notebook session's idle warm workers now (they would otherwise wait ``warm_idle_s``
     for the next run of their shape); returns how many ended. Runs going on are not touched."""

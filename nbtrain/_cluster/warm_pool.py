@@ -40,7 +40,7 @@ from nbtrain._cluster.worker import TrainWorker
 
 WATCH_INTERVAL_S = 1.0
 ANCHOR_PING_TIMEOUT_S = 10.0
-ALIVE_CHECK_S = 5.0
+ALIVE_CHECK_S = 30.0  # a worker still starting (prestarted) answers once torch is imported; a dead one at once
 
 Shape = tuple[int, float, float, tuple[tuple[str, str], ...]]  # workers, CPUs and GPUs per worker, env
 
@@ -112,10 +112,25 @@ class WarmPool:
         for rank, worker in enumerate(chosen):
             reused = worker is not None
             if worker is None:
-                worker = self._start(shape, nodes[rank], run_name)
+                worker = self._start(shape, nodes[rank], run_name, idle_s)
             worker.idle_s = idle_s
             lent.append((worker.handle, reused))
         return lent
+
+    def prestart(self, shape: Shape, idle_s: float) -> None:
+        """Start idle workers of ``shape`` before the run asks, so their process start and ``import torch``
+        overlap the supervisor's start and the placement. Only on a one-node cluster (the embedded one,
+        a laptop), where the node a bundle lands on is known in advance."""
+        alive = [node for node in ray.nodes() if node["Alive"]]
+        if len(alive) != 1:
+            return
+        with self._lock:
+            if self._closing:
+                return
+            self._end([w for w in self._workers if w.leased_by is None and w.shape != shape])
+            have = sum(1 for w in self._workers if w.leased_by is None)
+        for _ in range(shape[0] - have):
+            self._start(shape, alive[0]["NodeID"], None, idle_s)
 
     def give_back(self, run_name: str, handles: list[Any]) -> None:
         """The run ended: ``handles`` (workers whose ``run()`` returned) idle; its others are ended."""
@@ -147,14 +162,15 @@ class WarmPool:
         return len(idle)
 
     # ------------------------------------------------------------------ inside
-    def _start(self, shape: Shape, node_id: str, run_name: str) -> _Worker:
+    def _start(self, shape: Shape, node_id: str, run_name: str | None, idle_s: float) -> _Worker:
         _workers, _cpus, _gpus, env = shape
         handle = ray.remote(TrainWorker).options(
             num_cpus=0, num_gpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             runtime_env={"env_vars": dict(env)} if env else None,
         ).remote()
-        worker = _Worker(handle, shape, node_id, pid=0, leased_by=run_name)
+        worker = _Worker(handle, shape, node_id, pid=0, leased_by=run_name, idle_since=time.monotonic(),
+                         idle_s=idle_s)
         with self._lock:
             self._workers.append(worker)
         return worker

@@ -1,9 +1,8 @@
 """The live view of a run: widgets in a notebook, one text line elsewhere.
 
-Both read the same :class:`~nbtrain.Run` through its cursor. The follower
-long-polls once per flush tick (``FOLLOW_POLL_S``), so rows reach the kernel
-one tick after they were reported; redraws are coalesced apart from that (at
-most one every ``REDRAW_INTERVAL_S``, a pending one drawn when due), widgets are updated in
+Both read the same :class:`~nbtrain.Run` through its cursor, followed by
+:mod:`~nbtrain._views.follower`; redraws are coalesced (at most one every
+``REDRAW_INTERVAL_S``, a held-back one drawn when due), widgets are updated in
 place (never re-displayed), curves are downsampled before they reach the
 browser, worker logs go to collapsed per-rank panes rather than the cell's
 output, and a failed run turns red and stays red. When the run ends, a static
@@ -19,13 +18,13 @@ are listed in the header and marked in the table, whatever the width.
 from __future__ import annotations
 
 import html
-import sys
 import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from nbtrain._states import RunState
+from nbtrain._views.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
 from nbtrain._views.history import MetricHistory, take_new_rows
 from nbtrain._views.static_plot import COLOURS, svg_chart
 from nbtrain._views.summary_text import (
@@ -46,13 +45,9 @@ from nbtrain._views.worker_table_view import (
     worker_table,
 )
 
-REDRAW_INTERVAL_S = 0.25
-FOLLOW_POLL_S = 0.1          # at most one long poll per default flush tick: rows arrive a tick after their report
-LONG_POLL_S = 1.0
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000
 WIDE_RANKS = 8               # above this many ranks: a band across ranks, a summarised and paged worker table
-STRAGGLERS_LISTED = 8        # in the header; the rest are counted
 
 
 def in_notebook() -> bool:
@@ -77,92 +72,7 @@ def show_dashboard(run: Any, *, follow: str = "background", ranks: Iterable[int]
     return view
 
 
-class _Follower:
-    """Runs ``update`` until the run ends, from the caller's thread or a daemon thread."""
-
-    run: Any
-    thread: threading.Thread
-
-    def update(self, wait_s: float = 0.0) -> bool:  # True once the run is terminal and drawn
-        raise NotImplementedError
-
-    def draw_due_in(self) -> float | None:
-        """Seconds until a redraw held back by the throttle is due; None when nothing waits to be drawn."""
-        return None
-
-    def _tick(self) -> bool:
-        """One long-poll update (shorter when a held-back redraw falls due sooner), then a pause so
-        polls stay at one per flush tick."""
-        began = time.monotonic()
-        due = self.draw_due_in()
-        done = self.update(wait_s=LONG_POLL_S if due is None else max(due, 0.0))
-        if not done:
-            time.sleep(max(0.0, FOLLOW_POLL_S - (time.monotonic() - began)))
-        return done
-
-    def follow_in_background(self) -> threading.Thread:
-        self.thread = threading.Thread(target=self._follow_quietly, name=f"nbtrain-dashboard-{self.run.name}",
-                                       daemon=True)
-        self.thread.start()
-        return self.thread
-
-    def _follow_quietly(self) -> None:
-        failures = 0
-        while True:
-            try:
-                if self._tick():
-                    return
-                failures = 0
-            except Exception as exc:  # noqa: BLE001 - a lost connection must not kill the view
-                failures += 1
-                self.note_problem(f"Lost contact with the run ({exc}); retrying…")
-                if failures > 120:
-                    return
-                time.sleep(1.0)
-
-    def note_problem(self, message: str) -> None:
-        pass
-
-
-class TextProgress(_Follower):
-    """Outside a notebook: one line every couple of seconds, and a summary at the end."""
-
-    def __init__(self, run: Any, stream: Any = None, interval: float = 2.0) -> None:
-        self.run = run
-        self.stream = stream or sys.stdout
-        self.interval = interval
-        self.history = MetricHistory()
-        self._last_print = 0.0
-
-    def display(self) -> None:
-        pass
-
-    def line(self, summary: dict[str, Any]) -> str:
-        fraction = progress_fraction(summary)
-        share = f" {fraction:4.0%}" if fraction is not None else ""
-        metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(self.history.latest.items())[:4])
-        late = stragglers(summary.get("workers") or [])
-        behind = (" stragglers " + ",".join(map(str, late[:STRAGGLERS_LISTED]))
-                  + ("…" if len(late) > STRAGGLERS_LISTED else "")) if late else ""
-        return (f"[nbtrain] {self.run.name} {state_label(summary)}{share} step {summary.get('step', 0)} "
-                f"{len(summary.get('workers') or [])} workers{behind} "
-                f"{fmt_duration(elapsed(summary))} {metrics}").rstrip()
-
-    def update(self, wait_s: float = 0.0) -> bool:
-        self.run.refresh(wait_s=wait_s)
-        take_new_rows(self.run, self.history)
-        summary = self.run.cached_summary
-        terminal = RunState(summary["state"]).is_terminal
-        now = time.monotonic()
-        if terminal or now - self._last_print >= self.interval:
-            self._last_print = now
-            print(self.line(summary), file=self.stream, flush=True)
-        if terminal and summary.get("error"):
-            print(summary["error"], file=self.stream, flush=True)
-        return terminal
-
-
-class WidgetDashboard(_Follower):
+class WidgetDashboard(Follower):
     """ipywidgets + plotly FigureWidget view of a run."""
 
     def __init__(self, run: Any, ranks: Iterable[int] = ()) -> None:
@@ -258,7 +168,7 @@ class WidgetDashboard(_Follower):
     def draw_due_in(self) -> float | None:
         return REDRAW_INTERVAL_S - (time.monotonic() - self._drawn_at) if self._undrawn else None
 
-    def update(self, wait_s: float = 0.0) -> bool:
+    def update(self, wait_s: float = 0.0, coalesce: bool = False) -> bool:
         self.run.refresh(wait_s=wait_s)  # outside the lock: a long poll must not block Stop's redraw
         with self._lock:
             # by position in the Run's history, not refresh()'s return value: rows a cell's
@@ -272,7 +182,7 @@ class WidgetDashboard(_Follower):
                 self.rank_row.layout.display = None if wide else "none"
             terminal = RunState(summary["state"]).is_terminal
             now = time.monotonic()
-            if not terminal and now - self._drawn_at < REDRAW_INTERVAL_S:
+            if coalesce and not terminal and now - self._drawn_at < REDRAW_INTERVAL_S:
                 self._undrawn = True  # drawn when due: redraws stay at a few per second
                 return False
             self._drawn_at, self._undrawn = now, False
