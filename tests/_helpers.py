@@ -48,7 +48,6 @@ def waiting_for_an_answer(thread: threading.Thread, call: str) -> bool:
 def run_actor_names(run_name: str, run: Any = None) -> list[str]:
     """A run's workers still alive: named ones it started, ones lent to it by a warm pool, and (given
     the ``run``) any process of its worker table still running."""
-    import psutil
     import ray.util
 
     from nbtrain._client.warm import warm_pools
@@ -56,9 +55,18 @@ def run_actor_names(run_name: str, run: Any = None) -> list[str]:
     named = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["name"].startswith(f"nbtrain-worker:{run_name}:")]
     lent = [f"warm pid {w['pid']}" for pool in warm_pools().values() for w in pool if w["run"] == run_name]
-    running = [f"pid {w['pid']}" for w in (run.workers if run is not None else [])
-               if psutil.pid_exists(w["pid"]) and psutil.Process(w["pid"]).status() != psutil.STATUS_ZOMBIE]
+    running = [f"pid {w['pid']}" for w in (run.workers if run is not None else []) if pid_alive(w["pid"])]
     return named + lent + running
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this machine is running (an exited one not yet reaped is not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def ipython_shell():

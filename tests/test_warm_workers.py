@@ -18,13 +18,12 @@ from contextlib import redirect_stdout
 from io import StringIO
 from pathlib import Path
 
-import psutil
 import pytest
 
 import nbtrain
 from nbtrain._client.warm import warm_pools
 
-from _helpers import ipython_shell, wait_for
+from _helpers import ipython_shell, pid_alive, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,24 +58,24 @@ def _launch(name: str, shape: str, **options):
 
 
 def _all_gone(pids: list[int]) -> bool:
-    return not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids)
+    return not any(pid_alive(pid) for pid in pids)
+
+
+def _launch_to_first_row(name: str, shape: str):
+    """A run of ``shape``, the seconds from launch() to its first row in the notebook, once it succeeded."""
+    started = time.monotonic()
+    run = nbtrain.launch(leftovers, name=name, workers=2, env={"WARM_TEST_SHAPE": shape})
+    wait_for(lambda: run.refresh(wait_s=0.5) or run.cached_rows(0), 120, message=f"{name}'s first row")
+    took = time.monotonic() - started
+    run.wait(timeout=120)
+    assert run.state == nbtrain.RunState.SUCCEEDED, run.error
+    return run, took
 
 
 @pytest.mark.cluster
 def test_a_relaunch_reuses_the_workers_started_afresh_and_reaches_its_first_step_sooner(cluster):
-    started = time.monotonic()
-    first = nbtrain.launch(leftovers, name="warm-first", workers=2, env={"WARM_TEST_SHAPE": "same"})
-    wait_for(lambda: first.refresh(wait_s=0.5) or first.cached_rows(0), 120, message="the first run's first row")
-    first_launch_s = time.monotonic() - started
-    first.wait(timeout=120)
-    assert first.state == nbtrain.RunState.SUCCEEDED, first.error
-
-    started = time.monotonic()
-    again = nbtrain.launch(leftovers, name="warm-again", workers=2, env={"WARM_TEST_SHAPE": "same"})
-    wait_for(lambda: again.refresh(wait_s=0.5) or again.cached_rows(0), 120, message="the relaunch's first row")
-    relaunch_s = time.monotonic() - started
-    again.wait(timeout=120)
-    assert again.state == nbtrain.RunState.SUCCEEDED, again.error
+    first, first_launch_s = _launch_to_first_row("warm-first", "same")
+    again, relaunch_s = _launch_to_first_row("warm-again", "same")
 
     assert _pids(again) == _pids(first)  # the same processes
     for result in again.result:          # ... each started afresh

@@ -119,8 +119,7 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         from nbtrain._cluster.warm_pool import shape_of
 
         spec = dataclasses.replace(spec, warm_pool=warm.pool_for_launch())
-        warm.prestart(shape_of(options.workers, options.cpus_per_worker, options.gpus_per_worker, options.env),
-                      options.warm_idle_s)
+        warm.prestart(shape_of(options), options.warm_idle_s)
         spec_bytes = _pickled(spec)
     existing = find_supervisor(name)
     stored = find_stored(name) if existing is None else None

@@ -23,7 +23,7 @@ class _SessionPool:
     cluster: connection.Cluster  # the connection it belongs to: a new connection is a new session
     name: str
     pool: Any
-    anchor: Any
+    anchor: Any  # held here: an actor the session owns lives as long as a handle to it
 
 
 _made: _SessionPool | None = None

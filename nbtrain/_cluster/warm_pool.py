@@ -31,12 +31,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nbtrain._cluster.worker import TrainWorker
+
+if TYPE_CHECKING:
+    from nbtrain._options import RunOptions
 
 WATCH_INTERVAL_S = 1.0
 ANCHOR_PING_TIMEOUT_S = 10.0
@@ -45,8 +48,10 @@ ALIVE_CHECK_S = 30.0  # a worker still starting (prestarted) answers once torch 
 Shape = tuple[int, float, float, tuple[tuple[str, str], ...]]  # workers, CPUs and GPUs per worker, env
 
 
-def shape_of(workers: int, cpus_per_worker: float, gpus_per_worker: float, env: dict[str, str] | None) -> Shape:
-    return (workers, float(cpus_per_worker), float(gpus_per_worker), tuple(sorted((env or {}).items())))
+def shape_of(options: RunOptions) -> Shape:
+    """What a warm worker must match to be reused by a run with these options."""
+    return (options.workers, float(options.cpus_per_worker), float(options.gpus_per_worker),
+            tuple(sorted((options.env or {}).items())))
 
 
 def describe_shape(shape: Shape) -> str:
@@ -84,9 +89,9 @@ class WarmPool:
         threading.Thread(target=self._watch, name="nbtrain-warm-watch", daemon=True).start()
 
     # ------------------------------------------------------------------ called by a run's worker group
-    def lease(self, run_name: str, shape: Shape, nodes: list[str], idle_s: float) -> list[tuple[Any, bool]]:
+    def lease(self, run_name: str, shape: Shape, nodes: list[str], idle_s: float) -> list[Any]:
         """One worker per rank (``nodes[rank]`` is the node of its bundle): an idle one of this shape on
-        that node, else a new one. Returns ``(handle, reused)`` per rank.
+        that node, else a new one. Returns their handles, by rank.
 
         Idle workers of another shape are ended (the session moved on); workers this run leased before
         and did not give back (its supervisor restarted) are ended too.
@@ -110,11 +115,10 @@ class WarmPool:
             self._end([w for w in idle if w not in alive])
         lent = []
         for rank, worker in enumerate(chosen):
-            reused = worker is not None
             if worker is None:
                 worker = self._start(shape, nodes[rank], run_name, idle_s)
             worker.idle_s = idle_s
-            lent.append((worker.handle, reused))
+            lent.append(worker.handle)
         return lent
 
     def prestart(self, shape: Shape, idle_s: float) -> None:

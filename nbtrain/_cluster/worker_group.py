@@ -81,7 +81,6 @@ class WorkerGroup:
         self.attempt = attempt
         self.actors: list[Any] = []
         self.relays: dict[str, Any] = {}  # node id -> its push relay
-        self.reused: list[bool] = []       # per rank: a warm worker from an earlier run
         self._pool: Any = None             # the warm pool the actors were leased from, if any
         self._succeeded = False            # every rank's run() returned: warm workers go back to the pool
         self._group: Any = None
@@ -130,7 +129,6 @@ class WorkerGroup:
                 name=worker_name(self.spec.name, self.attempt, rank), namespace=NAMESPACE,
                 runtime_env={"env_vars": options.env} if options.env else None,
             ).remote() for rank in range(options.workers)]
-            self.reused = [False] * options.workers
         places: list[dict[str, Any]] = self._wait(
             [actor.where.remote() for actor in self.actors], WORKER_START_TIMEOUT_S, stop_requested,
             lambda: Failure(None, "startup", f"the workers did not start within {WORKER_START_TIMEOUT_S:.0f} s"))
@@ -147,15 +145,13 @@ class WorkerGroup:
         try:
             pool = ray.get_actor(self.spec.warm_pool, namespace=NAMESPACE)
             nodes = _bundle_nodes(self._group, options.workers)
-            lent = self._wait(pool.lease.remote(self.spec.name, shape_of(
-                options.workers, options.cpus_per_worker, options.gpus_per_worker, options.env),
-                nodes, options.warm_idle_s), WORKER_START_TIMEOUT_S, stop_requested,
-                lambda: Failure(None, "startup", "the warm pool did not answer"))
+            lent = self._wait(pool.lease.remote(self.spec.name, shape_of(options), nodes, options.warm_idle_s),
+                              WORKER_START_TIMEOUT_S, stop_requested,
+                              lambda: Failure(None, "startup", "the warm pool did not answer"))
         except (ValueError, StartFailed, ray.exceptions.RayError):
             return False
         self._pool = pool
-        self.actors = [handle for handle, _ in lent]
-        self.reused = [reused for _, reused in lent]
+        self.actors = lent
         return True
 
     def _bundle_gpus(self, stop_requested: Callable[[], bool]) -> list[list[str]]:

@@ -13,13 +13,14 @@ import threading
 import time
 from typing import Any
 
+from nbtrain._options import default_of
 from nbtrain._states import RunState
 from nbtrain._views.history import MetricHistory, take_new_rows
 from nbtrain._views.summary_text import elapsed, fmt_duration, progress_fraction, state_label
 from nbtrain._views.worker_table_view import stragglers
 
 REDRAW_INTERVAL_S = 0.25
-FOLLOW_POLL_S = 0.1          # at most one long poll per default flush tick: rows arrive a tick after their report
+FOLLOW_POLL_S: float = default_of("flush_interval_s")  # one long poll per default flush tick
 LONG_POLL_S = 1.0
 STRAGGLERS_LISTED = 8        # in the header; the rest are counted
 
