@@ -9,7 +9,9 @@ Driver side::
 
 Worker side (inside the training function): ``get_context``, ``report``,
 ``prepare_model``, ``prepare_loader``, ``save_checkpoint``, ``load_checkpoint``,
-``get_dataset_shard``.
+``get_dataset_shard``; code written for Ray Train (``ray.train.report``,
+``ray.train.torch.prepare_model``...) runs unchanged, and ``nbtrain.TorchTrainer``
+stands in for ``ray.train.torch.TorchTrainer``.
 
 In a notebook: ``%load_ext nbtrain``, then ``%ray_connect`` and ``%%ray_train``.
 Heavy imports (torch, widgets, plotly) happen only where they are used, so
@@ -23,6 +25,7 @@ from typing import Any
 from nbtrain._client.connection import Cluster, connect, disconnect
 from nbtrain._client.launch import attach, launch, runs
 from nbtrain._client.run import Run
+from nbtrain._client.torch_trainer import TorchTrainer
 from nbtrain._client.warm import release_warm
 from nbtrain._cluster.session import TrainContext
 from nbtrain._cluster.worker_api import (
@@ -66,6 +69,7 @@ __all__ = [
     "RunNotFoundError",
     "RunState",
     "StorageError",
+    "TorchTrainer",
     "TrainContext",
     "VersionMismatchError",
     "WorkerState",

@@ -56,6 +56,11 @@ def run_index_dir() -> Path:
     return nbtrain_home() / "run-index"
 
 
+def checkpoints_dir() -> Path:
+    """Where the notebook puts checkpoint files it fetched from the cluster (``run.checkpoint_dir()``)."""
+    return nbtrain_home() / "checkpoints"
+
+
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
 from nbtrain import _registry
+from nbtrain._client.checkpoint_files import local_checkpoint_dir
 from nbtrain._client.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
 from nbtrain._cluster.names import ACTOR_PREFIX, NAMESPACE, actor_name
 from nbtrain._cluster.storage import load_trusted
@@ -360,14 +362,29 @@ class Run:
     def load_checkpoint(self, *, weights_only: bool = True) -> Any | None:
         """The run's latest checkpoint in the notebook (``None`` if none was saved).
 
-        Loaded with ``torch.load(weights_only=True)``: only tensors and plain
-        containers. Pass ``weights_only=False`` only for checkpoints you trust.
+        What ``nbtrain.save_checkpoint`` saved is loaded with ``torch.load(weights_only=True)``:
+        only tensors and plain containers. Pass ``weights_only=False`` only for checkpoints
+        you trust. A checkpoint reported by Ray Train code (``ray.train.report(checkpoint=)``)
+        comes back as a ``ray.train.Checkpoint`` of a local directory with its files.
         """
         found = self._call("latest_checkpoint", timeout=READ_TIMEOUT_S)
         if found is None:
             return None
-        _meta, data, path = found
+        meta, data, path = found
+        if meta.get("format") == "directory":
+            from ray.train import Checkpoint
+
+            return Checkpoint.from_directory(str(local_checkpoint_dir(self.name, meta, data, path)))
         return load_trusted(data if data is not None else path, "cpu", weights_only)
+
+    def checkpoint_dir(self) -> Path | None:
+        """The latest checkpoint's files in a local directory (``None`` if none was saved).
+
+        A Ray Train checkpoint's directory as the function wrote it; what
+        ``nbtrain.save_checkpoint`` saved, as ``checkpoint.pt`` (``torch.save``'s file).
+        """
+        found = self._call("latest_checkpoint", timeout=READ_TIMEOUT_S)
+        return None if found is None else local_checkpoint_dir(self.name, *found)
 
     def delete(self, timeout: float = 30.0) -> None:
         """Delete an ended run: its stored history, checkpoints and state, its supervisor, its registry record.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,36 @@ from nbtrain._paths import private_dir, private_opener, read_json, write_json_at
 
 KEEP_CHECKPOINTS = 2
 HISTORY_KINDS = ("metrics", "logs", "events")
+# How a checkpoint's bytes hold it, by the ``format`` in its meta: what ``nbtrain.save_checkpoint``
+# wrote (``torch.save`` of an object), or the files of a directory (``ray.train.report(checkpoint=)``),
+# as an uncompressed tar archive.
+CHECKPOINT_SUFFIXES = {"torch": ".pt", "directory": ".tar"}
 
 
-def checkpoint_path(directory: str | Path, attempt: int, step: int) -> Path:
+def checkpoint_path(directory: str | Path, attempt: int, step: int, form: str = "torch") -> Path:
     """Where a checkpoint of ``attempt`` at ``step`` is written, in the supervisor's storage or ``storage=``."""
-    return Path(directory) / f"checkpoint-a{attempt}-s{step}.pt"
+    return Path(directory) / f"checkpoint-a{attempt}-s{step}{CHECKPOINT_SUFFIXES[form]}"
+
+
+def pack_directory(directory: str | Path) -> bytes:
+    """The files under ``directory`` as one tar archive (paths relative to it), for a directory checkpoint."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for entry in sorted(Path(directory).iterdir()):
+            archive.add(entry, arcname=entry.name)
+    return buffer.getvalue()
+
+
+def unpack_directory(source: bytes | str, into: str | Path) -> Path:
+    """Extract a directory checkpoint (archive bytes or the archive's path) into ``into``; returns it.
+
+    Only plain files and directories inside ``into`` are extracted (tarfile's "data" filter).
+    """
+    into = private_dir(Path(into))
+    fileobj = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
+    with fileobj, tarfile.open(fileobj=fileobj, mode="r") as archive:
+        archive.extractall(into, filter="data")
+    return into
 
 
 def load_trusted(source: bytes | str, map_location: Any, weights_only: bool) -> Any:
@@ -108,12 +134,13 @@ class RunStorage:
 
     def write_checkpoint(self, meta: dict[str, Any], data: bytes) -> str:
         self._writable()
-        path = checkpoint_path(self.dir / "checkpoints", meta["attempt"], meta["step"])
+        path = checkpoint_path(self.dir / "checkpoints", meta["attempt"], meta["step"], meta.get("format", "torch"))
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb", opener=private_opener) as handle:
             handle.write(data)
         os.replace(tmp, path)
-        kept = sorted((self.dir / "checkpoints").glob("checkpoint-*.pt"), key=os.path.getmtime)
+        kept = sorted((p for p in (self.dir / "checkpoints").glob("checkpoint-*") if p.suffix != ".tmp"),
+                      key=os.path.getmtime)
         for old in kept[:-KEEP_CHECKPOINTS]:
             if old != path:
                 old.unlink(missing_ok=True)

@@ -22,6 +22,7 @@ import ipaddress
 import os
 import socket
 import sys
+import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,8 @@ from nbtrain._net import free_port
 if TYPE_CHECKING:
     from nbtrain._cluster.worker_group import WorkerPayload
 
+SEAM_MODULE = "nbtrain._cluster.ray_train_seam"
+
 
 class TrainWorker:
     def __init__(self) -> None:
@@ -47,6 +50,9 @@ class TrainWorker:
         self._malloc_tuned = keep_freed_memory()  # before torch allocates anything; see _allocator
         import torch  # pay the import while the run is "starting", not in the first step
 
+        # Ray Train v2 support (ray_train_seam) imports ray.train.torch: ~0.6 s, paid while the run starts
+        self._seam_import = threading.Thread(target=_import_ray_train_seam, name="nbtrain-import", daemon=True)
+        self._seam_import.start()
         # what a fresh process starts from, for a warm worker's next run (see warm_pool)
         self._fresh_environ = dict(os.environ)
         self._fresh_torch_seed = torch.initial_seed()
@@ -91,6 +97,10 @@ class TrainWorker:
         session = TrainingSession(context, payload.supervisor, payload.flush_interval_s, payload.storage,
                                   payload.weights_only, payload.datasets, relay=payload.relay)
         set_session(session)
+        self._seam_import.join()
+        seam = sys.modules.get(SEAM_MODULE)
+        if seam is not None:
+            seam.install(session)
         session.start()
         try:
             _join_process_group(payload)
@@ -106,6 +116,8 @@ class TrainWorker:
             }
         finally:
             set_session(None)
+            if seam is not None:
+                seam.uninstall()
             if dist.is_initialized():
                 try:
                     dist.destroy_process_group()
@@ -134,6 +146,16 @@ class TrainWorker:
         gc.collect()  # the previous run's model and tensors
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
+
+
+def _import_ray_train_seam() -> None:
+    """Import the Ray Train v2 seam; without Ray Train's packages, ``ray.train`` calls raise Ray's own error."""
+    import importlib
+
+    try:
+        importlib.import_module(SEAM_MODULE)
+    except ImportError as exc:
+        sys.stderr.write(f"nbtrain: Ray Train code will not run on this worker: {exc}\n")
 
 
 def _join_process_group(payload: WorkerPayload) -> None:

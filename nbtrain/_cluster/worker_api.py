@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from nbtrain._cluster.counted_shard import CountedShard
 from nbtrain._cluster.session import TrainContext, current_session
-from nbtrain._cluster.storage import checkpoint_path, load_trusted
+from nbtrain._cluster.storage import checkpoint_path, load_trusted, unpack_directory
 from nbtrain._exceptions import NbtrainError
 from nbtrain._paths import private_dir, private_opener
 
@@ -150,28 +151,34 @@ def save_checkpoint(obj: Any) -> None:
     ``prepare_model`` (DDP) models are stored without the ``module.`` prefix,
     so they load straight into an unwrapped model in the notebook.
     """
-    import ray
     import torch
+
+    if current_session().context.rank != 0:
+        return
+    buffer = io.BytesIO()
+    torch.save(_unwrap_models(obj), buffer)
+    store_checkpoint(buffer.getvalue(), "torch")
+
+
+def store_checkpoint(data: bytes, form: str) -> None:
+    """Hand rank 0's checkpoint (``data`` in ``form``, see ``CHECKPOINT_SUFFIXES``) to the supervisor,
+    or write it to ``storage=`` and tell the supervisor where; returns once it is recorded."""
+    import ray
 
     session = current_session()
     ctx = session.context
-    if ctx.rank != 0:
-        return
-    obj = _unwrap_models(obj)
     step = session.current_step()
-    meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time()}
-    if session.storage:
-        path = checkpoint_path(os.path.join(session.storage, ctx.run_name, "checkpoints"), ctx.attempt, step)
-        private_dir(path.parent)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb", opener=private_opener) as handle:
-            torch.save(obj, handle)
-        os.replace(tmp, path)
-        ray.get(session.supervisor.record_checkpoint.remote(meta, None, str(path)))
+    meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time(), "format": form}
+    if not session.storage:
+        ray.get(session.supervisor.record_checkpoint.remote(meta, data, None))
         return
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    ray.get(session.supervisor.record_checkpoint.remote(meta, buffer.getvalue(), None))
+    path = checkpoint_path(os.path.join(session.storage, ctx.run_name, "checkpoints"), ctx.attempt, step, form)
+    private_dir(path.parent)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb", opener=private_opener) as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+    ray.get(session.supervisor.record_checkpoint.remote(meta, None, str(path)))
 
 
 def _unwrap_models(obj: Any) -> Any:
@@ -192,8 +199,23 @@ def load_checkpoint() -> Any | None:
     After a restart (``max_failures``), this returns what was saved before the
     failure and makes ``report()``'s default step continue from it. Loaded with
     ``torch.load(weights_only=True)`` unless the run was launched with
-    ``checkpoint_weights_only=False``.
+    ``checkpoint_weights_only=False``. A checkpoint reported by Ray Train code
+    (``ray.train.report(checkpoint=...)``) comes back as a ``ray.train.Checkpoint``
+    of a local directory with its files.
     """
+    found = latest_checkpoint()
+    if found is None:
+        return None
+    meta, source = found
+    if meta.get("format") == "directory":
+        from ray.train import Checkpoint
+
+        return Checkpoint.from_directory(str(unpack_directory(source, tempfile.mkdtemp(prefix="nbtrain-ckpt-"))))
+    return load_trusted(source, current_session().context.device, current_session().weights_only)
+
+
+def latest_checkpoint() -> tuple[dict[str, Any], bytes | str] | None:
+    """The run's latest checkpoint's meta and bytes (or path in ``storage=``); the default step continues from it."""
     import ray
 
     session = current_session()
@@ -201,9 +223,8 @@ def load_checkpoint() -> Any | None:
     if found is None:
         return None
     meta, data, path = found
-    obj = load_trusted(data if data is not None else path, session.context.device, session.weights_only)
     session.step = session.report_calls = session.last_step = int(meta.get("step", 0))
-    return obj
+    return meta, data if data is not None else path
 
 
 def get_dataset_shard(name: str = "train") -> Any:

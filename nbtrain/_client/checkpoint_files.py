@@ -1,0 +1,32 @@
+"""A run's checkpoint as files on the notebook's machine (``run.checkpoint_dir()``, Ray Train checkpoints)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nbtrain._cluster.storage import CHECKPOINT_SUFFIXES, unpack_directory
+from nbtrain._paths import checkpoints_dir, private_dir, private_opener
+
+
+def local_checkpoint_dir(run_name: str, meta: dict[str, Any], data: bytes | None, path: str | None) -> Path:
+    """Where the checkpoint of ``meta`` lies on this machine: extracted once, then reused.
+
+    ``data``: the checkpoint's bytes, from the supervisor; or ``path``, its file in ``storage=``.
+    A directory checkpoint is its files; what ``nbtrain.save_checkpoint`` saved is ``checkpoint.pt``.
+    """
+    form = meta.get("format", "torch")
+    directory = checkpoints_dir() / run_name / f"a{meta['attempt']}-s{meta['step']}-{form}"
+    if directory.is_dir():
+        return directory
+    source: bytes | str = data if data is not None else str(path)
+    partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=private_dir(directory.parent)))
+    if form == "directory":
+        unpack_directory(source, partial)
+    else:
+        with open(partial / f"checkpoint{CHECKPOINT_SUFFIXES[form]}", "wb", opener=private_opener) as handle:
+            handle.write(source if isinstance(source, bytes) else Path(source).read_bytes())
+    os.replace(partial, directory)
+    return directory
