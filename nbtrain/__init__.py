@@ -8,7 +8,8 @@ Driver side::
     run.dashboard()
 
 Worker side (inside the training function): ``get_context``, ``report``,
-``prepare_model``, ``prepare_loader``, ``save_checkpoint``, ``load_checkpoint``,
+``prepare_model`` (DDP or FSDP, mixed precision), ``prepare_optimizer``, ``backward``,
+``prepare_loader``, ``save_checkpoint``, ``load_checkpoint``,
 ``get_dataset_shard``; code written for Ray Train (``ray.train.report``,
 ``ray.train.torch.prepare_model``...) runs unchanged, and ``nbtrain.TorchTrainer``
 stands in for ``ray.train.torch.TorchTrainer``.
@@ -29,11 +30,13 @@ from nbtrain._client.torch_trainer import TorchTrainer
 from nbtrain._client.warm import release_warm
 from nbtrain._cluster.session import TrainContext
 from nbtrain._cluster.worker_api import (
+    backward,
     get_context,
     get_dataset_shard,
     load_checkpoint,
     prepare_loader,
     prepare_model,
+    prepare_optimizer,
     report,
     save_checkpoint,
 )
@@ -74,6 +77,7 @@ __all__ = [
     "VersionMismatchError",
     "WorkerState",
     "attach",
+    "backward",
     "connect",
     "disconnect",
     "get_context",
@@ -82,6 +86,7 @@ __all__ = [
     "load_checkpoint",
     "prepare_loader",
     "prepare_model",
+    "prepare_optimizer",
     "release_warm",
     "report",
     "runs",
@@ -94,6 +99,10 @@ def __getattr__(name: str) -> Any:
         from nbtrain._views.launch_panel import LaunchPanel
 
         return LaunchPanel
+    if name == "lightning":  # imports PyTorch Lightning: only when asked for
+        import importlib
+
+        return importlib.import_module("nbtrain.lightning")
     msg = f"module 'nbtrain' has no attribute {name!r}"
     raise AttributeError(msg)
 

@@ -31,6 +31,7 @@ ON_STALL_CHOICES = ("warn", "fail", "restart")
 BACKEND_CHOICES = ("gloo", "nccl")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 FEED_RELAY_CHOICES = ("auto", "always", "never")
+PRECISION_CHOICES = ("bf16-mixed", "16-mixed")  # torch.autocast to bfloat16 / float16 (with a GradScaler)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,9 @@ class RunOptions:
         "--checkpoint-weights-only", kind="flag")
     backend: str | None = option(None, "torch.distributed backend; default nccl with GPUs, else gloo",
                                  "--backend", choices=BACKEND_CHOICES)
+    precision: str | None = option(None, "mixed precision of models from prepare_model (their forward runs under "
+                                   "torch.autocast); 16-mixed also scales the loss (nbtrain.backward)",
+                                   "--precision", choices=PRECISION_CHOICES)
     placement_strategy: str = option("PACK", "how Ray places the workers' bundles on nodes",
                                      "--placement-strategy", choices=PLACEMENT_STRATEGIES)
     placement_timeout_s: float = option(60.0, "seconds to wait for the cluster to place every worker",
@@ -139,6 +143,8 @@ class RunOptions:
         _check_choice("on_stall", self.on_stall, ON_STALL_CHOICES)
         _check_choice("placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES)
         _check_choice("feed_relay", self.feed_relay, FEED_RELAY_CHOICES)
+        if self.precision is not None:
+            _check_choice("precision", self.precision, PRECISION_CHOICES)
         if self.backend is not None:
             _check_choice("backend", self.backend, BACKEND_CHOICES)
             if self.backend == "nccl" and not self.gpus_per_worker:

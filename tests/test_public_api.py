@@ -17,9 +17,8 @@ EXPECTED_ALL = [
     "Cluster", "ConnectionFailedError", "InvalidOptionError", "LaunchPanel", "NbtrainError", "NotConnectedError",
     "NotSerializableError", "ResourcesUnavailableError", "Run", "RunExistsError", "RunFailedError", "RunNotFoundError",
     "RunState", "StorageError", "TorchTrainer", "TrainContext", "VersionMismatchError", "WorkerState", "attach",
-    "connect",
-    "disconnect", "get_context", "get_dataset_shard", "launch", "load_checkpoint", "prepare_loader", "prepare_model",
-    "release_warm", "report", "runs", "save_checkpoint",
+    "backward", "connect", "disconnect", "get_context", "get_dataset_shard", "launch", "load_checkpoint",
+    "prepare_loader", "prepare_model", "prepare_optimizer", "release_warm", "report", "runs", "save_checkpoint",
 ]
 
 

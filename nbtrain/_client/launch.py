@@ -57,6 +57,7 @@ def launch(
     storage: str | None = None,
     checkpoint_weights_only: bool = True,
     backend: str | None = None,
+    precision: str | None = None,
     placement_strategy: str = "PACK",
     placement_timeout_s: float = 60.0,
     collective_timeout_s: float = 300.0,

@@ -87,8 +87,10 @@ class TrainingSession:
 
     def __init__(self, context: TrainContext, supervisor: Any, flush_interval_s: float,
                  storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
-                 relay: Any = None) -> None:
+                 relay: Any = None, precision: str | None = None) -> None:
         self.context = context
+        self.precision = precision  # the run's precision option: prepare_model's default
+        self.grad_scaler: Any = None  # a torch GradScaler once a 16-mixed model was prepared
         self.supervisor = supervisor
         self.relay = relay  # this node's push relay (see push_relay); None once it failed: straight to the supervisor
         self.flush_interval_s = flush_interval_s

@@ -95,7 +95,8 @@ class TrainWorker:
             device=device, attempt=payload.attempt, config=dict(payload.config), run_name=payload.run_name,
         )
         session = TrainingSession(context, payload.supervisor, payload.flush_interval_s, payload.storage,
-                                  payload.weights_only, payload.datasets, relay=payload.relay)
+                                  payload.weights_only, payload.datasets, relay=payload.relay,
+                                  precision=payload.precision)
         set_session(session)
         self._seam_import.join()
         seam = sys.modules.get(SEAM_MODULE)

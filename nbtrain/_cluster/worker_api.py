@@ -10,14 +10,17 @@ import io
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from nbtrain._cluster import parallel
 from nbtrain._cluster.counted_shard import CountedShard
 from nbtrain._cluster.session import TrainContext, current_session
 from nbtrain._cluster.storage import checkpoint_path, load_trusted, unpack_directory
 from nbtrain._exceptions import NbtrainError
 from nbtrain._paths import private_dir, private_opener
+
+RUN_PRECISION = "run"  # prepare_model's default precision: the run's ``precision`` option
 
 
 def get_context() -> TrainContext:
@@ -49,20 +52,48 @@ def report(**metrics: Any) -> None:
     current_session().report(metrics)
 
 
-def prepare_model(model: Any, **ddp_kwargs: Any) -> Any:
-    """Move ``model`` to this rank's device and wrap it in DistributedDataParallel.
+def prepare_model(model: Any, *, strategy: str | None = "ddp", precision: str | None = RUN_PRECISION,
+                  auto_wrap_policy: Iterable[type] | Callable[[Any], bool] | None = None,
+                  fsdp_kwargs: dict[str, Any] | None = None, **ddp_kwargs: Any) -> Any:
+    """Move ``model`` to this rank's device and spread it over the ranks.
 
-    With one worker the model is only moved, so the same code runs at any scale.
+    ``strategy``: ``"ddp"`` (DistributedDataParallel; with one worker the model is only
+    moved, so the same code runs at any scale), ``"fsdp"`` (FSDP2 ``fully_shard``: each
+    rank holds 1/N of the parameters and optimizer state; ``auto_wrap_policy`` names the
+    submodule classes, or a function of a module, sharded as units of their own;
+    ``fsdp_kwargs`` go to ``fully_shard``), or ``None`` (only moved).
+    ``precision``: ``"bf16-mixed"`` or ``"16-mixed"`` runs the forward under
+    ``torch.autocast`` (``"16-mixed"`` also scales the loss: use :func:`backward` and
+    :func:`prepare_optimizer`); default: the run's ``precision`` option. Example::
+
+        model = nbtrain.prepare_model(Net(), strategy="fsdp", auto_wrap_policy={Block}, precision="bf16-mixed")
     """
     import torch
 
-    ctx = current_session().context
-    model = model.to(ctx.device)
-    if ctx.world_size > 1:
-        if ctx.device.type == "cuda":
-            ddp_kwargs.setdefault("device_ids", [ctx.device.index])
-        model = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
+    session = current_session()
+    if precision == RUN_PRECISION:
+        precision = session.precision
+    parallel.check_choices(strategy, precision)
+    ctx = session.context
+    model = parallel.distribute(model, ctx.device, ctx.world_size, strategy, auto_wrap_policy,
+                                dict(fsdp_kwargs or {}), ddp_kwargs)
+    if precision is not None:
+        model = parallel.autocast_forward(model, ctx.device, precision)
+    if precision == "16-mixed" and session.grad_scaler is None:
+        session.grad_scaler = torch.amp.GradScaler(ctx.device.type)
     return model
+
+
+def prepare_optimizer(optimizer: Any) -> Any:
+    """``optimizer``, stepping through the loss scaler when a ``"16-mixed"`` model was prepared (else unchanged)."""
+    scaler = current_session().grad_scaler
+    return optimizer if scaler is None else parallel.ScaledOptimizer(optimizer, scaler)
+
+
+def backward(loss: Any) -> None:
+    """``loss.backward()``, of the scaled loss when a ``"16-mixed"`` model was prepared."""
+    scaler = current_session().grad_scaler
+    (loss if scaler is None else scaler.scale(loss)).backward()
 
 
 class PreparedLoader:
@@ -150,9 +181,16 @@ def save_checkpoint(obj: Any) -> None:
     :func:`load_checkpoint` returns it after a restart. State dicts of
     ``prepare_model`` (DDP) models are stored without the ``module.`` prefix,
     so they load straight into an unwrapped model in the notebook.
+
+    Sharded state (an FSDP model's or its optimizer's ``state_dict()``) is gathered
+    into full tensors first, which is a collective: every rank must call this, as
+    the natural code does. Called on rank 0 only, it waits for the other ranks
+    until ``collective_timeout_s`` and then fails. To resume, load the saved state
+    into the plain model before ``prepare_model(..., strategy="fsdp")``.
     """
     import torch
 
+    obj = parallel.gather_shards(obj)
     if current_session().context.rank != 0:
         return
     buffer = io.BytesIO()

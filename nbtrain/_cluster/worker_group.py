@@ -65,6 +65,7 @@ class WorkerPayload:
     flush_interval_s: float
     storage: str | None
     weights_only: bool
+    precision: str | None     # prepare_model's default (see parallel)
     backend: str
     master_addr: str
     master_port: int
@@ -188,7 +189,8 @@ class WorkerGroup:
             rank=rank, world_size=options.workers, attempt=self.attempt, run_name=self.spec.name,
             config=dict(options.config or {}), supervisor=supervisor,
             relay=self.relays.get(places[rank]["node_id"]), flush_interval_s=options.flush_interval_s,
-            storage=options.storage, weights_only=options.checkpoint_weights_only, backend=options.resolved_backend,
+            storage=options.storage, weights_only=options.checkpoint_weights_only, precision=options.precision,
+            backend=options.resolved_backend,
             master_addr=places[0]["node_ip"], master_port=places[0]["port"],
             collective_timeout_s=options.collective_timeout_s, fn_bytes=self.spec.fn_bytes,
             fn_takes_config=self.spec.fn_takes_config, cpus_per_worker=options.cpus_per_worker,

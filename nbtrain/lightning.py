@@ -1,0 +1,187 @@
+"""PyTorch Lightning on nbtrain's ranks: ``nbtrain.lightning.trainer(...)`` inside ``%%ray_train``.
+
+Example (a cell run with ``%%ray_train --workers 2``)::
+
+    trainer = nbtrain.lightning.trainer(max_epochs=3, precision="bf16-mixed")
+    trainer.fit(MNISTClassifier(lr=1e-3), datamodule=MNISTDataModule())
+
+The Trainer is wired to the rank it runs on: a DDP (or ``strategy="fsdp"``) strategy
+over the process group nbtrain already joined, a cluster environment that gives
+Lightning nbtrain's ranks, a logger that streams everything ``self.log`` logs on
+every rank to the dashboard (``log_every_n_steps=1``), and a callback that saves a
+Lightning checkpoint with the run after each training epoch (``run.checkpoint_dir()``
+holds ``checkpoint.ckpt``; :func:`resume_path` gives it back after a restart).
+The progress bar is off (the dashboard shows progress; a bar per rank floods the
+logs); pass ``enable_progress_bar=True`` to have it. Ray's own Lightning helpers
+(``ray.train.lightning.RayDDPStrategy``, ``RayLightningEnvironment``,
+``RayTrainReportCallback``, ``prepare_trainer``) work as well, through nbtrain's
+Ray Train support.
+
+Uses the ``lightning`` package, or ``pytorch_lightning`` when only that one is
+installed (``pip install 'nbtrain[lightning]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from nbtrain._cluster.session import current_session
+from nbtrain._cluster.storage import pack_directory
+from nbtrain._cluster.worker_api import RUN_PRECISION, latest_checkpoint, report, store_checkpoint
+from nbtrain._exceptions import InvalidOptionError
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
+    from lightning.pytorch.plugins.environments import ClusterEnvironment
+except ModuleNotFoundError:  # the older package name
+    try:
+        import pytorch_lightning as pl
+        from pytorch_lightning.loggers.logger import Logger, rank_zero_experiment
+        from pytorch_lightning.plugins.environments import ClusterEnvironment
+    except ModuleNotFoundError:
+        msg = "nbtrain.lightning needs PyTorch Lightning on the cluster: pip install 'nbtrain[lightning]'."
+        raise ModuleNotFoundError(msg) from None
+
+__all__ = ["NbtrainCheckpoint", "NbtrainEnvironment", "NbtrainLogger", "resume_path", "trainer"]
+
+STRATEGY_CHOICES = ("ddp", "fsdp")
+CHECKPOINT_NAME = "checkpoint.ckpt"
+
+
+class NbtrainEnvironment(ClusterEnvironment):
+    """Lightning's view of the cluster: nbtrain's ranks, in a process group already joined."""
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    def main_address(self) -> str:
+        return os.environ.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    def main_port(self) -> int:
+        return int(os.environ.get("MASTER_PORT", "0"))
+
+    @staticmethod
+    def detect() -> bool:
+        return False
+
+    def world_size(self) -> int:
+        return int(current_session().context.world_size)
+
+    def set_world_size(self, size: int) -> None:
+        pass  # nbtrain set it
+
+    def global_rank(self) -> int:
+        return int(current_session().context.rank)
+
+    def set_global_rank(self, rank: int) -> None:
+        pass
+
+    def local_rank(self) -> int:
+        return int(current_session().context.local_rank)
+
+    def node_rank(self) -> int:
+        return int(current_session().context.node_rank)
+
+
+class _OnNbtrainRanks:
+    """What a strategy asks of the rank: its device, and a sampler shard over all ranks (not devices times nodes)."""
+
+    @property
+    def root_device(self) -> Any:
+        return current_session().context.device
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        ctx = current_session().context
+        return {"num_replicas": ctx.world_size, "rank": ctx.rank}
+
+
+class NbtrainDDPStrategy(_OnNbtrainRanks, pl.strategies.DDPStrategy):
+    """DDP over nbtrain's process group."""
+
+
+class NbtrainFSDPStrategy(_OnNbtrainRanks, pl.strategies.FSDPStrategy):
+    """FSDP over nbtrain's process group (checkpoints hold the full state dict)."""
+
+
+class NbtrainLogger(Logger):
+    """Streams what ``self.log`` logs, on every rank, as ``nbtrain.report`` rows (step: Lightning's global step)."""
+
+    @property
+    def name(self) -> str:
+        return "nbtrain"
+
+    @property
+    def version(self) -> str:
+        return current_session().context.run_name
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> None:
+        return None
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        report(**metrics, **({} if step is None else {"step": step}))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass  # the run's config is kept with the run already
+
+
+class NbtrainCheckpoint(pl.Callback):
+    """Saves a Lightning checkpoint with the run after every training epoch (on every rank: FSDP gathers)."""
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        with tempfile.TemporaryDirectory(prefix="nbtrain-lightning-") as directory:
+            trainer.save_checkpoint(os.path.join(directory, CHECKPOINT_NAME))  # a collective; rank 0 writes
+            if trainer.global_rank == 0:
+                store_checkpoint(pack_directory(directory), "directory")
+
+
+def resume_path() -> str | None:
+    """The run's latest Lightning checkpoint as a local file, for ``trainer.fit(..., ckpt_path=...)``; else None."""
+    from nbtrain._cluster.storage import unpack_directory
+
+    found = latest_checkpoint()
+    if found is None or found[0].get("format") != "directory":
+        return None
+    directory = unpack_directory(found[1], tempfile.mkdtemp(prefix="nbtrain-lightning-"))
+    path = directory / CHECKPOINT_NAME
+    return str(path) if path.exists() else None
+
+
+def trainer(*, strategy: Any = "ddp", precision: Any = RUN_PRECISION, **trainer_kwargs: Any) -> Any:
+    """A ``Trainer`` for this rank (see the module docstring); every Trainer argument may be given.
+
+    ``strategy``: ``"ddp"``, ``"fsdp"`` or a strategy object of your own. ``precision``:
+    any Lightning precision (``"bf16-mixed"``, ``"16-mixed"``, ``"32-true"``...); by
+    default the run's ``precision`` option.
+    """
+    session = current_session()
+    if precision == RUN_PRECISION:
+        precision = session.precision
+    if isinstance(strategy, str):
+        if strategy not in STRATEGY_CHOICES:
+            choices = " or ".join(map(repr, STRATEGY_CHOICES))
+            msg = f"nbtrain.lightning.trainer(strategy={strategy!r}): choose {choices}, or pass a Lightning strategy."
+            raise InvalidOptionError(msg)
+        chosen = NbtrainFSDPStrategy if strategy == "fsdp" else NbtrainDDPStrategy
+        strategy = chosen(cluster_environment=NbtrainEnvironment())
+    elif getattr(strategy, "cluster_environment", None) is None:
+        strategy.cluster_environment = NbtrainEnvironment()
+    loggers = trainer_kwargs.pop("logger", None)
+    loggers = [] if loggers in (None, True) else (list(loggers) if isinstance(loggers, (list, tuple)) else [loggers])
+    defaults: dict[str, Any] = {
+        "accelerator": "gpu" if session.context.device.type == "cuda" else "cpu", "devices": 1, "num_nodes": 1,
+        "enable_progress_bar": False, "log_every_n_steps": 1, "enable_checkpointing": False,
+        "default_root_dir": tempfile.mkdtemp(prefix="nbtrain-lightning-"),
+    }
+    callbacks = [*trainer_kwargs.pop("callbacks", []), NbtrainCheckpoint()]
+    return pl.Trainer(**{**defaults, **trainer_kwargs}, strategy=strategy, callbacks=callbacks,
+                      logger=[*loggers, NbtrainLogger()],
+                      **({} if precision is None else {"precision": precision}))
