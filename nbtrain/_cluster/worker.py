@@ -85,6 +85,7 @@ class TrainWorker:
         self._runs += 1
         if payload.cuda_visible_devices is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = payload.cuda_visible_devices
+        os.environ.update(_torchrun_environment(payload))
         torch.set_num_threads(max(1, int(payload.cpus_per_worker)))
         device = torch.device(payload.device_name)
         if device.type == "cuda":
@@ -147,6 +148,15 @@ class TrainWorker:
         gc.collect()  # the previous run's model and tensors
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
+
+
+def _torchrun_environment(payload: WorkerPayload) -> dict[str, str]:
+    """The variables torchrun sets, so libraries that read them (Lightning, Hugging Face, Ray's Lightning
+    environment) see this rank; the process group is already joined when the function runs."""
+    return {"RANK": str(payload.rank), "WORLD_SIZE": str(payload.world_size), "LOCAL_RANK": str(payload.local_rank),
+            "LOCAL_WORLD_SIZE": str(payload.local_world_size), "GROUP_RANK": str(payload.node_rank),
+            "NODE_RANK": str(payload.node_rank), "MASTER_ADDR": payload.master_addr,
+            "MASTER_PORT": str(payload.master_port)}
 
 
 def _import_ray_train_seam() -> None:

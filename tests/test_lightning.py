@@ -1,0 +1,108 @@
+"""PyTorch Lightning on 2 real nbtrain ranks: nbtrain.lightning.trainer(), and Ray's own Lightning helpers."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+import nbtrain
+
+pytestmark = pytest.mark.cluster
+
+
+class Regressor(pl.LightningModule):
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x).float(), y)
+        self.log("train_loss", loss)
+        self.log("autocast", float(torch.is_autocast_enabled("cpu")))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+def loader(batch_size: int = 16) -> torch.utils.data.DataLoader:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(128, 8, generator=gen)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True)),
+                                       batch_size=batch_size)
+
+
+def checksum(model: torch.nn.Module) -> float:
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
+def test_nbtrain_trainer_streams_self_log_from_every_rank_and_saves_checkpoints(cluster):
+    def train():
+        trainer = nbtrain.lightning.trainer(max_epochs=2)
+        model = Regressor()
+        trainer.fit(model, loader())
+        return {"checksum": checksum(model), "precision": str(trainer.precision), "world": trainer.world_size,
+                "batches": trainer.num_training_batches, "strategy": type(trainer.strategy).__name__}
+
+    run = nbtrain.launch(train, workers=2, precision="bf16-mixed", name="lightning-fit")
+    assert run.wait(timeout=240) == nbtrain.RunState.SUCCEEDED
+    rank0, rank1 = run.result
+    assert rank0["checksum"] == pytest.approx(rank1["checksum"], abs=1e-9), "DDP ranks diverged under Lightning"
+    assert rank0["precision"] == "bf16-mixed" and rank0["world"] == 2 and rank0["strategy"] == "NbtrainDDPStrategy"
+    assert rank0["batches"] == 4, "each rank should train on half of the 8 batches (a distributed sampler)"
+    rows = run.metrics
+    for rank in (0, 1):
+        mine = [r for r in rows if r["rank"] == rank and "train_loss" in r]
+        assert [r["step"] for r in mine] == list(range(8)), "one row per optimizer step on every rank"
+        assert all(r["autocast"] == 1.0 for r in mine), "bf16-mixed: training_step runs under autocast"
+    assert mine[-1]["train_loss"] < mine[0]["train_loss"]
+    restored = Regressor.load_from_checkpoint(run.checkpoint_dir() / "checkpoint.ckpt")
+    assert checksum(restored) == pytest.approx(rank0["checksum"], abs=1e-6)
+
+
+def test_ray_train_lightning_helpers_work_unchanged(cluster):
+    def train():
+        from ray.train.lightning import (
+            RayDDPStrategy,
+            RayLightningEnvironment,
+            RayTrainReportCallback,
+            prepare_trainer,
+        )
+
+        trainer = pl.Trainer(max_epochs=2, devices="auto", accelerator="auto", strategy=RayDDPStrategy(),
+                             plugins=[RayLightningEnvironment()], callbacks=[RayTrainReportCallback()],
+                             enable_progress_bar=False, enable_checkpointing=False, logger=False)
+        trainer = prepare_trainer(trainer)
+        model = Regressor()
+        trainer.fit(model, loader())
+        return checksum(model)
+
+    run = nbtrain.launch(train, workers=2, name="lightning-ray-helpers")
+    assert run.wait(timeout=240) == nbtrain.RunState.SUCCEEDED
+    assert run.result[0] == pytest.approx(run.result[1], abs=1e-9)
+    epochs = sorted((r["rank"], r["epoch"]) for r in run.metrics)
+    assert epochs == [(0, 0), (0, 1), (1, 0), (1, 1)], "RayTrainReportCallback reports each epoch on every rank"
+    checkpoint = run.load_checkpoint()
+    restored = Regressor.load_from_checkpoint(f"{checkpoint.path}/checkpoint.ckpt")
+    assert checksum(restored) == pytest.approx(run.result[0], abs=1e-6)
+
+
+@pytest.mark.quick
+def test_unknown_lightning_strategy_names_the_choices():
+    from nbtrain._cluster.session import TrainContext, TrainingSession, set_session
+
+    context = TrainContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+                           device=torch.device("cpu"), attempt=1, config={}, run_name="x")
+    set_session(TrainingSession(context, None, 1.0, None, True, None))
+    try:
+        with pytest.raises(nbtrain.InvalidOptionError, match="'ddp' or 'fsdp'"):
+            nbtrain.lightning.trainer(strategy="horovod")
+    finally:
+        set_session(None)
