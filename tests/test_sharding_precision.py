@@ -111,7 +111,7 @@ def test_float16_scales_the_loss_through_backward_and_prepare_optimizer(cluster)
 
 @pytest.mark.quick
 def test_unknown_precision_is_refused_before_launch_naming_the_choices():
-    with pytest.raises(nbtrain.InvalidOptionError, match="bf16-mixed.*16-mixed"):
+    with pytest.raises(nbtrain.InvalidOptionError, match=r"bf16-mixed.*16-mixed"):
         nbtrain.launch(lambda: None, precision="fp8")
 
 
