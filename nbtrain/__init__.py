@@ -99,10 +99,10 @@ def __getattr__(name: str) -> Any:
         from nbtrain._views.launch_panel import LaunchPanel
 
         return LaunchPanel
-    if name == "lightning":  # imports PyTorch Lightning: only when asked for
+    if name in ("lightning", "huggingface"):  # import PyTorch Lightning / transformers: only when asked for
         import importlib
 
-        return importlib.import_module("nbtrain.lightning")
+        return importlib.import_module(f"nbtrain.{name}")
     msg = f"module 'nbtrain' has no attribute {name!r}"
     raise AttributeError(msg)
 

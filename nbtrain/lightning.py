@@ -155,6 +155,15 @@ def resume_path() -> str | None:
     return str(path) if path.exists() else None
 
 
+def trainer_defaults(device: Any) -> dict[str, Any]:
+    """The Trainer arguments :func:`trainer` sets unless given: one device per rank (the rank's), no bar."""
+    return {
+        "accelerator": "gpu" if device.type == "cuda" else "cpu", "devices": 1, "num_nodes": 1,
+        "enable_progress_bar": False, "log_every_n_steps": 1, "enable_checkpointing": False,
+        "default_root_dir": tempfile.mkdtemp(prefix="nbtrain-lightning-"),
+    }
+
+
 def trainer(*, strategy: Any = "ddp", precision: Any = RUN_PRECISION, **trainer_kwargs: Any) -> Any:
     """A ``Trainer`` for this rank (see the module docstring); every Trainer argument may be given.
 
@@ -176,12 +185,7 @@ def trainer(*, strategy: Any = "ddp", precision: Any = RUN_PRECISION, **trainer_
         strategy.cluster_environment = NbtrainEnvironment()
     loggers = trainer_kwargs.pop("logger", None)
     loggers = [] if loggers in (None, True) else (list(loggers) if isinstance(loggers, (list, tuple)) else [loggers])
-    defaults: dict[str, Any] = {
-        "accelerator": "gpu" if session.context.device.type == "cuda" else "cpu", "devices": 1, "num_nodes": 1,
-        "enable_progress_bar": False, "log_every_n_steps": 1, "enable_checkpointing": False,
-        "default_root_dir": tempfile.mkdtemp(prefix="nbtrain-lightning-"),
-    }
     callbacks = [*trainer_kwargs.pop("callbacks", []), NbtrainCheckpoint()]
-    return pl.Trainer(**{**defaults, **trainer_kwargs}, strategy=strategy, callbacks=callbacks,
-                      logger=[*loggers, NbtrainLogger()],
+    return pl.Trainer(**{**trainer_defaults(session.context.device), **trainer_kwargs}, strategy=strategy,
+                      callbacks=callbacks, logger=[*loggers, NbtrainLogger()],
                       **({} if precision is None else {"precision": precision}))

@@ -37,3 +37,39 @@ def test_cpu_workers_get_no_gpu():
 def test_backend_is_nccl_on_gpus_and_gloo_on_cpus():
     assert RunOptions(gpus_per_worker=1).resolved_backend == "nccl"
     assert RunOptions().resolved_backend == "gloo"
+
+
+# FAKE_GPU: a device descriptor of a GPU this machine lacks (torch builds one without CUDA); the
+# decisions below are what a rank on GPU 3 of its node makes, checked without the GPU itself.
+FAKE_GPU = "cuda:3"
+
+
+def test_ddp_on_a_gpu_rank_names_its_own_device_and_keeps_user_arguments():
+    import torch
+
+    from nbtrain._cluster.parallel import ddp_arguments
+
+    assert ddp_arguments(torch.device(FAKE_GPU), {}) == {"device_ids": [3]}
+    assert ddp_arguments(torch.device(FAKE_GPU), {"device_ids": [0], "bucket_cap_mb": 50}) == {
+        "device_ids": [0], "bucket_cap_mb": 50}
+    assert ddp_arguments(torch.device("cpu"), {"bucket_cap_mb": 50}) == {"bucket_cap_mb": 50}
+
+
+def test_a_lightning_trainer_on_a_gpu_rank_uses_that_one_gpu():
+    import torch
+
+    from nbtrain.lightning import trainer_defaults
+
+    on_gpu = trainer_defaults(torch.device(FAKE_GPU))
+    assert (on_gpu["accelerator"], on_gpu["devices"], on_gpu["num_nodes"]) == ("gpu", 1, 1)
+    assert trainer_defaults(torch.device("cpu"))["accelerator"] == "cpu"
+
+
+def test_each_precision_choice_has_its_autocast_dtype():
+    import torch
+
+    from nbtrain._cluster.parallel import AUTOCAST_DTYPES
+    from nbtrain._options import PRECISION_CHOICES
+
+    assert {name: getattr(torch, AUTOCAST_DTYPES[name]) for name in PRECISION_CHOICES} == {
+        "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}

@@ -106,3 +106,18 @@ def test_unknown_lightning_strategy_names_the_choices():
             nbtrain.lightning.trainer(strategy="horovod")
     finally:
         set_session(None)
+
+
+def test_lightning_fsdp_strategy_trains_and_checkpoints_a_full_model(cluster):
+    def train():
+        trainer = nbtrain.lightning.trainer(max_epochs=1, strategy="fsdp")
+        model = Regressor()
+        trainer.fit(model, loader())
+        return {"strategy": type(trainer.strategy).__name__, "world": trainer.world_size}
+
+    run = nbtrain.launch(train, workers=2, name="lightning-fsdp")
+    assert run.wait(timeout=240) == nbtrain.RunState.SUCCEEDED
+    assert run.result == [{"strategy": "NbtrainFSDPStrategy", "world": 2}] * 2
+    assert {r["rank"] for r in run.metrics if "train_loss" in r} == {0, 1}
+    restored = Regressor.load_from_checkpoint(run.checkpoint_dir() / "checkpoint.ckpt")
+    assert restored.layer.weight.shape == (1, 8)  # the full (unsharded) parameters

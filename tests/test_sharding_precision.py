@@ -132,3 +132,40 @@ def test_bad_strategy_and_cuda_only_fsdp_options_fail_fast_naming_the_fix(cluste
         assert run.wait(timeout=60, raise_on_failure=False) == nbtrain.RunState.FAILED
         assert time.monotonic() - started < 30
         assert all(word in run.error for word in words), run.error
+
+
+def train_fsdp_sharded_resume(config):
+    model = nbtrain.prepare_model(make_model(), strategy="fsdp", auto_wrap_policy={Block})
+    state = {"model": model.state_dict()}
+    if nbtrain.get_context().attempt == 1:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(1.0)  # a change the restart must find again
+        nbtrain.save_checkpoint({"model": model.state_dict()}, sharded=True)
+        raise RuntimeError("lost a node after the checkpoint")
+    nbtrain.load_checkpoint(into=state)
+    model.load_state_dict(state["model"])
+    return float(sum(p.full_tensor().double().sum() for p in model.parameters()))
+
+
+def test_sharded_checkpoints_restore_each_rank_and_load_whole_in_the_notebook(cluster, tmp_path):
+    run = nbtrain.launch(train_fsdp_sharded_resume, workers=2, max_failures=1, storage=str(tmp_path / "shared"),
+                         name="fsdp-dcp")
+    assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
+    expected = float(sum(p.double().sum() + p.numel() for p in make_model().parameters()))
+    assert run.result == [pytest.approx(expected, rel=1e-6)] * 2
+    shards = sorted(p.name for p in run.checkpoint_dir().iterdir())
+    assert ".metadata" in shards and sum(name.endswith(".distcp") for name in shards) == 2  # one file per rank
+    plain = make_model()
+    plain.load_state_dict(run.load_checkpoint()["model"])
+    assert float(sum(p.double().sum() for p in plain.parameters())) == pytest.approx(expected, rel=1e-6)
+
+
+def test_sharded_checkpoint_without_storage_says_to_give_it(cluster):
+    def train():
+        model = nbtrain.prepare_model(make_model(), strategy="fsdp")
+        nbtrain.save_checkpoint({"model": model.state_dict()}, sharded=True)
+
+    run = nbtrain.launch(train, workers=2, name="fsdp-dcp-nostorage")
+    assert run.wait(timeout=60, raise_on_failure=False) == nbtrain.RunState.FAILED
+    assert "storage=" in run.error and "sharded=False" in run.error

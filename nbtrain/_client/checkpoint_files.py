@@ -7,17 +7,35 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from nbtrain._cluster.storage import CHECKPOINT_SUFFIXES, unpack_directory
+from nbtrain._cluster import sharded_checkpoint
+from nbtrain._cluster.storage import CHECKPOINT_SUFFIXES, load_trusted, unpack_directory
 from nbtrain._paths import checkpoints_dir, private_dir, private_opener
+
+
+def load_in_notebook(run_name: str, meta: dict[str, Any], data: bytes | None, path: str | None, *,
+                     weights_only: bool) -> Any:
+    """A checkpoint as ``run.load_checkpoint()`` gives it: the saved object (a sharded one as one full state
+    dict), or a Ray Train / Lightning checkpoint directory as a ``ray.train.Checkpoint``."""
+    form = meta.get("format", "torch")
+    if form == "dcp":
+        return sharded_checkpoint.load_full(str(path), weights_only)
+    if form == "directory":
+        from ray.train import Checkpoint
+
+        return Checkpoint.from_directory(str(local_checkpoint_dir(run_name, meta, data, path)))
+    return load_trusted(data if data is not None else str(path), "cpu", weights_only)
 
 
 def local_checkpoint_dir(run_name: str, meta: dict[str, Any], data: bytes | None, path: str | None) -> Path:
     """Where the checkpoint of ``meta`` lies on this machine: extracted once, then reused.
 
     ``data``: the checkpoint's bytes, from the supervisor; or ``path``, its file in ``storage=``.
-    A directory checkpoint is its files; what ``nbtrain.save_checkpoint`` saved is ``checkpoint.pt``.
+    A directory checkpoint is its files; what ``nbtrain.save_checkpoint`` saved is ``checkpoint.pt``;
+    a sharded one is its directory in ``storage=`` (the notebook must reach it).
     """
     form = meta.get("format", "torch")
+    if form == "dcp":  # already a directory, in storage=
+        return Path(str(path))
     directory = checkpoints_dir() / run_name / f"a{meta['attempt']}-s{meta['step']}-{form}"
     if directory.is_dir():
         return directory

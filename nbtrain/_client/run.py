@@ -25,10 +25,9 @@ from typing import Any
 import cloudpickle
 
 from nbtrain import _registry
-from nbtrain._client.checkpoint_files import local_checkpoint_dir
+from nbtrain._client.checkpoint_files import load_in_notebook, local_checkpoint_dir
 from nbtrain._client.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
 from nbtrain._cluster.names import ACTOR_PREFIX, NAMESPACE, actor_name
-from nbtrain._cluster.storage import load_trusted
 from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
 from nbtrain._states import RunState
 
@@ -368,14 +367,7 @@ class Run:
         comes back as a ``ray.train.Checkpoint`` of a local directory with its files.
         """
         found = self._call("latest_checkpoint", timeout=READ_TIMEOUT_S)
-        if found is None:
-            return None
-        meta, data, path = found
-        if meta.get("format") == "directory":
-            from ray.train import Checkpoint
-
-            return Checkpoint.from_directory(str(local_checkpoint_dir(self.name, meta, data, path)))
-        return load_trusted(data if data is not None else path, "cpu", weights_only)
+        return None if found is None else load_in_notebook(self.name, *found, weights_only=weights_only)
 
     def checkpoint_dir(self) -> Path | None:
         """The latest checkpoint's files in a local directory (``None`` if none was saved).

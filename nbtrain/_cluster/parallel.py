@@ -50,10 +50,15 @@ def distribute(model: Any, device: Any, world_size: int, strategy: str | None,
     if strategy == "fsdp":
         return _fully_shard(model, device, auto_wrap_policy, fsdp_kwargs)
     if strategy == "ddp" and world_size > 1:
-        if device.type == "cuda":
-            ddp_kwargs.setdefault("device_ids", [device.index])
-        return torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
+        return torch.nn.parallel.DistributedDataParallel(model, **ddp_arguments(device, ddp_kwargs))
     return model
+
+
+def ddp_arguments(device: Any, ddp_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """DistributedDataParallel's arguments on ``device``: on a GPU, its own index as the one device id."""
+    if device.type == "cuda":
+        return {"device_ids": [device.index], **ddp_kwargs}
+    return dict(ddp_kwargs)
 
 
 def _fully_shard(model: Any, device: Any, policy: Iterable[type] | Callable[[Any], bool] | None,

@@ -75,8 +75,10 @@ class NbtrainTrainFnUtils(TrainFnUtils):
         if found is None:
             return None
         meta, source = found
-        directory = tempfile.mkdtemp(prefix="nbtrain-ckpt-")
         form = meta.get("format", "torch")
+        if form == "dcp":  # a torch.distributed.checkpoint directory in storage=
+            return ray.train.Checkpoint.from_directory(str(source))
+        directory = tempfile.mkdtemp(prefix="nbtrain-ckpt-")
         if form == "directory":
             unpack_directory(source, directory)
         else:  # saved with nbtrain.save_checkpoint: the file, in a directory

@@ -28,9 +28,10 @@ from nbtrain._paths import private_dir, private_opener, read_json, write_json_at
 KEEP_CHECKPOINTS = 2
 HISTORY_KINDS = ("metrics", "logs", "events")
 # How a checkpoint's bytes hold it, by the ``format`` in its meta: what ``nbtrain.save_checkpoint``
-# wrote (``torch.save`` of an object), or the files of a directory (``ray.train.report(checkpoint=)``),
-# as an uncompressed tar archive.
-CHECKPOINT_SUFFIXES = {"torch": ".pt", "directory": ".tar"}
+# wrote (``torch.save`` of an object), the files of a directory (``ray.train.report(checkpoint=)``)
+# as an uncompressed tar archive, or a torch.distributed.checkpoint directory in ``storage=``
+# (``save_checkpoint(sharded=True)``, see sharded_checkpoint).
+CHECKPOINT_SUFFIXES = {"torch": ".pt", "directory": ".tar", "dcp": ".dcp"}
 
 
 def checkpoint_path(directory: str | Path, attempt: int, step: int, form: str = "torch") -> Path:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from nbtrain._cluster import parallel
+from nbtrain._cluster import parallel, sharded_checkpoint
 from nbtrain._cluster.counted_shard import CountedShard
 from nbtrain._cluster.session import TrainContext, current_session
 from nbtrain._cluster.storage import checkpoint_path, load_trusted, unpack_directory
@@ -172,7 +172,7 @@ def _to_device(batch: Any, device: Any) -> Any:
     return batch
 
 
-def save_checkpoint(obj: Any) -> None:
+def save_checkpoint(obj: Any, *, sharded: bool = False) -> None:
     """Store ``obj`` (e.g. ``{"model": model.state_dict(), "epoch": epoch}``) as the run's latest checkpoint.
 
     Only rank 0 writes; on other ranks this returns at once, so call it on every
@@ -187,11 +187,26 @@ def save_checkpoint(obj: Any) -> None:
     the natural code does. Called on rank 0 only, it waits for the other ranks
     until ``collective_timeout_s`` and then fails. To resume, load the saved state
     into the plain model before ``prepare_model(..., strategy="fsdp")``.
+
+    ``sharded=True`` (for models too big to gather on one rank) has every rank
+    write its own shards with ``torch.distributed.checkpoint`` into ``storage=``,
+    in parallel; also a collective. Resume with ``load_checkpoint(into=...)``.
     """
+    import ray
     import torch
 
+    session = current_session()
+    if sharded:
+        ctx = session.context
+        step = session.current_step()
+        path = sharded_checkpoint.save(obj, session.storage, ctx.run_name, ctx.attempt, step)
+        if ctx.rank == 0:
+            meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time(),
+                    "format": "dcp"}
+            ray.get(session.supervisor.record_checkpoint.remote(meta, None, path))
+        return
     obj = parallel.gather_shards(obj)
-    if current_session().context.rank != 0:
+    if session.context.rank != 0:
         return
     buffer = io.BytesIO()
     torch.save(_unwrap_models(obj), buffer)
@@ -231,7 +246,7 @@ def _unwrap_models(obj: Any) -> Any:
     return obj
 
 
-def load_checkpoint() -> Any | None:
+def load_checkpoint(into: Any = None) -> Any | None:
     """The run's latest checkpoint, or ``None`` on a fresh start.
 
     After a restart (``max_failures``), this returns what was saved before the
@@ -239,12 +254,15 @@ def load_checkpoint() -> Any | None:
     ``torch.load(weights_only=True)`` unless the run was launched with
     ``checkpoint_weights_only=False``. A checkpoint reported by Ray Train code
     (``ray.train.report(checkpoint=...)``) comes back as a ``ray.train.Checkpoint``
-    of a local directory with its files.
+    of a local directory with its files. A sharded one (``save_checkpoint(sharded=True)``)
+    fills ``into`` in place, each rank reading its own shards, and returns it.
     """
     found = latest_checkpoint()
     if found is None:
         return None
     meta, source = found
+    if meta.get("format") == "dcp":
+        return sharded_checkpoint.load_into(str(source), into)
     if meta.get("format") == "directory":
         from ray.train import Checkpoint
 

@@ -1,0 +1,52 @@
+"""Hugging Face ``transformers.Trainer`` on nbtrain's ranks.
+
+Inside ``%%ray_train`` (or a function given to ``nbtrain.launch``) a ``Trainer`` runs
+on every rank over the process group nbtrain already joined: each rank has
+torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``...), which
+``TrainingArguments`` reads. Add :class:`NbtrainCallback` to stream what the
+Trainer logs, on every rank, to the dashboard, and to keep its checkpoints with
+the run::
+
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=train_set,
+                                   callbacks=[nbtrain.huggingface.NbtrainCallback()])
+    trainer.train()
+
+``run.checkpoint_dir()`` then holds the last checkpoint the Trainer saved
+(``model.safetensors``, ``config.json``...), loadable with ``from_pretrained``.
+Ray Train's own ``ray.train.huggingface.transformers.RayTrainReportCallback`` and
+``prepare_trainer`` work as well, through nbtrain's Ray Train support.
+Needs ``pip install 'nbtrain[huggingface]'`` (transformers and accelerate).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nbtrain._cluster.storage import pack_directory
+from nbtrain._cluster.worker_api import report, store_checkpoint
+
+try:
+    from transformers import TrainerCallback
+except ModuleNotFoundError:
+    msg = "nbtrain.huggingface needs transformers on the cluster: pip install 'nbtrain[huggingface]'."
+    raise ModuleNotFoundError(msg) from None
+
+__all__ = ["NbtrainCallback"]
+
+
+class NbtrainCallback(TrainerCallback):
+    """Streams the Trainer's logs (loss, learning rate, eval metrics...) from every rank; keeps its checkpoints."""
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        numbers = {key: value for key, value in (logs or {}).items() if isinstance(value, (int, float))}
+        if numbers:
+            report(step=state.global_step, **numbers)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if saved.is_dir():
+            store_checkpoint(pack_directory(saved), "directory")
