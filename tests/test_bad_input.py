@@ -68,6 +68,7 @@ BAD = [
     ("warm_idle_s", -1, "a positive number of seconds, got -1"),
     ("backend", "mpi", "one of 'gloo', 'nccl', got 'mpi'"),
     ("backend", "nccl", "'gloo' on a run without GPUs"),
+    ("precision", "fp8", "one of 'bf16-mixed', '16-mixed', got 'fp8'"),
     ("wait", "yes", "True or False, got 'yes'"),
     ("resume", 1, "True or False, got 1"),
     ("stop_on_nan", None, "True or False, got None"),
