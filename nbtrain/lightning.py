@@ -45,7 +45,7 @@ except ModuleNotFoundError:  # the older package name
         msg = "nbtrain.lightning needs PyTorch Lightning on the cluster: pip install 'nbtrain[lightning]'."
         raise ModuleNotFoundError(msg) from None
 
-__all__ = ["NbtrainCheckpoint", "NbtrainEnvironment", "NbtrainLogger", "resume_path", "trainer"]
+__all__ = ["NbtrainCheckpoint", "NbtrainEnvironment", "NbtrainLogger", "resume_path", "trainer", "trainer_defaults"]
 
 STRATEGY_CHOICES = ("ddp", "fsdp")
 CHECKPOINT_NAME = "checkpoint.ckpt"

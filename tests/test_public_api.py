@@ -29,11 +29,30 @@ def test_all_is_pinned_sorted_and_every_name_resolves():
         assert getattr(nbtrain, name) is not None
 
 
-def test_every_module_but_the_package_root_is_private():
-    public = [path.relative_to(PACKAGE) for path in PACKAGE.rglob("*.py")
-              if not any(part.startswith("_") for part in path.relative_to(PACKAGE).parts)
-              and "labextension" not in path.parts]
-    assert public == [], f"modules outside private subpackages: {public}"
+# Integrations users import by name (nbtrain.lightning.trainer): public, pinned, and loaded only when used.
+PUBLIC_SUBMODULES = {"lightning": ["NbtrainCheckpoint", "NbtrainEnvironment", "NbtrainLogger", "resume_path",
+                                   "trainer", "trainer_defaults"],
+                     "huggingface": ["NbtrainCallback"]}
+
+
+def test_every_module_but_the_package_root_and_the_integrations_is_private():
+    public = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                    if not any(part.startswith("_") for part in path.relative_to(PACKAGE).parts)
+                    and "labextension" not in path.parts)
+    expected = sorted(f"{name}.py" for name in PUBLIC_SUBMODULES)
+    assert public == expected, f"modules outside private subpackages: {public}"
+
+
+def test_integrations_are_pinned_and_imported_only_when_asked_for():
+    import importlib
+    import subprocess
+    import sys
+
+    for name, exported in PUBLIC_SUBMODULES.items():
+        assert importlib.import_module(f"nbtrain.{name}").__all__ == exported
+        assert getattr(nbtrain, name).__name__ == f"nbtrain.{name}"
+    probe = "import sys, nbtrain; print(sorted(m for m in ('lightning', 'transformers') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
 def test_code_is_grouped_by_the_process_it_runs_in():
