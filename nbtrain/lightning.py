@@ -27,6 +27,7 @@ import os
 import tempfile
 from typing import Any
 
+from nbtrain._cluster import parallel
 from nbtrain._cluster.session import current_session
 from nbtrain._cluster.storage import pack_directory
 from nbtrain._cluster.worker_api import RUN_PRECISION, latest_checkpoint, report, store_checkpoint
@@ -106,8 +107,34 @@ class NbtrainDDPStrategy(_OnNbtrainRanks, pl.strategies.DDPStrategy):
     """DDP over nbtrain's process group."""
 
 
-class NbtrainFSDPStrategy(_OnNbtrainRanks, pl.strategies.FSDPStrategy):
-    """FSDP over nbtrain's process group (checkpoints hold the full state dict)."""
+class NbtrainFSDPStrategy(_OnNbtrainRanks, pl.strategies.ModelParallelStrategy):
+    """FSDP2 (``fully_shard``) over nbtrain's process group, on GPUs and on CPUs; checkpoints hold the full state.
+
+    A LightningModule with its own ``configure_model`` shards itself there, as Lightning's
+    ``ModelParallelStrategy`` asks; one without is sharded for it: the submodules that
+    ``auto_wrap_policy`` picks (module classes, or a function of a module), then the whole.
+    """
+
+    def __init__(self, auto_wrap_policy: Any = None, **kwargs: Any) -> None:
+        kwargs.setdefault("data_parallel_size", current_session().context.world_size)
+        kwargs.setdefault("tensor_parallel_size", 1)
+        kwargs.setdefault("save_distributed_checkpoint", False)
+        super().__init__(**kwargs)
+        self.auto_wrap_policy = auto_wrap_policy
+
+    def connect(self, model: Any) -> None:
+        from lightning.pytorch.utilities.model_helpers import is_overridden
+
+        if not is_overridden("configure_model", model, pl.LightningModule):
+            model.configure_model = lambda: self._shard(model)
+        super().connect(model)
+
+    def _shard(self, model: Any) -> None:
+        from torch.distributed.tensor import DTensor
+
+        if any(isinstance(p, DTensor) for p in model.parameters()):
+            return  # configure_model runs again for each fit/validate/test: shard once
+        parallel.shard(model, self.auto_wrap_policy, {"mesh": self.device_mesh["data_parallel"]})
 
 
 class NbtrainLogger(Logger):
@@ -179,9 +206,8 @@ def trainer(*, strategy: Any = "ddp", precision: Any = RUN_PRECISION, **trainer_
             choices = " or ".join(map(repr, STRATEGY_CHOICES))
             msg = f"nbtrain.lightning.trainer(strategy={strategy!r}): choose {choices}, or pass a Lightning strategy."
             raise InvalidOptionError(msg)
-        chosen = NbtrainFSDPStrategy if strategy == "fsdp" else NbtrainDDPStrategy
-        strategy = chosen(cluster_environment=NbtrainEnvironment())
-    elif getattr(strategy, "cluster_environment", None) is None:
+        strategy = NbtrainFSDPStrategy() if strategy == "fsdp" else NbtrainDDPStrategy()
+    if getattr(strategy, "cluster_environment", None) is None:
         strategy.cluster_environment = NbtrainEnvironment()
     loggers = trainer_kwargs.pop("logger", None)
     loggers = [] if loggers in (None, True) else (list(loggers) if isinstance(loggers, (list, tuple)) else [loggers])

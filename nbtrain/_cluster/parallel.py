@@ -63,7 +63,7 @@ def ddp_arguments(device: Any, ddp_kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _fully_shard(model: Any, device: Any, policy: Iterable[type] | Callable[[Any], bool] | None,
                  fsdp_kwargs: dict[str, Any]) -> Any:
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
     offload = fsdp_kwargs.get("offload_policy")
     if device.type != "cuda" and isinstance(offload, CPUOffloadPolicy) and offload.pin_memory:
@@ -71,12 +71,19 @@ def _fully_shard(model: Any, device: Any, policy: Iterable[type] | Callable[[Any
                "pins memory for GPU copies, and this run has no GPU: launch with gpus_per_worker=1 or more, or pass "
                "CPUOffloadPolicy(pin_memory=False).")
         raise InvalidOptionError(msg)
+    shard(model, policy, fsdp_kwargs)
+    return model
+
+
+def shard(model: Any, policy: Iterable[type] | Callable[[Any], bool] | None, fsdp_kwargs: dict[str, Any]) -> None:
+    """``fully_shard`` the submodules ``policy`` picks, innermost first as FSDP2 wants, then ``model``."""
+    from torch.distributed.fsdp import fully_shard
+
     wanted = _policy(policy)
-    for _name, module in reversed(list(model.named_modules())):  # innermost first, as FSDP2 wants
+    for _name, module in reversed(list(model.named_modules())):
         if module is not model and wanted(module):
             fully_shard(module, **fsdp_kwargs)
     fully_shard(model, **fsdp_kwargs)
-    return model
 
 
 def _policy(policy: Iterable[type] | Callable[[Any], bool] | None) -> Callable[[Any], bool]:
