@@ -31,6 +31,7 @@ ON_STALL_CHOICES = ("warn", "fail", "restart")
 BACKEND_CHOICES = ("gloo", "nccl")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 FEED_RELAY_CHOICES = ("auto", "always", "never")
+LOGGER_CHOICES = ("tensorboard", "mlflow")
 PRECISION_CHOICES = ("bf16-mixed", "16-mixed")  # torch.autocast to bfloat16 / float16 (with a GradScaler)
 
 
@@ -121,6 +122,12 @@ class RunOptions:
                                 "--warm-idle", parse=float, metavar="SECONDS")
     env: dict[str, str] | None = option(None, "environment variables for the workers, e.g. --env OMP_NUM_THREADS=1",
                                         "--env", kind="strings", metavar="KEY=VALUE")
+    loggers: tuple[str, ...] | None = option(None, "also write every rank's metrics with these libraries' own writers, "
+                                             "from the cluster: tensorboard, mlflow (comma-separated)", "--loggers",
+                                             parse=lambda text: tuple(text.split(",")), metavar="NAMES")
+    logger_dir: str | None = option(None, "where TensorBoard events and the MLflow file store go (default: the run's "
+                                    "directory on the head node; MLflow uses MLFLOW_TRACKING_URI when set)",
+                                    "--logger-dir", metavar="DIR")
 
     def __post_init__(self) -> None:
         _check_name(self.name)
@@ -145,6 +152,10 @@ class RunOptions:
         _check_choice("feed_relay", self.feed_relay, FEED_RELAY_CHOICES)
         if self.precision is not None:
             _check_choice("precision", self.precision, PRECISION_CHOICES)
+        _check_loggers(self.loggers)
+        if self.logger_dir is not None and (not isinstance(self.logger_dir, str) or not os.path.isabs(self.logger_dir)):
+            raise InvalidOptionError(_problem("logger_dir", "an absolute directory path on the head node",
+                                              self.logger_dir))
         if self.backend is not None:
             _check_choice("backend", self.backend, BACKEND_CHOICES)
             if self.backend == "nccl" and not self.gpus_per_worker:
@@ -229,6 +240,17 @@ def _check_whole(name: str, value: Any, minimum: int) -> None:
 def _check_number(name: str, value: Any, what: str, ok: Callable[[float], bool]) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
         raise InvalidOptionError(_problem(name, what, value))
+
+
+def _check_loggers(value: Any) -> None:
+    if value is None:
+        return
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not names:
+        raise InvalidOptionError(_problem("loggers", "a list of names from " + ", ".join(map(repr, LOGGER_CHOICES)),
+                                          value))
+    for name in names:
+        _check_choice("loggers", name, LOGGER_CHOICES)
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -69,6 +69,8 @@ BAD = [
     ("backend", "mpi", "one of 'gloo', 'nccl', got 'mpi'"),
     ("backend", "nccl", "'gloo' on a run without GPUs"),
     ("precision", "fp8", "one of 'bf16-mixed', '16-mixed', got 'fp8'"),
+    ("loggers", ["tensorboard", "wandb"], "one of 'tensorboard', 'mlflow', got 'wandb'"),
+    ("logger_dir", "runs/tb", "an absolute directory path on the head node, got 'runs/tb'"),
     ("wait", "yes", "True or False, got 'yes'"),
     ("resume", 1, "True or False, got 1"),
     ("stop_on_nan", None, "True or False, got None"),
@@ -125,7 +127,9 @@ def test_a_storage_directory_that_cannot_be_written_is_named(tmp_path):
 def test_storage_that_cannot_be_written_fails_fast_and_leaves_no_run(cluster, tmp_path, monkeypatch):
     """Found by the notebook on the embedded cluster; found by the supervisor where the notebook
     cannot see the cluster's disk (played here by turning the notebook's check off): either way
-    a StorageError names the directory, and no run, actor or registry record is left."""
+    a StorageError names the directory, and no run, actor or registry record is left. The second
+    launch has warm=False: warm workers importing torch would otherwise take this 2-core machine
+    from the supervisor, which lowers its own priority on purpose, and time that instead."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     started = time.monotonic()
@@ -136,7 +140,7 @@ def test_storage_that_cannot_be_written_fails_fast_and_leaves_no_run(cluster, tm
     monkeypatch.setattr(launching, "check_writable", lambda storage: None)
     started = time.monotonic()
     with pytest.raises(nbtrain.StorageError) as error:
-        nbtrain.launch(_noop, name="unwritable-storage", storage=str(blocker / "ckpt"))
+        nbtrain.launch(_noop, name="unwritable-storage", storage=str(blocker / "ckpt"), warm=False)
     took = time.monotonic() - started
     assert f"cannot keep its files in {blocker}/ckpt/unwritable-storage: Not a directory" in str(error.value)
     assert "storage (--storage)" in str(error.value)

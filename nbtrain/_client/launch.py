@@ -69,6 +69,8 @@ def launch(
     warm: bool = True,
     warm_idle_s: float = 600.0,
     env: dict[str, str] | None = None,
+    loggers: tuple[str, ...] | None = None,
+    logger_dir: str | None = None,
 ) -> Run:
     """Start ``train_fn`` on ``workers`` DDP ranks on the connected cluster.
 

@@ -38,6 +38,7 @@ import ray
 
 from nbtrain._cluster.controller import RunController
 from nbtrain._cluster.feed import RunFeed
+from nbtrain._cluster.metric_loggers import MetricLoggers
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.push_relay import Push
@@ -63,6 +64,19 @@ def supervisor_options(run_name: str) -> dict[str, Any]:
     }
 
 
+def _start_loggers(spec: RunSpec, run_dir: Path, feed: RunFeed) -> MetricLoggers | None:
+    """The run's TensorBoard / MLflow writers (``loggers=``), announced as an event; None without."""
+    options = spec.options
+    if not options.loggers:
+        return None
+    loggers = MetricLoggers(options.loggers, spec.name, run_dir, Path(options.logger_dir or run_dir),
+                            dict(options.config or {}), dict(options.env or {}),
+                            on_error=lambda message: feed.event("loggers", message, 0))
+    for kind, where in loggers.where.items():
+        feed.event("loggers", f"every rank's metrics are also written to {kind} at {where}", 0)
+    return loggers
+
+
 class RunSupervisor:
     def __init__(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> None:
         lower_own_priority()  # the ranks' cores come first; see priority
@@ -79,6 +93,7 @@ class RunSupervisor:
         self._table = WorkerTable(lock)
         self._run = RunController(spec, datasets, self._feed, storage, self._table, self._handle,
                                   on_end=self._retire)
+        self._loggers = _start_loggers(spec, storage.dir, self._feed)
         if set_aside is not None:
             self._feed.event("storage", f"{storage.dir} held the files of an earlier run named {spec.name!r} "
                                         f"that is no longer on the cluster; they were moved to {set_aside}.", 0)
@@ -104,6 +119,8 @@ class RunSupervisor:
         write_final(self._storage.dir, summary, results, config)
         while not self._storage.sync():  # rows kept in memory while the disk was full: write them first
             time.sleep(DISK_RETRY_S)
+        if self._loggers is not None:
+            self._loggers.close(self._run.state.value)
         with self._feed.lock:  # a resume or delete may have come while the files were written
             if not self._may_retire():
                 return
@@ -120,6 +137,8 @@ class RunSupervisor:
         nan_rows = self._feed.accept(rank, attempt, seq, rows, logs)
         if nan_rows is None:  # a push seen before
             return
+        if self._loggers is not None:
+            self._loggers.write(rows)
         self._table.beat(rank, attempt, beat)
         if nan_rows:
             self._run.note_nan_rows(nan_rows)
