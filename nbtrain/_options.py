@@ -123,7 +123,7 @@ class RunOptions:
     env: dict[str, str] | None = option(None, "environment variables for the workers, e.g. --env OMP_NUM_THREADS=1",
                                         "--env", kind="strings", metavar="KEY=VALUE")
     loggers: tuple[str, ...] | None = option(None, "also write every rank's metrics with these libraries' own writers, "
-                                             "from the cluster: tensorboard, mlflow (comma-separated)", "--loggers",
+                                             "from the cluster: tensorboard, mlflow (comma-separated)", "--logger",
                                              parse=lambda text: tuple(text.split(",")), metavar="NAMES")
     logger_dir: str | None = option(None, "where TensorBoard events and the MLflow file store go (default: the run's "
                                     "directory on the head node; MLflow uses MLFLOW_TRACKING_URI when set)",

@@ -77,7 +77,8 @@ def test_flags_parse_into_the_same_options_as_launch_keywords(train_parser):
 
     line = ("--workers 3 --cpus-per-worker 0.5 --name exp.1 --config lr=0.1 tags=['a'] --env OMP_NUM_THREADS=1 "
             "--stall-timeout 30 --on-stall restart --placement-strategy SPREAD --flush-interval 0.5 --bg "
-            "--no-checkpoint-weights-only --datasets train=ds")
+            "--no-checkpoint-weights-only --datasets train=ds --logger tensorboard,mlflow --logger-dir /tmp/logs "
+            "--precision bf16-mixed")
     import ray.data
 
     dataset = ray.data.Dataset.__new__(ray.data.Dataset)  # a Dataset's type is all the check reads
@@ -85,7 +86,8 @@ def test_flags_parse_into_the_same_options_as_launch_keywords(train_parser):
     assert options == RunOptions(workers=3, cpus_per_worker=0.5, name="exp.1", config={"lr": 0.1, "tags": ["a"]},
                                  env={"OMP_NUM_THREADS": "1"}, stall_timeout_s=30.0, on_stall="restart",
                                  placement_strategy="SPREAD", flush_interval_s=0.5, wait=False,
-                                 checkpoint_weights_only=False, datasets={"train": dataset})
+                                 checkpoint_weights_only=False, datasets={"train": dataset},
+                                 loggers=("tensorboard", "mlflow"), logger_dir="/tmp/logs", precision="bf16-mixed")
 
 
 @pytest.mark.parametrize("bad,expected", [
