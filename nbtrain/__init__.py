@@ -26,6 +26,7 @@ from typing import Any
 from nbtrain._client.connection import Cluster, connect, disconnect
 from nbtrain._client.launch import attach, launch, runs
 from nbtrain._client.run import Run
+from nbtrain._client.sweep import Sweep, Trial, attach_sweep, sweeps, tune
 from nbtrain._client.torch_trainer import TorchTrainer
 from nbtrain._client.warm import release_warm
 from nbtrain._cluster.session import TrainContext
@@ -51,6 +52,7 @@ from nbtrain._exceptions import (
     RunFailedError,
     RunNotFoundError,
     StorageError,
+    SweepFailedError,
     VersionMismatchError,
 )
 from nbtrain._states import RunState, WorkerState
@@ -72,11 +74,15 @@ __all__ = [
     "RunNotFoundError",
     "RunState",
     "StorageError",
+    "Sweep",
+    "SweepFailedError",
     "TorchTrainer",
     "TrainContext",
+    "Trial",
     "VersionMismatchError",
     "WorkerState",
     "attach",
+    "attach_sweep",
     "backward",
     "connect",
     "disconnect",
@@ -91,6 +97,8 @@ __all__ = [
     "report",
     "runs",
     "save_checkpoint",
+    "sweeps",
+    "tune",
 ]
 
 

@@ -73,3 +73,7 @@ class NotConnectedError(NbtrainError):
 
 class RunFailedError(NbtrainError):
     """The run ended failed; the message lists every failing rank with its traceback."""
+
+
+class SweepFailedError(NbtrainError):
+    """A sweep as a whole failed (a failed trial does not fail its sweep; see ``sweep.trials``)."""

@@ -52,6 +52,11 @@ def storage_root() -> Path:
     return nbtrain_home() / "storage"
 
 
+def sweeps_dir() -> Path:
+    """On the head node: each sweep's record and Ray Tune's own experiment files."""
+    return nbtrain_home() / "sweeps"
+
+
 def run_index_dir() -> Path:
     return nbtrain_home() / "run-index"
 

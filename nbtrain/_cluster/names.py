@@ -9,10 +9,19 @@ from __future__ import annotations
 NAMESPACE = "nbtrain"
 ACTOR_PREFIX = "nbtrain-run:"
 POOL_PREFIX = "nbtrain-warm:"
+SWEEP_PREFIX = "nbtrain-sweep:"
 
 
 def actor_name(run_name: str) -> str:
     return ACTOR_PREFIX + run_name
+
+
+def sweep_actor_name(sweep_name: str) -> str:
+    return SWEEP_PREFIX + sweep_name
+
+
+def trial_run_name(sweep_name: str, index: int) -> str:
+    return f"{sweep_name}-t{index}"
 
 
 def group_name(run_name: str, attempt: int) -> str:

@@ -31,6 +31,9 @@ class RunSpec:
     launch_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     # The launching notebook session's warm pool (its actor name), when the run may use warm workers.
     warm_pool: str | None = None
+    # A placement group reserved for the run by someone else (a sweep's trial, reserved by Ray Tune): rank r
+    # runs in its bundle r, and the run neither creates nor removes a group of its own.
+    placement_group: Any = None
 
     @property
     def name(self) -> str:
@@ -63,3 +66,19 @@ def summarize_config(config: dict[str, Any], limit: int = CONFIG_SUMMARY_CHARS) 
         used += len(part) + 2
     text = ", ".join(parts)
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSpec:
+    """What the notebook sends to start a sweep: its options and the template of every trial's run
+    (the spec each trial copies, with its own name, config and Ray Tune's placement group)."""
+
+    options: Any                     # nbtrain._sweep_options.SweepOptions, name always set
+    trial_run: RunSpec
+    owner: dict[str, Any] = dataclasses.field(default_factory=dict)
+    created: float = dataclasses.field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        assert self.options.name is not None
+        return str(self.options.name)

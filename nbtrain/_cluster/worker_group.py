@@ -109,6 +109,9 @@ class WorkerGroup:
 
     def _place(self, stop_requested: Callable[[], bool]) -> None:
         options = self.spec.options
+        if self.spec.placement_group is not None:  # reserved by the caller (a sweep's trial); ready already
+            self._group = self.spec.placement_group
+            return
         bundles = [{"CPU": float(options.cpus_per_worker),
                     **({"GPU": float(options.gpus_per_worker)} if options.gpus_per_worker else {})}
                    for _ in range(options.workers)]
@@ -272,7 +275,7 @@ class WorkerGroup:
                 pass
         self.actors = []
         self.relays = {}
-        if self._group is not None:
+        if self._group is not None and self.spec.placement_group is None:
             try:
                 remove_placement_group(self._group)
             except Exception:  # noqa: BLE001 - already removed is fine
@@ -287,6 +290,8 @@ def remove_leftover_group(spec: RunSpec, attempt: int) -> None:
     from ray.util import get_placement_group
 
     run_name = spec.name
+    if spec.placement_group is not None:
+        return  # the group is its owner's; the workers a previous supervisor started died with it
     if spec.warm_pool:
         try:
             pool = ray.get_actor(spec.warm_pool, namespace=NAMESPACE)

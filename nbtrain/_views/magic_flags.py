@@ -15,8 +15,9 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
-from nbtrain import _options
+from nbtrain import _options, _sweep_options
 from nbtrain._options import RunOptions
+from nbtrain._sweep_options import SweepOptions
 
 _PAIR_KINDS = ("literals", "strings", "variables")
 
@@ -31,7 +32,7 @@ def _arguments(field: Any) -> list[argument]:
                          help=meta.help + shown),
                 argument(off, dest=field.name, action="store_false", default=default,
                          help=f"the opposite of {meta.flags[0]}")]
-    if meta.kind in _PAIR_KINDS:
+    if meta.kind in (*_PAIR_KINDS, "space"):
         return [argument(*meta.flags, dest=field.name, nargs="+", default=default, metavar=meta.metavar,
                          help=meta.help)]
     metavar = meta.metavar or ("N" if meta.parse in (int, float) else None)
@@ -41,27 +42,60 @@ def _arguments(field: Any) -> list[argument]:
 
 def run_option_flags(magic: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate a magic with a flag for every run option, in declaration order."""
-    decorators = [deco for field in _options.fields() for deco in _arguments(field)]
+    return _with_flags(magic, _options.fields())
+
+
+def sweep_option_flags(magic: Callable[..., Any]) -> Callable[..., Any]:
+    """``%%ray_tune``: a flag for every sweep option, then for every run option a trial takes."""
+    return _with_flags(magic, [*_sweep_options.fields(), *trial_run_fields()])
+
+
+def trial_run_fields() -> list[Any]:
+    """The run options a sweep passes on to each of its trials (the rest it sets itself)."""
+    from nbtrain._client.sweep import SET_BY_THE_SWEEP
+
+    return [field for field in _options.fields() if field.name not in SET_BY_THE_SWEEP]
+
+
+def _with_flags(magic: Callable[..., Any], fields: list[Any]) -> Callable[..., Any]:
+    decorators = [deco for field in fields for deco in _arguments(field)]
     for deco in reversed(decorators):  # IPython builds the parser from the last decorator applied first
         magic = deco(magic)
     return magic
 
 
+def sweep_options_from_args(args: Any, user_ns: dict[str, Any]) -> tuple[SweepOptions, dict[str, Any]]:
+    """The parsed ``%%ray_tune`` flags: validated sweep options, and the run options for each trial."""
+    sweep = _values(args, user_ns, _sweep_options.fields())
+    run = _values(args, user_ns, trial_run_fields())
+    defaults = {field.name: field.default for field in trial_run_fields()}
+    return SweepOptions(**sweep), {key: value for key, value in run.items() if value != defaults[key]}
+
+
 def options_from_args(args: Any, user_ns: dict[str, Any]) -> RunOptions:
     """The parsed flags as validated run options (``NbtrainError`` names a bad one)."""
+    return RunOptions(**_values(args, user_ns, _options.fields()))
+
+
+def _values(args: Any, user_ns: dict[str, Any], fields: list[Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
-    for field in _options.fields():
+    for field in fields:
         value = getattr(args, field.name)
-        kind = _options.info(field).kind
-        flag = _options.flag_of(field.name)
-        if value is not None and kind == "literals":
+        meta = _options.info(field)
+        kind = meta.kind
+        flag = meta.flags[0]
+        if value is not None and kind == "space":
+            value = _sweep_options.parse_space(_pairs(value, flag))
+        elif value is not None and kind == "variable":
+            value = _variable(user_ns, value, flag)
+        elif value is not None and kind == "literals":
             value = parse_config(value, flag)
         elif value is not None and kind == "strings":
             value = {key: raw for key, raw in _pairs(value, flag)}
         elif value is not None and kind == "variables":
             value = {key: _variable(user_ns, raw, flag) for key, raw in _pairs(value, flag)}
         values[field.name] = value
-    return RunOptions(**values)
+    return values
 
 
 def parse_config(pairs: list[str], flag: str = "--config") -> dict[str, Any]:

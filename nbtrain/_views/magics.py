@@ -21,7 +21,12 @@ from nbtrain._client import connection
 from nbtrain._client.serialization import check_values
 from nbtrain._exceptions import NbtrainError
 from nbtrain._views.cell_program import CellProgram, referenced_names
-from nbtrain._views.magic_flags import options_from_args, run_option_flags
+from nbtrain._views.magic_flags import (
+    options_from_args,
+    run_option_flags,
+    sweep_option_flags,
+    sweep_options_from_args,
+)
 
 
 class _RunFailedInCell(Exception):
@@ -144,6 +149,63 @@ class NbtrainMagics(Magics):
             return None  # the helper stopped the run and said so
         if run.cached_summary.get("state") == "failed":
             raise _RunFailedInCell(f"RunFailedError: run {run.name!r} failed.\n{run.cached_summary.get('error')}")
+        return None
+
+    # ------------------------------------------------------------------ %%ray_tune
+    @magic_arguments()
+    @argument("--out", "-o", default=None, metavar="VAR", help="store the Sweep in this notebook variable")
+    @sweep_option_flags
+    @cell_magic
+    def ray_tune(self, line: str, cell: str) -> Any:
+        """Sweep this cell's hyperparameters with Ray Tune: each trial runs the cell on its own DDP ranks.
+
+        The cell is the training code, as in ``%%ray_train``; ``config`` holds the
+        trial's sampled values. The output becomes the sweep's live dashboard.
+        Blocks until the sweep ends (interrupt ■ stops it) unless ``--bg``. Every
+        option of ``nbtrain.tune()`` and every run option a trial takes is a flag.
+
+        Example::
+
+            In [3]: %%ray_tune --samples 16 --scheduler asha --metric loss --mode min --out sweep
+               ...:     --space lr=loguniform:1e-4:1e-1 momentum=uniform:0.1:0.9 --workers-per-trial 2
+               ...: for epoch in range(10):
+               ...:     ...
+               ...:     nbtrain.report(loss=loss.item())
+        """
+        from nbtrain._client.sweep import start_sweep
+
+        args = self._parse(self.ray_tune, line)
+        if args is None:
+            return None
+        if not cell.strip():
+            raise UsageError("The %%ray_tune cell is empty: put the per-worker training code below the magic line.")
+        if args.out is not None and not args.out.isidentifier():
+            raise UsageError(f"--out needs a Python variable name, got {args.out!r}.")
+        source = self.shell.transform_cell(cell)
+        try:
+            captured = referenced_names(source, self.shell.user_ns)
+        except SyntaxError as exc:
+            raise UsageError(f"The %%ray_tune cell has a syntax error on line {exc.lineno}: {exc.msg}.") from None
+        try:
+            options, run_options = sweep_options_from_args(args, self.shell.user_ns)
+            connection.current()
+            check_values(captured)
+            sweep = start_sweep(CellProgram(source, captured), dataclasses.replace(options, wait=False), run_options)
+        except NbtrainError as exc:
+            raise UsageError(str(exc)) from None
+        if args.out:
+            self.shell.user_ns[args.out] = sweep
+        view = sweep.dashboard()
+        if not options.wait:
+            return None
+        try:
+            view.thread.join()
+        except KeyboardInterrupt:
+            print(f"Stopping sweep {sweep.name!r}…")
+            print(f"Sweep {sweep.name!r} {sweep.stop()}.")
+            return None
+        if sweep.cached.get("state") == "failed":
+            raise _RunFailedInCell(f"SweepFailedError: sweep {sweep.name!r} failed: {sweep.cached.get('error')}")
         return None
 
     # ------------------------------------------------------------------ %ray_status

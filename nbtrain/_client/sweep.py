@@ -1,0 +1,317 @@
+"""Hyperparameter sweeps from the notebook: ``nbtrain.tune()``, :class:`Sweep`, ``attach_sweep``, ``sweeps``.
+
+A sweep runs Ray Tune on the cluster (see :mod:`nbtrain._cluster.sweep_supervisor`);
+each trial is an nbtrain run named ``<sweep>-t<N>``. The notebook only reads the
+sweep's trial table (one long poll for all trials) and, for a trial it looks
+into, that trial's run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from nbtrain._client import connection
+from nbtrain._client.launch import _owner, attach, check_resources
+from nbtrain._client.run import Run
+from nbtrain._client.serialization import dumps_checked
+from nbtrain._client.stored import on_head
+from nbtrain._cluster.names import NAMESPACE, sweep_actor_name
+from nbtrain._cluster.spec import RunSpec, SweepSpec
+from nbtrain._exceptions import InvalidOptionError, NbtrainError, RunExistsError, RunNotFoundError, SweepFailedError
+from nbtrain._options import RunOptions
+from nbtrain._sweep_options import SweepOptions
+
+POLL_TIMEOUT_S = 30.0
+SWEEP_START_S = 30.0
+TERMINAL = ("succeeded", "failed", "stopped")
+# Run options a sweep sets itself for each trial: given to tune(), they would mean something else.
+SET_BY_THE_SWEEP = {"workers": "workers_per_trial", "name": "name (the sweep's; trial N's run is <name>-t<N>)",
+                    "wait": "wait (the sweep's)", "resume": None, "warm": None, "warm_idle_s": None}
+
+
+@dataclasses.dataclass
+class Trial:
+    """One trial as the sweep's table has it; ``run`` is its nbtrain run (every rank's metrics, logs,
+    checkpoints)."""
+
+    index: int
+    id: str
+    config: dict[str, Any]
+    state: str                   # pending, running, succeeded, stopped, failed
+    iterations: int              # rank 0's reports of the metric so far (Tune's training_iteration)
+    last: float | None           # the metric's latest value
+    best: float | None           # its best value (by the sweep's mode)
+    stop_reason: str | None      # e.g. "stopped by ASHA at rung 1 (training_iteration 4)"
+    error: str | None
+    run_name: str | None
+    waiting_for: str | None      # a pending trial: the resources it waits for
+    curve: list[tuple[int, float]]
+    _sweep: Sweep | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def run(self) -> Run:
+        if self.run_name is None:
+            msg = f"trial {self.index} has not started yet ({self.waiting_for or 'pending'}): it has no run."
+            raise RunNotFoundError(msg)
+        return attach(self.run_name)
+
+    def stop(self) -> None:
+        """Stop this trial at its next report; the sweep goes on."""
+        if self._sweep is not None:
+            self._sweep.stop_trial(self.index)
+
+
+class Sweep:
+    """A sweep on the cluster. Reads are one call for the whole trial table."""
+
+    def __init__(self, name: str, handle: Any, address: str) -> None:
+        self.name = name
+        self._handle = handle
+        self.address = address
+        self.cached: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"<Sweep {self.name!r} {self.cached.get('state', '?')}, {len(self.cached.get('trials', []))} trials>"
+
+    # -------------------------------------------------------------- reading
+    def refresh(self, wait_s: float = 0.0) -> dict[str, Any]:
+        """The sweep's table now (with ``wait_s``: as soon as it changes, or after ``wait_s``)."""
+        import ray
+
+        if self.cached.get("state") in TERMINAL and self._handle is None:
+            return self.cached
+        if self._handle is not None:
+            try:
+                self.cached = ray.get(self._handle.poll.remote(self.cached.get("version", 0), wait_s),
+                                      timeout=wait_s + POLL_TIMEOUT_S)
+                return self.cached
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self._handle = None  # it finished and retired: its record answers from now on
+        self.cached = _stored_record(self.name)
+        return self.cached
+
+    @property
+    def state(self) -> str:
+        return str(self.refresh().get("state"))
+
+    @property
+    def trials(self) -> list[Trial]:
+        return self._trials(self.refresh())
+
+    def _trials(self, answer: dict[str, Any]) -> list[Trial]:
+        return [Trial(index=t["index"], id=t["id"], config=t["config"], state=t["state"], iterations=t["iterations"],
+                      last=t["last"], best=t["best"], stop_reason=t["stop_reason"], error=t["error"],
+                      run_name=t["run"], waiting_for=t["waiting_for"], curve=[tuple(p) for p in t["curve"]],
+                      _sweep=self) for t in answer.get("trials", [])]
+
+    @property
+    def best(self) -> Trial | None:
+        """The trial with the best value of the metric (by ``mode``), failed trials left out; None before any
+        report."""
+        answer = self.refresh()
+        scored = [t for t in self._trials(answer) if t.best is not None and t.state != "failed"]
+        if not scored:
+            return None
+        pick = min if answer["mode"] == "min" else max
+        return pick(scored, key=lambda t: t.best)  # type: ignore[arg-type,return-value]
+
+    def results_frame(self) -> Any:
+        """A pandas DataFrame, one row per trial: its config, state, iterations, best and last metric."""
+        import pandas as pd
+
+        answer = self.refresh()
+        metric = answer["metric"]
+        rows = [{"trial": t.index, **t.config, "state": t.state, "iterations": t.iterations,
+                 f"best_{metric}": t.best, f"last_{metric}": t.last, "stop_reason": t.stop_reason,
+                 "run": t.run_name} for t in self._trials(answer)]
+        return pd.DataFrame(rows).set_index("trial") if rows else pd.DataFrame()
+
+    # -------------------------------------------------------------- acting
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the sweep ends; returns its state. Raises :class:`SweepFailedError` if it failed
+        (a failed trial does not fail the sweep). Ctrl-C stops waiting, not the sweep."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        answer = self.refresh()
+        while answer.get("state") not in TERMINAL:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                msg = f"sweep {self.name!r} is still {answer.get('state')} after {timeout:g} s"
+                raise TimeoutError(msg)
+            answer = self.refresh(wait_s=min(left or 5.0, 5.0))
+        self.raise_if_failed()
+        return str(answer["state"])
+
+    def raise_if_failed(self) -> None:
+        if self.cached.get("state") == "failed":
+            raise SweepFailedError(f"Sweep {self.name!r} failed: {self.cached.get('error')}")
+
+    def stop(self, timeout: float = 60.0) -> str:
+        """Stop every trial and end the sweep; returns once Ray Tune has stopped them."""
+        import ray
+
+        if self._handle is None:
+            return self.state
+        try:
+            ray.get(self._handle.stop.remote(timeout), timeout=timeout + POLL_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            pass  # it ended meanwhile
+        return self.state
+
+    def stop_trial(self, index: int) -> None:
+        import ray
+
+        found = [t for t in self.trials if t.index == index]
+        if not found:
+            raise RunNotFoundError(f"sweep {self.name!r} has no trial {index}; it has {len(self.trials)}.")
+        if self._handle is not None:
+            ray.get(self._handle.stop_trial.remote(found[0].id), timeout=POLL_TIMEOUT_S)
+
+    def dashboard(self) -> Any:
+        """The sweep's live view: every trial's curve, each hyperparameter against the metric, the trial table."""
+        from nbtrain._views.sweep_dashboard import show_sweep_dashboard
+
+        return show_sweep_dashboard(self)
+
+
+def tune(
+    train_fn: Any,
+    *,
+    space: dict[str, Any] | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
+    num_samples: int = 1,
+    scheduler: Any = None,
+    max_t: int = 100,
+    grace_period: int = 1,
+    reduction_factor: float = 4,
+    time_attr: str = "training_iteration",
+    search_alg: Any = None,
+    workers_per_trial: int = 2,
+    max_concurrent: int | None = None,
+    name: str | None = None,
+    wait: bool = False,
+    **run_options: Any,
+) -> Sweep:
+    """Sweep ``train_fn``'s hyperparameters with Ray Tune; each trial is an nbtrain run.
+
+    ``space`` maps config keys to Ray Tune distributions (merged over ``config=``);
+    one iteration is one report of ``metric`` by rank 0. Every other keyword is a
+    run option (``config``, ``cpus_per_worker``, ``max_failures``, ``storage``,
+    ``precision``…) applied to each trial.
+
+    Example::
+
+        from ray import tune
+        sweep = nbtrain.tune(train, space={"lr": tune.loguniform(1e-4, 1e-1)}, metric="loss", mode="min",
+                             num_samples=8, scheduler="asha", max_t=10)
+        sweep.dashboard()
+        sweep.best.run.load_checkpoint()
+    """
+    arguments = {key: value for key, value in locals().items() if key not in ("train_fn", "run_options")}
+    options = SweepOptions(**arguments)
+    return start_sweep(train_fn, options, run_options)
+
+
+def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any]) -> Sweep:
+    """``tune()`` once its options are validated (the magic calls this too)."""
+    import ray
+
+    from nbtrain._client.launch import _check_signature
+    from nbtrain._cluster.sweep_supervisor import SweepSupervisor, sweep_supervisor_options
+
+    for key in run_options:
+        if key in SET_BY_THE_SWEEP:
+            instead = SET_BY_THE_SWEEP[key]
+            msg = (f"{key} is set by the sweep for each trial" + (f"; use {instead}" if instead else "") +
+                   ". Leave it out of tune().")
+            raise InvalidOptionError(msg)
+    datasets = run_options.pop("datasets", None)
+    try:
+        run = RunOptions(**run_options, workers=options.workers_per_trial, warm=False, datasets=datasets)
+    except TypeError as exc:
+        msg = f"tune() got an option it does not know: {exc}. Sweep options and run options are listed in " \
+              f"help(nbtrain.tune) and help(nbtrain.launch)."
+        raise InvalidOptionError(msg) from None
+    name = options.name or time.strftime("sweep-%Y%m%d-%H%M%S")
+    options = dataclasses.replace(options, name=name)
+    cluster = connection.current()
+    check_resources(options.workers_per_trial, run.cpus_per_worker, run.gpus_per_worker)
+    takes_config = _check_signature(train_fn)
+    if not takes_config:
+        msg = "A sweep's training function takes the config: def train(config): ... (the sampled values are in it)."
+        raise InvalidOptionError(msg)
+    trial_run = RunSpec(options=dataclasses.replace(run, datasets=None, config=dict(run.config or {})),
+                        fn_bytes=dumps_checked(train_fn), fn_takes_config=True, owner=_owner())
+    spec = SweepSpec(options=options, trial_run=trial_run, owner=_owner())
+    if _find_handle(name) is not None or name in stored_sweep_names():
+        raise RunExistsError(f"A sweep named {name!r} already exists on {cluster.address}. Pick another name, "
+                             f"or attach to it with nbtrain.attach_sweep({name!r}).")
+    import cloudpickle
+
+    handle = ray.remote(SweepSupervisor).options(**sweep_supervisor_options(name)).remote(
+        cloudpickle.dumps(spec), datasets)
+    sweep = Sweep(name, handle, cluster.address)
+    try:
+        sweep.cached = ray.get(handle.poll.remote(0, 0.0), timeout=SWEEP_START_S)
+    except ray.exceptions.RayActorError as exc:
+        raise NbtrainError(f"Sweep {name!r} could not start its supervisor on the cluster: {exc}") from None
+    if options.wait:
+        sweep.wait()
+    return sweep
+
+
+def _find_handle(name: str) -> Any:
+    import ray
+
+    try:
+        return ray.get_actor(sweep_actor_name(name), namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _stored_record(name: str) -> dict[str, Any]:
+    from nbtrain._cluster.sweep_supervisor import read_sweep_record
+
+    record = on_head(read_sweep_record, name)
+    if record is None:
+        raise RunNotFoundError(f"No sweep named {name!r} on the cluster. Sweeps there: "
+                               f"{', '.join(stored_sweep_names()) or 'none'}.")
+    return record  # type: ignore[no-any-return]
+
+
+def stored_sweep_names() -> list[str]:
+    from nbtrain._cluster.sweep_supervisor import stored_sweep_names as names
+
+    return on_head(names)  # type: ignore[no-any-return]
+
+
+def attach_sweep(name: str) -> Sweep:
+    """The sweep ``name`` (from another kernel, or before a restart), with every trial's history."""
+    cluster = connection.current()
+    sweep = Sweep(name, _find_handle(name), cluster.address)
+    sweep.refresh()
+    return sweep
+
+
+def sweeps() -> list[dict[str, Any]]:
+    """Every sweep on the connected cluster: name, state, trials, metric, best value."""
+    import ray
+
+    connection.current()
+    names = set(stored_sweep_names())
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor.get("namespace") == NAMESPACE and actor["name"].startswith(sweep_actor_name("")):
+            names.add(actor["name"][len(sweep_actor_name("")):])
+    listed = []
+    for name in sorted(names):
+        try:
+            sweep = attach_sweep(name)
+        except NbtrainError:
+            continue
+        best = sweep.best
+        listed.append({"name": name, "state": sweep.cached.get("state"), "trials": len(sweep.cached["trials"]),
+                       "metric": sweep.cached["metric"], "best": None if best is None else best.best,
+                       "started": sweep.cached.get("started"), "ended": sweep.cached.get("ended")})
+    return listed

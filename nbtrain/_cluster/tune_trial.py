@@ -1,0 +1,129 @@
+"""One trial of a sweep, as Ray Tune sees it: a class Trainable whose training is an nbtrain run.
+
+Ray Tune reserves the trial's resources as a placement group (an empty head
+bundle for this actor, one bundle per rank); :meth:`setup` starts an nbtrain run
+whose ranks run in those bundles, so everything a run has (every rank's curves,
+logs, failures, ``max_failures``, checkpoints) each trial has. One :meth:`step`
+is one row of rank 0 that carries the sweep's metric: Tune's
+``training_iteration`` counts rank 0's reports of the metric. When the scheduler
+stops the trial, Tune calls ``stop()`` → :meth:`cleanup`, which stops the run and
+waits until its ranks have left the bundles (Tune may hand them to the next trial).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import cloudpickle
+import ray
+from ray import tune
+
+from nbtrain._cluster.names import NAMESPACE, sweep_actor_name, trial_run_name
+from nbtrain._cluster.spec import RunSpec
+
+POLL_WAIT_S = 5.0
+STOP_WAIT_S = 60.0
+ROW_KEYS = ("rank", "attempt", "time")
+METRIC_LOOKAHEAD_ROWS = 20  # rank 0's rows seen without the metric before the sweep says it is never reported
+
+
+class MetricNotReported(RuntimeError):
+    """Rank 0 of a trial reports rows, but never the sweep's metric: every trial would do the same."""
+
+
+class TrialRunFailed(RuntimeError):
+    """The trial's nbtrain run failed; its message is the run's error (which rank, what it raised)."""
+
+
+class NbtrainTrial(tune.Trainable):
+    def setup(self, config: dict[str, Any], sweep_name: str = "") -> None:
+        from nbtrain._cluster.supervisor import RunSupervisor, supervisor_options
+
+        self._sweep = ray.get_actor(sweep_actor_name(sweep_name), namespace=NAMESPACE)
+        template: RunSpec = cloudpickle.loads(ray.get(self._sweep.trial_template.remote()))
+        self._metric: str = ray.get(self._sweep.metric.remote())
+        self.index = int(str(self.trial_id).rsplit("_", 1)[-1])
+        self.run_name = trial_run_name(sweep_name, self.index)
+        options = dataclasses.replace(template.options, name=self.run_name,
+                                      config={**(template.options.config or {}), **config})
+        spec = dataclasses.replace(template, options=options, placement_group=ray.util.get_current_placement_group())
+        # DEFAULT scheduling: the supervisor must outlive the trial's placement group, which Tune removes
+        self._run = ray.remote(RunSupervisor).options(**supervisor_options(self.run_name),
+                                                      scheduling_strategy="DEFAULT").remote(
+            cloudpickle.dumps(spec), ray.get(self._sweep.trial_datasets.remote()))
+        self._sweep.note_trial.remote(self.trial_id, run=self.run_name, index=self.index)
+        self._cursor = 0
+        self._rows: collections.deque[dict[str, Any]] = collections.deque()
+        self._rank0_rows = 0
+        self._seen_keys: set[str] = set()
+        self._ended: dict[str, Any] | None = None
+
+    def step(self) -> dict[str, Any]:
+        while not self._rows:
+            if self._ended is not None:
+                return self._finish()
+            self._read()
+        row = self._rows.popleft()
+        result = {key: value for key, value in row.items() if key not in ROW_KEYS}
+        if not self._rows and self._ended is not None and self._ended["state"] == "succeeded":
+            result["done"] = True
+            self._sweep.note_trial.remote(self.trial_id, ended_by_run=True)
+        return result
+
+    def _read(self) -> None:
+        try:
+            answer = ray.get(self._run.poll.remote(self._cursor, 1 << 30, 1 << 30, 10_000, POLL_WAIT_S))
+        except ray.exceptions.RayActorError:  # the run ended and its supervisor retired: its files answer
+            from nbtrain._cluster.stored_run import read_stored
+
+            reader = ray.remote(read_stored).options(num_cpus=0, resources={"node:__internal_head__": 0.001})
+            answer = ray.get(reader.remote(self.run_name, "poll", (self._cursor, 1 << 30, 1 << 30, 10_000), {}))
+        self._cursor = answer["cursor"]
+        for row in answer["rows"]:
+            if row.get("rank") != 0:
+                continue
+            self._rank0_rows += 1
+            self._seen_keys.update(key for key in row if key not in ROW_KEYS)
+            if self._metric in row:
+                self._rows.append(row)
+        if not self._rows and self._rank0_rows >= METRIC_LOOKAHEAD_ROWS and not self._metric_seen():
+            self._metric_missing()
+        if answer["state"] in ("succeeded", "failed", "stopped") and not answer.get("has_more"):
+            self._ended = answer
+
+    def _metric_seen(self) -> bool:
+        return self._metric in self._seen_keys
+
+    def _metric_missing(self) -> None:
+        reported = ", ".join(sorted(self._seen_keys)) or "nothing"
+        msg = (f"metric {self._metric!r} is never reported by rank 0 of trial {self.run_name!r}; it reported: "
+               f"{reported}. Report it (nbtrain.report({self._metric}=...)) or pick one of those with metric=.")
+        self._sweep.note_trial.remote(self.trial_id, metric_missing=msg)
+        raise MetricNotReported(msg)
+
+    def _finish(self) -> dict[str, Any]:
+        ended = self._ended or {}
+        if ended.get("state") == "failed":
+            self._sweep.note_trial.remote(self.trial_id, ended_by_run=True, error=ended.get("error"))
+            raise TrialRunFailed(f"trial run {self.run_name!r} failed: {ended.get('error')}")
+        if not self._metric_seen():
+            self._metric_missing()
+        self._sweep.note_trial.remote(self.trial_id, ended_by_run=True)
+        return {tune.result.RESULT_DUPLICATE: True}
+
+    def cleanup(self) -> None:
+        """Stop the run if it is still going; returns when its ranks have left Tune's bundles."""
+        if self._ended is not None:
+            return
+        try:  # returns once the run's workers are gone and their bundles free
+            ray.get(self._run.stop.remote(STOP_WAIT_S), timeout=STOP_WAIT_S + 5)
+        except ray.exceptions.RayError:
+            pass  # it ended and retired meanwhile
+
+    def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+        return {"run": self.run_name}  # the run keeps its own checkpoints; see run.load_checkpoint()
+
+    def load_checkpoint(self, checkpoint: Any) -> None:
+        pass  # a restored trial starts a new run from its config (PBT: with the exploited config)

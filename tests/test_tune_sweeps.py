@@ -1,0 +1,111 @@
+"""nbtrain.tune(): real Ray Tune on the loopback cluster, each trial a 2-rank nbtrain run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from ray import tune
+
+import nbtrain
+
+from _helpers import wait_for
+
+pytestmark = pytest.mark.cluster
+
+BEST_Q = 0.1
+FAILING_Q = 7.0
+
+
+def quality_run(config):
+    """loss = q + 1/step: a smaller q is a better trial at every step; q = FAILING_Q makes rank 1 raise."""
+    import time as _time
+
+    import torch.distributed as dist
+
+    if config["q"] == FAILING_Q and nbtrain.get_context().rank == 1:
+        raise ValueError("rank 1 refuses this q")
+    dist.barrier()  # rank 0 reports nothing when rank 1 fails: no scheduler can stop that trial first
+    for step in range(1, config["steps"] + 1):
+        nbtrain.report(step=step, loss=config["q"] + 1.0 / step)
+        _time.sleep(config["pause"])
+
+
+def test_asha_stops_bad_trials_early_and_best_is_the_known_best(cluster):
+    grid = [BEST_Q, 5.0, 0.2, 4.0, 3.0, 6.0, FAILING_Q]
+    sweep = nbtrain.tune(quality_run, space={"q": tune.grid_search(grid)}, config={"steps": 8, "pause": 0.25},
+                         metric="loss", mode="min", scheduler="asha", max_t=8, grace_period=1, reduction_factor=2,
+                         workers_per_trial=2, name="asha-sweep", max_concurrent=2)
+    assert sweep.wait(timeout=600) == "succeeded"
+    trials = sweep.trials
+    assert sorted(t.config["q"] for t in trials) == sorted(grid)
+    best = sweep.best
+    assert best is not None and best.config["q"] == BEST_Q
+    assert best.state == "succeeded" and best.iterations == 8
+    stopped = [t for t in trials if t.state == "stopped"]
+    assert any(t.config["q"] >= 3.0 for t in stopped), [(t.config, t.state, t.iterations) for t in trials]
+    for trial in stopped:  # ASHA keeps the best half at each rung: only trials worse than the best are cut
+        assert trial.config["q"] > BEST_Q, f"the best trial was stopped: {trial}"
+        assert trial.iterations < 8 and trial.stop_reason.startswith("stopped by ASHA at rung")
+    [failed] = [t for t in trials if t.state == "failed"]
+    assert failed.config["q"] == FAILING_Q
+    assert "rank 1" in failed.error.lower() and "refuses this q" in failed.error
+    # each trial is a whole nbtrain run: both ranks' rows are there
+    rows = best.run.metrics
+    assert {r["rank"] for r in rows} == {0, 1} and max(r["step"] for r in rows) == 8
+    frame = sweep.results_frame()
+    assert list(frame["q"].sort_values()) == sorted(grid) and "best_loss" in frame
+    assert {"name": "asha-sweep", "state": "succeeded"}.items() <= next(
+        s for s in nbtrain.sweeps() if s["name"] == "asha-sweep").items()
+
+
+def test_a_metric_never_reported_fails_the_sweep_naming_it(cluster):
+    def reports_accuracy(config):
+        for step in range(3):
+            nbtrain.report(acc=0.5 + step * config["x"])
+
+    sweep = nbtrain.tune(reports_accuracy, space={"x": tune.uniform(0.0, 0.1)}, metric="loss", mode="min",
+                         num_samples=2, name="no-such-metric")
+    with pytest.raises(nbtrain.SweepFailedError, match="metric 'loss' is never reported by rank 0.*acc"):
+        sweep.wait(timeout=300)
+
+
+def test_a_killed_kernel_leaves_the_sweep_going_and_attach_sweep_sees_every_trial(cluster):
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import cloudpickle, test_tune_sweeps as here, nbtrain
+        from ray import tune
+        cloudpickle.register_pickle_by_value(here)
+        nbtrain.connect({cluster.address!r}, progress=lambda m: None)
+        sweep = nbtrain.tune(here.quality_run, space={{"q": tune.grid_search([0.3, 0.4, 0.5])}},
+                             config={{"steps": 4, "pause": 0.2}}, metric="loss", mode="min",
+                             workers_per_trial=2, name="orphan-sweep")
+        while not any(t.iterations for t in sweep.trials):
+            sweep.refresh(wait_s=5)
+        print("READY", flush=True)
+        sys.stdin.read()
+    """)
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stdin=subprocess.PIPE,
+                              text=True)
+    try:
+        assert driver.stdout.readline().strip() == "READY"
+    finally:
+        driver.kill()
+        driver.wait()
+    sweep = nbtrain.attach_sweep("orphan-sweep")
+    assert sweep.wait(timeout=300) == "succeeded"
+    assert sorted(t.config["q"] for t in sweep.trials) == [0.3, 0.4, 0.5]
+    assert all(t.state == "succeeded" and t.iterations == 4 for t in sweep.trials)
+    assert sweep.best.config["q"] == 0.3
+    wait_for(lambda: not any(a["name"] == "nbtrain-sweep:orphan-sweep" for a in _named_actors()), 30,
+             message="a finished sweep to hold no process")
+
+
+def _named_actors():
+    import ray
+
+    return ray.util.list_named_actors(all_namespaces=True)
