@@ -99,7 +99,7 @@ def test_a_killed_kernel_leaves_the_sweep_going_and_attach_sweep_sees_every_tria
     sweep = nbtrain.attach_sweep("orphan-sweep")
     assert sweep.wait(timeout=300) == "succeeded"
     assert sorted(t.config["q"] for t in sweep.trials) == [0.3, 0.4, 0.5]
-    assert all(t.state == "succeeded" and t.iterations == 4 for t in sweep.trials)
+    assert all(t.state == "succeeded" and t.iterations == 4 for t in sweep.trials), sweep.trials
     assert sweep.best.config["q"] == 0.3
     wait_for(lambda: not any(a["name"] == "nbtrain-sweep:orphan-sweep" for a in _named_actors()), 30,
              message="a finished sweep to hold no process")
