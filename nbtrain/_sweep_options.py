@@ -42,8 +42,10 @@ class SweepOptions:
                               choices=MODE_CHOICES)
     num_samples: int = option(1, "trials sampled from the space (with grid values: samples of each grid point)",
                               "--samples", parse=int)
-    scheduler: Any = option(None, "asha, hyperband or fifo (default), or in Python any ray.tune scheduler object "
-                                  "(PopulationBasedTraining, …)", "--scheduler", choices=SCHEDULER_CHOICES)
+    scheduler: Any = option(None, "asha, hyperband (asynchronous) or fifo (default), or in Python a ray.tune "
+                                  "scheduler object that stops trials (MedianStoppingRule, …); schedulers that pause "
+                                  "trials (PopulationBasedTraining, synchronous HyperBand) are refused",
+                            "--scheduler", choices=SCHEDULER_CHOICES)
     max_t: int = option(100, "asha/hyperband: the most iterations (time_attr) a trial runs", "--max-t", parse=int)
     grace_period: int = option(1, "asha: iterations every trial runs before it may be stopped", "--grace-period",
                                parse=int)

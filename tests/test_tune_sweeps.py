@@ -69,7 +69,7 @@ def test_a_metric_never_reported_fails_the_sweep_naming_it(cluster):
 
     sweep = nbtrain.tune(reports_accuracy, space={"x": tune.uniform(0.0, 0.1)}, metric="loss", mode="min",
                          num_samples=2, name="no-such-metric")
-    with pytest.raises(nbtrain.SweepFailedError, match="metric 'loss' is never reported by rank 0.*acc"):
+    with pytest.raises(nbtrain.SweepFailedError, match=r"metric 'loss' is never reported by rank 0.*acc"):
         sweep.wait(timeout=300)
 
 

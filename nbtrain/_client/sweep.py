@@ -227,6 +227,7 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
             msg = (f"{key} is set by the sweep for each trial" + (f"; use {instead}" if instead else "") +
                    ". Leave it out of tune().")
             raise InvalidOptionError(msg)
+    _check_scheduler(options.scheduler)
     datasets = run_options.pop("datasets", None)
     try:
         run = RunOptions(**run_options, workers=options.workers_per_trial, warm=False, datasets=datasets)
@@ -260,6 +261,23 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     if options.wait:
         sweep.wait()
     return sweep
+
+
+def _check_scheduler(scheduler: Any) -> None:
+    """Refuse the schedulers that pause trials and restore them from another trial's checkpoint.
+
+    A trial is an nbtrain run: it can be stopped (ASHA, asynchronous HyperBand, median
+    stopping, any scheduler that stops or continues), not yet paused and restarted from a
+    checkpoint Ray Tune holds.
+    """
+    from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
+
+    if isinstance(scheduler, (PopulationBasedTraining, HyperBandScheduler)):
+        msg = (f"scheduler (--scheduler): {type(scheduler).__name__} pauses trials and restarts them from "
+               f"checkpoints Ray Tune keeps, which nbtrain's trials (each an nbtrain run) do not support yet. Use "
+               f"scheduler='asha', 'hyperband' (asynchronous HyperBand) or a scheduler that only stops trials, such "
+               f"as ray.tune.schedulers.MedianStoppingRule.")
+        raise InvalidOptionError(msg)
 
 
 def _find_handle(name: str) -> Any:

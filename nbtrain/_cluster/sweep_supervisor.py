@@ -42,16 +42,17 @@ def sweep_supervisor_options(sweep_name: str) -> dict[str, Any]:
 
 def make_scheduler(options: Any) -> Any:
     """``scheduler=`` as a Ray Tune scheduler object (a name picks one with the sweep's knobs)."""
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler
+    from ray.tune.schedulers import ASHAScheduler, AsyncHyperBandScheduler, FIFOScheduler
 
     if options.scheduler in (None, "fifo"):
         return FIFOScheduler()
     if options.scheduler == "asha":
         return ASHAScheduler(time_attr=options.time_attr, max_t=options.max_t, grace_period=options.grace_period,
                              reduction_factor=options.reduction_factor)
-    if options.scheduler == "hyperband":
-        return HyperBandScheduler(time_attr=options.time_attr, max_t=options.max_t,
-                                  reduction_factor=options.reduction_factor)
+    if options.scheduler == "hyperband":  # the asynchronous one: it stops trials, never pauses them
+        return AsyncHyperBandScheduler(time_attr=options.time_attr, max_t=options.max_t,
+                                       grace_period=options.grace_period,
+                                       reduction_factor=options.reduction_factor, brackets=3)
     return options.scheduler
 
 
