@@ -109,3 +109,21 @@ def _named_actors():
     import ray
 
     return ray.util.list_named_actors(all_namespaces=True)
+
+
+def test_stopping_a_trial_and_the_sweep_from_the_notebook_frees_their_runs(cluster):
+    sweep = nbtrain.tune(quality_run, space={"q": tune.grid_search([0.5, 0.6, 0.7])},
+                         config={"steps": 400, "pause": 0.1}, metric="loss", mode="min", workers_per_trial=1,
+                         max_concurrent=2, name="stopped-sweep")
+    first = wait_for(lambda: next((t for t in sweep.trials if t.iterations >= 2), None), 120,
+                     message="a trial's second report")
+    first.stop()
+    stopped = wait_for(lambda: next((t for t in sweep.trials if t.index == first.index and t.state == "stopped"),
+                                    None), 20, message="the trial to stop")
+    assert stopped.stop_reason == "stopped from the notebook"
+    assert stopped.run.state == nbtrain.RunState.STOPPED
+    assert sweep.stop() == "stopped"
+    assert all(t.state == "stopped" for t in sweep.trials), sweep.trials
+    for trial in sweep.trials:
+        if trial.run_name is not None:
+            assert trial.run.state == nbtrain.RunState.STOPPED, trial

@@ -24,7 +24,7 @@ from ray import tune
 from ray.tune.stopper import Stopper
 
 from nbtrain import _json
-from nbtrain._cluster.names import NAMESPACE, sweep_actor_name
+from nbtrain._cluster.names import NAMESPACE, actor_name, sweep_actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.spec import SweepSpec, summarize_config
 from nbtrain._paths import private_dir, sweeps_dir, write_json_atomic
@@ -226,6 +226,8 @@ class SweepSupervisor:
             if failed:
                 record["state"] = "failed"
                 record["error"] = record.get("error") or record.get("metric_missing") or _error_text(trial)
+            elif self.stop_everything.is_set() or trial.trial_id in self.stop_requests:
+                record["state"], record["stop_reason"] = "stopped", self._stop_reason(trial.trial_id, record)
             elif record.get("ended_by_run"):
                 record["state"] = "succeeded"
             elif self._reached_max_t(record):
@@ -308,8 +310,15 @@ class SweepSupervisor:
             return self._state
 
     def stop_trial(self, trial_id: str) -> None:
-        """Stop one trial at its next report (Ray Tune asks its stopper after each result)."""
-        self.stop_requests.add(trial_id)
+        """Stop one trial now: its run is stopped (its trial then ends), and Tune's stopper agrees."""
+        with self._lock:
+            self.stop_requests.add(trial_id)
+            run = self._trials.get(trial_id, {}).get("run")
+        if run is not None:
+            try:
+                ray.get_actor(actor_name(run), namespace=NAMESPACE).stop.remote()
+            except ValueError:
+                pass  # its run has ended already
 
 
 def _better(value: float, than: float, mode: str) -> bool:

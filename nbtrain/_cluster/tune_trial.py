@@ -108,7 +108,7 @@ class NbtrainTrial(tune.Trainable):
         if ended.get("state") == "failed":
             self._sweep.note_trial.remote(self.trial_id, ended_by_run=True, error=ended.get("error"))
             raise TrialRunFailed(f"trial run {self.run_name!r} failed: {ended.get('error')}")
-        if not self._metric_seen():
+        if not self._metric_seen() and ended.get("state") == "succeeded":
             self._metric_missing()
         self._sweep.note_trial.remote(self.trial_id, ended_by_run=True)
         return {tune.result.RESULT_DUPLICATE: True}
