@@ -53,7 +53,7 @@ class NbtrainTrial(tune.Trainable):
         self._run = ray.remote(RunSupervisor).options(**supervisor_options(self.run_name),
                                                       scheduling_strategy="DEFAULT").remote(
             cloudpickle.dumps(spec), ray.get(self._sweep.trial_datasets.remote()))
-        self._sweep.note_trial.remote(self.trial_id, run=self.run_name, index=self.index)
+        self._note(run=self.run_name, index=self.index)
         self._cursor = 0
         self._rows: collections.deque[dict[str, Any]] = collections.deque()
         self._rank0_rows = 0
@@ -69,8 +69,12 @@ class NbtrainTrial(tune.Trainable):
         result = {key: value for key, value in row.items() if key not in ROW_KEYS}
         if not self._rows and self._ended is not None and self._ended["state"] == "succeeded":
             result["done"] = True
-            self._sweep.note_trial.remote(self.trial_id, ended_by_run=True)
+            self._note(ended_by_run=True)
         return result
+
+    def _note(self, **fields: Any) -> None:
+        """Tell the sweep's table, and wait: Tune's callback for this trial's end must find it there."""
+        ray.get(self._sweep.note_trial.remote(self.trial_id, **fields))
 
     def _read(self) -> None:
         try:
@@ -100,17 +104,17 @@ class NbtrainTrial(tune.Trainable):
         reported = ", ".join(sorted(self._seen_keys)) or "nothing"
         msg = (f"metric {self._metric!r} is never reported by rank 0 of trial {self.run_name!r}; it reported: "
                f"{reported}. Report it (nbtrain.report({self._metric}=...)) or pick one of those with metric=.")
-        self._sweep.note_trial.remote(self.trial_id, metric_missing=msg)
+        self._note(metric_missing=msg)
         raise MetricNotReported(msg)
 
     def _finish(self) -> dict[str, Any]:
         ended = self._ended or {}
         if ended.get("state") == "failed":
-            self._sweep.note_trial.remote(self.trial_id, ended_by_run=True, error=ended.get("error"))
+            self._note(ended_by_run=True, error=ended.get("error"))
             raise TrialRunFailed(f"trial run {self.run_name!r} failed: {ended.get('error')}")
         if not self._metric_seen() and ended.get("state") == "succeeded":
             self._metric_missing()
-        self._sweep.note_trial.remote(self.trial_id, ended_by_run=True)
+        self._note(ended_by_run=True)
         return {tune.result.RESULT_DUPLICATE: True}
 
     def cleanup(self) -> None:
