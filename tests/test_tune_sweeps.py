@@ -127,3 +127,22 @@ def test_stopping_a_trial_and_the_sweep_from_the_notebook_frees_their_runs(clust
     for trial in sweep.trials:
         if trial.run_name is not None:
             assert trial.run.state == nbtrain.RunState.STOPPED, trial
+
+
+def test_every_trial_gets_its_shards_of_the_sweeps_ray_dataset(cluster):
+    import numpy as np
+    import ray
+
+    def count_rows(config):
+        seen = [int(x) for batch in nbtrain.get_dataset_shard("train").iter_torch_batches(batch_size=8)
+                for x in batch["data"]]
+        nbtrain.report(loss=config["q"], rows=len(seen))
+        return sorted(seen)
+
+    dataset = ray.data.from_numpy(np.arange(32))
+    sweep = nbtrain.tune(count_rows, space={"q": tune.grid_search([1.0, 2.0])}, metric="loss", mode="min",
+                         workers_per_trial=2, datasets={"train": dataset}, name="dataset-sweep")
+    assert sweep.wait(timeout=300) == "succeeded"
+    for trial in sweep.trials:
+        rank0, rank1 = trial.run.result
+        assert len(rank0) == len(rank1) == 16 and sorted(rank0 + rank1) == list(range(32)), trial
