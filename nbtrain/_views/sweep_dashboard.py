@@ -100,7 +100,7 @@ def curves_svg(answer: dict[str, Any], width: int = 520, height: int = 280) -> s
 
 
 def scatter_svg(answer: dict[str, Any], key: str, width: int = 250, height: int = 200) -> str:
-    """One hyperparameter (x) against each trial's best metric (y); log scale for positive ranges over 100 times."""
+    """One hyperparameter (x) against each trial's best metric (y); log scale over two decades or more."""
     left, right, top, bottom = 50, 10, 24, 30
     pairs = [(t["config"].get(key), t["best"], t) for t in answer.get("trials", [])
              if t["best"] is not None and math.isfinite(t["best"])]
@@ -118,7 +118,7 @@ def scatter_svg(answer: dict[str, Any], key: str, width: int = 250, height: int 
     if not numeric:
         return "".join(parts) + f'<text x="{left}" y="{height // 2}">no results yet</text></svg>'
     xs = [x for x, _, _ in numeric]
-    log = not labels and min(xs) > 0 and max(xs) / min(xs) > 100
+    log = not labels and min(xs) > 0 and max(xs) / min(xs) >= 100
     xs_t = [math.log10(x) if log else x for x in xs]
     x0, x1 = min(xs_t), max(xs_t)
     y0, y1 = min(y for _, y, _ in numeric), max(y for _, y, _ in numeric)
