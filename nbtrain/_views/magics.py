@@ -166,8 +166,7 @@ class NbtrainMagics(Magics):
 
         Example::
 
-            In [3]: %%ray_tune --samples 16 --scheduler asha --metric loss --mode min --out sweep
-               ...:     --space lr=loguniform:1e-4:1e-1 momentum=uniform:0.1:0.9 --workers-per-trial 2
+            In [3]: %%ray_tune --samples 16 --scheduler asha --metric loss --mode min --space lr=choice:0.01,0.1
                ...: for epoch in range(10):
                ...:     ...
                ...:     nbtrain.report(loss=loss.item())
