@@ -125,12 +125,10 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         warm.prestart(shape_of(options), options.warm_idle_s)
         spec_bytes = _pickled(spec)
     existing = find_supervisor(name)
-    stored = find_stored(name) if existing is None else None
-    if (existing is not None or stored is not None) and not options.resume:
-        msg = (f"A run named {name!r} already exists on {cluster.address}. Pick another name, "
-               f"continue it from its latest checkpoint with resume=True (%%ray_train --resume), "
-               f"attach to it with nbtrain.attach({name!r}), or delete it with nbtrain.attach({name!r}).delete().")
-        raise RunExistsError(msg)
+    # an ended run kept by the cluster: looked for only to resume it (a new launch's supervisor refuses the name)
+    stored = find_stored(name) if existing is None and options.resume else None
+    if existing is not None and not options.resume:
+        raise RunExistsError(_name_taken(name, cluster.address))
     if existing is None and stored is None and options.resume:
         msg = f"resume=True needs an existing run named {name!r}, and there is none on {cluster.address}."
         raise RunNotFoundError(msg)
@@ -151,7 +149,10 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     elif existing is None:
         # datasets as an argument, not inside the pickled spec: Ray Client maps their object refs
         handle = ray.remote(RunSupervisor).options(**supervisor_options(name)).remote(spec_bytes, datasets)
-        _wait_for_supervisor(handle, name)
+        try:
+            _wait_for_supervisor(handle, name)
+        except RunExistsError:
+            raise RunExistsError(_name_taken(name, cluster.address)) from None
     _registry.record_launch(name, cluster.address, notebook=owner["notebook"], workers=options.workers,
                             total_steps=options.total_steps)
     run = Run(name, handle, cluster.address)
@@ -159,6 +160,12 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         block_until_done(run, launched=True)
         run.raise_if_failed()
     return run
+
+
+def _name_taken(name: str, address: str) -> str:
+    return (f"A run named {name!r} already exists on {address}. Pick another name, "
+            f"continue it from its latest checkpoint with resume=True (%%ray_train --resume), "
+            f"attach to it with nbtrain.attach({name!r}), or delete it with nbtrain.attach({name!r}).delete().")
 
 
 def _resume_stored(name: str, spec: RunSpec, datasets: dict[str, Any] | None) -> Any:

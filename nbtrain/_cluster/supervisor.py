@@ -46,7 +46,7 @@ from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import RunStorage
 from nbtrain._cluster.stored_run import index_path, record_in_index, write_final
 from nbtrain._cluster.worker_table import WorkerTable
-from nbtrain._exceptions import StorageError
+from nbtrain._exceptions import RunExistsError, StorageError
 from nbtrain._paths import read_json, storage_root
 
 # A supervisor that finds its run already ended (Ray restarted it, or launch(resume=True) brought it
@@ -82,6 +82,7 @@ class RunSupervisor:
         lower_own_priority()  # the ranks' cores come first; see priority
         spec: RunSpec = cloudpickle.loads(spec_bytes)
         lock = threading.RLock()
+        _refuse_a_name_taken(spec)
         set_aside = _set_aside_earlier_run(spec)
         storage = open_storage(spec)
         record_in_index(spec.name, storage.dir, spec.launch_id)
@@ -267,6 +268,17 @@ def open_storage(spec: RunSpec) -> RunStorage:
         msg = (f"Run {spec.name!r} cannot keep its files in {Path(root) / spec.name}: "
                f"{exc.strerror or exc}. Give {where} a directory the cluster's head node can write.")
         raise StorageError(msg) from None
+
+
+def _refuse_a_name_taken(spec: RunSpec) -> None:
+    """A new launch may not take the name of an ended run the cluster still keeps (``resume`` continues it).
+
+    Checked here, on the head, rather than by the notebook before it asks for this actor:
+    that would cost a task of its own, and a task a worker process, on every launch.
+    """
+    entry = read_json(index_path(spec.name))
+    if isinstance(entry, dict) and entry.get("launch") != spec.launch_id and Path(str(entry.get("dir"))).exists():
+        raise RunExistsError(f"A run named {spec.name!r} already exists on the cluster.")
 
 
 def _set_aside_earlier_run(spec: RunSpec) -> Path | None:
