@@ -6,13 +6,15 @@ import os
 import subprocess
 import sys
 import textwrap
+from contextlib import redirect_stdout
+from io import StringIO
 
 import pytest
 from ray import tune
 
 import nbtrain
 
-from _helpers import wait_for
+from _helpers import ipython_shell, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -60,6 +62,10 @@ def test_asha_stops_bad_trials_early_and_best_is_the_known_best(cluster):
     assert list(frame["q"].sort_values()) == sorted(grid) and "best_loss" in frame
     assert {"name": "asha-sweep", "state": "succeeded"}.items() <= next(
         s for s in nbtrain.sweeps() if s["name"] == "asha-sweep").items()
+    printed = StringIO()
+    with redirect_stdout(printed):
+        ipython_shell().run_line_magic("ray_status", "")
+    assert f"sweep asha-sweep: succeeded, 7 trials, best loss {BEST_Q + 1 / 8:.4g}" in printed.getvalue()
 
 
 def test_a_metric_never_reported_fails_the_sweep_naming_it(cluster):

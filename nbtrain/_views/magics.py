@@ -211,7 +211,7 @@ class NbtrainMagics(Magics):
     @magic_arguments()
     @line_magic
     def ray_status(self, line: str) -> None:
-        """Cluster resources, nodes, and the runs on the cluster.
+        """Cluster resources, nodes, warm workers, sweeps, and the runs on the cluster.
 
         Example::
 
@@ -233,6 +233,10 @@ class NbtrainMagics(Magics):
             print(f"  node {node['address']} ({role}, {'alive' if node['alive'] else 'dead'}): "
                   f"{node['cpus']:g} CPU, {node['gpus']:g} GPU")
         _print_warm_workers()
+        for sweep in nbtrain.sweeps():
+            best = "" if sweep["best"] is None else f", best {sweep['metric']} {sweep['best']:.4g}"
+            print(f"sweep {sweep['name']}: {sweep['state']}, {sweep['trials']} trials{best} "
+                  f"(nbtrain.attach_sweep({sweep['name']!r}))")
         found = nbtrain.runs()
         if not found:
             print("No runs on this cluster yet.")
