@@ -4,7 +4,9 @@ The registry records are written by nbtrain's own writers (``record_launch``,
 ``record_connection``), as ``launch()`` and ``connect()`` write them. The
 agent is swapped for a small script (``_fake_agent.py``, through the
 ``NbtrainServer`` settings) that answers from files the test writes, meaning
-"what the cluster says", and records how it was called.
+"what the cluster says", and records how it was called. Sweeps exist only on
+a cluster: their test runs a real one on the session's loopback cluster and
+reads it through the real ``python -m nbtrain agent``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from nbtrain._lab.run_list import ClusterAnswers, served_runs
+import nbtrain
+from nbtrain._lab.run_list import ClusterAnswers, served_runs, served_sweeps
 from nbtrain._registry import record_connection, record_from_summary, record_launch
 
 from _jupyterlab import REPO, JupyterLab, start_jupyterlab
@@ -110,7 +113,7 @@ def registry(home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 @pytest.fixture
-def cluster(registry: Path, lab: JupyterLab) -> Iterator[FakeCluster]:
+def fake_cluster(registry: Path, lab: JupyterLab) -> Iterator[FakeCluster]:
     """The fake clusters; afterwards every run they reported ends, so no later test sees it live."""
     fake = FakeCluster(registry)
     yield fake
@@ -178,21 +181,21 @@ def test_every_route_needs_the_token(lab: JupyterLab, registry: Path, address: s
     assert status == ok, body
 
 
-def test_registry_runs_show_what_their_cluster_says_live_first(lab: JupyterLab, cluster: FakeCluster,
+def test_registry_runs_show_what_their_cluster_says_live_first(lab: JupyterLab, fake_cluster: FakeCluster,
                                                                address: str) -> None:
     for name in ("old", "older-live", "new"):
         launch(name, address, notebook=f"{name}.ipynb")
         time.sleep(0.01)  # launched one after the other: distinct creation times
-    (cluster.dir.parent / "runs" / "broken.json").write_text('{"name": "brok')
-    (cluster.dir.parent / "runs" / ".new.json.1234.tmp").write_text("{}")
+    (fake_cluster.dir.parent / "runs" / "broken.json").write_text('{"name": "brok')
+    (fake_cluster.dir.parent / "runs" / ".new.json.1234.tmp").write_text("{}")
 
     listed = runs(lab)  # before the cluster answers: what launch() recorded
     assert [listed[name]["state"] for name in ("old", "older-live", "new")] == ["pending"] * 3
     assert "broken" not in listed
 
-    cluster.says("old", address, "succeeded", step=100, ended=time.time(), latest={"loss": 0.1})
-    cluster.says("older-live", address, "running", step=5)
-    cluster.says("new", address, "running", step=40, latest={"loss": 0.5, "accuracy": 0.75})
+    fake_cluster.says("old", address, "succeeded", step=100, ended=time.time(), latest={"loss": 0.1})
+    fake_cluster.says("older-live", address, "running", step=5)
+    fake_cluster.says("new", address, "running", step=40, latest={"loss": 0.5, "accuracy": 0.75})
     new = wait_for(run_shows(lab, "new", state="running"), what="the cluster's state to be shown")
 
     body = lab.request("GET", "nbtrain/api/runs")[1]
@@ -208,26 +211,26 @@ def test_registry_runs_show_what_their_cluster_says_live_first(lab: JupyterLab, 
     assert ours[2]["state"] == "succeeded" and ours[2]["latest"] == {"loss": 0.1}
 
 
-def test_runs_launched_elsewhere_are_listed_too(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+def test_runs_launched_elsewhere_are_listed_too(lab: JupyterLab, fake_cluster: FakeCluster, address: str) -> None:
     record_connection(address, "local")
-    cluster.says("elsewhere", address, "running", step=3, owner={"notebook": "their.ipynb"})
+    fake_cluster.says("elsewhere", address, "running", step=3, owner={"notebook": "their.ipynb"})
 
     run = wait_for(run_shows(lab, "elsewhere", state="running"), what="the other machine's run to be listed")
     assert run["address"] == address
     assert run["notebook"] == "their.ipynb"
 
-    cluster.says("elsewhere", address, "succeeded", step=100, ended=time.time())
+    fake_cluster.says("elsewhere", address, "succeeded", step=100, ended=time.time())
     run = wait_for(run_shows(lab, "elsewhere", state="succeeded"), what="it to finish")
     assert run["terminal"] is True
 
 
-def test_a_run_whose_cluster_goes_away_stays_listed_and_turns_stale(lab: JupyterLab, cluster: FakeCluster,
+def test_a_run_whose_cluster_goes_away_stays_listed_and_turns_stale(lab: JupyterLab, fake_cluster: FakeCluster,
                                                                     address: str) -> None:
     launch("drifting", address)
-    cluster.says("drifting", address, "running", step=7)
+    fake_cluster.says("drifting", address, "running", step=7)
     wait_for(run_shows(lab, "drifting", state="running", stale=False), what="the cluster's answer")
 
-    cluster.goes_away(address)
+    fake_cluster.goes_away(address)
 
     run = wait_for(run_shows(lab, "drifting", stale=True), timeout=STALE_AFTER + 15, what="the run to turn stale")
     assert run["state"] == "running"  # the last state known
@@ -235,9 +238,9 @@ def test_a_run_whose_cluster_goes_away_stays_listed_and_turns_stale(lab: Jupyter
     assert run["terminal"] is False
 
 
-def test_get_one_run(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+def test_get_one_run(lab: JupyterLab, fake_cluster: FakeCluster, address: str) -> None:
     launch("alpha", address)
-    cluster.says("alpha", address, latest={"loss": 0.25, "accuracy": 0.9})
+    fake_cluster.says("alpha", address, latest={"loss": 0.25, "accuracy": 0.9})
     run = wait_for(run_shows(lab, "alpha", state="running"))
 
     status, one = lab.request("GET", "nbtrain/api/runs/alpha")
@@ -251,9 +254,9 @@ def test_get_one_run(lab: JupyterLab, cluster: FakeCluster, address: str) -> Non
     assert lab.request("GET", "nbtrain/api/runs/..%2Fcluster")[0] == 404
 
 
-def test_stop_runs_nbtrain_stop_and_the_list_shows_it(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+def test_stop_runs_nbtrain_stop_and_the_list_shows_it(lab: JupyterLab, fake_cluster: FakeCluster, address: str) -> None:
     launch("alpha", address)
-    cluster.says("alpha", address)
+    fake_cluster.says("alpha", address)
     wait_for(run_shows(lab, "alpha", state="running"))
 
     status, run = lab.request("POST", "nbtrain/api/runs/alpha/stop")
@@ -263,8 +266,8 @@ def test_stop_runs_nbtrain_stop_and_the_list_shows_it(lab: JupyterLab, cluster: 
     stopped = wait_for(run_shows(lab, "alpha", state="stopped"), what="the run to be shown stopped")
     assert stopped["stop"] is None  # the cluster says it ended; nothing pending
     assert stopped["terminal"] is True
-    assert cluster.state("alpha") == "stopped"
-    assert ["stop", "alpha", "--address", address] in calls(cluster.dir.parent)
+    assert fake_cluster.state("alpha") == "stopped"
+    assert ["stop", "alpha", "--address", address] in calls(fake_cluster.dir.parent)
 
 
 def test_stop_failure_shows_the_tools_message(lab: JupyterLab, registry: Path, address: str) -> None:
@@ -289,9 +292,9 @@ def test_a_run_without_an_address_is_not_stopped_on_some_other_cluster(lab: Jupy
     assert not [call for call in calls(registry) if call[0] == "stop"]
 
 
-def test_stop_of_an_ended_run_is_a_conflict(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+def test_stop_of_an_ended_run_is_a_conflict(lab: JupyterLab, fake_cluster: FakeCluster, address: str) -> None:
     launch("done", address)
-    cluster.says("done", address, "succeeded", ended=time.time())
+    fake_cluster.says("done", address, "succeeded", ended=time.time())
     wait_for(run_shows(lab, "done", state="succeeded"))
     start = time.time()
 
@@ -300,15 +303,15 @@ def test_stop_of_an_ended_run_is_a_conflict(lab: JupyterLab, cluster: FakeCluste
     assert status == 409
     assert "already ended" in body["message"]
     assert lab.request("POST", "nbtrain/api/runs/missing/stop")[0] == 404
-    assert not [call for call in calls(cluster.dir.parent, since=start) if call[0] == "stop"]
+    assert not [call for call in calls(fake_cluster.dir.parent, since=start) if call[0] == "stop"]
 
 
-def test_one_agent_serves_every_command_and_a_dead_one_is_replaced(lab: JupyterLab, cluster: FakeCluster,
+def test_one_agent_serves_every_command_and_a_dead_one_is_replaced(lab: JupyterLab, fake_cluster: FakeCluster,
                                                                    address: str) -> None:
-    home = cluster.dir.parent
+    home = fake_cluster.dir.parent
     for name in ("first", "second", "crash", "third"):
         launch(name, address)
-        cluster.says(name, address)
+        fake_cluster.says(name, address)
     wait_for(run_shows(lab, "third", state="running"))
     pids = []
     for name in ("first", "second"):
@@ -329,27 +332,27 @@ def test_one_agent_serves_every_command_and_a_dead_one_is_replaced(lab: JupyterL
     assert third and third[0] != pids[0]
 
 
-def test_no_refresh_for_the_cluster_of_ended_runs(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+def test_no_refresh_for_the_cluster_of_ended_runs(lab: JupyterLab, fake_cluster: FakeCluster, address: str) -> None:
     launch("done", address)
-    cluster.says("done", address, "failed", error="Rank 1 raised ValueError: boom\nTraceback ...")
+    fake_cluster.says("done", address, "failed", error="Rank 1 raised ValueError: boom\nTraceback ...")
     done = wait_for(run_shows(lab, "done", state="failed"), what="the cluster to say it failed")
     assert done["error"] == "Rank 1 raised ValueError: boom"
     live = f"ray://127.0.0.1:{next(_ports)}"
     launch("live", live)
-    cluster.says("live", live)
+    fake_cluster.says("live", live)
     start = time.time()
 
-    wait_for(lambda: refreshes(cluster.dir.parent, live, since=start) >= 3, what="three refreshes of the live run")
+    wait_for(lambda: refreshes(fake_cluster.dir.parent, live, since=start) >= 3, what="three refreshes of the live run")
 
-    assert refreshes(cluster.dir.parent, address, since=start) == 0
+    assert refreshes(fake_cluster.dir.parent, address, since=start) == 0
 
 
-def test_an_unreachable_cluster_is_asked_less_often(lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
-    home = cluster.dir.parent
+def test_an_unreachable_cluster_is_asked_less_often(lab: JupyterLab, fake_cluster: FakeCluster, address: str) -> None:
+    home = fake_cluster.dir.parent
     launch("lost", address)  # nothing answers there
     reachable = f"ray://127.0.0.1:{next(_ports)}"
     launch("fine", reachable)
-    cluster.says("fine", reachable)
+    fake_cluster.says("fine", reachable)
     start = time.time()
 
     wait_for(lambda: refreshes(home, reachable, since=start) >= 10, timeout=30,
@@ -359,11 +362,11 @@ def test_an_unreachable_cluster_is_asked_less_often(lab: JupyterLab, cluster: Fa
     assert 1 <= refreshes(home, address, since=start) <= 5
 
 
-def test_cluster_is_the_last_connected_one_with_what_it_says(lab: JupyterLab, cluster: FakeCluster,
+def test_cluster_is_the_last_connected_one_with_what_it_says(lab: JupyterLab, fake_cluster: FakeCluster,
                                                             address: str) -> None:
     assert lab.request("GET", "nbtrain/api/cluster") == (200, {"cluster": None})
     record_connection(address, "local")
-    cluster.has_nodes(address, 2, [1, 6])
+    fake_cluster.has_nodes(address, 2, [1, 6])
     runs(lab)  # a browser watches; no run is live, so the connected cluster is refreshed
 
     shown = wait_for(lambda: (c := lab.request("GET", "nbtrain/api/cluster")[1]["cluster"])["nodes"] == 2 and c,
@@ -374,23 +377,23 @@ def test_cluster_is_the_last_connected_one_with_what_it_says(lab: JupyterLab, cl
 
 
 def test_the_cluster_line_shows_what_its_cluster_answers_while_another_is_silent(
-        lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+        lab: JupyterLab, fake_cluster: FakeCluster, address: str) -> None:
     # Resources written into the record at connect time (as an older nbtrain did) are not the cluster's word.
-    write_json(cluster.dir.parent / "cluster.json",
+    write_json(fake_cluster.dir.parent / "cluster.json",
                {"address": address, "kind": "local", "updated": time.time(), "resources": {"CPU": [2, 2]}})
     shown = lab.request("GET", "nbtrain/api/cluster")[1]["cluster"]
     assert (shown["resources"], shown["nodes"], shown["stale"]) == ({}, None, True)
     launch("silent", f"ray://127.0.0.1:{next(_ports)}")  # live on a cluster that never answers
     launch("job", address)
-    cluster.says("job", address)
-    cluster.has_nodes(address, 1, [2, 2])
+    fake_cluster.says("job", address)
+    fake_cluster.has_nodes(address, 1, [2, 2])
     runs(lab)
     wait_for(lambda: lab.request("GET", "nbtrain/api/cluster")[1]["cluster"]["resources"].get("CPU") == [2, 2],
              what="the cluster's answer while the run is live")
 
-    cluster.says("job", address, "succeeded", step=100, ended=time.time())
+    fake_cluster.says("job", address, "succeeded", step=100, ended=time.time())
     wait_for(run_shows(lab, "job", state="succeeded"), what="the run to end")
-    cluster.has_nodes(address, 1, [0, 2])  # Ray frees a run's CPUs a moment after it ends
+    fake_cluster.has_nodes(address, 1, [0, 2])  # Ray frees a run's CPUs a moment after it ends
 
     shown = wait_for(lambda: (c := lab.request("GET", "nbtrain/api/cluster")[1]["cluster"])["resources"]
                      .get("CPU") == [0, 2] and c, what="the CPUs to be shown free once the run ended")
@@ -423,11 +426,11 @@ def test_open_dashboard_cell_is_built_from_checked_strings_only(lab: JupyterLab,
 
 
 def test_runs_a_cluster_reports_under_names_nbtrain_never_makes_are_not_listed(
-        lab: JupyterLab, cluster: FakeCluster, address: str) -> None:
+        lab: JupyterLab, fake_cluster: FakeCluster, address: str) -> None:
     launch("mine", address)
-    cluster.says("{os.system('id')}", address)
-    cluster.says("-rf", address)
-    cluster.says("theirs", address, step=2)
+    fake_cluster.says("{os.system('id')}", address)
+    fake_cluster.says("-rf", address)
+    fake_cluster.says("theirs", address, step=2)
 
     wait_for(run_shows(lab, "theirs", state="running"), what="the valid run the cluster reports")
 
@@ -436,14 +439,14 @@ def test_runs_a_cluster_reports_under_names_nbtrain_never_makes_are_not_listed(
     assert address in warning and "'-rf'" in warning and "{os.system('id')}" in warning
 
 
-def test_one_malformed_run_is_an_error_row_and_the_others_are_listed(lab: JupyterLab, cluster: FakeCluster,
+def test_one_malformed_run_is_an_error_row_and_the_others_are_listed(lab: JupyterLab, fake_cluster: FakeCluster,
                                                                      address: str) -> None:
     launch("fine", address)
     launch("listy", address)
-    cluster.says("fine", address, step=3)
+    fake_cluster.says("fine", address, step=3)
     # What an older nbtrain on the cluster might answer: fields of the wrong type.
-    write_json(cluster.dir / "listy.json", {"name": "listy", "state": ["running"], "address": address})
-    write_json(cluster.dir / "halfway.json", {"name": "halfway", "state": "running", "progress": "half",
+    write_json(fake_cluster.dir / "listy.json", {"name": "listy", "state": ["running"], "address": address})
+    write_json(fake_cluster.dir / "halfway.json", {"name": "halfway", "state": "running", "progress": "half",
                                               "address": address})
 
     listed = wait_for(lambda: (r := runs(lab)).get("fine", {}).get("state") == "running" and r,
@@ -483,6 +486,89 @@ def test_a_watched_run_gets_the_agent_connected_and_a_stop_shows_at_once(
     wait_for(run_shows(lab, "watched", state="stopped"), timeout=10, what="the stopped run to be shown")
     assert calls(home) == [["runs", "--json", "--address", address], ["stop", "watched", "--address", address],
                            ["runs", "--json", "--address", address]]
+
+
+# -- sweeps: a real one, through the real agent --------------------------------------------------
+
+def quality(config: dict[str, Any]) -> None:
+    """loss = q + 1/step: the smaller q, the better the trial at every step."""
+    import time as _time
+
+    for step in range(1, config["steps"] + 1):
+        nbtrain.report(loss=config["q"] + 1.0 / step)
+        _time.sleep(config["pause"])
+
+
+def served_sweep(lab: JupyterLab, name: str) -> dict[str, Any] | None:
+    status, body = lab.request("GET", "nbtrain/api/runs")
+    assert status == 200, body
+    return next((sweep for sweep in body["sweeps"] if sweep["name"] == name), None)
+
+
+@pytest.mark.cluster
+def test_the_run_list_carries_a_real_sweep_with_its_trials(cluster: Any, tmp_path_factory: pytest.TempPathFactory
+                                                           ) -> None:
+    from ray import tune
+
+    lab = start_jupyterlab(tmp_path_factory.mktemp("sweep-root"), labextension=False,
+                           server_config={"NbtrainServer": {"refresh_interval": 1.0}})
+    try:
+        # A browser watches: the agent connects to the cluster the session connected to.
+        wait_for(lambda: (runs(lab), lab.request("GET", "nbtrain/api/cluster")[1]["cluster"]["nodes"])[1],
+                 timeout=120, what="the real agent to answer for the session's cluster")
+        sweep = nbtrain.tune(quality, space={"q": tune.grid_search([0.1, 3.0])}, config={"steps": 4, "pause": 0.2},
+                             metric="loss", mode="min", scheduler="asha", max_t=4, grace_period=1,
+                             reduction_factor=2, workers_per_trial=2, max_concurrent=1, name="served-sweep")
+
+        live = wait_for(lambda: (s := served_sweep(lab, "served-sweep")) and s["state"] == "running" and s["trials"]
+                        and s, timeout=60, what="the sweep to be served while it runs")
+        assert (live["terminal"], live["stale"], live["malformed"]) == (False, False, False)
+        assert sweep.wait(timeout=300) == "succeeded"
+        done = wait_for(lambda: (s := served_sweep(lab, "served-sweep")) and s["state"] == "succeeded" and s,
+                        timeout=60, what="the finished sweep to be served")
+        listed = runs(lab)
+    finally:
+        lab.stop()
+
+    trials = sweep.trials
+    best = sweep.best
+    assert best is not None and best.config["q"] == 0.1
+    assert {key: done[key] for key in ("metric", "mode", "scheduler", "best", "address", "terminal", "error")} == {
+        "metric": "loss", "mode": "min", "scheduler": "asha", "best": best.best, "address": cluster.address,
+        "terminal": True, "error": None}
+    assert [(t["index"], t["state"], t["best"], t["stop_reason"], t["run"], t["config"]) for t in done["trials"]] \
+        == [(t.index, t.state, t.best, t.stop_reason, t.run_name, t.config) for t in trials]
+    assert [t["state"] for t in done["trials"]] == ["succeeded", "stopped"]
+    assert done["trials"][1]["stop_reason"].startswith("stopped by ASHA at rung")
+    for trial in done["trials"]:  # each trial's run is an ordinary run of the list, with its "Open dashboard"
+        run = listed[trial["run"]]
+        assert run["attach_cell"] == f"%ray_connect {cluster.address}\n%ray_attach {trial['run']}"
+        assert run["terminal"] is True
+
+
+def test_a_sweep_that_cannot_be_shown_is_an_error_row_and_an_unreadable_list_keeps_the_last() -> None:
+    address = "ray://head:10001"
+    trial = {"index": 0, "state": "running", "config": {"q": 0.1}, "iterations": 2, "last": 1.6, "best": 1.6,
+             "stop_reason": None, "error": None, "waiting_for": None, "run": "good-t0"}
+    good = {"name": "good", "state": "running", "metric": "loss", "mode": "min", "scheduler": "asha", "best": 1.6,
+            "started": 10.0, "ended": None, "error": None, "trials": [trial]}
+    hostile = {**good, "name": "hostile", "trials": [{**trial, "run": "x\n!rm -rf ~"}]}
+    answers = ClusterAnswers()
+    answers.store(address, json.dumps({"address": address, "cluster": None, "runs": [],
+                                       "sweeps": [good, hostile, {**good, "name": "{os.system('id')}"}]}), 20.0)
+
+    shown = {sweep["name"]: sweep for sweep in served_sweeps(answers, now=21.0, stale_after=60)}
+
+    assert shown["good"] == {**good, "address": address, "updated": 20.0, "terminal": False, "stale": False,
+                             "malformed": False}
+    assert shown["hostile"]["trials"] == [] and shown["hostile"]["malformed"] is True
+    assert "trial 0's run 'x\\n!rm -rf ~' is not a run name" in shown["hostile"]["error"]
+    assert "is not a sweep name" in shown["{os.system('id')}"]["error"]
+    assert served_sweeps(answers, now=200.0, stale_after=60)[0]["stale"] is True
+
+    answers.store(address, json.dumps({"address": address, "cluster": None, "runs": []}), 30.0)  # sweeps unread
+    assert [sweep["name"] for sweep in served_sweeps(answers, now=31.0, stale_after=60)] == [
+        "good", "hostile", "{os.system('id')}"]  # live first
 
 
 # -- how answers and records combine -------------------------------------------------------------

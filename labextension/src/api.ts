@@ -48,8 +48,48 @@ export interface IRun {
   malformed: boolean;
 }
 
+/** One trial of a sweep; its run (`run`) is an ordinary run, listed in `runs`. */
+export interface ITrial {
+  index: number;
+  /** `pending`, `running`, `succeeded`, `stopped` or `failed`. */
+  state: string;
+  /** The trial's sampled hyperparameters. */
+  config: Record<string, unknown> | null;
+  iterations: number | null;
+  last: number | null;
+  best: number | null;
+  /** Why it ended early, e.g. "stopped by ASHA at rung 1 (training_iteration 2)". */
+  stop_reason: string | null;
+  error: string | null;
+  /** A pending trial: the resources it waits for. */
+  waiting_for: string | null;
+  /** Its run's name; null until it started. */
+  run: string | null;
+}
+
+export interface ISweep {
+  name: string;
+  state: string;
+  terminal: boolean;
+  stale: boolean;
+  address: string | null;
+  metric: string | null;
+  mode: 'min' | 'max' | string | null;
+  scheduler: string | null;
+  /** The best value of the metric over the trials that did not fail. */
+  best: number | null;
+  started: number | null;
+  ended: number | null;
+  error: string | null;
+  trials: ITrial[];
+  /** A sweep the server could not show: `error` says why; no trials. */
+  malformed: boolean;
+}
+
 export interface IRunList {
   runs: IRun[];
+  /** Absent from servers that predate sweeps. */
+  sweeps?: ISweep[];
   /** The server's clock, so elapsed times do not depend on the browser's. */
   now: number;
 }

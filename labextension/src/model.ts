@@ -1,5 +1,6 @@
 /**
- * One poller shared by the sidebar and the status bar item.
+ * One poller shared by the sidebar and the status bar item: the runs, the
+ * sweeps (with their trials) and the cluster.
  *
  * It polls fast (FAST_MS) while the sidebar is visible and slowly otherwise,
  * stands by while the browser tab is hidden, and backs off when the server
@@ -8,7 +9,7 @@
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { ICluster, IRun, getCluster, listRuns, stopRun } from './api';
+import { ICluster, IRun, ISweep, getCluster, listRuns, stopRun } from './api';
 
 const FAST_MS = 1500;
 const SLOW_MS = 10000;
@@ -30,6 +31,10 @@ export class RunsModel {
 
   get runs(): readonly IRun[] {
     return this._runs;
+  }
+
+  get sweeps(): readonly ISweep[] {
+    return this._sweeps;
   }
 
   get cluster(): ICluster | null {
@@ -98,6 +103,13 @@ export class RunsModel {
       this._runs = list.runs.filter(
         run => run !== null && typeof run === 'object' && typeof run.name === 'string'
       );
+      this._sweeps = (Array.isArray(list.sweeps) ? list.sweeps : []).filter(
+        sweep =>
+          sweep !== null &&
+          typeof sweep === 'object' &&
+          typeof sweep.name === 'string' &&
+          Array.isArray(sweep.trials)
+      );
       this._serverNow = isNumber(list.now) ? list.now : Date.now() / 1000;
       this._fetchedAt = Date.now();
       this._cluster = cluster;
@@ -114,6 +126,7 @@ export class RunsModel {
   private _poll: Poll;
   private _changed = new Signal<this, void>(this);
   private _runs: IRun[] = [];
+  private _sweeps: ISweep[] = [];
   private _cluster: ICluster | null = null;
   private _error: string | null = null;
   private _loaded = false;

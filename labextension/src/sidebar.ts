@@ -1,5 +1,6 @@
 /**
- * The "Ray Training" sidebar: the connected cluster and one row per run.
+ * The "Ray Training" sidebar: the connected cluster, the sweeps with their
+ * trials (./sweeps.ts) and one row per run that is not a trial.
  *
  * Rows are keyed by run name and updated in place on every poll (never
  * rebuilt), so a button does not vanish under the pointer between polls.
@@ -9,7 +10,9 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { ICluster, IRun } from './api';
+import { button, el, fmtDuration, fmtMetric } from './dom';
 import { RunsModel } from './model';
+import { SweepList } from './sweeps';
 
 import raySvg from '../style/ray.svg';
 
@@ -18,6 +21,9 @@ export const rayIcon = new LabIcon({ name: 'nbtrain:ray', svgstr: raySvg });
 /** Metrics shown first when a run reports them; the rest follow in order. */
 const PREFERRED_METRICS = ['loss', 'accuracy', 'val_loss', 'val_accuracy'];
 const MAX_METRICS = 4;
+const NO_RUNS =
+  'No runs yet. Start one with %%ray_train in a notebook ' +
+  '(command palette: "nbtrain: Insert training cell").';
 
 export interface ISidebarOptions {
   model: RunsModel;
@@ -42,15 +48,13 @@ export class RaySidebar extends Widget {
     this._clusterNode = el('section', 'jp-nbtrain-cluster');
     this.node.appendChild(this._clusterNode);
 
+    this._sweeps = new SweepList({ onOpen: options.onOpen });
+    this.node.appendChild(this._sweeps.node);
+
     const runsSection = el('section', 'jp-nbtrain-runs');
     this._runsHeading = el('h3', 'jp-nbtrain-section-title', 'Runs');
     this._list = el('ul', 'jp-nbtrain-run-list');
-    this._empty = el(
-      'p',
-      'jp-nbtrain-empty',
-      'No runs yet. Start one with %%ray_train in a notebook ' +
-        '(command palette: "nbtrain: Insert training cell").'
-    );
+    this._empty = el('p', 'jp-nbtrain-empty', NO_RUNS);
     runsSection.append(this._runsHeading, this._list, this._empty);
     this.node.appendChild(runsSection);
 
@@ -85,8 +89,12 @@ export class RaySidebar extends Widget {
 
   private _render(): void {
     this._renderCluster(this._model.cluster);
+    const sweeps = this._model.sweeps;
+    this._sweeps.update(sweeps, this._model.runs);
 
-    const runs = this._model.runs;
+    // A trial's run is listed under its sweep, not here.
+    const trials = SweepList.trialRuns(sweeps);
+    const runs = this._model.runs.filter(run => !trials.has(run.name));
     const seen = new Set<string>();
     runs.forEach((run, index) => {
       seen.add(run.name);
@@ -112,10 +120,13 @@ export class RaySidebar extends Widget {
       }
     }
 
-    const running = this._model.runningCount;
+    const running = runs.filter(run => !run.terminal).length;
     this._runsHeading.textContent = runs.length
       ? `Runs (${running} running, ${runs.length} total)`
       : 'Runs';
+    this._empty.textContent = sweeps.length
+      ? 'No runs besides the trials of the sweeps above.'
+      : NO_RUNS;
     this._empty.hidden = !this._model.loaded || runs.length > 0;
     this._errorNode.textContent = this._model.error
       ? `Cannot reach the nbtrain server extension: ${this._model.error}`
@@ -181,6 +192,7 @@ export class RaySidebar extends Widget {
   private _model: RunsModel;
   private _options: ISidebarOptions;
   private _clusterNode: HTMLElement;
+  private _sweeps: SweepList;
   private _runsHeading: HTMLElement;
   private _list: HTMLElement;
   private _empty: HTMLElement;
@@ -356,16 +368,6 @@ function rank(key: string): number {
   return index === -1 ? PREFERRED_METRICS.length : index;
 }
 
-function fmtMetric(value: number): string {
-  if (Number.isInteger(value)) {
-    return String(value);
-  }
-  const abs = Math.abs(value);
-  return abs !== 0 && (abs < 1e-3 || abs >= 1e5)
-    ? value.toExponential(2)
-    : String(Number(value.toPrecision(4)));
-}
-
 function fmtCount(value: unknown): string {
   if (typeof value !== 'number') {
     return '?';
@@ -373,33 +375,3 @@ function fmtCount(value: unknown): string {
   return Number.isInteger(value) ? String(value) : value.toFixed(1);
 }
 
-export function fmtDuration(seconds: number): string {
-  const s = Math.floor(seconds);
-  const h = Math.floor(s / 3600);
-  const m = Math.floor((s % 3600) / 60);
-  const rest = s % 60;
-  const pad = (n: number) => String(n).padStart(2, '0');
-  if (h > 0) {
-    return `${h}h ${pad(m)}m`;
-  }
-  return m > 0 ? `${m}m ${pad(rest)}s` : `${rest}s`;
-}
-
-function el(tag: string, className: string, text?: string): HTMLElement {
-  const node = document.createElement(tag);
-  if (className) {
-    node.className = className;
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
-
-function button(label: string, className: string): HTMLButtonElement {
-  const node = document.createElement('button');
-  node.type = 'button';
-  node.className = `jp-Button jp-mod-styled jp-mod-small ${className}`;
-  node.textContent = label;
-  return node;
-}

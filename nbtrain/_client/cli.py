@@ -3,7 +3,7 @@
     nbtrain cluster start [--num-cpus N] [--num-gpus N]   start (or reuse) the loopback cluster
     nbtrain cluster stop                                  stop it (only it: never a bare `ray stop`)
     nbtrain cluster status                                is it running, at which address
-    nbtrain runs [--json] [--address ADDR]               runs on the cluster (what the lab sidebar shows)
+    nbtrain runs [--json] [--address ADDR]               runs and sweeps on the cluster (what the lab sidebar shows)
     nbtrain stop NAME [--address ADDR]                    stop a run
     nbtrain lab [NOTEBOOK] [JUPYTER OPTIONS]              JupyterLab on 127.0.0.1 + the local cluster
     nbtrain agent                                         the above as JSON lines on stdin (for the lab server)
@@ -77,15 +77,21 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for run in answer["runs"]:
         progress = run.get("progress") or {}
         print(f"{run['name']:<32} {run['state']:<11} attempt {run.get('attempt')} step {progress.get('step')}")
+    for sweep in answer.get("sweeps", []):
+        best = "" if sweep["best"] is None else f", best {sweep['metric']} {sweep['best']:.4g}"
+        print(f"sweep {sweep['name']:<26} {sweep['state']:<11} {len(sweep['trials'])} trials{best}")
     return 0
 
 
 def cluster_answer(cluster: Cluster) -> dict[str, Any]:
-    """What ``nbtrain runs --json`` prints, and the lab server serves: the cluster and every run on it,
-    as registry records (:mod:`nbtrain._registry`). It only reads: no file is written.
+    """What ``nbtrain runs --json`` prints, and the lab server serves: the cluster, every run on it
+    as registry records (:mod:`nbtrain._registry`), and every sweep with its trials. It only reads:
+    no file is written.
 
-    ``{"address": A, "cluster": ClusterRecord, "runs": [RunRecord, ...]}``. A run whose supervisor
-    does not answer (restarting) is left out: readers keep what they knew of it.
+    ``{"address": A, "cluster": ClusterRecord, "runs": [RunRecord, ...], "sweeps": [sweep, ...]}``
+    (a sweep as :func:`sweep_records` gives it). A run whose supervisor does not answer (restarting)
+    is left out: readers keep what they knew of it. ``sweeps`` is left out when they could not be
+    read: readers keep what they knew of them too.
     """
     from nbtrain._client.launch import run_summaries
     from nbtrain._options import NAME_PATTERN
@@ -107,7 +113,49 @@ def cluster_answer(cluster: Cluster) -> dict[str, Any]:
                  "not a run name (letters, digits, '_', '.', '-').")
             continue
         runs.append(record_from_summary(summary, cluster.address))
-    return {"address": cluster.address, "cluster": record, "runs": runs}
+    answer: dict[str, Any] = {"address": cluster.address, "cluster": record, "runs": runs}
+    sweeps = sweep_records(cluster.address)
+    if sweeps is not None:
+        answer["sweeps"] = sweeps
+    return answer
+
+
+# What the sidebar shows of a trial (its curve stays with the sweep's dashboard).
+TRIAL_FIELDS = ("index", "state", "config", "iterations", "last", "best", "stop_reason", "error", "waiting_for",
+                "run")
+
+
+def sweep_records(address: str) -> list[dict[str, Any]] | None:
+    """Every sweep on the connected cluster (``nbtrain.sweeps()``) with its trials, or None (and a line
+    on stderr) when they cannot be read.
+
+    ``{"name", "state", "metric", "mode", "scheduler", "best", "started", "ended", "error",
+    "trials": [{"index", "state", "config", "iterations", "last", "best", "stop_reason", "error",
+    "waiting_for", "run"}, ...]}``; ``run`` is the trial's run name (None until it started).
+    """
+    from nbtrain._client.sweep import attach_sweep, sweeps
+    from nbtrain._exceptions import NbtrainError
+
+    try:
+        listed = sweeps()
+    except Exception as exc:  # noqa: BLE001 - no Ray Tune there, an older nbtrain: the runs are still listed
+        _say(f"nbtrain runs: could not list the sweeps on {address}: {type(exc).__name__}: {exc}")
+        return None
+    records = []
+    for summary in listed:
+        # One table for the whole record (sweeps() read an older one): state, best and trials agree.
+        try:
+            sweep = attach_sweep(summary["name"])
+            best = sweep.best
+        except NbtrainError:
+            continue  # gone since it was listed
+        table = sweep.cached
+        records.append({
+            "name": summary["name"], "best": None if best is None else best.best,
+            **{key: table.get(key) for key in ("state", "metric", "mode", "scheduler", "started", "ended", "error")},
+            "trials": [{key: trial.get(key) for key in TRIAL_FIELDS} for trial in table.get("trials", [])],
+        })
+    return records
 
 
 def _warm_summary() -> dict[str, Any]:

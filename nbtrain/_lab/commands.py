@@ -39,7 +39,7 @@ from traitlets import Float, Int, List, Unicode
 from traitlets.config import Configurable
 
 from nbtrain._lab.agent_process import AgentProcess
-from nbtrain._lab.run_list import ClusterAnswers, served_cluster, served_runs
+from nbtrain._lab.run_list import ClusterAnswers, served_cluster, served_runs, served_sweeps
 from nbtrain._registry import read_cluster, read_runs
 
 _OUTPUT_CHARS = 2000
@@ -112,6 +112,10 @@ class CommandRunner:
 
     def run(self, name: str) -> dict[str, Any] | None:
         return next((run for run in self.runs() if run["name"] == name), None)
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        """Every sweep the clusters' latest answers list, with its trials (:func:`.run_list.served_sweeps`)."""
+        return served_sweeps(self.answers, time.time(), self.settings.stale_after)
 
     def cluster(self) -> dict[str, Any] | None:
         return served_cluster(read_cluster(self.home), self.answers, time.time(), self.settings.stale_after)
@@ -211,11 +215,12 @@ class CommandRunner:
                 self.log.exception("nbtrain: refresh crashed")
 
     def _due_addresses(self) -> list[str]:
-        """While watched: the clusters of live runs and the last connected one (the sidebar's
-        cluster line shows what it answers), less those backing off after a failure."""
+        """While watched: the clusters of live runs and sweeps (a sweep between trials has no live
+        run) and the last connected one (the sidebar's cluster line shows what it answers), less
+        those backing off after a failure."""
         if time.monotonic() - self._last_watch > self.settings.watch_window:
             return []
-        wanted = _live_addresses(self._served_runs())
+        wanted = _live_addresses(self._served_runs()) | _live_addresses(self.sweeps())
         if (cluster := read_cluster(self.home)) is not None:
             wanted.add(cluster["address"])
         for address in set(self._retry) - wanted:

@@ -1,7 +1,7 @@
 """REST API of the nbtrain server extension, under ``/nbtrain/api/``.
 
 ==========================  =======================================================
-``GET  runs``               ``{"runs": [run, ...], "now": server_time}``
+``GET  runs``               ``{"runs": [run, ...], "sweeps": [sweep, ...], "now": server_time}``
 ``GET  runs/<name>``        one run (404 if unknown)
 ``POST runs/<name>/stop``   202; the agent runs ``nbtrain stop <name> --address
                             <its cluster>`` in the background (409 if it ended)
@@ -15,7 +15,9 @@ agent's newest word on it (:mod:`.run_list`), plus ``terminal`` (whether its
 state is final: the browser keeps no list of states), ``stale``, ``stop``
 (see :class:`.commands.CommandRunner`), ``attach_cell`` (the cell "Open
 dashboard" runs) and ``malformed`` (a record that cannot be shown, served as
-an error row: :mod:`.record_checks`). The cluster has ``stale`` too.
+an error row: :mod:`.record_checks`). The cluster has ``stale`` too. A sweep
+is what its cluster lists (:func:`.run_list.served_sweeps`): state, metric,
+best value and trials, each trial naming its run, which is in ``runs``.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class RunsHandler(_BaseHandler):
     def get(self) -> None:
         runs = self.commands.runs()
         self.commands.watched(runs)
-        self.finish(_json.dumps({"runs": runs, "now": time.time()}))
+        self.finish(_json.dumps({"runs": runs, "sweeps": self.commands.sweeps(), "now": time.time()}))
 
 
 class RunHandler(_BaseHandler):

@@ -8,7 +8,9 @@ ADDRESS`` and ``%ray_attach NAME`` in the user's kernel, where IPython expands
 its name is a run name nbtrain could have made (:data:`nbtrain._options.NAME_PATTERN`),
 its address is a plain ``ray://host:port`` and every field has its type.
 Anything else is served as an error row that says what is wrong, with no
-actions: one bad record never hides the others.
+actions: one bad record never hides the others. Sweeps are checked the same
+way (:func:`sweep_problem`): a trial's "Open dashboard" is its run's, so a
+trial names a run only by a run name.
 """
 
 from __future__ import annotations
@@ -86,4 +88,54 @@ def malformed_row(run: dict[str, Any], problem: str, source: str) -> dict[str, A
         "ended": None, "notebook": None, "workers": None, "attempt": None, "progress": None, "latest": None,
         "error": f"This run cannot be shown: {problem} ({source}).",
         "malformed": True, "attach_cell": None,
+    }
+
+
+_SWEEP_TEXT_FIELDS = ("metric", "mode", "scheduler", "error")
+_SWEEP_NUMBER_FIELDS = ("best", "started", "ended")
+_TRIAL_TEXT_FIELDS = ("stop_reason", "error", "waiting_for")
+_TRIAL_NUMBER_FIELDS = ("iterations", "last", "best")
+
+
+def sweep_problem(sweep: dict[str, Any]) -> str | None:
+    """Why ``sweep`` (as ``nbtrain runs --json`` lists it) cannot be shown (one sentence), or ``None``."""
+    if not valid_name(sweep.get("name")):
+        return f"its name {str(sweep.get('name'))[:120]!r} is not a sweep name (letters, digits, '_', '.', '-')"
+    if not isinstance(sweep.get("state"), str):
+        return "its state is not text"
+    for key in _SWEEP_TEXT_FIELDS:
+        if sweep.get(key) is not None and not isinstance(sweep[key], str):
+            return f"its {key!r} is not text"
+    for key in _SWEEP_NUMBER_FIELDS:
+        if sweep.get(key) is not None and not _is_number(sweep[key]):
+            return f"its {key!r} is not a number"
+    trials = sweep.get("trials")
+    if not isinstance(trials, list) or not all(isinstance(trial, dict) for trial in trials):
+        return "its trials are not a list of trials"
+    for trial in trials:
+        if not isinstance(trial.get("index"), int) or isinstance(trial["index"], bool):
+            return "a trial's index is not a whole number"
+        if not isinstance(trial.get("state"), str):
+            return f"trial {trial['index']}'s state is not text"
+        if trial.get("run") is not None and not valid_name(trial["run"]):
+            return f"trial {trial['index']}'s run {str(trial['run'])[:120]!r} is not a run name"
+        if trial.get("config") is not None and not isinstance(trial["config"], dict):
+            return f"trial {trial['index']}'s config is not an object"
+        for key in _TRIAL_TEXT_FIELDS:
+            if trial.get(key) is not None and not isinstance(trial[key], str):
+                return f"trial {trial['index']}'s {key!r} is not text"
+        for key in _TRIAL_NUMBER_FIELDS:
+            if trial.get(key) is not None and not _is_number(trial[key]):
+                return f"trial {trial['index']}'s {key!r} is not a number"
+    return None
+
+
+def malformed_sweep(sweep: dict[str, Any], problem: str, source: str) -> dict[str, Any]:
+    """What is served in place of a sweep that cannot be shown: its name and why, no trials."""
+    name = sweep.get("name")
+    return {
+        "name": (name if isinstance(name, str) and name else "(no name)")[:200], "state": "unknown",
+        "address": None, "metric": None, "mode": None, "scheduler": None, "best": None, "started": None,
+        "ended": None, "error": f"This sweep cannot be shown: {problem} ({source}).", "trials": [],
+        "malformed": True,
     }

@@ -9,6 +9,10 @@ it. Runs an answer names that the registry lacks (launched from another
 machine or home) are served too; a name the registry already lists keeps the
 registry's run, so every name stays one row and one URL.
 
+Sweeps (with their trials) exist only on their cluster: they are served as the
+newest answer from their cluster lists them (:func:`served_sweeps`); an answer
+without ``sweeps`` (they could not be read) keeps the ones known before.
+
 Answers live in memory, one per cluster address, replaced by the next answer
 from the same cluster: a restarted server asks again. An answered run's
 ``updated`` is the server's clock when the answer came, so a cluster whose
@@ -20,7 +24,14 @@ from __future__ import annotations
 from typing import Any
 
 from nbtrain import _json
-from nbtrain._lab.record_checks import attach_cell, malformed_row, record_problem, valid_name
+from nbtrain._lab.record_checks import (
+    attach_cell,
+    malformed_row,
+    malformed_sweep,
+    record_problem,
+    sweep_problem,
+    valid_name,
+)
 from nbtrain._registry import ClusterRecord, RunRecord, is_terminal, number
 
 # What the agent's answer overrides in a registry record (the rest is the run's identity).
@@ -34,6 +45,7 @@ class ClusterAnswers:
     def __init__(self) -> None:
         self._runs: dict[str, dict[str, dict[str, Any]]] = {}  # address -> name -> RunRecord
         self._clusters: dict[str, dict[str, Any]] = {}          # address -> ClusterRecord
+        self._sweeps: dict[str, list[dict[str, Any]]] = {}      # address -> its sweeps, as listed
 
     def store(self, address: str, output: str, received: float) -> list[str]:
         """Keep the answer ``output`` (the JSON ``nbtrain runs --json --address ADDRESS`` printed);
@@ -56,6 +68,10 @@ class ClusterAnswers:
         cluster = answer.get("cluster")
         if isinstance(cluster, dict):
             self._clusters[address] = {**cluster, "address": address, "updated": received}
+        sweeps = answer.get("sweeps")
+        if isinstance(sweeps, list):
+            self._sweeps[address] = [{**sweep, "address": address, "updated": received} if isinstance(sweep, dict)
+                                     else {"name": str(sweep)[:120], "address": address} for sweep in sweeps]
         return skipped
 
     def run(self, address: Any, name: str) -> dict[str, Any] | None:
@@ -66,6 +82,9 @@ class ClusterAnswers:
 
     def cluster(self, address: str) -> dict[str, Any] | None:
         return self._clusters.get(address)
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        return [sweep for sweeps in self._sweeps.values() for sweep in sweeps]
 
 
 def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
@@ -98,6 +117,28 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
         age = now - number(run.get("updated") or run.get("created"))
         run["stale"] = not run["terminal"] and stale_after > 0 and age > stale_after
     served.sort(key=lambda run: (run["terminal"], -number(run.get("created"))))
+    return served
+
+
+def served_sweeps(answers: ClusterAnswers, now: float, stale_after: float) -> list[dict[str, Any]]:
+    """Every sweep the clusters list, live first, then newest first, each with ``terminal``, ``stale``
+    and ``malformed`` (then ``error`` says why and it has no trials: :func:`.record_checks.sweep_problem`).
+
+    A trial is ``{"index", "state", "config", "iterations", "last", "best", "stop_reason", "error",
+    "waiting_for", "run"}``; its run (``run``, a run name) is listed among the runs, where its
+    "Open dashboard" is.
+    """
+    served = []
+    for sweep in answers.sweeps():
+        problem = sweep_problem(sweep)
+        if problem is not None:
+            served.append(malformed_sweep(sweep, problem, f"as {sweep.get('address')} lists it"))
+            continue
+        served.append({**sweep, "malformed": False, "trials": sorted(sweep["trials"], key=lambda t: t["index"])})
+    for sweep in served:
+        sweep["terminal"] = sweep["malformed"] or is_terminal(sweep)
+        sweep["stale"] = not sweep["terminal"] and stale_after > 0 and now - number(sweep.get("updated")) > stale_after
+    served.sort(key=lambda sweep: (sweep["terminal"], -number(sweep.get("started"))))
     return served
 
 
