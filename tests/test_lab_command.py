@@ -114,6 +114,9 @@ def test_runs_skips_and_names_runs_whose_names_nbtrain_never_makes(
 
     names = ["cifar", "{__import__('os').system('id')}", "../../etc/cron.d/x", "-rf"]
     monkeypatch.setattr(launch, "run_summaries", lambda: [{"name": name, "state": "running"} for name in names])
+    # the fake head has no warm pools or sweeps to ask (the real ones need a connection this test does not make)
+    monkeypatch.setattr(cli, "_warm_summary", lambda: {"idle": 0, "busy": 0, "next_exit_s": None})
+    monkeypatch.setattr(cli, "sweep_records", lambda address: [])
 
     answer = cli.cluster_answer(Head())  # type: ignore[arg-type]
 

@@ -47,6 +47,7 @@ def test_asha_stops_bad_trials_early_and_best_is_the_known_best(cluster):
     best = sweep.best
     assert best is not None and best.config["q"] == BEST_Q
     assert best.state == "succeeded" and best.iterations == 8
+    assert best.run.state == nbtrain.RunState.SUCCEEDED, "a trial at max_t lets its run finish"
     stopped = [t for t in trials if t.state == "stopped"]
     assert any(t.config["q"] >= 3.0 for t in stopped), [(t.config, t.state, t.iterations) for t in trials]
     for trial in stopped:  # ASHA keeps the best half at each rung: only trials worse than the best are cut

@@ -239,7 +239,7 @@ class SweepSupervisor:
 
     def _reached_max_t(self, record: dict[str, Any]) -> bool:
         """Stopped by a scheduler for having run its full budget: done, not cut short."""
-        max_t = getattr(self._scheduler, "_max_t", getattr(self._scheduler, "_max_t_attr", None))
+        max_t = self.trial_settings()["max_t"]
         at = record.get("time_attr", record["iterations"])
         return max_t is not None and isinstance(at, (int, float)) and at >= max_t
 
@@ -264,8 +264,12 @@ class SweepSupervisor:
     def trial_datasets(self) -> dict[str, Any] | None:
         return self._datasets
 
-    def metric(self) -> str:
-        return str(self.spec.options.metric)
+    def trial_settings(self) -> dict[str, Any]:
+        """What a trial needs of the sweep: the metric, what counts time, and the scheduler's budget."""
+        options = self.spec.options
+        scheduler = self._scheduler if self._scheduler is not None else make_scheduler(options)
+        max_t = getattr(scheduler, "_max_t", getattr(scheduler, "_max_t_attr", None))
+        return {"metric": options.metric, "time_attr": options.time_attr, "max_t": max_t}
 
     def note_trial(self, trial_id: str, **fields: Any) -> None:
         with self._lock:

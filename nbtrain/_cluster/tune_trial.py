@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 from typing import Any
 
 import cloudpickle
@@ -24,6 +25,7 @@ from nbtrain._cluster.names import NAMESPACE, sweep_actor_name, trial_run_name
 from nbtrain._cluster.spec import RunSpec
 
 POLL_WAIT_S = 5.0
+END_GRACE_S = 10.0
 STOP_WAIT_S = 60.0
 ROW_KEYS = ("rank", "attempt", "time")
 METRIC_LOOKAHEAD_ROWS = 20  # rank 0's rows seen without the metric before the sweep says it is never reported
@@ -43,7 +45,11 @@ class NbtrainTrial(tune.Trainable):
 
         self._sweep = ray.get_actor(sweep_actor_name(sweep_name), namespace=NAMESPACE)
         template: RunSpec = cloudpickle.loads(ray.get(self._sweep.trial_template.remote()))
-        self._metric: str = ray.get(self._sweep.metric.remote())
+        settings = ray.get(self._sweep.trial_settings.remote())
+        self._metric: str = settings["metric"]
+        self._time_attr: str = settings["time_attr"]
+        self._max_t: float | None = settings["max_t"]
+        self._budget_spent = False  # the scheduler's max_t reached: the run is expected to end by itself
         self.index = int(str(self.trial_id).rsplit("_", 1)[-1])
         self.run_name = trial_run_name(sweep_name, self.index)
         options = dataclasses.replace(template.options, name=self.run_name,
@@ -67,6 +73,9 @@ class NbtrainTrial(tune.Trainable):
             self._read()
         row = self._rows.popleft()
         result = {key: value for key, value in row.items() if key not in ROW_KEYS}
+        spent = result.get(self._time_attr, self.iteration + 1 if self._time_attr == "training_iteration" else None)
+        if self._max_t is not None and isinstance(spent, (int, float)) and spent >= self._max_t:
+            self._budget_spent = True
         if not self._rows and self._ended is not None and self._ended["state"] == "succeeded":
             result["done"] = True
             self._note(ended_by_run=True)
@@ -121,10 +130,24 @@ class NbtrainTrial(tune.Trainable):
         """Stop the run if it is still going; returns when its ranks have left Tune's bundles."""
         if self._ended is not None:
             return
+        if self._budget_spent and self._ends_by_itself():
+            return
         try:  # returns once the run's workers are gone and their bundles free
             ray.get(self._run.stop.remote(STOP_WAIT_S), timeout=STOP_WAIT_S + 5)
         except ray.exceptions.RayError:
             pass  # it ended and retired meanwhile
+
+    def _ends_by_itself(self) -> bool:
+        """A trial at max_t is done: give its run a few seconds to finish (and end succeeded) before stopping it."""
+        deadline = time.monotonic() + END_GRACE_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                answer = ray.get(self._run.poll.remote(1 << 62, 1 << 62, 1 << 62, 1, min(left, POLL_WAIT_S)))
+            except ray.exceptions.RayError:
+                return True  # it ended and retired
+            if answer["state"] in ("succeeded", "failed", "stopped"):
+                return True
+        return False
 
     def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
         return {"run": self.run_name}  # the run keeps its own checkpoints; see run.load_checkpoint()

@@ -211,6 +211,9 @@ class SweepDashboard:
         self.widget.add_class("nbtrain-sweep-dashboard")
         self._static: Any = None
 
+    def _ipython_display_(self) -> None:
+        """Shown once already (``sweep.dashboard()`` displays it): as a cell's last value it adds nothing."""
+
     def display(self) -> None:
         from IPython.display import HTML, display
 
