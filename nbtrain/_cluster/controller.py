@@ -30,9 +30,11 @@ FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long
 
 class RunController:
     def __init__(self, spec: RunSpec, datasets: dict[str, Any] | None, feed: RunFeed, storage: RunStorage,
-                 table: WorkerTable, supervisor: Any, on_end: Callable[[], None]) -> None:
+                 table: WorkerTable, supervisor: Any, on_end: Callable[[], None],
+                 before_transition: Callable[[RunState], None]) -> None:
         self.spec = spec
         self._on_end = on_end  # called by the control thread once the run has ended
+        self._before_transition = before_transition
         self.datasets = datasets
         self.feed = feed
         self.table = table
@@ -55,7 +57,13 @@ class RunController:
 
     # ------------------------------------------------------------------ the state machine
     def transition(self, new: RunState, why: str = "", *, resume: bool = False) -> None:
-        """The one way the run's state changes (``resume``: the user's move out of an ended run)."""
+        """The one way the run's state changes (``resume``: the user's move out of an ended run).
+
+        ``before_transition`` runs first, outside the lock, so that what must be complete when
+        readers see the end (the metric loggers' last rows) is complete.
+        """
+        if new != self.state:
+            self._before_transition(new)
         with self._lock:
             if new == self.state:
                 return

@@ -48,6 +48,7 @@ from nbtrain._cluster.stored_run import index_path, record_in_index, write_final
 from nbtrain._cluster.worker_table import WorkerTable
 from nbtrain._exceptions import RunExistsError, StorageError
 from nbtrain._paths import read_json, storage_root
+from nbtrain._states import RunState
 
 # A supervisor that finds its run already ended (Ray restarted it, or launch(resume=True) brought it
 # back for a resume) waits this long for the resume before it exits again.
@@ -93,8 +94,8 @@ class RunSupervisor:
         self._feed = RunFeed(storage, lock)
         self._table = WorkerTable(lock)
         self._run = RunController(spec, datasets, self._feed, storage, self._table, self._handle,
-                                  on_end=self._retire)
-        self._loggers = _start_loggers(spec, storage.dir, self._feed)
+                                  on_end=self._retire, before_transition=self._open_or_close_loggers)
+        self._loggers: MetricLoggers | None = None
         if set_aside is not None:
             self._feed.event("storage", f"{storage.dir} held the files of an earlier run named {spec.name!r} "
                                         f"that is no longer on the cluster; they were moved to {set_aside}.", 0)
@@ -120,13 +121,20 @@ class RunSupervisor:
         write_final(self._storage.dir, summary, results, config)
         while not self._storage.sync():  # rows kept in memory while the disk was full: write them first
             time.sleep(DISK_RETRY_S)
-        if self._loggers is not None:
-            self._loggers.close(self._run.state.value)
         with self._feed.lock:  # a resume or delete may have come while the files were written
             if not self._may_retire():
                 return
             self._retired = True
         ray.kill(self._handle, no_restart=True)
+
+    def _open_or_close_loggers(self, new: RunState) -> None:
+        """Loggers are open while the run is live: ended with its final state before anyone sees it."""
+        if new.is_terminal:
+            loggers, self._loggers = self._loggers, None
+            if loggers is not None:
+                loggers.close(new.value)
+        elif self._loggers is None:
+            self._loggers = _start_loggers(self._run.spec, self._storage.dir, self._feed)
 
     def _may_retire(self) -> bool:
         return self._run.state.is_terminal and not self._deleted and not self._retired
