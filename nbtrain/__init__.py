@@ -32,6 +32,7 @@ from nbtrain._client.warm import release_warm
 from nbtrain._cluster.session import TrainContext
 from nbtrain._cluster.worker_api import (
     backward,
+    checkpoint_requested,
     get_context,
     get_dataset_shard,
     load_checkpoint,
@@ -84,6 +85,7 @@ __all__ = [
     "attach",
     "attach_sweep",
     "backward",
+    "checkpoint_requested",
     "connect",
     "disconnect",
     "get_context",

@@ -73,7 +73,10 @@ class RunOptions:
     config: dict[str, Any] | None = option(
         None, "the `config` dict given to the training function, e.g. --config lr=0.01 epochs=5",
         "--config", "-c", kind="literals", metavar="KEY=VALUE")
-    workers: int = option(2, "number of DDP workers (ranks)", "--workers", "-w", parse=int, label="workers")
+    workers: int | tuple[int, int] = option(
+        2, "number of DDP workers (ranks); a range MIN:MAX (launch: a tuple) makes the run elastic: it starts "
+        "with what fits, grows toward MAX at a checkpoint when resources free up, shrinks on a lost node",
+        "--workers", "-w", parse=lambda text: _parse_workers(text), label="workers", metavar="N|MIN:MAX")
     cpus_per_worker: float = option(1.0, "CPUs reserved per worker", "--cpus-per-worker", parse=float,
                                     label="CPUs per worker")
     gpus_per_worker: float = option(0.0, "GPUs per worker (the nccl backend when > 0)", "--gpus-per-worker",
@@ -113,6 +116,8 @@ class RunOptions:
     stop_on_nan: bool = option(False, "fail the run when a reported metric is NaN", "--stop-on-nan", kind="flag")
     flush_interval_s: float = option(0.1, "seconds between a rank's batched sends of metrics and logs",
                                      "--flush-interval", parse=float, metavar="SECONDS")
+    resize_interval_s: float = option(10.0, "elastic runs: seconds between checks for room to grow",
+                                      "--resize-interval", parse=float, metavar="SECONDS")
     feed_relay: str = option("auto", "gather each node's metric pushes into one call to the supervisor per flush; "
                              "auto: on nodes holding 2+ ranks of runs of 16+ ranks", "--feed-relay",
                              choices=FEED_RELAY_CHOICES)
@@ -136,14 +141,18 @@ class RunOptions:
         _check_mapping("datasets", self.datasets, values_are_text=False)
         _check_env(self.env)
         _check_datasets(self.datasets)
-        _check_whole("workers", self.workers, minimum=1)
+        given: Any = self.workers
+        if isinstance(given, list):  # workers=[2, 4] from a JSON-minded caller
+            object.__setattr__(self, "workers", tuple(given))
+        _check_workers(self.workers)
         _check_number("cpus_per_worker", self.cpus_per_worker, "a positive number", lambda v: v > 0)
         _check_number("gpus_per_worker", self.gpus_per_worker, "0 or more", lambda v: v >= 0)
         _check_whole("max_failures", self.max_failures, minimum=0)
         for name in ("total_steps", "total_epochs"):
             if getattr(self, name) is not None:
                 _check_whole(name, getattr(self, name), minimum=1)
-        for name in ("placement_timeout_s", "collective_timeout_s", "stall_timeout_s", "warm_idle_s"):
+        for name in ("placement_timeout_s", "collective_timeout_s", "stall_timeout_s", "warm_idle_s",
+                     "resize_interval_s"):
             _check_number(name, getattr(self, name), "a positive number of seconds", lambda v: v > 0)
         _check_number("flush_interval_s", self.flush_interval_s, "between 0.01 and 10 seconds",
                       lambda v: 0.01 <= v <= 10)
@@ -168,6 +177,18 @@ class RunOptions:
         for name in ("wait", "resume", "stop_on_nan", "checkpoint_weights_only", "warm"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidOptionError(_problem(name, "True or False", getattr(self, name)))
+
+    @property
+    def min_workers(self) -> int:
+        return self.workers[0] if isinstance(self.workers, tuple) else self.workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.workers[1] if isinstance(self.workers, tuple) else self.workers
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers != self.max_workers
 
     @property
     def resolved_backend(self) -> str:
@@ -235,6 +256,29 @@ def _check_whole(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         what = f"a whole number of at least {minimum}" if minimum else "a whole number of 0 or more"
         raise InvalidOptionError(_problem(name, what, value))
+
+
+def _parse_workers(text: str) -> int | tuple[int, int]:
+    """``--workers 4`` or ``--workers 2:8`` (an elastic range)."""
+    low, colon, high = text.partition(":")
+    try:
+        return (int(low), int(high)) if colon else int(text)
+    except ValueError:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers N or a range MIN:MAX") from None
+
+
+def _check_workers(value: Any) -> None:
+    if isinstance(value, list):
+        value = tuple(value)
+    if isinstance(value, tuple):
+        if len(value) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value) \
+                or value[0] > value[1]:
+            raise InvalidOptionError(_problem("workers", "a whole number of at least 1, or (min, max) with "
+                                                         "1 <= min <= max (--workers MIN:MAX)", value))
+        return
+    _check_whole("workers", value, minimum=1)
 
 
 def _check_number(name: str, value: Any, what: str, ok: Callable[[float], bool]) -> None:

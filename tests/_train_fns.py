@@ -64,3 +64,15 @@ def train_steps(config):
             raise ValueError(f"boom at step {step}")
         time.sleep(config.get("sleep", 0.05))
     return ctx.rank
+
+
+def elastic_train(config):
+    """Steps from the latest checkpoint; saves when the run asks (a resize) and every ``every`` steps."""
+    ctx = nbtrain.get_context()
+    saved = nbtrain.load_checkpoint()
+    start = saved["step"] if saved else 0
+    for step in range(start + 1, config["steps"] + 1):
+        time.sleep(config["step_time"])  # a training step's duration
+        nbtrain.report(step=step, world_size=ctx.world_size, resumed_from=start)
+        if nbtrain.checkpoint_requested() or step % config["every"] == 0:
+            nbtrain.save_checkpoint({"step": step})

@@ -36,6 +36,11 @@ BAD = [
     ("workers", 0, "a whole number of at least 1, got 0"),
     ("workers", -1, "a whole number of at least 1, got -1"),
     ("workers", 2.5, "a whole number of at least 1, got 2.5"),
+    ("workers", (0, 2), "a whole number of at least 1, or (min, max) with 1 <= min <= max"),
+    ("workers", (3, 2), "a whole number of at least 1, or (min, max) with 1 <= min <= max (--workers MIN:MAX), "
+                        "got (3, 2)"),
+    ("workers", (1, 2, 3), "a whole number of at least 1, or (min, max) with 1 <= min <= max "
+                           "(--workers MIN:MAX), got (1, 2, 3)"),
     ("cpus_per_worker", math.nan, "a positive number, got nan"),
     ("cpus_per_worker", math.inf, "a positive number, got inf"),
     ("cpus_per_worker", "1", "a positive number, got '1'"),
@@ -66,6 +71,7 @@ BAD = [
     ("feed_relay", True, "one of 'auto', 'always', 'never', got True"),
     ("warm", "yes", "True or False, got 'yes'"),
     ("warm_idle_s", -1, "a positive number of seconds, got -1"),
+    ("resize_interval_s", 0, "a positive number of seconds, got 0"),
     ("backend", "mpi", "one of 'gloo', 'nccl', got 'mpi'"),
     ("backend", "nccl", "'gloo' on a run without GPUs"),
     ("precision", "fp8", "one of 'bf16-mixed', '16-mixed', got 'fp8'"),

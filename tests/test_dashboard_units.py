@@ -83,7 +83,7 @@ def beats(table: WorkerTable, rank: int, *beats: tuple[float, int, float | None]
 def test_worker_table_shows_samples_per_s_only_when_batches_have_a_size_else_steps_per_s():
     table = WorkerTable(threading.RLock())
     table.reset(1)
-    place = {"node_ip": "127.0.0.1", "hostname": "h", "pid": 1, "malloc_tuned": False}
+    place = {"node_ip": "127.0.0.1", "node_id": "a1b2c3d4", "hostname": "h", "pid": 1, "malloc_tuned": False}
     table.add_group([place, place], ["cpu", "cpu"], 1)
     t = time.time() - 2
     beats(table, 0, (t, 0, None), (t + 1, 5, 0.0), (t + 2, 10, 0.0))        # report() only: no batch size

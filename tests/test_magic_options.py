@@ -47,7 +47,7 @@ def test_unknown_option_suggests_the_right_one(ip):
 
 def test_bad_value_names_the_option(ip):
     message = _usage_error(ip, "%%ray_train --workers two\nx = 1\n")
-    assert "argument --workers/-w: invalid int value: 'two'" in message
+    assert "argument --workers/-w: 'two' is not a number of workers N or a range MIN:MAX" in message
 
 
 @pytest.mark.parametrize("line,expected", [

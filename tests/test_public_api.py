@@ -17,8 +17,8 @@ EXPECTED_ALL = [
     "Cluster", "ConnectionFailedError", "InvalidOptionError", "LaunchPanel", "NbtrainError", "NotConnectedError",
     "NotSerializableError", "ResourcesUnavailableError", "Run", "RunExistsError", "RunFailedError", "RunNotFoundError",
     "RunState", "StorageError", "Sweep", "SweepFailedError", "TorchTrainer", "TrainContext", "Trial",
-    "VersionMismatchError", "WorkerState", "attach", "attach_sweep", "backward", "connect", "disconnect",
-    "get_context", "get_dataset_shard", "launch", "load_checkpoint", "prepare_loader", "prepare_model",
+    "VersionMismatchError", "WorkerState", "attach", "attach_sweep", "backward", "checkpoint_requested", "connect",
+    "disconnect", "get_context", "get_dataset_shard", "launch", "load_checkpoint", "prepare_loader", "prepare_model",
     "prepare_optimizer", "release_warm", "report", "runs", "save_checkpoint", "sweeps", "tune",
 ]
 

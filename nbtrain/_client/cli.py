@@ -2,7 +2,9 @@
 
     nbtrain cluster start [--num-cpus N] [--num-gpus N]   start (or reuse) the loopback cluster
     nbtrain cluster stop                                  stop it (only it: never a bare `ray stop`)
-    nbtrain cluster status                                is it running, at which address
+    nbtrain cluster status                                is it running, at which address, its added nodes
+    nbtrain cluster add-node [--num-cpus N] [--num-gpus N] a second Ray node on this machine (multi-node, on loopback)
+    nbtrain cluster remove-node [--pid PID]               end an added node (the newest), as a lost node would end
     nbtrain runs [--json] [--address ADDR]               runs and sweeps on the cluster (what the lab sidebar shows)
     nbtrain stop NAME [--address ADDR]                    stop a run
     nbtrain lab [NOTEBOOK] [JUPYTER OPTIONS]              JupyterLab on 127.0.0.1 + the local cluster
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtrain import _json
-from nbtrain._client import local_cluster
+from nbtrain._client import local_cluster, local_nodes
 
 if TYPE_CHECKING:
     from nbtrain._client.connection import Cluster
@@ -48,11 +50,26 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         stopped = local_cluster.stop()
         _say("Local Ray cluster stopped." if stopped else "No local Ray cluster was running.")
         return 0
+    if args.action == "add-node":
+        node = local_nodes.add(args.num_cpus if args.num_cpus is not None else 1, args.num_gpus, progress=_say)
+        print(node.pid)
+        return 0
+    if args.action == "remove-node":
+        removed = local_nodes.remove(args.pid)
+        if removed is None:
+            _say("No added node to remove" + (f" with pid {args.pid}." if args.pid else ".") +
+                 " `nbtrain cluster status` lists the added nodes.")
+            return 1
+        _say(f"Node {removed.pid} ({removed.num_cpus} CPUs) removed; runs with ranks on it restart or shrink.")
+        return 0
     running = local_cluster.status()
     if running is None:
         print("stopped")
         return 1
     print(f"running at {running.address} (pid {running.pid}, {running.num_cpus} CPUs)")
+    for node in local_nodes.nodes():
+        gpus = f", {node.num_gpus} GPUs" if node.num_gpus else ""
+        print(f"  added node: pid {node.pid}, {node.num_cpus} CPUs{gpus}")
     return 0
 
 
@@ -261,9 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nbtrain", description="Distributed PyTorch training on Ray, from notebooks.")
     sub = parser.add_subparsers(dest="command", required=True)
     cluster = sub.add_parser("cluster", help="the embedded local Ray cluster (127.0.0.1 only, token auth)")
-    cluster.add_argument("action", choices=("start", "stop", "status"))
-    cluster.add_argument("--num-cpus", type=int, default=None)
-    cluster.add_argument("--num-gpus", type=int, default=None)
+    cluster.add_argument("action", choices=("start", "stop", "status", "add-node", "remove-node"))
+    cluster.add_argument("--num-cpus", "--cpus", type=int, default=None,
+                         help="start: the head's CPUs (default: this machine's); add-node: the node's (default 1)")
+    cluster.add_argument("--num-gpus", "--gpus", type=int, default=None)
+    cluster.add_argument("--pid", type=int, default=None, help="remove-node: which added node (default: the newest)")
     cluster.set_defaults(func=cmd_cluster)
     runs = sub.add_parser("runs", help="list runs on the cluster")
     runs.add_argument("--json", action="store_true")

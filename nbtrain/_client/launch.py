@@ -45,7 +45,7 @@ def launch(
     *,
     name: str | None = None,
     config: dict[str, Any] | None = None,
-    workers: int = 2,
+    workers: int | tuple[int, int] = 2,
     cpus_per_worker: float = 1.0,
     gpus_per_worker: float = 0.0,
     max_failures: int = 0,
@@ -64,6 +64,7 @@ def launch(
     stall_timeout_s: float = 300.0,
     on_stall: str = "warn",
     stop_on_nan: bool = False,
+    resize_interval_s: float = 10.0,
     flush_interval_s: float = 0.1,
     feed_relay: str = "auto",
     warm: bool = True,
@@ -115,10 +116,10 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     spec = RunSpec(options=options, fn_bytes=dumps_checked(train_fn), fn_takes_config=takes_config, owner=owner)
     spec_bytes = _pickled(spec)
     cluster = connection.current()
-    check_resources(options.workers, options.cpus_per_worker, options.gpus_per_worker)
+    check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
     if options.storage and cluster.kind == "local":  # the notebook sees the cluster's disk: check now
         check_writable(options.storage)
-    if options.warm:
+    if options.warm and not options.elastic:  # warm workers are kept for one shape; an elastic run has many
         from nbtrain._cluster.warm_pool import shape_of
 
         spec = dataclasses.replace(spec, warm_pool=warm.pool_for_launch())
@@ -153,7 +154,7 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
             _wait_for_supervisor(handle, name)
         except RunExistsError:
             raise RunExistsError(_name_taken(name, cluster.address)) from None
-    _registry.record_launch(name, cluster.address, notebook=owner["notebook"], workers=options.workers,
+    _registry.record_launch(name, cluster.address, notebook=owner["notebook"], workers=options.max_workers,
                             total_steps=options.total_steps)
     run = Run(name, handle, cluster.address)
     if options.wait:

@@ -306,17 +306,17 @@ def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeo
     deadline = time.monotonic() + timeout
     began = time.monotonic()
     last_said = began
-    while not (_started(log_path) and port_is_open(LOOPBACK, info.client_port, timeout=0.5)):
+    while not (runtime_started(log_path) and port_is_open(LOOPBACK, info.client_port, timeout=0.5)):
         if proc.poll() is not None:
             _remove_temp_dir(temp_dir)
             msg = (f"The local Ray cluster exited while starting (exit code {proc.returncode}). "
-                   f"Its output is in {log_path}:\n{_tail(log_path)}")
+                   f"Its output is in {log_path}:\n{tail(log_path)}")
             raise ConnectionFailedError(msg)
         if time.monotonic() > deadline:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             _remove_temp_dir(temp_dir)
             msg = (f"The local Ray cluster did not open its client port within {timeout:.0f} s. "
-                   f"See {log_path}:\n{_tail(log_path)}")
+                   f"See {log_path}:\n{tail(log_path)}")
             raise ConnectionFailedError(msg)
         if time.monotonic() - last_said >= 2:
             say(f"Starting a local Ray cluster… {time.monotonic() - began:.0f} s")
@@ -328,21 +328,21 @@ def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeo
     return info
 
 
-def _started(log_path: Path) -> bool:
+def runtime_started(log_path: Path) -> bool:
     try:
         return "Ray runtime started" in log_path.read_text(errors="replace")
     except OSError:
         return False
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
 
 
-def _kill_group(pid: int, grace: float = 10.0) -> None:
+def kill_group(pid: int, grace: float = 10.0) -> None:
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -361,7 +361,7 @@ def _kill_group(pid: int, grace: float = 10.0) -> None:
 
 
 def _stop_head(info: LocalClusterInfo) -> None:
-    _kill_group(info.pid)
+    kill_group(info.pid)
     _remove_temp_dir(info.temp_dir)
 
 
@@ -379,6 +379,9 @@ def stop() -> bool:
             return False
         ours = is_our_head(info)
         if ours:
+            from nbtrain._client import local_nodes  # it builds on this module: imported when used
+
+            local_nodes.remove_all()
             _stop_head(info)
         _state_file().unlink(missing_ok=True)
         return ours

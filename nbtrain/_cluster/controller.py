@@ -16,8 +16,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._cluster import failure_policy
-from nbtrain._cluster.failure_policy import Failed, Failure, Outcome, Restart, Stopped, Succeeded
+from nbtrain._cluster import elastic, failure_policy
+from nbtrain._cluster.failure_policy import Failed, Failure, Outcome, Resize, Restart, Stopped, Succeeded
 from nbtrain._cluster.feed import RunFeed, nan_keys
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import RunStorage
@@ -54,6 +54,9 @@ class RunController:
         self.started = time.time()
         self.ended: float | None = None
         self.stop_requested = False
+        self.world_size = 0                        # the current attempt's ranks (elastic runs: it changes)
+        self._next_size: int | None = None         # an elastic run's size for its next attempt, when decided
+        self._growth: elastic.GrowthWatch | None = None
 
     # ------------------------------------------------------------------ the state machine
     def transition(self, new: RunState, why: str = "", *, resume: bool = False) -> None:
@@ -160,9 +163,16 @@ class RunController:
                 if isinstance(outcome, Stopped):
                     self.transition(RunState.STOPPED, "stopped by the user")
                     return
-                failed_attempts += 1
+                if isinstance(outcome, Resize):
+                    self._resize(outcome)
+                    continue
                 with self._lock:
                     self.failures.extend(f.as_dict(self.attempt) for f in outcome.failures)
+                shrink = self._shrink_after(outcome)
+                if shrink is not None:
+                    self._resize(shrink)
+                    continue
+                failed_attempts += 1
                 decision = failure_policy.decide(outcome, failed_attempts, self.spec.options.max_failures)
                 if isinstance(decision, Restart):
                     self.transition(RunState.RESTARTING, f"attempt {self.attempt + 1}/"
@@ -172,7 +182,7 @@ class RunController:
                         return
                     continue
                 with self._lock:
-                    self.error = failure_policy.format_error(self.failures, self.spec.options.workers,
+                    self.error = failure_policy.format_error(self.failures, self.world_size,
                                                              self.spec.options.max_failures, self.attempt,
                                                              failed_attempts)
                 self.transition(RunState.FAILED, decision.why)
@@ -186,13 +196,41 @@ class RunController:
             if self.state.is_terminal:  # on its own thread: a stop() waiting for this one gets its answer first
                 threading.Thread(target=self._on_end, name="nbtrain-retire", daemon=True).start()
 
+    def _resize(self, resize: Resize) -> None:
+        """An elastic run goes on at another size: a new attempt from the latest checkpoint, no failure counted."""
+        self._next_size = resize.size
+        self.feed.event("resize", resize.why, self.attempt)
+        self.transition(RunState.RESTARTING, resize.why)
+
+    def _shrink_after(self, outcome: Failed) -> Resize | None:
+        """For an elastic run whose ranks died with their node: the smaller size to go on at, if ``min`` fit."""
+        options = self.spec.options
+        if not options.elastic:
+            return None
+        lost = elastic.lost_nodes(outcome)
+        if not lost:
+            return None
+        size = elastic.room_after_shutdown(options)
+        if size < options.min_workers:
+            return None
+        return Resize(size, f"{self.world_size} → {size} ranks: lost node {elastic.describe_nodes(lost, outcome)}")
+
+    def checkpoint_wanted(self, attempt: int) -> bool:
+        """Whether the ranks of ``attempt`` should checkpoint now (an elastic run waiting to grow)."""
+        growth = self._growth
+        return growth is not None and attempt == self.attempt and growth.checkpoint_wanted
+
     def _run_attempt(self) -> Outcome:
         """One worker group from placement to the end."""
         self.table.reset(self.attempt)
         if self.state == RunState.RESTARTING:
             self.transition(RunState.PENDING)
+        self.world_size = self._next_size or elastic.starting_size(self.spec.options)
+        self._next_size = None
+        self._growth = elastic.GrowthWatch(self.spec.options, self.world_size)
         try:
-            group = WorkerGroup.start(self.spec, self.attempt, self._supervisor, self.datasets, self.table,
+            group = WorkerGroup.start(self.spec, self.attempt, self.world_size, self._supervisor, self.datasets,
+                                      self.table,
                                       self._stop.is_set, lambda: self.transition(RunState.STARTING))
         except StopRequested:
             return Stopped()
@@ -221,4 +259,17 @@ class RunController:
             self.feed.event("stall", message, self.attempt)
             if options.on_stall in ("fail", "restart"):
                 return Failed([Failure(rank, "stalled", message, retriable=options.on_stall == "restart")])
+        return self._grow_check()
+
+    def _grow_check(self) -> Resize | None:
+        """An elastic run with room to grow asks its ranks for a checkpoint, and ends the attempt at it."""
+        growth = self._growth
+        if growth is None:
+            return None
+        target = growth.look(self.checkpoint)
+        if target is not None:
+            self.feed.event("resize", f"room for {target} ranks (now {growth.size}): growing at the next checkpoint",
+                            self.attempt)
+        if growth.target is not None and growth.ready(self.checkpoint):
+            return Resize(growth.target, f"{growth.size} → {growth.target} ranks: resources freed up")
         return None

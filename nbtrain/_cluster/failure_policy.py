@@ -30,6 +30,8 @@ class Failure:
     traceback: str = ""
     retriable: bool = True
     secondary: bool = False
+    node: str | None = None       # the worker table's name for the rank's node (died failures)
+    node_id: str | None = None    # its Ray node id: lets an elastic run tell a lost node from a crash
 
     def as_dict(self, attempt: int) -> dict[str, Any]:
         return {"rank": self.rank, "kind": self.kind, "summary": self.summary,
@@ -47,6 +49,14 @@ class Stopped:
 
 
 @dataclasses.dataclass(frozen=True)
+class Resize:
+    """An elastic run ends the attempt to go on at another world size (from the checkpoint just taken)."""
+
+    size: int
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Failed:
     failures: list[Failure]
 
@@ -55,7 +65,7 @@ class Failed:
         return [f.rank for f in self.failures if f.rank is not None and not f.secondary]
 
 
-Outcome = Succeeded | Stopped | Failed
+Outcome = Succeeded | Stopped | Failed | Resize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +94,10 @@ def raised(rank: int, outcome: dict[str, Any]) -> Failure:
                                    f"{outcome['message']}", outcome["traceback"], secondary=secondary)
 
 
-def died(rank: int, pid: Any, node: Any, exc: Exception) -> Failure:
+def died(rank: int, pid: Any, node: str | None, node_id: str | None, exc: Exception) -> Failure:
     """A rank whose process died (killed, out of memory, node lost)."""
-    return Failure(rank, "died", f"Rank {rank}'s worker process died (pid {pid} on {node}): {_death_cause(exc)}")
+    return Failure(rank, "died", f"Rank {rank}'s worker process died (pid {pid} on {node}): {_death_cause(exc)}",
+                   node=node, node_id=node_id)
 
 
 def _death_cause(exc: Exception) -> str:

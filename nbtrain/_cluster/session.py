@@ -31,6 +31,7 @@ MAX_PUSH_ROWS = 20_000
 MAX_PUSH_LOGS = 20_000
 MAX_WAITING_ROWS = 200_000  # rows a rank keeps for the supervisor while it does not answer (~100 MB)
 MAX_WAITING_LOGS = 20_000   # log chunks likewise
+CHECKPOINT_QUESTION_S = 1.0  # how often an elastic run's rank asks whether a checkpoint is wanted (to resize)
 # Every row's own keys besides ``step`` (which report(step=) sets): a metric of one of these
 # names is kept as ``user_<name>``, so it can neither overwrite them nor be lost.
 ROW_KEYS = ("rank", "attempt", "time")
@@ -87,8 +88,12 @@ class TrainingSession:
 
     def __init__(self, context: TrainContext, supervisor: Any, flush_interval_s: float,
                  storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
-                 relay: Any = None, precision: str | None = None) -> None:
+                 relay: Any = None, precision: str | None = None, elastic: bool = False) -> None:
         self.context = context
+        self.elastic = elastic  # asks the supervisor about once a second whether it wants a checkpoint
+        self.checkpoint_requested = False  # what nbtrain.checkpoint_requested() says
+        self._asking: Any = None  # the ref of that question until answered
+        self._next_ask = 0.0
         self.precision = precision  # the run's precision option: prepare_model's default
         self.grad_scaler: Any = None  # a torch GradScaler once a 16-mixed model was prepared
         self.supervisor = supervisor
@@ -167,8 +172,24 @@ class TrainingSession:
                     if not self._settled(PUSH_ORDER_WAIT_S) or self._unsent is not None:
                         break  # slow or failed: the next tick carries on
                     self.flush(state="running")
+                if self.elastic:
+                    self._ask_about_checkpoint()
             except Exception:  # noqa: BLE001 - the supervisor may be restarting; retry next tick
-                pass
+                self._asking = None
+
+    def _ask_about_checkpoint(self) -> None:
+        """Keep :attr:`checkpoint_requested` current without ever waiting on the supervisor's answer."""
+        import ray
+
+        if self._asking is not None:
+            ready, _ = ray.wait([self._asking], timeout=0)
+            if not ready:
+                return
+            ref, self._asking = self._asking, None
+            self.checkpoint_requested = bool(ray.get(ref))
+        if time.monotonic() >= self._next_ask:
+            self._next_ask = time.monotonic() + CHECKPOINT_QUESTION_S
+            self._asking = self.supervisor.checkpoint_wanted.remote(self.context.attempt)
 
     def _heartbeat(self, state: str) -> dict[str, Any]:
         now = time.time()

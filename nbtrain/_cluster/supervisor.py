@@ -166,6 +166,10 @@ class RunSupervisor:
         self._feed.event("checkpoint", f"checkpoint saved at step {meta['step']} (attempt {meta['attempt']})",
                          self._run.attempt)
 
+    def checkpoint_wanted(self, attempt: int) -> bool:
+        """Asked by the ranks of an elastic run about once a second (``nbtrain.checkpoint_requested()``)."""
+        return self._run.checkpoint_wanted(attempt)
+
     def latest_checkpoint(self) -> tuple[dict[str, Any], bytes | None, str | None] | None:
         with self._feed.lock:
             checkpoint = self._run.checkpoint
@@ -207,7 +211,8 @@ class RunSupervisor:
             "max_failures": options.max_failures, "workers": workers, "error": run.error,
             "failures": list(run.failures), "checkpoint": run.checkpoint, "started": run.started,
             "ended": run.ended, "now": time.time(), "config_summary": run.spec.config_summary,
-            "world_size": options.workers,
+            "world_size": run.world_size or options.max_workers,
+            "workers_range": [options.min_workers, options.max_workers],
             "gpus_per_worker": options.gpus_per_worker, "cpus_per_worker": options.cpus_per_worker,
             "total_steps": options.total_steps, "total_epochs": options.total_epochs,
             "step": min([w.get("step", 0) for w in workers] or [0]), "owner": run.spec.owner,

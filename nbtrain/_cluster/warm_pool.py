@@ -48,9 +48,9 @@ ALIVE_CHECK_S = 30.0  # a worker still starting (prestarted) answers once torch 
 Shape = tuple[int, float, float, tuple[tuple[str, str], ...]]  # workers, CPUs and GPUs per worker, env
 
 
-def shape_of(options: RunOptions) -> Shape:
-    """What a warm worker must match to be reused by a run with these options."""
-    return (options.workers, float(options.cpus_per_worker), float(options.gpus_per_worker),
+def shape_of(options: RunOptions, world_size: int | None = None) -> Shape:
+    """What a warm worker must match to be reused by a run with these options (at this world size)."""
+    return (world_size or options.max_workers, float(options.cpus_per_worker), float(options.gpus_per_worker),
             tuple(sorted((options.env or {}).items())))
 
 

@@ -97,7 +97,7 @@ class TrainWorker:
         )
         session = TrainingSession(context, payload.supervisor, payload.flush_interval_s, payload.storage,
                                   payload.weights_only, payload.datasets, relay=payload.relay,
-                                  precision=payload.precision)
+                                  precision=payload.precision, elastic=payload.elastic)
         set_session(session)
         self._seam_import.join()
         seam = sys.modules.get(SEAM_MODULE)

@@ -172,6 +172,19 @@ def _to_device(batch: Any, device: Any) -> Any:
     return batch
 
 
+def checkpoint_requested() -> bool:
+    """Whether the run wants a checkpoint now: an elastic run (``workers=(min, max)``) about to change
+    size asks for one, and goes on at the new size from it. Check it once per step or batch and save::
+
+        if nbtrain.checkpoint_requested():
+            nbtrain.save_checkpoint({"model": model.state_dict(), "step": step})
+
+    Without the check the resize waits for the function's next checkpoint. Always False in a
+    run of fixed size. Costs an attribute read: the answer is fetched in the background.
+    """
+    return current_session().checkpoint_requested
+
+
 def save_checkpoint(obj: Any, *, sharded: bool = False) -> None:
     """Store ``obj`` (e.g. ``{"model": model.state_dict(), "epoch": epoch}``) as the run's latest checkpoint.
 

@@ -74,12 +74,14 @@ class WorkerPayload:
     fn_takes_config: bool
     cpus_per_worker: float
     datasets: dict[str, Any]
+    elastic: bool             # ask the supervisor, now and then, whether it wants a checkpoint (to resize)
 
 
 class WorkerGroup:
-    def __init__(self, spec: RunSpec, attempt: int) -> None:
+    def __init__(self, spec: RunSpec, attempt: int, world_size: int) -> None:
         self.spec = spec
         self.attempt = attempt
+        self.world_size = world_size       # this attempt's: fixed, or an elastic run's size for now
         self.actors: list[Any] = []
         self.relays: dict[str, Any] = {}  # node id -> its push relay
         self._pool: Any = None             # the warm pool the actors were leased from, if any
@@ -89,11 +91,11 @@ class WorkerGroup:
         self.pushes: dict[int, int] = {}  # rank -> pushes it sent in all, from its outcome
 
     @classmethod
-    def start(cls, spec: RunSpec, attempt: int, supervisor: Any, datasets: dict[str, Any] | None,
+    def start(cls, spec: RunSpec, attempt: int, world_size: int, supervisor: Any, datasets: dict[str, Any] | None,
               table: WorkerTable, stop_requested: Callable[[], bool], on_placed: Callable[[], None]) -> WorkerGroup:
-        """Place, start and launch every rank; raises :class:`StartFailed` or :class:`StopRequested`
+        """Place, start and launch ``world_size`` ranks; raises :class:`StartFailed` or :class:`StopRequested`
         after removing whatever it had started."""
-        group = cls(spec, attempt)
+        group = cls(spec, attempt, world_size)
         try:
             group._place(stop_requested)
             on_placed()
@@ -114,13 +116,13 @@ class WorkerGroup:
             return
         bundles = [{"CPU": float(options.cpus_per_worker),
                     **({"GPU": float(options.gpus_per_worker)} if options.gpus_per_worker else {})}
-                   for _ in range(options.workers)]
+                   for _ in range(self.world_size)]
         # Detached: the notebook's Ray Client job ending must not take the workers' resources with it.
         self._group = placement_group(bundles, strategy=options.placement_strategy,
                                       name=group_name(self.spec.name, self.attempt), lifetime="detached")
         self._wait(self._group.ready(), options.placement_timeout_s, stop_requested, lambda: Failure(
             None, "resources",
-            f"the cluster could not place {options.workers} workers with {options.cpus_per_worker:g} CPU"
+            f"the cluster could not place {self.world_size} workers with {options.cpus_per_worker:g} CPU"
             f" and {options.gpus_per_worker:g} GPU each within {options.placement_timeout_s:.0f} s: "
             f"{_resource_picture()}. Stop other runs, ask for fewer workers, or add nodes.", retriable=False))
 
@@ -132,7 +134,7 @@ class WorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
                 name=worker_name(self.spec.name, self.attempt, rank), namespace=NAMESPACE,
                 runtime_env={"env_vars": options.env} if options.env else None,
-            ).remote() for rank in range(options.workers)]
+            ).remote() for rank in range(self.world_size)]
         places: list[dict[str, Any]] = self._wait(
             [actor.where.remote() for actor in self.actors], WORKER_START_TIMEOUT_S, stop_requested,
             lambda: Failure(None, "startup", f"the workers did not start within {WORKER_START_TIMEOUT_S:.0f} s"))
@@ -148,8 +150,9 @@ class WorkerGroup:
         options = self.spec.options
         try:
             pool = ray.get_actor(self.spec.warm_pool, namespace=NAMESPACE)
-            nodes = _bundle_nodes(self._group, options.workers)
-            lent = self._wait(pool.lease.remote(self.spec.name, shape_of(options), nodes, options.warm_idle_s),
+            nodes = _bundle_nodes(self._group, self.world_size)
+            shape = shape_of(options, self.world_size)
+            lent = self._wait(pool.lease.remote(self.spec.name, shape, nodes, options.warm_idle_s),
                               WORKER_START_TIMEOUT_S, stop_requested,
                               lambda: Failure(None, "startup", "the warm pool did not answer"))
         except (ValueError, StartFailed, ray.exceptions.RayError):
@@ -162,12 +165,12 @@ class WorkerGroup:
         """The GPU ids each bundle of the placement group reserved (a zero-CPU task in each asks Ray)."""
         options = self.spec.options
         if not options.gpus_per_worker:
-            return [[] for _ in range(options.workers)]
+            return [[] for _ in range(self.world_size)]
         probe = ray.remote(_assigned_gpus)
         return list(self._wait([probe.options(
             num_cpus=0, num_gpus=options.gpus_per_worker,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
-        ).remote() for rank in range(options.workers)], WORKER_START_TIMEOUT_S, stop_requested,
+        ).remote() for rank in range(self.world_size)], WORKER_START_TIMEOUT_S, stop_requested,
             lambda: Failure(None, "startup", "the placement group's GPUs could not be read")))
 
     def _start_relays(self, places: list[dict[str, Any]], supervisor: Any) -> None:
@@ -186,10 +189,11 @@ class WorkerGroup:
                   datasets: dict[str, Any] | None) -> list[WorkerPayload]:
         options = self.spec.options
         layout = layout_ranks(places, options.gpus_per_worker)
-        shards = {name: dataset.streaming_split(options.workers, equal=True)
+        shards = {name: dataset.streaming_split(self.world_size, equal=True)
                   for name, dataset in (datasets or {}).items()}
         return [WorkerPayload(
-            rank=rank, world_size=options.workers, attempt=self.attempt, run_name=self.spec.name,
+            rank=rank, world_size=self.world_size, elastic=options.elastic, attempt=self.attempt,
+            run_name=self.spec.name,
             config=dict(options.config or {}), supervisor=supervisor,
             relay=self.relays.get(places[rank]["node_id"]), flush_interval_s=options.flush_interval_s,
             storage=options.storage, weights_only=options.checkpoint_weights_only, precision=options.precision,
@@ -245,7 +249,7 @@ class WorkerGroup:
             outcome = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             worker = table.mark(rank, WorkerState.DEAD)
-            return failure_policy.died(rank, worker.get("pid"), worker.get("node"), exc)
+            return failure_policy.died(rank, worker.get("pid"), worker.get("node"), worker.get("node_id"), exc)
         self.pushes[rank] = outcome["pushes"]
         if outcome["ok"]:
             table.mark(rank, WorkerState.FINISHED)

@@ -29,10 +29,12 @@ class WorkerTable:
 
     def add_group(self, places: list[dict[str, Any]], devices: list[str], attempt: int) -> None:
         now = time.time()
+        labels = node_labels(places)
         with self._lock:
             for rank, (place, device) in enumerate(zip(places, devices)):
                 self._rows[rank] = {
-                    "rank": rank, "node": place["node_ip"], "hostname": place["hostname"], "pid": place["pid"],
+                    "rank": rank, "node": labels[place["node_id"]], "node_id": place["node_id"],
+                    "hostname": place["hostname"], "pid": place["pid"],
                     "device": device, "state": WorkerState.STARTING, "step": 0, "samples_per_s": None,
                     "steps_per_s": None, "batch_size_known": False, "step_mark": None,
                     "rss_mb": None, "gpu_mem_mb": None, "last_heartbeat": now, "last_progress": now,
@@ -123,3 +125,14 @@ class WorkerTable:
                 worker["heartbeat_age_s"] = now - beat if beat else None
                 rows.append(worker)
             return rows
+
+
+def node_labels(places: list[dict[str, Any]]) -> dict[str, str]:
+    """What the worker table calls each node: its IP, plus the start of its Ray node id where two
+    nodes share an IP (several nodes on one machine, as on the loopback cluster)."""
+    ids_by_ip: dict[str, set[str]] = {}
+    for place in places:
+        ids_by_ip.setdefault(place["node_ip"], set()).add(place["node_id"])
+    return {place["node_id"]: place["node_ip"] if len(ids_by_ip[place["node_ip"]]) == 1
+            else f"{place['node_ip']} (node {place['node_id'][:6]})" for place in places}
+

@@ -1,0 +1,103 @@
+"""How many ranks an elastic run (``workers=(min, max)``) should have, and why it changes.
+
+An elastic run's world size is fixed within an attempt and changes between
+attempts, each resuming from the latest checkpoint: it starts with as many
+ranks as fit (at least ``min``), **shrinks** when a node with some of its ranks
+is lost (the failure then costs no ``max_failures`` as long as ``min`` ranks
+fit), and **grows** toward ``max`` when a check every ``resize_interval_s``
+finds room: the ranks are asked for a checkpoint (``nbtrain.checkpoint_requested()``
+turns true), and the attempt ends at the next one. The same code serves the
+supervisor's decisions and its events, so what the user reads is what was decided.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import ray
+
+from nbtrain._cluster.failure_policy import Failed
+from nbtrain._options import RunOptions
+
+NODE_DEATH_NOTICE_S = 10.0
+RESOURCES_FREED_S = 5.0  # how long Ray may take to mark a lost node dead after its workers' errors
+
+
+def room_for(options: RunOptions, held: int = 0) -> int:
+    """How many of this run's bundles the cluster could place now, counting the ``held`` ones it has."""
+    free = ray.available_resources()
+    by_cpu = math.floor(free.get("CPU", 0.0) / options.cpus_per_worker + 1e-9)
+    by_gpu = math.floor(free.get("GPU", 0.0) / options.gpus_per_worker + 1e-9) if options.gpus_per_worker \
+        else by_cpu
+    return held + max(0, int(min(by_cpu, by_gpu)))
+
+
+def starting_size(options: RunOptions) -> int:
+    """The world size of a new attempt: fixed, or as many as fit between min and max."""
+    if not options.elastic:
+        return options.max_workers
+    return max(options.min_workers, min(options.max_workers, room_for(options)))
+
+
+def room_after_shutdown(options: RunOptions) -> int:
+    """The size an attempt could restart at, just after the last one's group was removed (Ray frees a
+    placement group's resources a moment after its removal: looked at until ``min`` fit, briefly)."""
+    deadline = time.monotonic() + RESOURCES_FREED_S
+    while True:
+        size = min(options.max_workers, room_for(options))
+        if size >= options.min_workers or time.monotonic() > deadline:
+            return size
+        time.sleep(0.25)
+
+
+def lost_nodes(outcome: Failed) -> set[str]:
+    """The nodes of ranks that died that Ray has marked dead (waits a little for it to notice)."""
+    suspects = {f.node_id for f in outcome.failures if f.kind == "died" and f.node_id}
+    if not suspects:
+        return set()
+    deadline = time.monotonic() + NODE_DEATH_NOTICE_S
+    while True:
+        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        dead = suspects - alive
+        if dead or time.monotonic() > deadline:
+            return dead
+        time.sleep(0.5)
+
+
+def describe_nodes(node_ids: set[str], outcome: Failed) -> str:
+    """The lost nodes as the worker table names them."""
+    return ", ".join(sorted({f.node or str(f.node_id)[:6] for f in outcome.failures if f.node_id in node_ids}))
+
+
+class GrowthWatch:
+    """The periodic look for room to grow, and the pending growth until its checkpoint arrives."""
+
+    def __init__(self, options: RunOptions, size: int) -> None:
+        self.options = options
+        self.size = size
+        self.target: int | None = None        # set while the ranks are asked for a checkpoint
+        self._asked_after: Any = None          # the checkpoint that was latest when they were asked
+        self._next_look = time.monotonic() + options.resize_interval_s
+
+    def look(self, latest_checkpoint: Any) -> int | None:
+        """A bigger size worth growing to (once per interval; None otherwise). Starts the checkpoint request."""
+        if not self.options.elastic or self.target is not None or self.size >= self.options.max_workers:
+            return None
+        if time.monotonic() < self._next_look:
+            return None
+        self._next_look = time.monotonic() + self.options.resize_interval_s
+        room = min(self.options.max_workers, room_for(self.options, held=self.size))
+        if room <= self.size:
+            return None
+        self.target, self._asked_after = room, latest_checkpoint
+        return room
+
+    def ready(self, latest_checkpoint: Any) -> bool:
+        """A checkpoint newer than the request has arrived: time to end the attempt and grow."""
+        return self.target is not None and latest_checkpoint is not None and latest_checkpoint is not self._asked_after
+
+    @property
+    def checkpoint_wanted(self) -> bool:
+        return self.target is not None

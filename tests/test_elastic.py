@@ -1,0 +1,57 @@
+"""Elastic runs (``workers=(min, max)``) on the loopback cluster: start with what fits, grow at a checkpoint.
+
+Shrinking on a lost node needs a second node: ``tests/test_multi_node.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+import nbtrain
+
+from _train_fns import elastic_train
+
+pytestmark = pytest.mark.cluster
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_starts_with_what_fits_and_grows_at_a_checkpoint_when_resources_free_up(cluster):
+    free = int(ray.available_resources().get("CPU", 0))
+    blocker = placement_group([{"CPU": free - 1}])  # leaves 1 CPU: room for 1 of the 2 ranks
+    ray.get(blocker.ready(), timeout=30)
+    try:
+        run = nbtrain.launch(elastic_train, config={"steps": 120, "step_time": 0.1, "every": 1000},
+                             workers=(1, 2), resize_interval_s=1, name="elastic-grow")
+        _wait_for(lambda: any(w["step"] >= 3 for w in run.workers) and run.state == nbtrain.RunState.RUNNING,
+                  90, "the run stepping on 1 rank")
+        assert run.summary()["world_size"] == 1
+    finally:
+        remove_placement_group(blocker)
+    assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED, run.error
+
+    rows = run.metrics
+    keys = [(r["attempt"], r["rank"], r["step"]) for r in rows]
+    assert len(keys) == len(set(keys)), "no (attempt, rank, step) row twice"
+    first = [r for r in rows if r["attempt"] == 1]
+    grown = [r for r in rows if r["attempt"] == 2]
+    assert {r["world_size"] for r in first} == {1} and {r["rank"] for r in first} == {0}
+    assert {r["world_size"] for r in grown} == {2} and {r["rank"] for r in grown} == {0, 1}
+    resumed = {r["resumed_from"] for r in grown}
+    assert len(resumed) == 1 and resumed.pop() > 0, "attempt 2 resumed from the checkpoint asked for"
+    assert min(r["step"] for r in grown) == grown[0]["resumed_from"] + 1
+    assert max(r["step"] for r in grown if r["rank"] == 0) == 120
+    said = [e["message"] for e in run.events if e["kind"] == "resize"]
+    assert any("room for 2 ranks" in m for m in said) and any("1 → 2 ranks" in m for m in said), said
+    assert run.summary()["world_size"] == 2
+    assert not run.summary()["failures"], "growing is not a failure"
+
