@@ -32,6 +32,7 @@ BACKEND_CHOICES = ("gloo", "nccl")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 FEED_RELAY_CHOICES = ("auto", "always", "never")
 LOGGER_CHOICES = ("tensorboard", "mlflow")
+SCALE_LR_CHOICES = ("linear", "sqrt")
 PRECISION_CHOICES = ("bf16-mixed", "16-mixed")  # torch.autocast to bfloat16 / float16 (with a GradScaler)
 
 
@@ -116,6 +117,11 @@ class RunOptions:
     stop_on_nan: bool = option(False, "fail the run when a reported metric is NaN", "--stop-on-nan", kind="flag")
     flush_interval_s: float = option(0.1, "seconds between a rank's batched sends of metrics and logs",
                                      "--flush-interval", parse=float, metavar="SECONDS")
+    scale_lr: str | None = option(
+        None, "elastic runs, at a world size w other than min: by default each rank's prepare_loader batch is "
+        "scaled by min/w, keeping the global batch of min ranks; linear or sqrt keeps each rank's batch and "
+        "scales prepare_optimizer's learning rate by w/min (or its square root)", "--scale-lr",
+        choices=SCALE_LR_CHOICES)
     resize_interval_s: float = option(10.0, "elastic runs: seconds between checks for room to grow",
                                       "--resize-interval", parse=float, metavar="SECONDS")
     feed_relay: str = option("auto", "gather each node's metric pushes into one call to the supervisor per flush; "
@@ -161,6 +167,8 @@ class RunOptions:
         _check_choice("feed_relay", self.feed_relay, FEED_RELAY_CHOICES)
         if self.precision is not None:
             _check_choice("precision", self.precision, PRECISION_CHOICES)
+        if self.scale_lr is not None:
+            _check_choice("scale_lr", self.scale_lr, SCALE_LR_CHOICES)
         _check_loggers(self.loggers)
         if self.logger_dir is not None and (not isinstance(self.logger_dir, str) or not os.path.isabs(self.logger_dir)):
             raise InvalidOptionError(_problem("logger_dir", "an absolute directory path on the head node",

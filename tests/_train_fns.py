@@ -71,8 +71,16 @@ def elastic_train(config):
     ctx = nbtrain.get_context()
     saved = nbtrain.load_checkpoint()
     start = saved["step"] if saved else 0
+    loader = nbtrain.prepare_loader(torch.utils.data.DataLoader(torch.arange(4096), batch_size=8))
+
+    def batches():
+        while True:
+            yield from loader
+
+    data = batches()
     for step in range(start + 1, config["steps"] + 1):
+        batch = next(data)
         time.sleep(config["step_time"])  # a training step's duration
-        nbtrain.report(step=step, world_size=ctx.world_size, resumed_from=start)
+        nbtrain.report(step=step, world_size=ctx.world_size, resumed_from=start, batch=len(batch))
         if nbtrain.checkpoint_requested() or step % config["every"] == 0:
             nbtrain.save_checkpoint({"step": step})

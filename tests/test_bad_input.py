@@ -72,6 +72,7 @@ BAD = [
     ("warm", "yes", "True or False, got 'yes'"),
     ("warm_idle_s", -1, "a positive number of seconds, got -1"),
     ("resize_interval_s", 0, "a positive number of seconds, got 0"),
+    ("scale_lr", "cubic", "one of 'linear', 'sqrt', got 'cubic'"),
     ("backend", "mpi", "one of 'gloo', 'nccl', got 'mpi'"),
     ("backend", "nccl", "'gloo' on a run without GPUs"),
     ("precision", "fp8", "one of 'bf16-mixed', '16-mixed', got 'fp8'"),

@@ -46,6 +46,8 @@ def test_starts_with_what_fits_and_grows_at_a_checkpoint_when_resources_free_up(
     grown = [r for r in rows if r["attempt"] == 2]
     assert {r["world_size"] for r in first} == {1} and {r["rank"] for r in first} == {0}
     assert {r["world_size"] for r in grown} == {2} and {r["rank"] for r in grown} == {0, 1}
+    # the global batch stays that of min=1 rank (8): each of 2 ranks takes 4
+    assert {r["batch"] for r in first} == {8} and {r["batch"] for r in grown} == {4}
     resumed = {r["resumed_from"] for r in grown}
     assert len(resumed) == 1 and resumed.pop() > 0, "attempt 2 resumed from the checkpoint asked for"
     assert min(r["step"] for r in grown) == grown[0]["resumed_from"] + 1
@@ -55,3 +57,15 @@ def test_starts_with_what_fits_and_grows_at_a_checkpoint_when_resources_free_up(
     assert run.summary()["world_size"] == 2
     assert not run.summary()["failures"], "growing is not a failure"
 
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("scale_lr,size,expected", [
+    (None, 4, (0.5, 1.0)), (None, 2, (1.0, 1.0)), ("linear", 4, (1.0, 2.0)), ("sqrt", 8, (1.0, 2.0)),
+])
+def test_a_new_world_size_scales_the_batch_or_the_learning_rate(scale_lr, size, expected):
+    from nbtrain._cluster.elastic import scaling
+    from nbtrain._options import RunOptions
+
+    assert scaling(RunOptions(workers=(2, 8), scale_lr=scale_lr), size) == expected
+    assert scaling(RunOptions(workers=4, scale_lr=scale_lr), 4) == (1.0, 1.0), "fixed-size runs are left alone"

@@ -147,7 +147,8 @@ def test_an_elastic_run_shrinks_when_a_node_is_lost_and_finishes(second_node):
     rows = run.metrics
     last = max(r["attempt"] for r in rows)
     shrunk = [r for r in rows if r["attempt"] == last]
-    assert {r["world_size"] for r in shrunk} == {1}
+    assert {r["world_size"] for r in shrunk} == {1} and {r["batch"] for r in shrunk} == {8}
+    assert {r["batch"] for r in rows if r["attempt"] == 1} == {4}, "2 ranks shared min=1 rank's batch of 8"
     assert min(r["step"] for r in shrunk) == shrunk[0]["resumed_from"] + 1 > 1, "resumed from the checkpoint"
     assert max(r["step"] for r in shrunk) == 150
     assert run.summary()["max_failures"] == 0, "the loss cost no max_failures: there were none to spend"

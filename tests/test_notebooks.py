@@ -34,6 +34,7 @@ SMALL: dict[str, dict[str, object]] = {
     "06_tune_asha.ipynb": {"num_samples": 3, "epochs": 2, "num_train": 256, "num_valid": 128, "batch_size": 32},
     "07_serve.ipynb": {"num_samples": 2, "epochs": 2, "num_train": 256},
     "08_lightning.ipynb": {"epochs": 2, "num_train": 1024, "batch_size": 64},
+    "09_elastic.ipynb": {"steps": 400, "step_time": 0.05},
 }
 
 

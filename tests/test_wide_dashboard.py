@@ -33,6 +33,7 @@ class FakeRun:
         self.rows = [{"rank": r, "step": s, "attempt": 1, "time": 0.0, "loss": float(r) + 1.0 / (s + 1)}
                      for s in range(steps) for r in range(ranks) if s < lagging.get(r, steps)]
         self.row_window_start = 0
+        self.caught_up = True  # every row is in `rows`
         workers = [{"rank": r, "node": NODES[r % len(NODES)], "hostname": f"host{r % len(NODES)}", "pid": 100 + r,
                     "device": "cpu", "state": "running", "step": lagging.get(r, steps) - 1, "steps_per_s": 10.0,
                     "rss_mb": 300.0} for r in range(ranks)]

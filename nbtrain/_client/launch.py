@@ -64,6 +64,7 @@ def launch(
     stall_timeout_s: float = 300.0,
     on_stall: str = "warn",
     stop_on_nan: bool = False,
+    scale_lr: str | None = None,
     resize_interval_s: float = 10.0,
     flush_interval_s: float = 0.1,
     feed_relay: str = "auto",

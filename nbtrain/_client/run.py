@@ -167,6 +167,11 @@ class Run:
         time.sleep(0.5)  # Ray is restarting it; nothing to wait on but time
 
     @property
+    def caught_up(self) -> bool:
+        """Whether the last refresh fetched every row reported so far (a long history comes a page at a time)."""
+        return not self._has_more
+
+    @property
     def cached_summary(self) -> dict[str, Any]:
         """The run's summary as of the last read, without asking the cluster (for redraw loops)."""
         with self._lock:

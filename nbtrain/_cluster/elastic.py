@@ -25,6 +25,26 @@ NODE_DEATH_NOTICE_S = 10.0
 RESOURCES_FREED_S = 5.0  # how long Ray may take to mark a lost node dead after its workers' errors
 
 
+def scaling(options: RunOptions, world_size: int) -> tuple[float, float]:
+    """(batch factor, learning-rate factor) for the ranks of an attempt of ``world_size`` ranks.
+
+    The batch size and learning rate in the code are the ones for ``min`` ranks. By default the
+    global batch stays that of ``min`` ranks: each rank's ``prepare_loader`` batch is scaled by
+    ``min / world_size`` (never above what the code asked for, so a rank never needs more memory),
+    and the optimisation follows the same trajectory. ``scale_lr="linear"`` keeps each rank's
+    batch, so the global batch grows with the world size, and scales ``prepare_optimizer``'s
+    learning rate by ``world_size / min`` (Goyal et al., 2017, "Accurate, Large Minibatch SGD");
+    ``"sqrt"`` by its square root (Krizhevsky, 2014, "One weird trick"; the rule for Adam-like
+    optimisers).
+    """
+    if not options.elastic:
+        return 1.0, 1.0
+    ratio = world_size / options.min_workers
+    if options.scale_lr is None:
+        return 1.0 / ratio, 1.0
+    return 1.0, ratio if options.scale_lr == "linear" else math.sqrt(ratio)
+
+
 def room_for(options: RunOptions, held: int = 0) -> int:
     """How many of this run's bundles the cluster could place now, counting the ``held`` ones it has."""
     free = ray.available_resources()

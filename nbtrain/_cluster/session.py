@@ -88,8 +88,11 @@ class TrainingSession:
 
     def __init__(self, context: TrainContext, supervisor: Any, flush_interval_s: float,
                  storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
-                 relay: Any = None, precision: str | None = None, elastic: bool = False) -> None:
+                 relay: Any = None, precision: str | None = None, elastic: bool = False,
+                 batch_scale: float = 1.0, lr_scale: float = 1.0) -> None:
         self.context = context
+        self.batch_scale = batch_scale  # prepare_loader's and prepare_optimizer's factors (elastic runs)
+        self.lr_scale = lr_scale
         self.elastic = elastic  # asks the supervisor about once a second whether it wants a checkpoint
         self.checkpoint_requested = False  # what nbtrain.checkpoint_requested() says
         self._asking: Any = None  # the ref of that question until answered

@@ -85,8 +85,19 @@ def prepare_model(model: Any, *, strategy: str | None = "ddp", precision: str | 
 
 
 def prepare_optimizer(optimizer: Any) -> Any:
-    """``optimizer``, stepping through the loss scaler when a ``"16-mixed"`` model was prepared (else unchanged)."""
-    scaler = current_session().grad_scaler
+    """``optimizer``, stepping through the loss scaler when a ``"16-mixed"`` model was prepared (else unchanged).
+
+    In an elastic run with ``scale_lr`` its learning rates are scaled for this attempt's world
+    size (see the option), once per optimizer.
+    """
+    session = current_session()
+    if session.lr_scale != 1.0 and not getattr(optimizer, "_nbtrain_lr_scaled", False):
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * session.lr_scale
+            if "initial_lr" in group:  # an LR scheduler made before: its base follows
+                group["initial_lr"] = group["initial_lr"] * session.lr_scale
+        optimizer._nbtrain_lr_scaled = True
+    scaler = session.grad_scaler
     return optimizer if scaler is None else parallel.ScaledOptimizer(optimizer, scaler)
 
 
@@ -129,7 +140,8 @@ def prepare_loader(loader: Any, move_to_device: bool = True) -> PreparedLoader:
     """Give each rank its own shard of ``loader``'s data (a ``DistributedSampler``).
 
     Keeps the loader's batch size, workers and collate function; ``shuffle=True``
-    loaders stay shuffled, differently each epoch. Example::
+    loaders stay shuffled, differently each epoch. In an elastic run the batch size is that
+    of ``min`` ranks' global batch shared by this attempt's ranks (see ``scale_lr``). Example::
 
         loader = nbtrain.prepare_loader(DataLoader(train_set, batch_size=64, shuffle=True))
     """
@@ -138,12 +150,17 @@ def prepare_loader(loader: Any, move_to_device: bool = True) -> PreparedLoader:
     ctx = current_session().context
     session = current_session()
     session.uses_loader = True
-    if ctx.world_size > 1 and not isinstance(loader.sampler, DistributedSampler):
-        shuffle = isinstance(loader.sampler, RandomSampler)
-        sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                     shuffle=shuffle)
+    batch_size = loader.batch_size
+    if batch_size is not None and session.batch_scale != 1.0:
+        batch_size = max(1, round(batch_size * session.batch_scale))
+    shard = ctx.world_size > 1 and not isinstance(loader.sampler, DistributedSampler)
+    if shard or batch_size != loader.batch_size:
+        sampler = loader.sampler
+        if shard:
+            sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                                         shuffle=isinstance(loader.sampler, RandomSampler))
         loader = DataLoader(
-            loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+            loader.dataset, batch_size=batch_size, sampler=sampler,
             num_workers=loader.num_workers, collate_fn=loader.collate_fn,
             pin_memory=loader.pin_memory, drop_last=loader.drop_last,
             timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,

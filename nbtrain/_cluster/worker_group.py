@@ -19,6 +19,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from nbtrain._cluster import failure_policy
+from nbtrain._cluster.elastic import scaling
 from nbtrain._cluster.failure_policy import Failed, Failure, Outcome, Succeeded
 from nbtrain._cluster.names import NAMESPACE, group_name, relay_name, worker_name
 from nbtrain._cluster.push_relay import PushRelay, wants_relays
@@ -75,6 +76,8 @@ class WorkerPayload:
     cpus_per_worker: float
     datasets: dict[str, Any]
     elastic: bool             # ask the supervisor, now and then, whether it wants a checkpoint (to resize)
+    batch_scale: float        # prepare_loader's batch size factor (elastic runs; see elastic.scaling)
+    lr_scale: float           # prepare_optimizer's learning rate factor (likewise)
 
 
 class WorkerGroup:
@@ -189,10 +192,12 @@ class WorkerGroup:
                   datasets: dict[str, Any] | None) -> list[WorkerPayload]:
         options = self.spec.options
         layout = layout_ranks(places, options.gpus_per_worker)
+        batch_scale, lr_scale = scaling(options, self.world_size)
         shards = {name: dataset.streaming_split(self.world_size, equal=True)
                   for name, dataset in (datasets or {}).items()}
         return [WorkerPayload(
-            rank=rank, world_size=self.world_size, elastic=options.elastic, attempt=self.attempt,
+            rank=rank, world_size=self.world_size, elastic=options.elastic, batch_scale=batch_scale,
+            lr_scale=lr_scale, attempt=self.attempt,
             run_name=self.spec.name,
             config=dict(options.config or {}), supervisor=supervisor,
             relay=self.relays.get(places[rank]["node_id"]), flush_interval_s=options.flush_interval_s,

@@ -180,7 +180,8 @@ class WidgetDashboard(Follower):
             if wide != self.wide:
                 self.wide, self._drawn_rows = wide, -1
                 self.rank_row.layout.display = None if wide else "none"
-            terminal = RunState(summary["state"]).is_terminal
+            # ended, and every row is here: a long history's last pages come after the final state
+            terminal = RunState(summary["state"]).is_terminal and self.run.caught_up
             now = time.monotonic()
             if coalesce and not terminal and now - self._drawn_at < REDRAW_INTERVAL_S:
                 self._undrawn = True  # drawn when due: redraws stay at a few per second
@@ -347,7 +348,7 @@ class WidgetDashboard(Follower):
             self.logs.set_title(ranks.index(min(failing)), f"rank {min(failing)} log — failed")
 
     def _draw_notice(self) -> None:
-        events = [e for e in self.run.cached_events() if e["kind"] in ("restart", "stall") or
+        events = [e for e in self.run.cached_events() if e["kind"] in ("restart", "stall", "resize") or
                   (e["kind"] == "state" and e["message"].startswith("restarting"))]
         if events:
             last = events[-1]

@@ -102,7 +102,7 @@ class TextProgress(Follower):
         self.run.refresh(wait_s=wait_s)
         take_new_rows(self.run, self.history)
         summary = self.run.cached_summary
-        terminal = RunState(summary["state"]).is_terminal
+        terminal = RunState(summary["state"]).is_terminal and self.run.caught_up  # the final line has the last rows
         now = time.monotonic()
         if terminal or now - self._last_print >= self.interval:
             self._last_print = now
