@@ -51,6 +51,7 @@ def test_starts_with_what_fits_and_grows_at_a_checkpoint_when_resources_free_up(
     resumed = {r["resumed_from"] for r in grown}
     assert len(resumed) == 1 and resumed.pop() > 0, "attempt 2 resumed from the checkpoint asked for"
     assert min(r["step"] for r in grown) == grown[0]["resumed_from"] + 1
+    assert grown[0]["resumed_from"] in {r["step"] for r in first}, "no step lost before the checkpoint"
     assert max(r["step"] for r in grown if r["rank"] == 0) == 120
     said = [e["message"] for e in run.events if e["kind"] == "resize"]
     assert any("room for 2 ranks" in m for m in said) and any("1 → 2 ranks" in m for m in said), said

@@ -270,6 +270,9 @@ class RunController:
         if target is not None:
             self.feed.event("resize", f"room for {target} ranks (now {growth.size}): growing at the next checkpoint",
                             self.attempt)
-        if growth.target is not None and growth.ready(self.checkpoint):
+        # ended once the checkpoint is in and so is every row the ranks reported before it
+        checkpoint = self.checkpoint
+        if growth.target is not None and checkpoint is not None and growth.ready(checkpoint) and \
+                self.table.all_pushed_after(checkpoint["time"]):
             return Resize(growth.target, f"{growth.size} → {growth.target} ranks: resources freed up")
         return None

@@ -94,6 +94,12 @@ class WorkerTable:
                 if worker["state"] in _LIVE:
                     worker["state"] = WorkerState.STOPPED
 
+    def all_pushed_after(self, moment: float) -> bool:
+        """Whether every live rank has sent a push made after ``moment`` (its clock): rows it reported
+        before then have all arrived."""
+        with self._lock:
+            return all(w["last_heartbeat"] > moment for w in self._rows.values() if w["state"] in _LIVE)
+
     def running_ranks(self) -> list[int]:
         with self._lock:
             return [rank for rank, w in self._rows.items() if w["state"] in (WorkerState.RUNNING, WorkerState.STALLED)]
