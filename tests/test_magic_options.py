@@ -57,6 +57,7 @@ def test_bad_value_names_the_option(ip):
     ("--env A=1 --datasets train=nowhere", "--datasets names the notebook variable 'nowhere', which is not defined"),
     ("--out 1run", "--out needs a Python variable name"),
     ("--on-stall explode", "invalid choice: 'explode'"),
+    ("--workers 3:2", "workers (--workers) must be a whole number of at least 1, or (min, max) with 1 <= min <= max"),
 ])
 def test_invalid_values_are_usage_errors(ip, line, expected):
     assert expected in _usage_error(ip, f"%%ray_train {line}\nx = 1\n")
@@ -117,3 +118,16 @@ def test_cell_program_defines_config_and_returns_result():
     assert program.source == "result = config['a'] * 2"
     with pytest.raises(SyntaxError):
         CellProgram("x = (", {})
+
+
+def test_a_worker_range_makes_an_elastic_run():
+    from IPython.core.magic_arguments import parse_argstring
+
+    from nbtrain._views.magic_flags import options_from_args
+    from nbtrain._views.magics import NbtrainMagics
+
+    args = parse_argstring(NbtrainMagics.ray_train, "--workers 1:4 --scale-lr sqrt --resize-interval 5")
+    options = options_from_args(args, {})
+    assert (options.workers, options.elastic) == ((1, 4), True)
+    assert (options.scale_lr, options.resize_interval_s) == ("sqrt", 5.0)
+
