@@ -184,6 +184,50 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 # ---------------------------------------------------------------------------- torchrun
+def own_home(prefix: str) -> Path:
+    """A throwaway work dir whose ``home`` becomes ``NBTRAIN_HOME`` (call before nbtrain is imported):
+    the benchmark starts its own cluster and token, and no Ray address or token of the caller leaks in."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["NBTRAIN_HOME"] = str(work / "home")
+    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        os.environ.pop(key, None)
+    return work
+
+
+def driver_env() -> dict[str, str]:
+    """The environment of a plain Ray driver process on the benchmark's cluster."""
+    import nbtrain._client.local_cluster as local_cluster
+
+    env = local_cluster.ray_env()          # loopback, RAY_AUTH_MODE=token, this cluster's token file
+    env["RAY_TRAIN_V2_ENABLED"] = "1"      # the default in Ray 2.60; said anyway
+    env.pop("NBTRAIN_HOME", None)
+    return env
+
+
+def run_driver(cmd: list[str], env: dict[str, str], out_dir: Path, log_name: str,
+               timeout: float) -> tuple[int | None, Path]:
+    """Run a driver subprocess in ``out_dir``, its output to ``out_dir/log_name``; its exit code
+    (None: killed at ``timeout``) and the log's path."""
+    log_path = out_dir / log_name
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=str(out_dir))
+        try:
+            return proc.wait(timeout=timeout), log_path
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return None, log_path
+
+
+def write_json(out: Path, data: dict[str, Any]) -> None:
+    """``data`` to ``out``, whole or not at all (a crash while writing leaves the old file)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(json.dumps(data, indent=1, default=str))
+    partial.replace(out)
+
+
 def run_torchrun(steps: int, warmup: int, out_dir: Path, timeout: float,
                  variant: str = "torchrun") -> dict[str, Any]:
     """torchrun as a user runs it; ``torchrun_malloc`` adds the glibc malloc thresholds
@@ -225,28 +269,15 @@ def run_raytrain(steps: int, warmup: int, out_dir: Path, timeout: float, address
     whose cell runs again: connected already, Ray Train imported. Returns the first fit's
     summary and the relaunch's summary, what failed it, or None when none was asked for.
     """
-    import nbtrain._client.local_cluster as local_cluster
-
     again_dir = out_dir / "relaunch"
     again_dir.mkdir(parents=True, exist_ok=True)
-    env = local_cluster.ray_env()          # loopback, RAY_AUTH_MODE=token, this cluster's token file
-    env["RAY_TRAIN_V2_ENABLED"] = "1"
-    env.pop("NBTRAIN_HOME", None)
+    env = driver_env()
     if poll_s is not None:
         env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(poll_s)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--raytrain-driver", "--address", address,
            "--steps", str(steps), "--warmup", str(warmup), "--driver-out", str(out_dir)]
     cmd += ["--relaunch-steps", str(relaunch_steps)] if relaunch_steps else ["--skip-relaunch"]
-    log_path = out_dir / "raytrain-driver.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(out_dir))
-        try:
-            code: int | None = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            code = None
+    code, log_path = run_driver(cmd, env, out_dir, "raytrain-driver.log", timeout)
     why = f"did not finish within {timeout:.0f} s" if code is None else f"exited {code}"
     timing_path = out_dir / "raytrain-driver.json"
     if not timing_path.exists():   # written once the first fit is over: that one did not end
@@ -644,10 +675,7 @@ def main(argv: list[str] | None = None) -> int:
         raytrain_driver(args)
         return 0
 
-    work = Path(tempfile.mkdtemp(prefix="nbtrain-bench-"))
-    os.environ["NBTRAIN_HOME"] = str(work / "home")       # before nbtrain is imported: its own cluster + token
-    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
-        os.environ.pop(key, None)
+    work = own_home("nbtrain-bench-")  # before nbtrain is imported
     import cloudpickle
 
     import nbtrain
@@ -824,15 +852,12 @@ def main(argv: list[str] | None = None) -> int:
             log(f"- {error.splitlines()[0]}")
     log(f"\ntotal benchmark time {time.time() - started:.0f} s")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")   # a crash while writing leaves the old file whole
-    partial.write_text(json.dumps({
+    write_json(out, {
         "date": date, "command": command.strip(), "machine": {"host": platform.node(), "cores": os.cpu_count(),
                                                               "python": platform.python_version()},
         "args": {k: v for k, v in vars(args).items() if k not in ("raytrain_driver", "address", "driver_out")},
         "summary": summary, "runs": all_runs, "targets": checks, "errors": errors, "table": table,
-    }, indent=1, default=str))
-    partial.replace(out)
+    })
     log(f"JSON written to {out}")
     return 1 if errors else 0
 

@@ -43,7 +43,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -53,10 +52,10 @@ HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"      # git-ignored except run_benchmarks.py's latest.json
 sys.path.insert(0, str(HERE))
 
-from run_benchmarks import StealMeter  # noqa: E402
+from run_benchmarks import StealMeter, driver_env, own_home, run_driver, write_json  # noqa: E402
 
 import workload  # noqa: E402
-from workload import BATCH_SIZE, build_model, make_shard  # noqa: E402  (module-level names: shipped by value)
+from workload import BATCH_SIZE, ddp_setup  # noqa: E402  (module-level names: shipped by value)
 
 VARIANTS = ("nbtrain", "raytune")
 TITLES = {"nbtrain": "nbtrain.tune()", "raytune": "Ray Tune + Ray Train v2 TorchTrainer"}
@@ -66,7 +65,6 @@ NUM_CPUS = 4
 # 8 learning rates, about log-spaced over two decades; --trials N takes N of them, spread out
 LRS = (0.001, 0.002, 0.004, 0.008, 0.015, 0.03, 0.06, 0.1)
 FOLLOW_EVERY_S = 0.25        # the sweep dashboard's redraw interval: at most one long poll per tick
-TERMINAL = ("succeeded", "failed", "stopped")
 
 
 # ---------------------------------------------------------------------------- worker side (both variants)
@@ -75,17 +73,7 @@ def sweep_loop(report: Any, *, lr: float, reports: int, steps_per_report: int) -
     (mean loss, the rank, the worker's ``time.time()`` now and when this function began).
     The process group is already up."""
     entered = time.time()
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    torch.set_num_threads(1)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    images, labels = make_shard(rank, world_size)
-    model = DistributedDataParallel(build_model())
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    batches = len(images) // BATCH_SIZE
+    rank, images, labels, model, optimizer, loss_fn, batches = ddp_setup(lr)
     step = 0
     for epoch in range(1, reports + 1):
         total = 0.0
@@ -125,6 +113,7 @@ def run_nbtrain(lrs: list[float], reports: int, steps_per_report: int, name: str
     from ray import tune
 
     import nbtrain
+    from nbtrain._client.sweep import TERMINAL as SWEEP_ENDED
 
     space = {"lr": tune.grid_search(list(lrs))}
     first_seen: dict[int, float] = {}
@@ -141,7 +130,7 @@ def run_nbtrain(lrs: list[float], reports: int, steps_per_report: int, name: str
         for trial in answer.get("trials", []):
             if trial["iterations"] >= 1 and trial["index"] not in first_seen:
                 first_seen[trial["index"]] = now
-        if answer.get("state") in TERMINAL:
+        if answer.get("state") in SWEEP_ENDED:
             break
         if time.monotonic() > deadline:
             sweep.stop()
@@ -174,25 +163,11 @@ def run_nbtrain(lrs: list[float], reports: int, steps_per_report: int, name: str
 def run_raytune(lrs: list[float], reports: int, steps_per_report: int, name: str, timeout: float,
                 gcs_address: str, out_dir: Path) -> dict[str, Any]:
     """One Ray Tune sweep, in a driver process of its own on the head (see :func:`raytune_driver`)."""
-    import nbtrain._client.local_cluster as local_cluster
-
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = local_cluster.ray_env()          # loopback, RAY_AUTH_MODE=token, this cluster's token file
-    env["RAY_TRAIN_V2_ENABLED"] = "1"      # the default in Ray 2.60; said anyway
-    env.pop("NBTRAIN_HOME", None)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--raytune-driver", "--gcs-address", gcs_address,
            "--driver-out", str(out_dir), "--name", name, "--lrs", ",".join(map(str, lrs)),
            "--reports", str(reports), "--steps-per-report", str(steps_per_report)]
-    log_path = out_dir / "raytune-driver.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(out_dir))
-        try:
-            code: int | None = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            code = None
+    code, log_path = run_driver(cmd, driver_env(), out_dir, "raytune-driver.log", timeout)
     result_path = out_dir / "raytune-driver.json"
     if code != 0 or not result_path.exists():
         why = f"did not finish within {timeout:.0f} s" if code is None else f"exited {code}"
@@ -472,10 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         raytune_driver(args)
         return 0
 
-    work = Path(tempfile.mkdtemp(prefix="nbtrain-sweep-bench-"))
-    os.environ["NBTRAIN_HOME"] = str(work / "home")       # before nbtrain is imported: its own cluster + token
-    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
-        os.environ.pop(key, None)
+    work = own_home("nbtrain-sweep-bench-")  # before nbtrain is imported
     import cloudpickle
 
     import nbtrain
@@ -590,16 +562,13 @@ def main(argv: list[str] | None = None) -> int:
             log(f"- {error.splitlines()[0]}")
     log(f"\ntotal benchmark time {time.time() - started:.0f} s")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    partial.write_text(json.dumps({
+    write_json(out, {
         "date": date, "commit": commit, "command": command.strip(),
         "machine": {"host": platform.node(), "cores": os.cpu_count(), "python": platform.python_version()},
         "args": {k: v for k, v in vars(args).items()
                  if k not in ("raytune_driver", "gcs_address", "driver_out", "name", "lrs")},
         "lrs": lrs, "summary": summary, "runs": runs, "errors": errors, "table": table,
-    }, indent=1, default=str))
-    partial.replace(out)
+    })
     log(f"JSON written to {out}")
     return 1 if errors else 0
 

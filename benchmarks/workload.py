@@ -63,6 +63,22 @@ def make_shard(rank: int, world_size: int) -> tuple[Any, Any]:
     return images[rank::world_size].contiguous(), labels[rank::world_size].contiguous()
 
 
+def ddp_setup(lr: float) -> tuple[int, Any, Any, Any, Any, Any, int]:
+    """This rank's part of the job, the process group being up: one torch thread, its shard
+    (images, labels), the DDP model, SGD with momentum at ``lr``, the loss, and how many
+    whole batches the shard holds. Returns ``(rank, images, labels, model, optimizer, loss_fn, batches)``."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    images, labels = make_shard(rank, world_size)
+    model = DistributedDataParallel(build_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    return rank, images, labels, model, optimizer, torch.nn.CrossEntropyLoss(), len(images) // BATCH_SIZE
+
+
 def train_loop(report: Callable[..., Any], *, steps: int, warmup: int, variant: str) -> dict[str, Any]:
     """DDP-train for ``steps`` steps, calling ``report(step=, loss=, t=)`` once per step.
 
@@ -72,15 +88,9 @@ def train_loop(report: Callable[..., Any], *, steps: int, warmup: int, variant: 
     """
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    images, labels = make_shard(rank, world_size)
-    model = DistributedDataParallel(build_model())
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    batches = len(images) // BATCH_SIZE
+    rank, images, labels, model, optimizer, loss_fn, batches = ddp_setup(LR)
+    world_size = dist.get_world_size()
 
     setup_done = time.time()
     step_ends: list[float] = []

@@ -42,3 +42,38 @@ export function button(label: string, className: string): HTMLButtonElement {
   node.textContent = label;
   return node;
 }
+
+/**
+ * Keep `list`'s children one row per item, in the items' order: a row is made once per key,
+ * updated on every call, and removed with its key. (Rows are kept, not rebuilt, so an opened
+ * row stays open across refreshes.)
+ */
+export function syncRows<K, T, R extends { readonly node: HTMLElement }>(
+  list: HTMLElement,
+  rows: Map<K, R>,
+  items: readonly T[],
+  key: (item: T) => K,
+  make: () => R,
+  update: (row: R, item: T) => void
+): void {
+  const seen = new Set<K>();
+  items.forEach((item, index) => {
+    const id = key(item);
+    seen.add(id);
+    let row = rows.get(id);
+    if (!row) {
+      row = make();
+      rows.set(id, row);
+    }
+    update(row, item);
+    if (list.children[index] !== row.node) {
+      list.insertBefore(row.node, list.children[index] ?? null);
+    }
+  });
+  for (const [id, row] of rows) {
+    if (!seen.has(id)) {
+      row.node.remove();
+      rows.delete(id);
+    }
+  }
+}

@@ -10,7 +10,7 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { ICluster, IRun } from './api';
-import { button, el, fmtDuration, fmtMetric } from './dom';
+import { button, el, fmtDuration, fmtMetric, syncRows } from './dom';
 import { RunsModel } from './model';
 import { SweepList } from './sweeps';
 
@@ -95,30 +95,14 @@ export class RaySidebar extends Widget {
     // A trial's run is listed under its sweep, not here.
     const trials = SweepList.trialRuns(sweeps);
     const runs = this._model.runs.filter(run => !trials.has(run.name));
-    const seen = new Set<string>();
-    runs.forEach((run, index) => {
-      seen.add(run.name);
-      let row = this._rows.get(run.name);
-      if (!row) {
-        row = new RunRow(this._options);
-        this._rows.set(run.name, row);
-      }
+    syncRows(this._list, this._rows, runs, run => run.name, () => new RunRow(this._options), (row, run) => {
       try {
         row.update(run, this._model.elapsed(run));
       } catch (error) {
         // One run the browser cannot draw must not empty the list.
         row.showBroken(run.name, error);
       }
-      if (this._list.children[index] !== row.node) {
-        this._list.insertBefore(row.node, this._list.children[index] ?? null);
-      }
     });
-    for (const [name, row] of this._rows) {
-      if (!seen.has(name)) {
-        row.node.remove();
-        this._rows.delete(name);
-      }
-    }
 
     const running = runs.filter(run => !run.terminal).length;
     this._runsHeading.textContent = runs.length

@@ -8,7 +8,7 @@
  * opened sweep stays open and a button stays under the pointer between polls.
  */
 import { IRun, ISweep, ITrial } from './api';
-import { button, el, fmtMetric } from './dom';
+import { button, el, fmtMetric, syncRows } from './dom';
 
 export interface ISweepListOptions {
   onOpen: (run: IRun) => void;
@@ -38,29 +38,13 @@ export class SweepList {
 
   update(sweeps: readonly ISweep[], runs: readonly IRun[]): void {
     const byName = new Map(runs.map(run => [run.name, run]));
-    const seen = new Set<string>();
-    sweeps.forEach((sweep, index) => {
-      seen.add(sweep.name);
-      let row = this._rows.get(sweep.name);
-      if (!row) {
-        row = new SweepRow(this._options);
-        this._rows.set(sweep.name, row);
-      }
+    syncRows(this._list, this._rows, sweeps, sweep => sweep.name, () => new SweepRow(this._options), (row, sweep) => {
       try {
         row.update(sweep, byName);
       } catch (error) {
         row.showBroken(sweep.name, error);
       }
-      if (this._list.children[index] !== row.node) {
-        this._list.insertBefore(row.node, this._list.children[index] ?? null);
-      }
     });
-    for (const [name, row] of this._rows) {
-      if (!seen.has(name)) {
-        row.node.remove();
-        this._rows.delete(name);
-      }
-    }
     const running = sweeps.filter(sweep => !sweep.terminal).length;
     this._heading.textContent = `Sweeps (${running} running, ${sweeps.length} total)`;
     this.node.hidden = sweeps.length === 0;
@@ -101,25 +85,8 @@ class SweepRow {
     this._message.textContent = sweep.error ?? '';
     this._message.hidden = !sweep.error;
 
-    const seen = new Set<number>();
-    sweep.trials.forEach((trial, index) => {
-      seen.add(trial.index);
-      let row = this._rows.get(trial.index);
-      if (!row) {
-        row = new TrialRow(this._options);
-        this._rows.set(trial.index, row);
-      }
-      row.update(trial, trial.run ? runs.get(trial.run) ?? null : null);
-      if (this._trials.children[index] !== row.node) {
-        this._trials.insertBefore(row.node, this._trials.children[index] ?? null);
-      }
-    });
-    for (const [index, row] of this._rows) {
-      if (!seen.has(index)) {
-        row.node.remove();
-        this._rows.delete(index);
-      }
-    }
+    syncRows(this._trials, this._rows, sweep.trials, trial => trial.index, () => new TrialRow(this._options),
+      (row, trial) => row.update(trial, trial.run ? runs.get(trial.run) ?? null : null));
   }
 
   /** A sweep this browser could not draw: its name and why. */

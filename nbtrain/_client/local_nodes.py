@@ -43,12 +43,13 @@ def _nodes_file() -> Path:
 
 
 def nodes() -> list[LocalNode]:
-    """The nodes added to this home's local cluster that are still running (others are forgotten)."""
-    recorded = read_json(_nodes_file()) or []
-    alive = [LocalNode(**entry) for entry in recorded if local_cluster.pid_alive(entry["pid"])]
-    if len(alive) != len(recorded):
-        write_json_atomic(_nodes_file(), [dataclasses.asdict(node) for node in alive])
-    return alive
+    """The nodes added to this home's local cluster that are still running (reading writes nothing:
+    ``add`` and ``remove`` rewrite the record without the ones that ended)."""
+    return [LocalNode(**entry) for entry in read_json(_nodes_file()) or [] if local_cluster.pid_alive(entry["pid"])]
+
+
+def _record(running: list[LocalNode]) -> None:
+    write_json_atomic(_nodes_file(), [dataclasses.asdict(node) for node in running])
 
 
 def add(num_cpus: int, num_gpus: int | None = None, progress: local_cluster.Progress | None = None,
@@ -81,7 +82,7 @@ def add(num_cpus: int, num_gpus: int | None = None, progress: local_cluster.Prog
             raise ConnectionFailedError(f"The added node {why}. Its output is in {log_path}:\n"
                                         f"{local_cluster.tail(log_path)}")
         time.sleep(0.25)
-    write_json_atomic(_nodes_file(), [dataclasses.asdict(n) for n in [*nodes(), node]])
+    _record([*nodes(), node])
     say(f"Node added (pid {proc.pid}, {num_cpus} CPUs); `nbtrain cluster remove-node` removes it.")
     return node
 
@@ -94,7 +95,7 @@ def remove(pid: int | None = None) -> LocalNode | None:
         return None
     node = max(chosen, key=lambda n: n.started)
     local_cluster.kill_group(node.pid)
-    write_json_atomic(_nodes_file(), [dataclasses.asdict(n) for n in running if n.pid != node.pid])
+    _record([n for n in running if n.pid != node.pid])
     return node
 
 

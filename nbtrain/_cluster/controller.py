@@ -227,7 +227,7 @@ class RunController:
             self.transition(RunState.PENDING)
         self.world_size = self._next_size or elastic.starting_size(self.spec.options)
         self._next_size = None
-        self._growth = elastic.GrowthWatch(self.spec.options, self.world_size)
+        self._growth = elastic.GrowthWatch(self.spec.options, self.world_size) if self.spec.options.elastic else None
         try:
             group = WorkerGroup.start(self.spec, self.attempt, self.world_size, self._supervisor, self.datasets,
                                       self.table,

@@ -92,7 +92,7 @@ def describe_nodes(node_ids: set[str], outcome: Failed) -> str:
 
 
 class GrowthWatch:
-    """The periodic look for room to grow, and the pending growth until its checkpoint arrives."""
+    """An elastic attempt's periodic look for room to grow, and the pending growth until its checkpoint arrives."""
 
     def __init__(self, options: RunOptions, size: int) -> None:
         self.options = options
@@ -103,7 +103,7 @@ class GrowthWatch:
 
     def look(self, latest_checkpoint: Any) -> int | None:
         """A bigger size worth growing to (once per interval; None otherwise). Starts the checkpoint request."""
-        if not self.options.elastic or self.target is not None or self.size >= self.options.max_workers:
+        if self.target is not None or self.size >= self.options.max_workers:
             return None
         if time.monotonic() < self._next_look:
             return None
