@@ -167,7 +167,12 @@ def test_a_million_point_history_renders_without_freezing(page, lab):
         open_and_run(page, lab, "million.ipynb")
         wait_for_state(page, "succeeded", 300_000)
         page.wait_for_selector(".nbtrain-summary svg", timeout=60_000)
-        # the page answers at once and the drawn curve is small, with the last step on it
+        # Plotly applies a widget's traces to the page asynchronously, after the summary may already show:
+        # wait until the live plot holds the last step, then check it stayed small and the page answers at once.
+        page.wait_for_function(
+            "() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
+            " return p && p.data && p.data.some(t => t.x.length && t.x[t.x.length - 1] === 999999); }",
+            timeout=60_000)
         began = time.monotonic()
         drawn = page.evaluate("() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
                               " return p.data.map(t => [t.x.length, t.x[t.x.length - 1]]); }")
