@@ -124,6 +124,13 @@ class RunOptions:
         choices=SCALE_LR_CHOICES)
     resize_interval_s: float = option(10.0, "elastic runs: seconds between checks for room to grow",
                                       "--resize-interval", parse=float, metavar="SECONDS")
+    gns: bool = option(False, "estimate the gradient noise scale from DDP's gradients (2+ workers, batches from "
+                       "prepare_loader) and add it to every reported row as gns", "--gns", kind="flag")
+    adaptive_batch: tuple[int, int] | None = option(
+        None, "pick each rank's prepare_loader batch size between MIN and MAX at every epoch for the most progress "
+        "per second (from gns and measured step times; Pollux's rule), scaling prepare_optimizer's learning rate "
+        "(AdaScale's gain)", "--adaptive-batch", parse=lambda text: _parse_range(text, "batch sizes"),
+        metavar="MIN:MAX")
     feed_relay: str = option("auto", "gather each node's metric pushes into one call to the supervisor per flush; "
                              "auto: on nodes holding 2+ ranks of runs of 16+ ranks", "--feed-relay",
                              choices=FEED_RELAY_CHOICES)
@@ -147,10 +154,12 @@ class RunOptions:
         _check_mapping("datasets", self.datasets, values_are_text=False)
         _check_env(self.env)
         _check_datasets(self.datasets)
-        given: Any = self.workers
-        if isinstance(given, list):  # workers=[2, 4] from a JSON-minded caller
-            object.__setattr__(self, "workers", tuple(given))
+        for name in ("workers", "adaptive_batch"):
+            given: Any = getattr(self, name)
+            if isinstance(given, list):  # workers=[2, 4] from a JSON-minded caller
+                object.__setattr__(self, name, tuple(given))
         _check_workers(self.workers)
+        _check_adaptive_batch(self.adaptive_batch, self.min_workers)
         _check_number("cpus_per_worker", self.cpus_per_worker, "a positive number", lambda v: v > 0)
         _check_number("gpus_per_worker", self.gpus_per_worker, "0 or more", lambda v: v >= 0)
         _check_whole("max_failures", self.max_failures, minimum=0)
@@ -182,7 +191,7 @@ class RunOptions:
             # relative to what? The supervisor and every rank run in directories of Ray's choosing
             raise InvalidOptionError(_problem("storage", "an absolute directory path that every node can reach, "
                                                          "e.g. '/mnt/shared/checkpoints'", self.storage))
-        for name in ("wait", "resume", "stop_on_nan", "checkpoint_weights_only", "warm"):
+        for name in ("wait", "resume", "stop_on_nan", "checkpoint_weights_only", "warm", "gns"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidOptionError(_problem(name, "True or False", getattr(self, name)))
 
@@ -275,6 +284,32 @@ def _parse_workers(text: str) -> int | tuple[int, int]:
         import argparse
 
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers N or a range MIN:MAX") from None
+
+
+def _parse_range(text: str, what: str) -> tuple[int, int]:
+    """``MIN:MAX`` of whole numbers (``--adaptive-batch 16:128``)."""
+    low, colon, high = text.partition(":")
+    try:
+        if colon:
+            return int(low), int(high)
+    except ValueError:
+        pass
+    import argparse
+
+    raise argparse.ArgumentTypeError(f"{text!r} is not a range MIN:MAX of {what}")
+
+
+def _check_adaptive_batch(value: Any, min_workers: int) -> None:
+    if value is None:
+        return
+    if not isinstance(value, tuple) or len(value) != 2 or value[0] > value[1] \
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
+        raise InvalidOptionError(_problem("adaptive_batch", "(min, max) per-rank batch sizes with 1 <= min <= max "
+                                                            "(--adaptive-batch MIN:MAX)", value))
+    if min_workers < 2:
+        raise InvalidOptionError(_problem("adaptive_batch", "used with workers of 2 or more: the gradient noise "
+                                                            "scale comes from comparing the ranks' gradients; "
+                                                            "launch with workers=2 or more", value))
 
 
 def _check_workers(value: Any) -> None:

@@ -84,3 +84,34 @@ def elastic_train(config):
         nbtrain.report(step=step, world_size=ctx.world_size, resumed_from=start, batch=len(batch))
         if nbtrain.checkpoint_requested() or step % config["every"] == 0:
             nbtrain.save_checkpoint({"step": step})
+
+
+class Point(torch.nn.Module):
+    def __init__(self, d: int, value: float) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((d,), value))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((self.w - x) ** 2).sum(dim=1).mean()
+
+
+def noisy_point(config):
+    """Fit a point ``w`` to samples ``x ~ N(0, sigma² I_d)`` under ``0.5·|w - x|²``: a known noise scale.
+
+    One example's gradient is ``w - x``: its mean is ``w`` and its covariance ``sigma² I``,
+    so the gradient noise scale is ``d·sigma² / |w|²`` for as long as ``w`` barely moves
+    (the learning rate is tiny). Every step reports the loss and the learning rate.
+    """
+    d, sigma = config["d"], config["sigma"]
+    generator = torch.Generator().manual_seed(1234)
+    samples = torch.randn(config["examples"], d, generator=generator) * sigma
+    model = nbtrain.prepare_model(Point(d, config["w"]))
+    optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=config["lr"]))
+    loader = nbtrain.prepare_loader(torch.utils.data.DataLoader(samples, batch_size=config["batch"], shuffle=True))
+    for _epoch in range(config["epochs"]):
+        for batch in loader:
+            optimizer.zero_grad()
+            loss = model(batch)
+            loss.backward()
+            optimizer.step()
+            nbtrain.report(loss=loss.item(), lr=optimizer.param_groups[0]["lr"])

@@ -66,6 +66,8 @@ def launch(
     stop_on_nan: bool = False,
     scale_lr: str | None = None,
     resize_interval_s: float = 10.0,
+    gns: bool = False,
+    adaptive_batch: tuple[int, int] | None = None,
     flush_interval_s: float = 0.1,
     feed_relay: str = "auto",
     warm: bool = True,

@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from nbtrain._cluster.gradient_noise import NoiseScale
 from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0
@@ -89,8 +90,15 @@ class TrainingSession:
     def __init__(self, context: TrainContext, supervisor: Any, flush_interval_s: float,
                  storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
                  relay: Any = None, precision: str | None = None, elastic: bool = False,
-                 batch_scale: float = 1.0, lr_scale: float = 1.0) -> None:
+                 batch_scale: float = 1.0, lr_scale: float = 1.0, gns: bool = False,
+                 adaptive_batch: tuple[int, int] | None = None) -> None:
         self.context = context
+        # the gradient noise scale, fed by prepare_model's DDP hook; None when not asked for
+        self.noise = NoiseScale() if gns else None
+        self.adaptive_batch = adaptive_batch  # per-rank batch bounds for prepare_loader (see adaptive_batch)
+        self.batch_size = 0                   # the size of the last batch a prepared loader gave
+        self.lr_gain = 1.0                    # AdaScale's gain applied to the prepared optimizers
+        self.optimizers: list[Any] = []       # those prepare_optimizer gave back (their lr follows lr_gain)
         self.batch_scale = batch_scale  # prepare_loader's and prepare_optimizer's factors (elastic runs)
         self.lr_scale = lr_scale
         self.elastic = elastic  # asks the supervisor about once a second whether it wants a checkpoint
@@ -153,12 +161,19 @@ class TrainingSession:
             msg = f"report(step=...) must be a whole number (the row's step), got {step!r}."
             raise NbtrainError(msg) from None
         self.last_step = step
+        if self.noise is not None:
+            noise_scale = self.noise.value
+            if noise_scale is not None:
+                metrics.setdefault("gns", noise_scale)
+            if self.adaptive_batch is not None and self.batch_size:
+                metrics.setdefault("batch_size", self.batch_size)
         now = time.time()
         self.buffer.append((step, now, metrics))
         self.last_progress = now
 
     def on_batch(self, batch_size: int) -> None:
         self.step += 1
+        self.batch_size = batch_size
         self.samples += batch_size
         self.last_progress = time.time()
 

@@ -98,7 +98,8 @@ class TrainWorker:
         session = TrainingSession(context, payload.supervisor, payload.flush_interval_s, payload.storage,
                                   payload.weights_only, payload.datasets, relay=payload.relay,
                                   precision=payload.precision, elastic=payload.elastic,
-                                  batch_scale=payload.batch_scale, lr_scale=payload.lr_scale)
+                                  batch_scale=payload.batch_scale, lr_scale=payload.lr_scale,
+                                  gns=payload.gns, adaptive_batch=payload.adaptive_batch)
         set_session(session)
         self._seam_import.join()
         seam = sys.modules.get(SEAM_MODULE)

@@ -7,18 +7,23 @@ in the notebook they raise an error that says to use the ``Run`` object instead.
 from __future__ import annotations
 
 import io
-import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from nbtrain._cluster import parallel, sharded_checkpoint
+from nbtrain._cluster import adaptive_batch, gradient_noise, parallel, sharded_checkpoint, storage_uri
 from nbtrain._cluster.counted_shard import CountedShard
 from nbtrain._cluster.session import TrainContext, current_session
-from nbtrain._cluster.storage import checkpoint_path, load_trusted, unpack_directory
+from nbtrain._cluster.storage import (
+    checkpoint_name,
+    checkpoint_source,
+    load_trusted,
+    storage_checkpoints,
+    unpack_directory,
+)
 from nbtrain._exceptions import NbtrainError
-from nbtrain._paths import private_dir, private_opener
 
 RUN_PRECISION = "run"  # prepare_model's default precision: the run's ``precision`` option
 
@@ -77,11 +82,23 @@ def prepare_model(model: Any, *, strategy: str | None = "ddp", precision: str | 
     ctx = session.context
     model = parallel.distribute(model, ctx.device, ctx.world_size, strategy, auto_wrap_policy,
                                 dict(fsdp_kwargs or {}), ddp_kwargs)
+    if session.noise is not None:
+        _measure_noise(model, session)
     if precision is not None:
         model = parallel.autocast_forward(model, ctx.device, precision)
     if precision == "16-mixed" and session.grad_scaler is None:
         session.grad_scaler = torch.amp.GradScaler(ctx.device.type)
     return model
+
+
+def _measure_noise(model: Any, session: Any) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        gradient_noise.measure(model, session.noise, session.context.world_size, lambda: session.batch_size)
+    elif session.context.rank == 0:
+        print("[nbtrain] gns: the gradient noise scale is measured on models prepared with strategy='ddp' in runs of "
+              "2 or more workers; this model is not, so rows carry no gns.", file=sys.stderr)
 
 
 def prepare_optimizer(optimizer: Any) -> Any:
@@ -97,6 +114,8 @@ def prepare_optimizer(optimizer: Any) -> Any:
             if "initial_lr" in group:  # an LR scheduler made before: its base follows
                 group["initial_lr"] = group["initial_lr"] * session.lr_scale
         optimizer._nbtrain_lr_scaled = True
+    if session.adaptive_batch is not None and optimizer not in session.optimizers:
+        session.optimizers.append(optimizer)  # its learning rate follows the batch size (see adaptive_batch)
     scaler = session.grad_scaler
     return optimizer if scaler is None else parallel.ScaledOptimizer(optimizer, scaler)
 
@@ -109,12 +128,18 @@ def backward(loss: Any) -> None:
 
 class PreparedLoader:
     """A DataLoader that shards with DistributedSampler, moves batches to the device,
-    reshuffles per epoch, and counts steps for ``report()``."""
+    reshuffles per epoch, counts steps for ``report()``, and (``adaptive_batch``)
+    changes its batch size between epochs."""
 
-    def __init__(self, loader: Any, move_to_device: bool) -> None:
-        self._loader = loader
+    def __init__(self, make: Callable[[int | None], Any], batch_size: int | None, move_to_device: bool) -> None:
+        self._make = make              # batch size -> the DataLoader over this rank's shard
+        self._batch = batch_size
+        self._initial = batch_size
+        self._loader = make(batch_size)
         self._move = move_to_device
         self._epoch = 0
+        self._timed = [0.0, 0]         # seconds and steps timed at the current batch size this epoch
+        self._step_times: dict[int, float] = {}  # per-rank batch size -> mean step time over the ranks
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -124,16 +149,55 @@ class PreparedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         session = current_session()
+        if self._epoch > 0 and session.adaptive_batch is not None and self._batch is not None:
+            self._adapt(session)
         sampler = getattr(self._loader, "sampler", None)
         set_epoch = getattr(sampler, "set_epoch", None)
         if set_epoch is not None:
             set_epoch(self._epoch)
         session.epoch = self._epoch
         device = session.context.device
+        handed: float | None = None  # when the last batch was handed to the training step
         for batch in self._loader:
+            if handed is not None:
+                self._timed[0] += time.perf_counter() - handed
+                self._timed[1] += 1
             session.on_batch(_batch_size(batch))
             yield _to_device(batch, device) if self._move else batch
+            handed = time.perf_counter()
         self._epoch += 1
+
+    def _adapt(self, session: Any) -> None:
+        """Pick the next epoch's batch size with every rank (one all-reduce of four numbers) and apply it."""
+        import torch
+        import torch.distributed as dist
+
+        assert session.noise is not None and session.adaptive_batch is not None and self._batch is not None
+        ctx = session.context
+        noise, (seconds, steps) = session.noise, self._timed
+        known = noise.true_sq.value is not None
+        stats = torch.tensor([noise.true_sq.value or 0.0, noise.trace.value or 0.0,
+                              seconds / steps if steps else 0.0, 1.0 if known and steps else 0.0],
+                             dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(stats)
+        true_sq, trace, step_time, ready = (float(v) / ctx.world_size for v in stats.tolist())
+        if ready < 1.0:  # a rank has no estimate or no timed step yet: keep the size another epoch
+            return
+        self._step_times[self._batch] = step_time
+        self._timed = [0.0, 0]
+        assert self._initial is not None
+        choice = adaptive_batch.choose(self._batch, self._initial, session.adaptive_batch, ctx.world_size,
+                                       gradient_noise.ratio(trace, true_sq), self._step_times)
+        for optimizer in session.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = group["lr"] * choice.lr_gain / session.lr_gain
+        session.lr_gain = choice.lr_gain
+        if choice.batch_size != self._batch:
+            print(f"[nbtrain] epoch {self._epoch}: batch size {self._batch} -> {choice.batch_size} per rank "
+                  f"(gradient noise scale {gradient_noise.ratio(trace, true_sq):.4g}, "
+                  f"learning rate x{choice.lr_gain:.3g} of the start)", file=sys.stderr)
+            self._batch = choice.batch_size
+            self._loader = self._make(choice.batch_size)
 
 
 def prepare_loader(loader: Any, move_to_device: bool = True) -> PreparedLoader:
@@ -141,7 +205,9 @@ def prepare_loader(loader: Any, move_to_device: bool = True) -> PreparedLoader:
 
     Keeps the loader's batch size, workers and collate function; ``shuffle=True``
     loaders stay shuffled, differently each epoch. In an elastic run the batch size is that
-    of ``min`` ranks' global batch shared by this attempt's ranks (see ``scale_lr``). Example::
+    of ``min`` ranks' global batch shared by this attempt's ranks (see ``scale_lr``). With
+    the run's ``adaptive_batch=(min, max)`` the batch size starts at the loader's (kept
+    within the bounds) and is chosen again at the start of every epoch. Example::
 
         loader = nbtrain.prepare_loader(DataLoader(train_set, batch_size=64, shuffle=True))
     """
@@ -153,20 +219,26 @@ def prepare_loader(loader: Any, move_to_device: bool = True) -> PreparedLoader:
     batch_size = loader.batch_size
     if batch_size is not None and session.batch_scale != 1.0:
         batch_size = max(1, round(batch_size * session.batch_scale))
-    shard = ctx.world_size > 1 and not isinstance(loader.sampler, DistributedSampler)
-    if shard or batch_size != loader.batch_size:
-        sampler = loader.sampler
-        if shard:
-            sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                         shuffle=isinstance(loader.sampler, RandomSampler))
-        loader = DataLoader(
-            loader.dataset, batch_size=batch_size, sampler=sampler,
+    if batch_size is not None and session.adaptive_batch is not None:
+        low, high = session.adaptive_batch
+        batch_size = min(max(batch_size, low), high)
+    sampler = loader.sampler
+    if ctx.world_size > 1 and not isinstance(loader.sampler, DistributedSampler):
+        sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                                     shuffle=isinstance(loader.sampler, RandomSampler))
+    if sampler is loader.sampler and batch_size == loader.batch_size and session.adaptive_batch is None:
+        return PreparedLoader(lambda _size: loader, batch_size, move_to_device)
+
+    def make(size: int | None) -> Any:
+        return DataLoader(
+            loader.dataset, batch_size=size, sampler=sampler,
             num_workers=loader.num_workers, collate_fn=loader.collate_fn,
             pin_memory=loader.pin_memory, drop_last=loader.drop_last,
             timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
             persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
         )
-    return PreparedLoader(loader, move_to_device)
+
+    return PreparedLoader(make, batch_size, move_to_device)
 
 
 def _batch_size(batch: Any) -> int:
@@ -255,13 +327,9 @@ def store_checkpoint(data: bytes, form: str) -> None:
     if not session.storage:
         ray.get(session.supervisor.record_checkpoint.remote(meta, data, None))
         return
-    path = checkpoint_path(os.path.join(session.storage, ctx.run_name, "checkpoints"), ctx.attempt, step, form)
-    private_dir(path.parent)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb", opener=private_opener) as handle:
-        handle.write(data)
-    os.replace(tmp, path)
-    ray.get(session.supervisor.record_checkpoint.remote(meta, None, str(path)))
+    path = storage_uri.join(storage_checkpoints(session.storage, ctx.run_name), checkpoint_name(ctx.attempt, step, form))
+    storage_uri.write_bytes(path, data)
+    ray.get(session.supervisor.record_checkpoint.remote(meta, None, path))
 
 
 def _unwrap_models(obj: Any) -> Any:
@@ -301,7 +369,8 @@ def load_checkpoint(into: Any = None) -> Any | None:
 
 
 def latest_checkpoint() -> tuple[dict[str, Any], bytes | str] | None:
-    """The run's latest checkpoint's meta and bytes (or path in ``storage=``); the default step continues from it."""
+    """The run's latest checkpoint's meta and bytes, or its path in ``storage=`` (see ``checkpoint_source``);
+    the default step continues from it."""
     import ray
 
     session = current_session()
@@ -310,7 +379,7 @@ def latest_checkpoint() -> tuple[dict[str, Any], bytes | str] | None:
         return None
     meta, data, path = found
     session.step = session.report_calls = session.last_step = int(meta.get("step", 0))
-    return meta, data if data is not None else path
+    return meta, checkpoint_source(data, path, meta.get("format", "torch"))
 
 
 def get_dataset_shard(name: str = "train") -> Any:

@@ -78,6 +78,8 @@ class WorkerPayload:
     elastic: bool             # ask the supervisor, now and then, whether it wants a checkpoint (to resize)
     batch_scale: float        # prepare_loader's batch size factor (elastic runs; see elastic.scaling)
     lr_scale: float           # prepare_optimizer's learning rate factor (likewise)
+    gns: bool                 # measure the gradient noise scale (see gradient_noise)
+    adaptive_batch: tuple[int, int] | None  # per-rank batch bounds (see adaptive_batch)
 
 
 class WorkerGroup:
@@ -197,7 +199,8 @@ class WorkerGroup:
                   for name, dataset in (datasets or {}).items()}
         return [WorkerPayload(
             rank=rank, world_size=self.world_size, elastic=options.elastic, batch_scale=batch_scale,
-            lr_scale=lr_scale, attempt=self.attempt,
+            lr_scale=lr_scale, attempt=self.attempt, gns=options.gns or options.adaptive_batch is not None,
+            adaptive_batch=options.adaptive_batch,
             run_name=self.spec.name,
             config=dict(options.config or {}), supervisor=supervisor,
             relay=self.relays.get(places[rank]["node_id"]), flush_interval_s=options.flush_interval_s,
