@@ -152,3 +152,37 @@ def test_an_elastic_run_shrinks_when_a_node_is_lost_and_finishes(second_node):
     assert min(r["step"] for r in shrunk) == shrunk[0]["resumed_from"] + 1 > 1, "resumed from the checkpoint"
     assert max(r["step"] for r in shrunk) == 150
     assert run.summary()["max_failures"] == 0, "the loss cost no max_failures: there were none to spend"
+
+
+def test_a_drained_node_gets_a_checkpoint_and_the_run_goes_on_without_it(second_node):
+    head = next(n for n in _alive_nodes() if "node:__internal_head__" in n["Resources"])
+    blocker = placement_group([{"CPU": head["Resources"]["CPU"] - 1}])  # the head keeps 1 CPU free
+    ray.get(blocker.ready(), timeout=30)
+    try:
+        # no checkpoint of its own (every=1000): the only one is the one the drain asks for
+        run = nbtrain.launch(elastic_train, config={"steps": 150, "step_time": 0.1, "every": 1000},
+                             workers=(1, 2), placement_strategy="STRICT_SPREAD", resize_interval_s=1,
+                             name="elastic-drain")
+        _wait_for(lambda: run.state == nbtrain.RunState.RUNNING and len(run.workers) == 2
+                  and min(w["step"] for w in run.workers) >= 6, 90, "2 ranks stepping, one on each node")
+        with pytest.raises(nbtrain.NbtrainError, match="names the head node"):
+            run.drain(head["NodeID"])
+        with pytest.raises(nbtrain.NbtrainError, match="is no live node of the cluster"):
+            run.drain("ffffffffff")
+        added = next(w["node_id"] for w in run.workers if w["node_id"] != head["NodeID"])
+        noticed_at = max(w["step"] for w in run.workers)
+        said = run.drain(added[:8])
+        assert f"Node {added[:6]} is draining" in said
+        assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED, run.error
+    finally:
+        remove_placement_group(blocker)
+    resizes = [e["message"] for e in run.events if e["kind"] == "resize"]
+    assert any(m.startswith("2 → 1 ranks: node") and "draining" in m for m in resizes), resizes
+    rows = run.metrics
+    last = [r for r in rows if r["attempt"] == max(r["attempt"] for r in rows)]
+    assert {r["world_size"] for r in last} == {1}
+    resumed = last[0]["resumed_from"]
+    assert resumed >= noticed_at, "the checkpoint was taken after the notice"
+    assert min(r["step"] for r in last) == resumed + 1, "no step lost beyond the checkpoint"
+    assert {r["step"] for r in rows if r["attempt"] == 1 and r["rank"] == 0} >= set(range(1, resumed + 1))
+    assert not run.summary().get("failures"), "a drain is no failure"

@@ -363,6 +363,37 @@ class Run:
             raise NbtrainError(msg) from None
         return self.state
 
+    def drain(self, node: str, deadline_s: float = 120.0) -> str:
+        """Give the run notice that ``node`` is about to go (a spot instance's preemption notice).
+
+        ``node``: the node's Ray id, or its first 6+ characters as the worker table shows them.
+        Ray is told to drain the node (nothing new is placed there; it exits when idle or after
+        ``deadline_s``), the ranks see ``nbtrain.checkpoint_requested()`` turn true and save, and
+        the elastic run goes on from that checkpoint without the node: no step is lost beyond it.
+        Returns what was done, as the run's events say it.
+        """
+        import ray
+
+        alive = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        matches = [node_id for node_id in alive if isinstance(node, str) and len(node) >= 6 and
+                   node_id.startswith(node)]
+        if len(matches) != 1:
+            shown = ", ".join(node_id[:6] for node_id in alive)
+            what = "matches several nodes" if matches else "is no live node of the cluster"
+            msg = (f"run.drain(node={node!r}): {what}; give a node's Ray id or its first 6+ characters "
+                   f"(live nodes: {shown}).")
+            raise NbtrainError(msg)
+        if "node:__internal_head__" in next(n["Resources"] for n in ray.nodes() if n["NodeID"] == matches[0]):
+            msg = (f"run.drain(node={node!r}) names the head node, which holds the run's supervisor and the "
+                   f"cluster itself; drain a worker node.")
+            raise NbtrainError(msg)
+        if self.state.is_terminal:
+            raise NbtrainError(f"run.drain(): run {self.name!r} has ended ({self.state}); there is nothing to move.")
+        done, said = self._call("drain", matches[0], float(deadline_s), timeout=READ_TIMEOUT_S)
+        if not done:
+            raise NbtrainError(said)
+        return str(said)
+
     def load_checkpoint(self, *, weights_only: bool = True) -> Any | None:
         """The run's latest checkpoint in the notebook (``None`` if none was saved).
 

@@ -23,8 +23,10 @@ from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import RunStorage
 from nbtrain._cluster.worker_group import StartFailed, StopRequested, WorkerGroup, remove_leftover_group
 from nbtrain._cluster.worker_table import WorkerTable
+from nbtrain._exceptions import NbtrainError
 from nbtrain._states import RunState, check_transition
 
+DRAIN_LOOK_S = 1.0  # how often an elastic attempt looks for its ranks' nodes draining
 FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long without one
 
 
@@ -57,6 +59,8 @@ class RunController:
         self.world_size = 0                        # the current attempt's ranks (elastic runs: it changes)
         self._next_size: int | None = None         # an elastic run's size for its next attempt, when decided
         self._growth: elastic.GrowthWatch | None = None
+        self._drained: set[str] = set()             # nodes drained with run.drain(): leaving, whatever Ray says
+        self._next_drain_look = 0.0
 
     # ------------------------------------------------------------------ the state machine
     def transition(self, new: RunState, why: str = "", *, resume: bool = False) -> None:
@@ -215,6 +219,24 @@ class RunController:
             return None
         return Resize(size, f"{self.world_size} → {size} ranks: lost node {elastic.describe_nodes(lost, outcome)}")
 
+    def drain(self, node_id: str, deadline_s: float) -> str:
+        """Preemption notice for ``node_id`` (``run.drain``): Ray stops placing work there, this attempt's
+        ranks are asked for a checkpoint, and the run goes on from it without the node."""
+        options = self.spec.options
+        if not options.elastic:
+            msg = (f"run.drain() needs an elastic run (workers=(min, max)): run {self.spec.name!r} has a fixed "
+                   f"size of {options.max_workers}; give it max_failures to restart from its checkpoint when a node "
+                   f"goes, or launch it with workers=(min, max).")
+            raise NbtrainError(msg)
+        ranks = [w["rank"] for w in self.table.snapshot() if w.get("node_id") == node_id]
+        elastic.drain_node(node_id, deadline_s)
+        self._drained.add(node_id)
+        self._next_drain_look = 0.0
+        where = f"ranks {', '.join(map(str, ranks))} checkpoint, then the run goes on without it" if ranks \
+            else "none of this attempt's ranks is there"
+        self.feed.event("drain", f"node {node_id[:6]} draining: {where}", self.attempt)
+        return f"Node {node_id[:6]} is draining: {where}."
+
     def checkpoint_wanted(self, attempt: int) -> bool:
         """Whether the ranks of ``attempt`` should checkpoint now (an elastic run waiting to grow)."""
         growth = self._growth
@@ -259,14 +281,36 @@ class RunController:
             self.feed.event("stall", message, self.attempt)
             if options.on_stall in ("fail", "restart"):
                 return Failed([Failure(rank, "stalled", message, retriable=options.on_stall == "restart")])
+        self._drain_check()
         return self._grow_check()
+
+    def _drain_check(self) -> None:
+        """About once a second: ranks on a draining node ask for the checkpoint to shrink at (elastic runs)."""
+        growth = self._growth
+        if growth is None or time.monotonic() < self._next_drain_look:
+            return
+        self._next_drain_look = time.monotonic() + DRAIN_LOOK_S
+        leaving = self._drained | elastic.draining_nodes()
+        workers = self.table.snapshot()
+        going = [w for w in workers if w.get("node_id") in leaving]
+        if not going:
+            return
+        staying = len(workers) - len(going)
+        room = elastic.room_for(self.spec.options, held=staying, leaving=leaving)
+        target = max(self.spec.options.min_workers, min(self.spec.options.max_workers, room))
+        if growth.target is not None and growth.target <= target:
+            return  # already asked for a checkpoint to resize at a size that leaves the node
+        nodes = ", ".join(sorted({w["node"] for w in going}))
+        growth.request(target, self.checkpoint, f"{growth.size} → {target} ranks: node {nodes} draining")
+        self.feed.event("resize", f"node {nodes} draining: ranks {', '.join(str(w['rank']) for w in going)} "
+                                  f"leave at the next checkpoint ({growth.size} → {target} ranks)", self.attempt)
 
     def _grow_check(self) -> Resize | None:
         """An elastic run with room to grow asks its ranks for a checkpoint, and ends the attempt at it."""
         growth = self._growth
         if growth is None:
             return None
-        target = growth.look(self.checkpoint)
+        target = growth.look(self.checkpoint, lambda: self._drained | elastic.draining_nodes())
         if target is not None:
             self.feed.event("resize", f"room for {target} ranks (now {growth.size}): growing at the next checkpoint",
                             self.attempt)
@@ -274,5 +318,5 @@ class RunController:
         checkpoint = self.checkpoint
         if growth.target is not None and checkpoint is not None and growth.ready(checkpoint) and \
                 self.table.all_pushed_after(checkpoint["time"]):
-            return Resize(growth.target, f"{growth.size} → {growth.target} ranks: resources freed up")
+            return Resize(growth.target, growth.why)
         return None

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
 
 from nbtrain._cluster.failure_policy import Failed
+from nbtrain._exceptions import NbtrainError
 from nbtrain._options import RunOptions
 
 NODE_DEATH_NOTICE_S = 10.0
@@ -45,9 +47,17 @@ def scaling(options: RunOptions, world_size: int) -> tuple[float, float]:
     return 1.0, ratio if options.scale_lr == "linear" else math.sqrt(ratio)
 
 
-def room_for(options: RunOptions, held: int = 0) -> int:
-    """How many of this run's bundles the cluster could place now, counting the ``held`` ones it has."""
-    free = ray.available_resources()
+def room_for(options: RunOptions, held: int = 0, leaving: set[str] | None = None) -> int:
+    """How many of this run's bundles the cluster could place now, counting the ``held`` ones it has
+    and not the free resources of ``leaving`` nodes (draining: nothing new goes there)."""
+    free: dict[str, float] = {}
+    if leaving:
+        for node_id, resources in ray._private.state.available_resources_per_node().items():
+            if node_id not in leaving:
+                for key, amount in resources.items():
+                    free[key] = free.get(key, 0.0) + amount
+    else:
+        free = ray.available_resources()
     by_cpu = math.floor(free.get("CPU", 0.0) / options.cpus_per_worker + 1e-9)
     by_gpu = math.floor(free.get("GPU", 0.0) / options.gpus_per_worker + 1e-9) if options.gpus_per_worker \
         else by_cpu
@@ -91,27 +101,55 @@ def describe_nodes(node_ids: set[str], outcome: Failed) -> str:
     return ", ".join(sorted({f.node or str(f.node_id)[:6] for f in outcome.failures if f.node_id in node_ids}))
 
 
+def drain_node(node_id: str, deadline_s: float) -> None:
+    """Tell Ray that ``node_id`` is about to go (a preemption notice): it schedules nothing new there, its
+    resources leave the cluster's free ones, and the node exits once idle or at the deadline."""
+    from ray.core.generated import autoscaler_pb2
+
+    gcs = ray._private.worker.global_worker.gcs_client
+    accepted, why = gcs.drain_node(node_id, autoscaler_pb2.DrainNodeReason.DRAIN_NODE_REASON_PREEMPTION,
+                                   "nbtrain: run.drain()", int((time.time() + deadline_s) * 1000))
+    if not accepted:
+        raise NbtrainError(f"Ray refused to drain node {node_id[:6]}: {why}")
+
+
+def draining_nodes() -> set[str]:
+    """The nodes Ray reports as draining (a preemption notice from the cloud, the autoscaler, or a raylet
+    told to stop): where available, from each node's state snapshot."""
+    from ray.core.generated import gcs_pb2
+
+    gcs = ray._private.worker.global_worker.gcs_client
+    draining = gcs_pb2.NodeSnapshot.State.Value("DRAINING")
+    return {node_id.hex() for node_id, info in gcs.get_all_node_info().items()
+            if info.state == gcs_pb2.GcsNodeInfo.ALIVE and info.state_snapshot.state == draining}
+
+
 class GrowthWatch:
-    """An elastic attempt's periodic look for room to grow, and the pending growth until its checkpoint arrives."""
+    """An elastic attempt's periodic look for room to grow, and the pending resize until its checkpoint arrives."""
 
     def __init__(self, options: RunOptions, size: int) -> None:
         self.options = options
         self.size = size
         self.target: int | None = None        # set while the ranks are asked for a checkpoint
         self._asked_after: Any = None          # the checkpoint that was latest when they were asked
+        self.why = ""                          # the resize's reason, as the events and the header say it
         self._next_look = time.monotonic() + options.resize_interval_s
 
-    def look(self, latest_checkpoint: Any) -> int | None:
+    def request(self, target: int, latest_checkpoint: Any, why: str) -> None:
+        """Ask for a checkpoint to go on at ``target`` ranks from it (a node draining)."""
+        self.target, self._asked_after, self.why = target, latest_checkpoint, why
+
+    def look(self, latest_checkpoint: Any, leaving: Callable[[], set[str]]) -> int | None:
         """A bigger size worth growing to (once per interval; None otherwise). Starts the checkpoint request."""
         if self.target is not None or self.size >= self.options.max_workers:
             return None
         if time.monotonic() < self._next_look:
             return None
         self._next_look = time.monotonic() + self.options.resize_interval_s
-        room = min(self.options.max_workers, room_for(self.options, held=self.size))
+        room = min(self.options.max_workers, room_for(self.options, held=self.size, leaving=leaving()))
         if room <= self.size:
             return None
-        self.target, self._asked_after = room, latest_checkpoint
+        self.request(room, latest_checkpoint, f"{self.size} → {room} ranks: resources freed up")
         return room
 
     def ready(self, latest_checkpoint: Any) -> bool:

@@ -46,7 +46,7 @@ from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import RunStorage
 from nbtrain._cluster.stored_run import index_path, record_in_index, write_final
 from nbtrain._cluster.worker_table import WorkerTable
-from nbtrain._exceptions import RunExistsError, StorageError
+from nbtrain._exceptions import NbtrainError, RunExistsError, StorageError
 from nbtrain._paths import read_json, storage_root
 from nbtrain._states import RunState
 
@@ -165,6 +165,14 @@ class RunSupervisor:
             self._run.persist()
         self._feed.event("checkpoint", f"checkpoint saved at step {meta['step']} (attempt {meta['attempt']})",
                          self._run.attempt)
+
+    def drain(self, node_id: str, deadline_s: float) -> tuple[bool, str]:
+        """``run.drain(node)``: the node is about to go; the run checkpoints and goes on without it.
+        (done, what was done or why not): the notebook raises the refusal as its own error."""
+        try:
+            return True, self._run.drain(node_id, deadline_s)
+        except NbtrainError as refused:
+            return False, str(refused)
 
     def checkpoint_wanted(self, attempt: int) -> bool:
         """Asked by the ranks of an elastic run about once a second (``nbtrain.checkpoint_requested()``)."""
