@@ -148,3 +148,20 @@ def test_a_dataset_shards_batches_count_toward_samples_per_s():
     assert [len(batch["x"]) for batch in shard.iter_torch_batches(batch_size=16)] == [16, 8]
     assert sizes == [16, 8]
     assert shard.stats == "shard stats"
+
+
+def test_each_resize_is_marked_on_the_curves_where_the_new_size_resumed():
+    events = [{"kind": "resize", "attempt": 1, "message": "room for 2 ranks (now 1): growing at the next checkpoint"},
+              {"kind": "resize", "attempt": 1, "message": "1 → 2 ranks: resources freed up"},
+              {"kind": "resize", "attempt": 2, "message": "2 → 1 ranks: node 127.0.0.1 (node 65ab12) draining"}]
+    dashboard = WidgetDashboard(SimpleNamespace(name="elastic", cached_events=lambda: events))
+    dashboard.history.add([{"rank": 0, "step": s, "attempt": 1, "time": 0.0, "loss": 1.0} for s in range(1, 11)])
+    dashboard.history.add([{"rank": r, "step": s, "attempt": 2, "time": 0.0, "loss": 1.0}
+                           for s in range(9, 21) for r in (0, 1)])
+    dashboard.history.add([{"rank": 0, "step": s, "attempt": 3, "time": 0.0, "loss": 1.0} for s in range(18, 30)])
+
+    dashboard._draw_curves()
+
+    figure = dashboard._figures["loss"]
+    assert [shape.x0 for shape in figure.layout.shapes] == [9, 18]
+    assert [label.text for label in figure.layout.annotations] == ["1 → 2 ranks", "2 → 1 ranks"]

@@ -85,6 +85,7 @@ class WidgetDashboard(Follower):
         self.page = 0
         self._summary: dict[str, Any] = {}
         self._figures: dict[str, Any] = {}
+        self._marks_drawn: dict[str, Any] = {}  # group -> the resize marks its figure shows
         self._lock = threading.Lock()
         self._drawn_rows = -1
         self._drawn_at = 0.0        # monotonic time of the last redraw
@@ -281,6 +282,10 @@ class WidgetDashboard(Follower):
                 ))
                 self._figures[group] = figure
                 self.figure_box.children = tuple(self._figures.values())
+            marks = self._resize_marks()
+            if self._marks_drawn.get(group) != marks:
+                figure.layout.shapes, figure.layout.annotations = marks
+                self._marks_drawn[group] = marks
             wanted = {name for name, *_ in traces}
             if any(trace.name not in wanted for trace in figure.data):  # ranks unchosen, or the run turned wide
                 figure.data = tuple(trace for trace in figure.data if trace.name in wanted)
@@ -291,6 +296,21 @@ class WidgetDashboard(Follower):
                         existing[name].x, existing[name].y = xs, ys
                     else:
                         figure.add_scatter(x=xs, y=ys, name=name, mode="lines", **options)
+
+    def _resize_marks(self) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
+        """A dashed line at the step each resized attempt resumed from, labelled with the change ("2 → 1 ranks")."""
+        said: dict[int, str] = {}
+        for event in self.run.cached_events():
+            if event["kind"] == "resize" and " ranks: " in event["message"] and " → " in event["message"]:
+                said[event["attempt"] + 1] = event["message"].split(":")[0]
+        shapes, labels = [], []
+        for attempt, step in sorted(self.history.resumed_at.items()):
+            if attempt in said:
+                shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0,
+                               "y1": 1, "line": {"dash": "dash", "width": 1, "color": "#ff7f0e"}})
+                labels.append({"x": step, "xref": "x", "yref": "paper", "y": 1, "yanchor": "bottom",
+                               "text": said[attempt], "showarrow": False, "font": {"size": 9, "color": "#ff7f0e"}})
+        return tuple(shapes), tuple(labels)
 
     def _draw_workers(self, summary: dict[str, Any]) -> None:
         workers = sorted(summary.get("workers") or [], key=lambda worker: worker["rank"])

@@ -343,6 +343,7 @@ class MetricHistory:
         self._tiers: dict[str, _RankTiers] = {}
         self._bands: dict[str, _Band] = {}
         self._attempt = 0
+        self.resumed_at: dict[int, int] = {}  # attempt -> the step it resumed from (where a curve mark goes)
         self.rows_seen = 0
         self.latest: dict[str, float] = {}
         self.text: dict[int, dict[str, str]] = {}  # rank -> the last text (or true/false) of each metric
@@ -358,6 +359,7 @@ class MetricHistory:
         if attempts.max() > self._attempt:
             if self._attempt:
                 resumed = int(steps[attempts > self._attempt].min())
+                self.resumed_at[int(attempts.max())] = resumed
                 for band in self._bands.values():
                     band.forget_from(resumed)
             self._attempt = int(attempts.max())

@@ -1,0 +1,179 @@
+"""Elastic runs and the gradient noise scale, measured on this script's own loopback cluster::
+
+    python benchmarks/elastic.py                 # ~4 min on the 2-core VM
+    python benchmarks/elastic.py --out benchmarks/results/elastic.json
+
+1. **Join → training at the new size**: an elastic run (``workers=(1, 2)``, ``resize_interval_s=1``)
+   trains on 1 rank while the head has no room for a second; a node is added
+   (``nbtrain cluster add-node``'s code); seconds from the node being up to the first row
+   of the 2-rank attempt, split into noticing (the resize event) and restarting.
+2. **Steps lost per node loss**: the node is removed (its raylet ends, no notice) while
+   the run checkpoints every ``EVERY`` steps; steps lost = rank 0's last step before the
+   loss minus the step the next attempt resumes from. Then the same with a preemption
+   notice (``run.drain``): the run checkpoints on the notice.
+3. **Cost of the gradient noise scale**: the benchmark's CNN (``workload.py``) on 2 DDP
+   ranks, ``gns=False`` and ``gns=True`` alternating; median seconds between steps.
+
+Side by side, in one run, as ratios; the figures go to ``--out`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from run_benchmarks import write_json  # noqa: E402
+
+import workload  # noqa: E402  (shipped to the workers by value)
+from _own_cluster import own_cluster  # noqa: E402
+
+EVERY = 10          # steps between checkpoints in the node-loss runs
+STEP_S = 0.1        # a training step's duration in the resize runs
+GNS_STEPS = 120     # steps per gns on/off run
+GNS_ROUNDS = 2      # on/off pairs
+
+
+def resize_fn(config: dict[str, Any]) -> None:
+    """Steps from the latest checkpoint, saving every ``every`` steps and when the run asks."""
+    import nbtrain
+
+    ctx = nbtrain.get_context()
+    saved = nbtrain.load_checkpoint()
+    start = saved["step"] if saved else 0
+    for step in range(start + 1, config["steps"] + 1):
+        time.sleep(config["step_time"])
+        nbtrain.report(step=step, world_size=ctx.world_size, resumed_from=start)
+        if nbtrain.checkpoint_requested() or step % config["every"] == 0:
+            nbtrain.save_checkpoint({"step": step})
+
+
+def cnn_fn(config: dict[str, Any]) -> None:
+    """The benchmark's CNN under DDP on synthetic CIFAR-shaped data; reports each step's wall time."""
+    import torch
+
+    import nbtrain
+
+    torch.set_num_threads(1)
+    ctx = nbtrain.get_context()
+    images, labels = workload.make_shard(0, 1)
+    model = nbtrain.prepare_model(workload.build_model())
+    optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=workload.LR, momentum=0.9))
+    loader = nbtrain.prepare_loader(torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(images, labels), batch_size=workload.BATCH_SIZE, shuffle=True))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    last = time.perf_counter()
+    step = 0
+    while step < config["steps"]:
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            now = time.perf_counter()
+            nbtrain.report(loss=loss.item(), step_s=now - last, world=ctx.world_size)
+            last, step = now, step + 1
+            if step >= config["steps"]:
+                break
+
+
+def _wait(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def join_and_loss(drain: bool) -> dict[str, Any]:
+    """One elastic run: grows when a node joins, then loses it (removed, or drained first)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    import nbtrain
+    from nbtrain._client import local_nodes
+
+    free = int(ray.available_resources().get("CPU", 0))
+    blocker = placement_group([{"CPU": free - 1}])  # the head keeps room for 1 rank
+    ray.get(blocker.ready(), timeout=60)
+    try:
+        run = nbtrain.launch(resize_fn, config={"steps": 100_000, "step_time": STEP_S, "every": EVERY},
+                             workers=(1, 2), resize_interval_s=1, name=f"bench-elastic-{'drain' if drain else 'loss'}")
+        _wait(lambda: run.state == nbtrain.RunState.RUNNING and any(w["step"] >= 5 for w in run.workers), 120,
+              "1 rank training")
+        node = local_nodes.add(num_cpus=1)
+        joined = time.time()
+        _wait(lambda: any(r["world_size"] == 2 for r in run.metrics), 120, "training on 2 ranks")
+        first_two = min(r["time"] for r in run.metrics if r["world_size"] == 2)
+        noticed = min(e["time"] for e in run.events if e["kind"] == "resize" and e["time"] >= joined)
+        _wait(lambda: min(r["step"] for r in run.metrics if r["world_size"] == 2) + 3 * EVERY
+              <= max(r["step"] for r in run.metrics), 120, "a few checkpoints at 2 ranks")
+        time.sleep(EVERY * STEP_S / 2)  # land the loss mid-way between two checkpoints, as chance would
+        attempt = max(r["attempt"] for r in run.metrics)
+        if drain:
+            head = next(n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n["Resources"])
+            run.drain(next(w["node_id"] for w in run.workers if w["node_id"] != head))
+        else:
+            local_nodes.remove(node.pid)
+        lost_at = time.time()
+        _wait(lambda: any(r["attempt"] > attempt and r["world_size"] == 1 for r in run.metrics), 180,
+              "training on 1 rank again")
+        rows = run.metrics
+        before = max(r["step"] for r in rows if r["attempt"] == attempt and r["rank"] == 0)
+        after = [r for r in rows if r["attempt"] > attempt]
+        resumed = min(r["resumed_from"] for r in after)
+        back = min(r["time"] for r in after)
+        run.stop()
+        if drain:
+            local_nodes.remove(node.pid)
+    finally:
+        remove_placement_group(blocker)
+    return {"join_to_new_size_s": first_two - joined, "join_noticed_s": noticed - joined,
+            "steps_lost": before - resumed, "loss_to_training_s": back - lost_at}
+
+
+def gns_cost() -> dict[str, Any]:
+    import nbtrain
+
+    medians: dict[bool, list[float]] = {False: [], True: []}
+    for index in range(GNS_ROUNDS):
+        for gns in (False, True):
+            run = nbtrain.launch(cnn_fn, config={"steps": GNS_STEPS}, workers=2, gns=gns,
+                                 name=f"bench-gns-{index}-{'on' if gns else 'off'}")
+            run.wait(timeout=600, raise_on_failure=True)
+            steps = [r["step_s"] for r in run.metrics if r["step"] > 20]
+            medians[gns].append(statistics.median(steps))
+            if gns:
+                print(f"  gns at the end: {[r.get('gns') for r in run.metrics][-1]:.4g}", flush=True)
+    off, on = statistics.median(medians[False]), statistics.median(medians[True])
+    return {"step_s_without": off, "step_s_with": on, "gns_cost_fraction": on / off - 1,
+            "rounds": {str(k): v for k, v in medians.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "elastic.json")
+    args = parser.parse_args()
+    with own_cluster("nbtrain-bench-elastic-", num_cpus=3):
+        results = {"loss": join_and_loss(drain=False), "drain": join_and_loss(drain=True), "gns": gns_cost()}
+    loss, drain, gns = results["loss"], results["drain"], results["gns"]
+    print(f"node joined -> training at 2 ranks: {loss['join_to_new_size_s']:.1f} s and "
+          f"{drain['join_to_new_size_s']:.1f} s (noticed after {loss['join_noticed_s']:.1f} / "
+          f"{drain['join_noticed_s']:.1f} s; resize_interval_s=1)")
+    print(f"steps lost per node loss: {loss['steps_lost']} without notice (checkpoint every {EVERY}), "
+          f"{drain['steps_lost']} with run.drain(); back to training {loss['loss_to_training_s']:.1f} / "
+          f"{drain['loss_to_training_s']:.1f} s after")
+    print(f"gradient noise scale: step {gns['step_s_without'] * 1000:.1f} ms without, "
+          f"{gns['step_s_with'] * 1000:.1f} ms with ({gns['gns_cost_fraction']:+.1%})")
+    write_json(args.out, results)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
