@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from nbtrain._cluster.storage_uri import REMOTE_SCHEMES, normalise
 from nbtrain._exceptions import InvalidOptionError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -95,8 +96,10 @@ class RunOptions:
     datasets: dict[str, Any] | None = option(
         None, "Ray Datasets split across the ranks (get_dataset_shard(name)); the magic names notebook "
         "variables: --datasets train=train_ds", "--datasets", kind="variables", metavar="NAME=VARIABLE")
-    storage: str | None = option(None, "shared directory for checkpoints on multi-node clusters", "--storage",
-                                 metavar="PATH")
+    storage: str | None = option(
+        None, "where checkpoints go on multi-node clusters: a shared directory (the run's history goes there too) or "
+        "a pyarrow.fs URI (s3://, gs://, hdfs://, abfs://, file://; every node and the notebook need its credentials)",
+        "--storage", metavar="PATH|URI")
     checkpoint_weights_only: bool = option(
         True, "load checkpoints with torch.load(weights_only=True); turn off only for checkpoints you trust",
         "--checkpoint-weights-only", kind="flag")
@@ -187,10 +190,9 @@ class RunOptions:
             if self.backend == "nccl" and not self.gpus_per_worker:
                 raise InvalidOptionError(_problem("backend", "'gloo' on a run without GPUs (nccl needs one GPU "
                                                              "per worker: set gpus_per_worker)", self.backend))
-        if self.storage is not None and (not isinstance(self.storage, str) or not os.path.isabs(self.storage)):
-            # relative to what? The supervisor and every rank run in directories of Ray's choosing
-            raise InvalidOptionError(_problem("storage", "an absolute directory path that every node can reach, "
-                                                         "e.g. '/mnt/shared/checkpoints'", self.storage))
+        if self.storage is not None:
+            _check_storage(self.storage)
+            object.__setattr__(self, "storage", normalise(self.storage))  # file:///x is the path /x
         for name in ("wait", "resume", "stop_on_nan", "checkpoint_weights_only", "warm", "gns"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidOptionError(_problem(name, "True or False", getattr(self, name)))
@@ -261,6 +263,15 @@ def _problem(name: str, what: str, got: Any) -> str:
     """``name (--flag) must be <what>, got <value>``; the value's repr is kept short (a config can be huge)."""
     shown = _SHORT.repr(got)
     return f"{name} ({flag_of(name)}) must be {what}, got {shown if len(shown) <= 200 else shown[:199] + '…'}."
+
+
+def _check_storage(value: Any) -> None:
+    """A path relative to what? The supervisor and every rank run in directories of Ray's choosing."""
+    if not isinstance(value, str) or normalise(value) is None:
+        raise InvalidOptionError(_problem("storage", "an absolute directory path that every node can reach, or a URI "
+                                                     "pyarrow.fs opens (" + ", ".join(f"{scheme}://" for scheme in
+                                                                                        ("file", *REMOTE_SCHEMES))
+                                          + "), e.g. '/mnt/shared/checkpoints' or 's3://bucket/checkpoints'", value))
 
 
 def _check_name(name: str | None) -> None:

@@ -115,3 +115,40 @@ def noisy_point(config):
             loss.backward()
             optimizer.step()
             nbtrain.report(loss=loss.item(), lr=optimizer.param_groups[0]["lr"])
+
+
+def checkpoint_then_fail_once(config):
+    """Checkpoint every step; rank 0 fails once, in attempt 1, right after the checkpoint at ``fail_at``.
+
+    Each step's checkpoint is what rank 0 saved at it. Returns the step the attempt started from.
+    """
+    ctx = nbtrain.get_context()
+    saved = nbtrain.load_checkpoint()
+    start = saved["step"] + 1 if saved else 1
+    for step in range(start, config["steps"] + 1):
+        nbtrain.report(step=step, started_at=start)
+        nbtrain.save_checkpoint({"step": step, "weights": torch.full((3,), float(step))})
+        if ctx.attempt == 1 and ctx.rank == 0 and step == config["fail_at"]:
+            raise RuntimeError("failing once after a checkpoint, on purpose")
+    return start
+
+
+def make_two_layers() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
+
+
+def sharded_checkpoint_then_fail_once(config):
+    """FSDP over the ranks; attempt 1 adds 1 to every parameter, saves a sharded checkpoint and fails.
+    The restart loads it (each rank its shards) and returns the sum of the full parameters."""
+    model = nbtrain.prepare_model(make_two_layers(), strategy="fsdp")
+    state = {"model": model.state_dict()}
+    if nbtrain.get_context().attempt == 1:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(1.0)
+        nbtrain.save_checkpoint({"model": model.state_dict()}, sharded=True)
+        raise RuntimeError("failing once after a sharded checkpoint, on purpose")
+    nbtrain.load_checkpoint(into=state)
+    model.load_state_dict(state["model"])
+    return float(sum(p.full_tensor().double().sum() for p in model.parameters()))

@@ -63,7 +63,10 @@ BAD = [
     ("datasets", {"train": [1, 2, 3]}, "a dict of Ray Datasets (ray.data.Dataset), but 'train' is a list"),
     ("datasets", ["train"], "a dict with text keys"),
     ("storage", 5, "an absolute directory path that every node can reach"),
-    ("storage", "checkpoints", "an absolute directory path that every node can reach"),
+    ("storage", "checkpoints", "an absolute directory path that every node can reach, or a URI pyarrow.fs opens"),
+    ("storage", "ftp://host/checkpoints", "an absolute directory path that every node can reach, or a URI pyarrow.fs "
+                                          "opens (file://, s3://, gs://"),
+    ("storage", "file://otherhost/checkpoints", "an absolute directory path that every node can reach, or a URI"),
     ("name", "bad name", "letters, digits, '-', '_' or '.'"),
     ("name", 7, "letters, digits, '-', '_' or '.'"),
     ("on_stall", "explode", "one of 'warn', 'fail', 'restart', got 'explode'"),

@@ -194,8 +194,14 @@ def test_configs_nbtrain_cannot_honour_are_refused_by_name():
     with pytest.raises(nbtrain.InvalidOptionError, match="special_hardware"):
         nbtrain.TorchTrainer(lambda: None, scaling_config=ScalingConfig(
             num_workers=2, resources_per_worker={"CPU": 1, "special_hardware": 1}))
-    with pytest.raises(nbtrain.InvalidOptionError, match="storage_path"):
-        nbtrain.TorchTrainer(lambda: None, run_config=ray.train.RunConfig(storage_path="s3://bucket/runs"))
+    import pyarrow.fs
+
+    with pytest.raises(nbtrain.InvalidOptionError, match=r"storage_filesystem.*as a URI in storage_path"):
+        nbtrain.TorchTrainer(lambda: None, run_config=ray.train.RunConfig(
+            storage_path="/tmp/runs", storage_filesystem=pyarrow.fs.LocalFileSystem()))
+    for given in ("s3://bucket/runs", "/mnt/shared/runs"):  # a pyarrow.fs URI or a shared directory: storage=
+        trainer = nbtrain.TorchTrainer(lambda: None, run_config=ray.train.RunConfig(storage_path=given))
+        assert trainer.options["storage"] == given
     trainer = nbtrain.TorchTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=3, use_gpu=True),
                                    run_config=ray.train.RunConfig(
                                        name="x", failure_config=ray.train.FailureConfig(max_failures=-1)),

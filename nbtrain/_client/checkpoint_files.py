@@ -7,15 +7,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from nbtrain._cluster import sharded_checkpoint
-from nbtrain._cluster.storage import CHECKPOINT_SUFFIXES, load_trusted, unpack_directory
-from nbtrain._paths import checkpoints_dir, private_dir, private_opener
+from nbtrain._cluster import sharded_checkpoint, storage_uri
+from nbtrain._cluster.storage import checkpoint_files, checkpoint_source, load_trusted
+from nbtrain._paths import checkpoints_dir, private_dir
 
 
 def load_in_notebook(run_name: str, meta: dict[str, Any], data: bytes | None, path: str | None, *,
                      weights_only: bool) -> Any:
     """A checkpoint as ``run.load_checkpoint()`` gives it: the saved object (a sharded one as one full state
-    dict), or a Ray Train / Lightning checkpoint directory as a ``ray.train.Checkpoint``."""
+    dict), or a Ray Train / Lightning checkpoint directory as a ``ray.train.Checkpoint``. One at a ``storage=``
+    URI is read through pyarrow.fs from here: the notebook needs the store's credentials too."""
     form = meta.get("format", "torch")
     if form == "dcp":
         return sharded_checkpoint.load_full(str(path), weights_only)
@@ -23,7 +24,7 @@ def load_in_notebook(run_name: str, meta: dict[str, Any], data: bytes | None, pa
         from ray.train import Checkpoint
 
         return Checkpoint.from_directory(str(local_checkpoint_dir(run_name, meta, data, path)))
-    return load_trusted(data if data is not None else str(path), "cpu", weights_only)
+    return load_trusted(checkpoint_source(data, path, form), "cpu", weights_only)
 
 
 def local_checkpoint_dir(run_name: str, meta: dict[str, Any], data: bytes | None, path: str | None) -> Path:
@@ -31,20 +32,16 @@ def local_checkpoint_dir(run_name: str, meta: dict[str, Any], data: bytes | None
 
     ``data``: the checkpoint's bytes, from the supervisor; or ``path``, its file in ``storage=``.
     A directory checkpoint is its files; what ``nbtrain.save_checkpoint`` saved is ``checkpoint.pt``;
-    a sharded one is its directory in ``storage=`` (the notebook must reach it).
+    a sharded one is its directory in a ``storage=`` directory (the notebook must reach it), or
+    a copy of it from a ``storage=`` URI.
     """
     form = meta.get("format", "torch")
-    if form == "dcp":  # already a directory, in storage=
+    if form == "dcp" and not storage_uri.is_remote(str(path)):  # already a directory, in storage=
         return Path(str(path))
     directory = checkpoints_dir() / run_name / f"a{meta['attempt']}-s{meta['step']}-{form}"
     if directory.is_dir():
         return directory
-    source: bytes | str = data if data is not None else str(path)
     partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=private_dir(directory.parent)))
-    if form == "directory":
-        unpack_directory(source, partial)
-    else:
-        with open(partial / f"checkpoint{CHECKPOINT_SUFFIXES[form]}", "wb", opener=private_opener) as handle:
-            handle.write(source if isinstance(source, bytes) else Path(source).read_bytes())
+    checkpoint_files(form, data, path, partial)
     os.replace(partial, directory)
     return directory

@@ -27,6 +27,7 @@ from nbtrain._client.following import block_until_done
 from nbtrain._client.run import NAME_RELEASE_S, POLL_TIMEOUT_S, Run, find_supervisor, run_names
 from nbtrain._client.serialization import check_values, dumps_checked
 from nbtrain._client.stored import StoredRunHandle, find_stored, stored_names, stored_summaries
+from nbtrain._cluster import storage_uri
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import (
     NbtrainError,
@@ -201,7 +202,16 @@ def _wait_until_name_free(name: str) -> None:
 
 
 def check_writable(storage: str) -> None:
-    """Refuse at once a ``storage=`` directory that cannot be created or written (one probe file)."""
+    """Refuse at once a ``storage=`` directory that cannot be created or written (one probe file).
+
+    A pyarrow.fs URI gets the same probe through pyarrow.fs (one small write and delete):
+    ``launch()`` makes it on the embedded cluster, whose processes share the notebook's
+    credentials; elsewhere the notebook's view proves nothing and a failing write names
+    ``storage`` at the run's first checkpoint.
+    """
+    if storage_uri.is_remote(storage):
+        storage_uri.probe(storage)
+        return
     try:
         os.makedirs(storage, exist_ok=True)
         with tempfile.TemporaryFile(dir=storage):

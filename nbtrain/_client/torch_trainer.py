@@ -2,8 +2,8 @@
 
 Ray Train's configs map onto run options: ``ScalingConfig`` to ``workers``,
 ``cpus_per_worker``, ``gpus_per_worker`` and ``placement_strategy``; ``RunConfig``
-to ``name``, ``storage`` (a shared file system path), ``max_failures`` and the
-workers' environment variables. Anything else nbtrain cannot honour is refused
+to ``name``, ``storage`` (a shared directory, or a pyarrow.fs URI such as ``s3://bucket/runs``),
+``max_failures`` and the workers' environment variables. Anything else nbtrain cannot honour is refused
 by name rather than quietly dropped. Every run option may be given as well
 (``nbtrain.TorchTrainer(..., total_steps=1000, warm=False)``).
 
@@ -90,11 +90,11 @@ def _from_run_config(run_config: Any) -> dict[str, Any]:
         options["name"] = run_config.name
     storage = run_config.storage_path
     if storage and storage != type(run_config)().storage_path:  # not Ray's default (~/ray_results)
-        if "://" in str(storage) and not str(storage).startswith("file://"):
-            msg = (f"RunConfig(storage_path={storage!r}): nbtrain stores checkpoints with the run, or on a shared "
-                   f"file system path visible to every node. Give such a path, or leave storage_path unset.")
-            raise InvalidOptionError(msg)
-        options["storage"] = str(storage).removeprefix("file://")
+        options["storage"] = str(storage)  # a path or a pyarrow.fs URI; RunOptions checks it
+    if getattr(run_config, "storage_filesystem", None) is not None:
+        msg = ("RunConfig(storage_filesystem=...) cannot be sent to nbtrain's ranks as an object: give the storage "
+               "as a URI in storage_path instead (e.g. 's3://bucket/runs'; pyarrow.fs opens it on every node).")
+        raise InvalidOptionError(msg)
     failure = run_config.failure_config
     if failure is not None and failure.max_failures:
         options["max_failures"] = UNLIMITED_FAILURES if failure.max_failures < 0 else int(failure.max_failures)

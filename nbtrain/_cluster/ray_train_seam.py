@@ -33,8 +33,9 @@ import ray.train.torch  # functions reach ray.train.torch as an attribute of ray
 from ray.train.v2._internal.execution.train_fn_utils import TrainFnUtils, set_train_fn_utils
 from ray.train.v2.api.context import LocalTrainContext
 
+from nbtrain._cluster import storage_uri
 from nbtrain._cluster.session import TrainingSession
-from nbtrain._cluster.storage import CHECKPOINT_SUFFIXES, pack_directory, unpack_directory
+from nbtrain._cluster.storage import checkpoint_files, pack_directory
 from nbtrain._cluster.worker_api import get_dataset_shard, latest_checkpoint, store_checkpoint
 from nbtrain._exceptions import NbtrainError
 
@@ -76,16 +77,11 @@ class NbtrainTrainFnUtils(TrainFnUtils):
             return None
         meta, source = found
         form = meta.get("format", "torch")
-        if form == "dcp":  # a torch.distributed.checkpoint directory in storage=
+        if form == "dcp" and not storage_uri.is_remote(str(source)):  # a DCP directory in a storage= directory
             return ray.train.Checkpoint.from_directory(str(source))
-        directory = tempfile.mkdtemp(prefix="nbtrain-ckpt-")
-        if form == "directory":
-            unpack_directory(source, directory)
-        else:  # saved with nbtrain.save_checkpoint: the file, in a directory
-            data = source if isinstance(source, bytes) else open(source, "rb").read()  # noqa: SIM115
-            with open(f"{directory}/checkpoint{CHECKPOINT_SUFFIXES[form]}", "wb") as handle:
-                handle.write(data)
-        return ray.train.Checkpoint.from_directory(directory)
+        data, path = (source, None) if isinstance(source, bytes) else (None, source)
+        directory = checkpoint_files(form, data, path, tempfile.mkdtemp(prefix="nbtrain-ckpt-"))
+        return ray.train.Checkpoint.from_directory(str(directory))
 
     def get_all_reported_checkpoints(self, *args: Any, **kwargs: Any) -> list[Any]:
         return []  # nbtrain keeps the latest checkpoints, not Ray Train's reported-checkpoint records

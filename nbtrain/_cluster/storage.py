@@ -10,20 +10,23 @@ history before it records a change of the run's state, so a state file never
 claims more history than the disk holds.
 
 The run's directory is 0700 and its files 0600 (metrics and checkpoints are the
-user's alone; see :mod:`nbtrain._paths`).
+user's alone; see :mod:`nbtrain._paths`). It is in nbtrain's home on the head node,
+or in ``storage=`` when that is a directory; a ``storage=`` URI holds only the
+checkpoints the ranks write (see :mod:`~nbtrain._cluster.storage_uri`).
 """
 
 from __future__ import annotations
 
 import io
-import os
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
 
+from nbtrain._cluster import storage_uri
 from nbtrain._cluster.history_log import HistoryLog
 from nbtrain._exceptions import NbtrainError
-from nbtrain._paths import private_dir, private_opener, read_json, write_json_atomic
+from nbtrain._paths import private_dir, read_json, write_json_atomic
 
 KEEP_CHECKPOINTS = 2
 HISTORY_KINDS = ("metrics", "logs", "events")
@@ -32,11 +35,54 @@ HISTORY_KINDS = ("metrics", "logs", "events")
 # as an uncompressed tar archive, or a torch.distributed.checkpoint directory in ``storage=``
 # (``save_checkpoint(sharded=True)``, see sharded_checkpoint).
 CHECKPOINT_SUFFIXES = {"torch": ".pt", "directory": ".tar", "dcp": ".dcp"}
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-a(\d+)-s(\d+)(" + "|".join(map(re.escape, CHECKPOINT_SUFFIXES.values()))
+                              + r")$")
 
 
-def checkpoint_path(directory: str | Path, attempt: int, step: int, form: str = "torch") -> Path:
-    """Where a checkpoint of ``attempt`` at ``step`` is written, in the supervisor's storage or ``storage=``."""
-    return Path(directory) / f"checkpoint-a{attempt}-s{step}{CHECKPOINT_SUFFIXES[form]}"
+def checkpoint_name(attempt: int, step: int, form: str = "torch") -> str:
+    """The name of a checkpoint of ``attempt`` at ``step``, in the supervisor's storage or ``storage=``."""
+    return f"checkpoint-a{attempt}-s{step}{CHECKPOINT_SUFFIXES[form]}"
+
+
+def storage_checkpoint(storage: str, run_name: str, attempt: int, step: int, form: str) -> str:
+    """Where ranks write a checkpoint in ``storage=`` (a path or a pyarrow.fs URI, see storage_uri):
+    ``<storage>/<run>/checkpoints/<name>``."""
+    return storage_uri.join(storage, run_name, "checkpoints", checkpoint_name(attempt, step, form))
+
+
+def prune_checkpoints(latest: str) -> None:
+    """Delete the checkpoints older than the last ``KEEP_CHECKPOINTS`` in the directory of ``latest``, just written.
+
+    Older is by (attempt, step) in the names, so a checkpoint being written after ``latest``
+    is never touched; files not named as checkpoints (partial writes) are left alone.
+    """
+    directory, name = storage_uri.split(latest)
+    order = _order(name)
+    assert order is not None, latest
+    older = sorted((found, entry) for entry in storage_uri.list_names(directory)
+                   if (found := _order(entry)) is not None and found < order)
+    for _, entry in older[:max(0, len(older) - (KEEP_CHECKPOINTS - 1))]:
+        storage_uri.delete(storage_uri.join(directory, entry))
+
+
+def _order(name: str) -> tuple[int, int] | None:
+    match = _CHECKPOINT_NAME.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def checkpoint_source(data: bytes | None, path: str | None, form: str) -> bytes | str:
+    """What loading a checkpoint needs on this machine: its bytes, or a path.
+
+    ``data`` (from the supervisor) as it is; a checkpoint in a ``storage=`` directory by its
+    path; one at a pyarrow.fs URI is read into bytes, except a sharded (``dcp``) directory,
+    which :mod:`~nbtrain._cluster.sharded_checkpoint` copies when it loads it.
+    """
+    if data is not None:
+        return data
+    assert path is not None
+    if form == "dcp" or not storage_uri.is_remote(path):
+        return path
+    return storage_uri.read_bytes(path)
 
 
 def pack_directory(directory: str | Path) -> bytes:
@@ -57,6 +103,22 @@ def unpack_directory(source: bytes | str, into: str | Path) -> Path:
     fileobj = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
     with fileobj, tarfile.open(fileobj=fileobj, mode="r") as archive:
         archive.extractall(into, filter="data")
+    return into
+
+
+def checkpoint_files(form: str, data: bytes | None, path: str | None, into: str | Path) -> Path:
+    """Put a checkpoint's files in the local directory ``into`` and return it: a directory checkpoint's files,
+    what ``nbtrain.save_checkpoint`` saved as ``checkpoint.pt``, or a copy of a sharded one at a ``storage=`` URI
+    (one in a ``storage=`` directory is read where it is: callers use its path)."""
+    into = private_dir(Path(into))
+    if form == "dcp":
+        storage_uri.download(str(path), into)
+    elif form == "directory":
+        unpack_directory(checkpoint_source(data, path, form), into)
+    else:
+        source = checkpoint_source(data, path, form)
+        storage_uri.write_bytes(str(into / f"checkpoint{CHECKPOINT_SUFFIXES[form]}"),
+                                source if isinstance(source, bytes) else storage_uri.read_bytes(source))
     return into
 
 
@@ -135,17 +197,11 @@ class RunStorage:
 
     def write_checkpoint(self, meta: dict[str, Any], data: bytes) -> str:
         self._writable()
-        path = checkpoint_path(self.dir / "checkpoints", meta["attempt"], meta["step"], meta.get("format", "torch"))
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb", opener=private_opener) as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-        kept = sorted((p for p in (self.dir / "checkpoints").glob("checkpoint-*") if p.suffix != ".tmp"),
-                      key=os.path.getmtime)
-        for old in kept[:-KEEP_CHECKPOINTS]:
-            if old != path:
-                old.unlink(missing_ok=True)
-        return str(path)
+        path = str(self.dir / "checkpoints" / checkpoint_name(meta["attempt"], meta["step"],
+                                                              meta.get("format", "torch")))
+        storage_uri.write_bytes(path, data)
+        prune_checkpoints(path)
+        return path
 
     def close(self) -> None:
         """Close the history files (before the run's directory is deleted); safe to call twice."""

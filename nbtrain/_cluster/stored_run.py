@@ -11,7 +11,8 @@ cursors.
 
 Which runs exist is the run index, ``$NBTRAIN_HOME/run-index/<name>.json`` on
 the head (one small file per run, naming its directory, which may be in a
-``storage=`` path): the supervisor writes it when it takes up its storage,
+``storage=`` path, and, when ``storage=`` is a pyarrow.fs URI, where the run's
+checkpoints are there): the supervisor writes it when it takes up its storage,
 ``delete()`` removes it.
 """
 
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nbtrain._cluster import storage_uri
 from nbtrain._cluster.feed import RunFeed
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.storage import RunStorage
@@ -41,8 +43,35 @@ def index_path(name: str) -> Path:
     return run_index_dir() / f"{name}.json"
 
 
-def record_in_index(name: str, directory: Path, launch_id: str) -> None:
-    write_json_atomic(index_path(name), {"name": name, "dir": str(directory), "launch": launch_id})
+def record_in_index(name: str, directory: Path, launch_id: str, remote: str | None = None) -> None:
+    """``remote``: the run's own directory at a ``storage=`` URI (``<uri>/<run>``, its checkpoints), if any."""
+    entry = {"name": name, "dir": str(directory), "launch": launch_id}
+    write_json_atomic(index_path(name), {**entry, "remote": remote} if remote else entry)
+
+
+def delete_files(name: str, directory: Path) -> None:
+    """Delete a run's files: its checkpoints at a ``storage=`` URI, its directory, then its index entry.
+
+    Raises a :class:`StorageError` saying what to delete by hand; the entry stays until
+    everything is gone, so ``delete()`` can be tried again.
+    """
+    entry = read_json(index_path(name))
+    remote = entry.get("remote") if isinstance(entry, dict) else None
+    if isinstance(remote, str):
+        try:
+            storage_uri.delete(remote)
+        except StorageError as exc:
+            msg = (f"Run {name!r}'s checkpoints could not all be deleted; delete {storage_uri.shown(remote)} "
+                   f"by hand. {exc}")
+            raise StorageError(msg) from None
+    try:
+        shutil.rmtree(directory)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        msg = f"Run {name!r}'s files in {directory} could not all be deleted ({exc}); delete that directory by hand."
+        raise StorageError(msg) from None
+    index_path(name).unlink(missing_ok=True)
 
 
 def indexed_directory(name: str) -> Path | None:
@@ -142,7 +171,7 @@ class StoredRun:
         if not checkpoint:
             return None
         path = str(checkpoint["path"])
-        if self.dir.parent != storage_root():  # storage= is shared with the notebook: it reads the path
+        if self.dir.parent != storage_root() or storage_uri.is_remote(path):  # in storage=: the reader reads it
             return checkpoint, None, path
         with open(path, "rb") as handle:
             return checkpoint, handle.read(), None
@@ -153,15 +182,7 @@ class StoredRun:
         return str(self.summary()["state"])
 
     def delete(self) -> str:
-        try:
-            shutil.rmtree(self.dir)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            msg = (f"Run {self.name!r}'s files in {self.dir} could not all be deleted ({exc}); "
-                   f"delete that directory by hand.")
-            raise StorageError(msg) from None
-        index_path(self.name).unlink(missing_ok=True)
+        delete_files(self.name, self.dir)
         return "deleted"
 
     def _feed(self) -> RunFeed:

@@ -27,7 +27,6 @@ method blocks on workers while holding it.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 import cloudpickle
 import ray
 
+from nbtrain._cluster import storage_uri
 from nbtrain._cluster.controller import RunController
 from nbtrain._cluster.feed import RunFeed
 from nbtrain._cluster.metric_loggers import MetricLoggers
@@ -43,8 +43,8 @@ from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.push_relay import Push
 from nbtrain._cluster.spec import RunSpec
-from nbtrain._cluster.storage import RunStorage
-from nbtrain._cluster.stored_run import index_path, record_in_index, write_final
+from nbtrain._cluster.storage import RunStorage, prune_checkpoints
+from nbtrain._cluster.stored_run import delete_files, index_path, record_in_index, write_final
 from nbtrain._cluster.worker_table import WorkerTable
 from nbtrain._exceptions import NbtrainError, RunExistsError, StorageError
 from nbtrain._paths import read_json, storage_root
@@ -86,7 +86,8 @@ class RunSupervisor:
         _refuse_a_name_taken(spec)
         set_aside = _set_aside_earlier_run(spec)
         storage = open_storage(spec)
-        record_in_index(spec.name, storage.dir, spec.launch_id)
+        remote = storage_uri.remote_storage(spec.options.storage)
+        record_in_index(spec.name, storage.dir, spec.launch_id, remote and storage_uri.join(remote, spec.name))
         self._storage = storage
         self._deleted = False
         self._retired = False
@@ -158,6 +159,7 @@ class RunSupervisor:
             self.push(*push)
 
     def record_checkpoint(self, meta: dict[str, Any], data: bytes | None, path: str | None) -> None:
+        """Rank 0's checkpoint: ``data`` to keep here, or the ``path`` (or pyarrow.fs URI) it wrote in ``storage=``."""
         if data is not None:
             path = self._storage.write_checkpoint(meta, data)
         with self._feed.lock:
@@ -165,6 +167,11 @@ class RunSupervisor:
             self._run.persist()
         self._feed.event("checkpoint", f"checkpoint saved at step {meta['step']} (attempt {meta['attempt']})",
                          self._run.attempt)
+        if data is None and path is not None:
+            try:
+                prune_checkpoints(path)
+            except (OSError, StorageError) as exc:  # the new checkpoint is recorded: only old ones stay behind
+                self._feed.event("storage", f"older checkpoints could not be deleted: {exc}", self._run.attempt)
 
     def drain(self, node_id: str, deadline_s: float) -> tuple[bool, str]:
         """``run.drain(node)``: the node is about to go; the run checkpoints and goes on without it.
@@ -267,25 +274,28 @@ class RunSupervisor:
                 return self._run.state.value
             self._deleted = True
             self._storage.close()
-            index_path(self._run.spec.name).unlink(missing_ok=True)
-            try:
-                shutil.rmtree(self._storage.dir)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                msg = (f"Run {self._run.spec.name!r}'s files in {self._storage.dir} could not all be deleted "
-                       f"({exc}); delete that directory by hand.")
-                raise StorageError(msg) from None
+            delete_files(self._run.spec.name, self._storage.dir)
         return "deleted"
+
+
+def history_root(spec: RunSpec) -> Path:
+    """Where the run's directory (history, state) is: ``storage=`` when it is a path, else nbtrain's home.
+
+    A pyarrow.fs URI holds only checkpoints (see storage_uri): the history's fsynced,
+    append-only segments stay on the head node's disk.
+    """
+    local = storage_uri.local_storage(spec.options.storage)
+    return Path(local) if local else storage_root()
 
 
 def open_storage(spec: RunSpec) -> RunStorage:
     """The run's storage, or a :class:`StorageError` naming the directory that cannot be written."""
-    root = spec.options.storage or storage_root()
+    root = history_root(spec)
     try:
         return RunStorage(root, spec.name)
     except OSError as exc:
-        where = "storage (--storage)" if spec.options.storage else "nbtrain's home on the head node ($NBTRAIN_HOME)"
+        where = ("storage (--storage)" if storage_uri.local_storage(spec.options.storage)
+                 else "nbtrain's home on the head node ($NBTRAIN_HOME)")
         msg = (f"Run {spec.name!r} cannot keep its files in {Path(root) / spec.name}: "
                f"{exc.strerror or exc}. Give {where} a directory the cluster's head node can write.")
         raise StorageError(msg) from None
@@ -309,7 +319,7 @@ def _set_aside_earlier_run(spec: RunSpec) -> Path | None:
     killed) leaves its files; a new launch of the name must start from step 0, not from them.
     Returns where they went.
     """
-    directory = Path(spec.options.storage or storage_root()) / spec.name
+    directory = history_root(spec) / spec.name
     saved = read_json(directory / "state.json")
     if not isinstance(saved, dict) or saved.get("launch") == spec.launch_id:
         return None

@@ -16,13 +16,7 @@ from typing import Any
 from nbtrain._cluster import adaptive_batch, gradient_noise, parallel, sharded_checkpoint, storage_uri
 from nbtrain._cluster.counted_shard import CountedShard
 from nbtrain._cluster.session import TrainContext, current_session
-from nbtrain._cluster.storage import (
-    checkpoint_name,
-    checkpoint_source,
-    load_trusted,
-    storage_checkpoints,
-    unpack_directory,
-)
+from nbtrain._cluster.storage import checkpoint_source, load_trusted, storage_checkpoint, unpack_directory
 from nbtrain._exceptions import NbtrainError
 
 RUN_PRECISION = "run"  # prepare_model's default precision: the run's ``precision`` option
@@ -279,7 +273,8 @@ def save_checkpoint(obj: Any, *, sharded: bool = False) -> None:
 
     Only rank 0 writes; on other ranks this returns at once, so call it on every
     rank without an ``if``. The checkpoint is kept by the run's supervisor (or in
-    ``storage=`` on a shared file system), so it survives the workers, and
+    ``storage=``: a shared directory, or a pyarrow.fs URI such as ``s3://bucket/runs``),
+    so it survives the workers, and
     :func:`load_checkpoint` returns it after a restart. State dicts of
     ``prepare_model`` (DDP) models are stored without the ``module.`` prefix,
     so they load straight into an unwrapped model in the notebook.
@@ -291,8 +286,9 @@ def save_checkpoint(obj: Any, *, sharded: bool = False) -> None:
     into the plain model before ``prepare_model(..., strategy="fsdp")``.
 
     ``sharded=True`` (for models too big to gather on one rank) has every rank
-    write its own shards with ``torch.distributed.checkpoint`` into ``storage=``,
-    in parallel; also a collective. Resume with ``load_checkpoint(into=...)``.
+    write its own shards with ``torch.distributed.checkpoint`` into ``storage=``
+    (at a URI: written locally, then each rank uploads its own files), in parallel;
+    also a collective. Resume with ``load_checkpoint(into=...)``.
     """
     import ray
     import torch
@@ -327,7 +323,7 @@ def store_checkpoint(data: bytes, form: str) -> None:
     if not session.storage:
         ray.get(session.supervisor.record_checkpoint.remote(meta, data, None))
         return
-    path = storage_uri.join(storage_checkpoints(session.storage, ctx.run_name), checkpoint_name(ctx.attempt, step, form))
+    path = storage_checkpoint(session.storage, ctx.run_name, ctx.attempt, step, form)
     storage_uri.write_bytes(path, data)
     ray.get(session.supervisor.record_checkpoint.remote(meta, None, path))
 
