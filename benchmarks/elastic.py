@@ -83,6 +83,14 @@ def cnn_fn(config: dict[str, Any]) -> None:
                 break
 
 
+def _registered_at_fn(node_manager_port: int) -> float:
+    """When the node with this raylet port registered with the cluster (the GCS's start time), in epoch seconds."""
+    import ray
+
+    infos = ray._private.worker.global_worker.gcs_client.get_all_node_info().values()
+    return next(i.start_time_ms for i in infos if i.node_manager_port == node_manager_port) / 1000
+
+
 def _wait(condition: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -94,24 +102,24 @@ def _wait(condition: Any, timeout: float, what: str) -> None:
 def join_and_loss(drain: bool) -> dict[str, Any]:
     """One elastic run: grows when a node joins, then loses it (removed, or drained first)."""
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
 
     import nbtrain
     from nbtrain._client import local_nodes
 
-    free = int(ray.available_resources().get("CPU", 0))
-    blocker = placement_group([{"CPU": free - 1}])  # the head keeps room for 1 rank
-    ray.get(blocker.ready(), timeout=60)
+    _registered_at = ray.remote(num_cpus=0)(_registered_at_fn)
+    # each rank reserves the head's CPUs (an accounting reservation): the head holds one, a second needs a node
+    head_cpus = int(ray.cluster_resources()["CPU"])
     try:
         run = nbtrain.launch(resize_fn, config={"steps": 100_000, "step_time": STEP_S, "every": EVERY},
-                             workers=(1, 2), resize_interval_s=1, name=f"bench-elastic-{'drain' if drain else 'loss'}")
+                             workers=(1, 2), cpus_per_worker=head_cpus, resize_interval_s=1,
+                             name=f"bench-elastic-{'drain' if drain else 'loss'}")
         _wait(lambda: run.state == nbtrain.RunState.RUNNING and any(w["step"] >= 5 for w in run.workers), 120,
               "1 rank training")
-        node = local_nodes.add(num_cpus=1)
-        joined = time.time()
+        node = local_nodes.add(num_cpus=head_cpus)
+        joined = ray.get(_registered_at.remote(node.node_manager_port))
         _wait(lambda: any(r["world_size"] == 2 for r in run.metrics), 120, "training on 2 ranks")
         first_two = min(r["time"] for r in run.metrics if r["world_size"] == 2)
-        noticed = min(e["time"] for e in run.events if e["kind"] == "resize" and e["time"] >= joined)
+        noticed = min(e["time"] for e in run.events if e["kind"] == "resize" and e["message"].startswith("room"))
         _wait(lambda: min(r["step"] for r in run.metrics if r["world_size"] == 2) + 3 * EVERY
               <= max(r["step"] for r in run.metrics), 120, "a few checkpoints at 2 ranks")
         time.sleep(EVERY * STEP_S / 2)  # land the loss mid-way between two checkpoints, as chance would
@@ -130,10 +138,8 @@ def join_and_loss(drain: bool) -> dict[str, Any]:
         resumed = min(r["resumed_from"] for r in after)
         back = min(r["time"] for r in after)
         run.stop()
-        if drain:
-            local_nodes.remove(node.pid)
     finally:
-        remove_placement_group(blocker)
+        local_nodes.remove_all()
     return {"join_to_new_size_s": first_two - joined, "join_noticed_s": noticed - joined,
             "steps_lost": before - resumed, "loss_to_training_s": back - lost_at}
 

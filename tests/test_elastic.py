@@ -25,6 +25,13 @@ def _wait_for(condition, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+@ray.remote(num_cpus=0)
+def _standing_request() -> list[dict]:
+    from nbtrain._cluster.elastic import standing_request
+
+    return standing_request()
+
+
 def test_starts_with_what_fits_and_grows_at_a_checkpoint_when_resources_free_up(cluster):
     free = int(ray.available_resources().get("CPU", 0))
     blocker = placement_group([{"CPU": free - 1}])  # leaves 1 CPU: room for 1 of the 2 ranks
@@ -35,9 +42,12 @@ def test_starts_with_what_fits_and_grows_at_a_checkpoint_when_resources_free_up(
         _wait_for(lambda: any(w["step"] >= 3 for w in run.workers) and run.state == nbtrain.RunState.RUNNING,
                   90, "the run stepping on 1 rank")
         assert run.summary()["world_size"] == 1
+        # below max, it asks an autoscaling cluster for room for max ranks (what the autoscaler reads)
+        assert ray.get(_standing_request.remote()) == [{"CPU": 1.0}] * 2
     finally:
         remove_placement_group(blocker)
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED, run.error
+    assert ray.get(_standing_request.remote()) == [], "the request ends with the run"
 
     rows = run.metrics
     keys = [(r["attempt"], r["rank"], r["step"]) for r in rows]

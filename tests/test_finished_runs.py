@@ -16,8 +16,8 @@ import pytest
 import nbtrain
 from nbtrain._client import connection
 from nbtrain._client.cli import cluster_answer
-from nbtrain._client.run import find_supervisor
 from nbtrain._client.stored import StoredRunHandle
+from nbtrain._cluster.names import find_supervisor
 from nbtrain._paths import run_index_dir, storage_root
 
 from _helpers import wait_for

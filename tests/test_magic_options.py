@@ -136,12 +136,13 @@ def test_a_worker_range_makes_an_elastic_run():
 def test_adaptive_batch_flags_parse_into_the_options():
     from IPython.core.magic_arguments import parse_argstring
 
+    from nbtrain import InvalidOptionError
     from nbtrain._views.magic_flags import options_from_args
     from nbtrain._views.magics import NbtrainMagics
 
     args = parse_argstring(NbtrainMagics.ray_train, "--workers 2 --gns --adaptive-batch 16:128")
     options = options_from_args(args, {})
     assert (options.gns, options.adaptive_batch) == (True, (16, 128))
-    with pytest.raises(nbtrain.InvalidOptionError, match=r"adaptive_batch \(--adaptive-batch\) must be used with "
+    with pytest.raises(InvalidOptionError, match=r"adaptive_batch \(--adaptive-batch\) must be used with "
                                                          r"workers of 2 or more"):
         options_from_args(parse_argstring(NbtrainMagics.ray_train, "--workers 1 --adaptive-batch 16:128"), {})

@@ -165,7 +165,7 @@ def test_a_drained_node_gets_a_checkpoint_and_the_run_goes_on_without_it(second_
                              name="elastic-drain")
         _wait_for(lambda: run.state == nbtrain.RunState.RUNNING and len(run.workers) == 2
                   and min(w["step"] for w in run.workers) >= 6, 90, "2 ranks stepping, one on each node")
-        with pytest.raises(nbtrain.NbtrainError, match="names the head node"):
+        with pytest.raises(nbtrain.NbtrainError, match="is the head node"):
             run.drain(head["NodeID"])
         with pytest.raises(nbtrain.NbtrainError, match="is no live node of the cluster"):
             run.drain("ffffffffff")

@@ -24,10 +24,11 @@ import cloudpickle
 from nbtrain import _options, _registry
 from nbtrain._client import connection, warm
 from nbtrain._client.following import block_until_done
-from nbtrain._client.run import NAME_RELEASE_S, POLL_TIMEOUT_S, Run, find_supervisor, run_names
+from nbtrain._client.run import NAME_RELEASE_S, POLL_TIMEOUT_S, Run
 from nbtrain._client.serialization import check_values, dumps_checked
 from nbtrain._client.stored import StoredRunHandle, find_stored, stored_names, stored_summaries
 from nbtrain._cluster import storage_uri
+from nbtrain._cluster.names import find_supervisor, run_names
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import (
     NbtrainError,

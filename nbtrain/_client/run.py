@@ -26,8 +26,9 @@ import cloudpickle
 
 from nbtrain import _registry
 from nbtrain._client.checkpoint_files import load_in_notebook, local_checkpoint_dir
+from nbtrain._client.cluster_nodes import worker_node_id
 from nbtrain._client.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
-from nbtrain._cluster.names import ACTOR_PREFIX, NAMESPACE, actor_name
+from nbtrain._cluster.names import find_supervisor
 from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
 from nbtrain._states import RunState
 
@@ -364,32 +365,14 @@ class Run:
         return self.state
 
     def drain(self, node: str, deadline_s: float = 120.0) -> str:
-        """Give the run notice that ``node`` is about to go (a spot instance's preemption notice).
-
-        ``node``: the node's Ray id, or its first 6+ characters as the worker table shows them.
-        Ray is told to drain the node (nothing new is placed there; it exits when idle or after
-        ``deadline_s``), the ranks see ``nbtrain.checkpoint_requested()`` turn true and save, and
-        the elastic run goes on from that checkpoint without the node: no step is lost beyond it.
-        Returns what was done, as the run's events say it.
-        """
-        import ray
-
-        alive = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-        matches = [node_id for node_id in alive if isinstance(node, str) and len(node) >= 6 and
-                   node_id.startswith(node)]
-        if len(matches) != 1:
-            shown = ", ".join(node_id[:6] for node_id in alive)
-            what = "matches several nodes" if matches else "is no live node of the cluster"
-            msg = (f"run.drain(node={node!r}): {what}; give a node's Ray id or its first 6+ characters "
-                   f"(live nodes: {shown}).")
-            raise NbtrainError(msg)
-        if "node:__internal_head__" in next(n["Resources"] for n in ray.nodes() if n["NodeID"] == matches[0]):
-            msg = (f"run.drain(node={node!r}) names the head node, which holds the run's supervisor and the "
-                   f"cluster itself; drain a worker node.")
-            raise NbtrainError(msg)
+        """Give the run notice that ``node`` (its Ray id, or its first 6+ characters) is about to go, as a
+        spot instance's preemption notice: Ray places nothing new there (it exits once idle, or after
+        ``deadline_s``), the ranks see ``nbtrain.checkpoint_requested()`` turn true and save, and the
+        elastic run goes on from that checkpoint without the node. Returns what was done."""
+        node_id = worker_node_id(node, "run.drain(node=...)")
         if self.state.is_terminal:
             raise NbtrainError(f"run.drain(): run {self.name!r} has ended ({self.state}); there is nothing to move.")
-        done, said = self._call("drain", matches[0], float(deadline_s), timeout=READ_TIMEOUT_S)
+        done, said = self._call("drain", node_id, float(deadline_s), timeout=READ_TIMEOUT_S)
         if not done:
             raise NbtrainError(said)
         return str(said)
@@ -458,21 +441,3 @@ def _readable(summary: dict[str, Any]) -> dict[str, Any]:
     if "step" in summary and not _registry.is_whole(summary["step"]):
         summary["step"] = 0
     return summary
-
-
-def find_supervisor(name: str) -> Any | None:
-    """The run's supervisor actor on the connected cluster, or ``None``."""
-    import ray
-
-    try:
-        return ray.get_actor(actor_name(name), namespace=NAMESPACE)
-    except ValueError:
-        return None
-
-
-def run_names() -> list[str]:
-    import ray.util
-
-    named = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(entry["name"][len(ACTOR_PREFIX):] for entry in named
-                  if entry.get("namespace") == NAMESPACE and entry["name"].startswith(ACTOR_PREFIX))

@@ -61,6 +61,7 @@ class RunController:
         self._growth: elastic.GrowthWatch | None = None
         self._drained: set[str] = set()             # nodes drained with run.drain(): leaving, whatever Ray says
         self._next_drain_look = 0.0
+        self._asked: list[dict[str, float]] = []  # this run's standing request to the autoscaler (elastic runs)
 
     # ------------------------------------------------------------------ the state machine
     def transition(self, new: RunState, why: str = "", *, resume: bool = False) -> None:
@@ -197,6 +198,8 @@ class RunController:
             if not self.state.is_terminal:
                 self.transition(RunState.FAILED, "internal error")
         finally:
+            if self.state.is_terminal and self._asked:
+                self._ask_autoscaler(self.spec.options.max_workers)  # withdraws the request
             if self.state.is_terminal:  # on its own thread: a stop() waiting for this one gets its answer first
                 threading.Thread(target=self._on_end, name="nbtrain-retire", daemon=True).start()
 
@@ -242,6 +245,17 @@ class RunController:
         growth = self._growth
         return growth is not None and attempt == self.attempt and growth.checkpoint_wanted
 
+    def _ask_autoscaler(self, size: int) -> None:
+        """Below ``max``: ask an autoscaling cluster for room for ``max`` ranks; at it, withdraw the request."""
+        try:
+            asked = elastic.ask_autoscaler(self.spec.options, size)
+            if not asked:
+                elastic.withdraw_request(self._asked)
+            self._asked = asked
+        except Exception as exc:  # noqa: BLE001 - a hint to the autoscaler; the run goes on without it
+            self.feed.event("resize", f"could not ask Ray's autoscaler for {self.spec.options.max_workers} ranks: "
+                                      f"{exc}", self.attempt)
+
     def _run_attempt(self) -> Outcome:
         """One worker group from placement to the end."""
         self.table.reset(self.attempt)
@@ -250,6 +264,8 @@ class RunController:
         self.world_size = self._next_size or elastic.starting_size(self.spec.options)
         self._next_size = None
         self._growth = elastic.GrowthWatch(self.spec.options, self.world_size) if self.spec.options.elastic else None
+        if self.spec.options.elastic:
+            self._ask_autoscaler(self.world_size)
         try:
             group = WorkerGroup.start(self.spec, self.attempt, self.world_size, self._supervisor, self.datasets,
                                       self.table,

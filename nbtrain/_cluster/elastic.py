@@ -124,6 +124,46 @@ def draining_nodes() -> set[str]:
             if info.state == gcs_pb2.GcsNodeInfo.ALIVE and info.state_snapshot.state == draining}
 
 
+def bundle(options: RunOptions) -> dict[str, float]:
+    """One rank's reservation."""
+    return {"CPU": options.cpus_per_worker, **({"GPU": options.gpus_per_worker} if options.gpus_per_worker else {})}
+
+
+def ask_autoscaler(options: RunOptions, size: int) -> list[dict[str, float]]:
+    """On an autoscaling cluster, ask for room for ``max`` ranks (Ray counts what the run already holds).
+
+    ``request_resources`` is one standing request for the whole cluster (each call replaces the
+    last): the run asks while it is below ``max`` and withdraws (:func:`withdraw_request`) only
+    a request that is still its own. Returns what was asked ([] when at ``max``).
+    """
+    from ray.autoscaler.sdk import request_resources
+
+    if size >= options.max_workers:
+        return []
+    asked = [bundle(options)] * options.max_workers
+    request_resources(bundles=asked)
+    return asked
+
+
+def standing_request() -> list[dict[str, float]]:
+    """The cluster's standing ``request_resources`` bundles, as the autoscaler reads them from the GCS."""
+    from ray.autoscaler.v2.sdk import get_cluster_resource_state
+
+    state = get_cluster_resource_state(ray._private.worker.global_worker.gcs_client)
+    return [dict(by_count.request.resources_bundle)
+            for constraint in state.cluster_resource_constraints
+            for by_count in constraint.resource_requests
+            for _ in range(by_count.count)]
+
+
+def withdraw_request(asked: list[dict[str, float]]) -> None:
+    """Clear the cluster's standing request if it is still the one this run made."""
+    from ray.autoscaler.sdk import request_resources
+
+    if asked and standing_request() == asked:
+        request_resources(bundles=[])
+
+
 class GrowthWatch:
     """An elastic attempt's periodic look for room to grow, and the pending resize until its checkpoint arrives."""
 

@@ -6,6 +6,8 @@ the placement group its previous process left behind by the group's name.
 
 from __future__ import annotations
 
+from typing import Any
+
 NAMESPACE = "nbtrain"
 ACTOR_PREFIX = "nbtrain-run:"
 POOL_PREFIX = "nbtrain-warm:"
@@ -39,3 +41,22 @@ def pool_name(session_id: str) -> str:
 
 def relay_name(run_name: str, attempt: int, node_id: str) -> str:
     return f"nbtrain-relay:{run_name}:{attempt}:{node_id[:12]}"
+
+
+def find_supervisor(name: str) -> Any | None:
+    """The run's supervisor actor on the connected cluster, or ``None``."""
+    import ray
+
+    try:
+        return ray.get_actor(actor_name(name), namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def run_names() -> list[str]:
+    """The names of the runs whose supervisor is alive on the connected cluster."""
+    import ray.util
+
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return sorted(entry["name"][len(ACTOR_PREFIX):] for entry in named
+                  if entry.get("namespace") == NAMESPACE and entry["name"].startswith(ACTOR_PREFIX))
