@@ -16,7 +16,7 @@ from typing import Any
 from nbtrain._exceptions import InvalidOptionError
 from nbtrain._options import NAME_PATTERN, option
 
-SCHEDULER_CHOICES = ("fifo", "asha", "hyperband")
+SCHEDULER_CHOICES = ("fifo", "asha", "hyperband", "pbt")
 MODE_CHOICES = ("min", "max")
 # The magic's spelling of Ray Tune's distributions: name -> (ray.tune function, how its text is split)
 DISTRIBUTIONS = {
@@ -42,10 +42,15 @@ class SweepOptions:
                               choices=MODE_CHOICES)
     num_samples: int = option(1, "trials sampled from the space (with grid values: samples of each grid point)",
                               "--samples", parse=int)
-    scheduler: Any = option(None, "asha, hyperband (asynchronous) or fifo (default), or in Python a ray.tune "
-                                  "scheduler object that stops trials (MedianStoppingRule, …); schedulers that pause "
-                                  "trials (PopulationBasedTraining, synchronous HyperBand) are refused",
+    scheduler: Any = option(None, "asha, hyperband (asynchronous), pbt (Population Based Training: the space's "
+                                  "distributions are mutated; trials must save checkpoints) or fifo (default), or "
+                                  "in Python a ray.tune scheduler object (MedianStoppingRule, PopulationBasedTraining, "
+                                  "…); "
+                                  "synchronous HyperBand, which pauses trials, is refused",
                             "--scheduler", choices=SCHEDULER_CHOICES)
+    perturbation_interval: int = option(4, "pbt: iterations (time_attr) between a trial's chances to copy a better "
+                                           "trial's checkpoint and a perturbed config", "--perturbation-interval",
+                                        parse=int)
     max_t: int = option(100, "asha/hyperband: the most iterations (time_attr) a trial runs", "--max-t", parse=int)
     grace_period: int = option(1, "asha: iterations every trial runs before it may be stopped", "--grace-period",
                                parse=int)
@@ -73,7 +78,8 @@ class SweepOptions:
                                              self.metric))
         if self.mode not in MODE_CHOICES:
             raise InvalidOptionError(problem("mode", "'min' or 'max'", self.mode))
-        for name, minimum in (("num_samples", 1), ("max_t", 1), ("grace_period", 1), ("workers_per_trial", 1)):
+        for name, minimum in (("num_samples", 1), ("max_t", 1), ("grace_period", 1), ("workers_per_trial", 1),
+                              ("perturbation_interval", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise InvalidOptionError(problem(name, f"a whole number of at least {minimum}", value))
@@ -88,8 +94,22 @@ class SweepOptions:
         if isinstance(self.scheduler, str) and self.scheduler not in SCHEDULER_CHOICES:
             raise InvalidOptionError(problem("scheduler", "one of " + ", ".join(map(repr, SCHEDULER_CHOICES)) +
                                              " or a ray.tune scheduler object", self.scheduler))
+        if self.scheduler == "pbt":
+            pbt_mutations(self.space)
         if not isinstance(self.time_attr, str) or not self.time_attr:
             raise InvalidOptionError(problem("time_attr", "a name, e.g. 'training_iteration'", self.time_attr))
+
+
+def pbt_mutations(space: dict[str, Any]) -> dict[str, Any]:
+    """What ``scheduler="pbt"`` may perturb: the space's distributions (a grid or a fixed value stays as it is)."""
+    from ray.tune.search.sample import Domain
+
+    mutable = {key: value for key, value in space.items() if isinstance(value, Domain)}
+    if not mutable:
+        raise InvalidOptionError(problem("scheduler", "given a space with at least one distribution when it is 'pbt' "
+                                                      "(PBT perturbs them), e.g. space={'lr': tune.loguniform(1e-4, "
+                                                      "1e-1)}", "pbt"))
+    return mutable
 
 
 def fields() -> list[dataclasses.Field[Any]]:

@@ -153,3 +153,50 @@ def test_every_trial_gets_its_shards_of_the_sweeps_ray_dataset(cluster):
     for trial in sweep.trials:
         rank0, rank1 = trial.run.result
         assert len(rank0) == len(rank1) == 16 and sorted(rank0 + rank1) == list(range(32)), trial
+
+
+def descend(config):
+    """x <- x - lr·2x from x = 10, a checkpoint at every step: a larger lr (up to 0.5) is better at every step."""
+    import time as _time
+
+    saved = nbtrain.load_checkpoint()
+    x, start = (saved["x"], saved["step"]) if saved else (10.0, 0)
+    for step in range(start + 1, config["steps"] + 1):
+        x -= config["lr"] * 2 * x
+        nbtrain.report(step=step, loss=x * x, resumed_from=start)
+        nbtrain.save_checkpoint({"x": x, "step": step})  # after the report: the checkpoint's step is this one
+        _time.sleep(config["pause"])
+
+
+def test_pbt_restarts_weak_trials_from_a_strong_trials_checkpoint_with_a_perturbed_config(cluster):
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    # one strong trial and three weak ones; PBT's bottom quarter copies its top quarter
+    points = [{"lr": 0.3}, {"lr": 0.001}, {"lr": 0.001}, {"lr": 0.001}]
+    sweep = nbtrain.tune(descend, space={"lr": tune.choice([0.001, 0.3])}, config={"steps": 24, "pause": 0.2},
+                         metric="loss", mode="min", scheduler="pbt", perturbation_interval=3, num_samples=4,
+                         search_alg=BasicVariantGenerator(points_to_evaluate=points),
+                         workers_per_trial=1, name="pbt-sweep", max_concurrent=4)
+    assert sweep.wait(timeout=600) == "succeeded", sweep.error
+    restarted = [t for t in sweep.trials if t.run.name != f"pbt-sweep-t{t.index}"]
+    assert restarted, [(t.config, t.run.name) for t in sweep.trials]
+    for trial in restarted:
+        rows = sorted(trial.run.metrics, key=lambda row: row["step"])
+        if not rows:  # restarted from a checkpoint at the last step: nothing was left to train
+            assert trial.state == "succeeded", (trial.state, trial.error, trial.run.name, trial.run.events)
+            continue
+        resumed = rows[0]["resumed_from"]
+        assert resumed > 0 and rows[0]["step"] == resumed + 1, "the new run continued from the copied checkpoint"
+        [said] = [e["message"] for e in trial.run.events if e["message"].startswith("starting from the checkpoint")]
+        donor = said.split("of run ")[1].split(" at step")[0]
+        assert said.endswith(f"at step {resumed}") and donor != trial.run.name, (
+            said, [(r["attempt"], r["step"], r["resumed_from"]) for r in rows], trial.run.events)
+        # its first step is one step of the new config's lr from the donor's x at that step
+        donor_rows = [r for r in nbtrain.attach(donor).metrics if r["step"] == resumed]
+        assert len(donor_rows) == 1, (donor, resumed, donor_rows)
+        [donor_row] = donor_rows
+        expected = donor_row["loss"] * (1 - 2 * trial.run.config["lr"]) ** 2
+        assert rows[0]["loss"] == pytest.approx(expected, rel=1e-9)
+        assert trial.config["lr"] == trial.run.config["lr"], "the trial table shows the config PBT gave it"
+    assert sweep.best is not None, [(t.index, t.state, t.best, t.iterations, t.config) for t in sweep.trials]
+    assert sweep.best.config["lr"] >= 0.2, "the best is the strong trial or one that copied it (lr perturbed)"

@@ -186,6 +186,7 @@ def tune(
     max_t: int = 100,
     grace_period: int = 1,
     reduction_factor: float = 4,
+    perturbation_interval: int = 4,
     time_attr: str = "training_iteration",
     search_alg: Any = None,
     workers_per_trial: int = 2,
@@ -264,19 +265,15 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
 
 
 def _check_scheduler(scheduler: Any) -> None:
-    """Refuse the schedulers that pause trials and restore them from another trial's checkpoint.
+    """Refuse synchronous HyperBand: it pauses trials at each rung and resumes the best later, and a
+    trial (an nbtrain run) is stopped, not paused. PBT restarts a trial from another's checkpoint,
+    which a trial supports (its next run starts from that checkpoint)."""
+    from ray.tune.schedulers import HyperBandScheduler
 
-    A trial is an nbtrain run: it can be stopped (ASHA, asynchronous HyperBand, median
-    stopping, any scheduler that stops or continues), not yet paused and restarted from a
-    checkpoint Ray Tune holds.
-    """
-    from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
-
-    if isinstance(scheduler, (PopulationBasedTraining, HyperBandScheduler)):
-        msg = (f"scheduler (--scheduler): {type(scheduler).__name__} pauses trials and restarts them from "
-               f"checkpoints Ray Tune keeps, which nbtrain's trials (each an nbtrain run) do not support yet. Use "
-               f"scheduler='asha', 'hyperband' (asynchronous HyperBand) or a scheduler that only stops trials, such "
-               f"as ray.tune.schedulers.MedianStoppingRule.")
+    if isinstance(scheduler, HyperBandScheduler):
+        msg = (f"scheduler (--scheduler): {type(scheduler).__name__} pauses trials at each rung and resumes them "
+               f"later, which nbtrain's trials (each an nbtrain run) do not do. Use scheduler='hyperband' "
+               f"(asynchronous HyperBand: it stops trials instead) or 'asha'.")
         raise InvalidOptionError(msg)
 
 

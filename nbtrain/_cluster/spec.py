@@ -34,6 +34,9 @@ class RunSpec:
     # A placement group reserved for the run by someone else (a sweep's trial, reserved by Ray Tune): rank r
     # runs in its bundle r, and the run neither creates nor removes a group of its own.
     placement_group: Any = None
+    # A checkpoint (meta, bytes) the run starts from, as if its ranks had saved it: a sweep's trial that
+    # Population Based Training restarts from a better trial's checkpoint.
+    initial_checkpoint: tuple[dict[str, Any], bytes] | None = None
 
     @property
     def name(self) -> str:

@@ -101,10 +101,21 @@ class RunSupervisor:
             self._feed.event("storage", f"{storage.dir} held the files of an earlier run named {spec.name!r} "
                                         f"that is no longer on the cluster; they were moved to {set_aside}.", 0)
         self._run.recover()
+        if spec.initial_checkpoint is not None and self._run.checkpoint is None:
+            self._start_from(*spec.initial_checkpoint)
         if self._run.state.is_terminal:
             threading.Timer(RESUME_GRACE_S, self._retire).start()
         else:
             self._run.start(fresh_budget=False)
+
+    def _start_from(self, meta: dict[str, Any], data: bytes) -> None:
+        """Keep a given checkpoint as the run's latest, before any rank starts (PBT's copy from another trial)."""
+        path = self._storage.write_checkpoint(meta, data)
+        with self._feed.lock:
+            self._run.checkpoint = {**meta, "path": path}
+            self._run.persist()
+        origin = f" of run {meta['from_run']}" if meta.get("from_run") else ""
+        self._feed.event("checkpoint", f"starting from the checkpoint{origin} at step {meta['step']}", 0)
 
     def _retire(self) -> None:
         """Leave the ended run to its files and exit: a finished run holds no process.

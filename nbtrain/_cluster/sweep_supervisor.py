@@ -28,6 +28,7 @@ from nbtrain._cluster.names import NAMESPACE, actor_name, sweep_actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.spec import SweepSpec, summarize_config
 from nbtrain._paths import private_dir, sweeps_dir, write_json_atomic
+from nbtrain._sweep_options import pbt_mutations
 
 SWEEP_RECORD = "sweep.json"
 LONG_POLL_LIMIT_S = 10.0
@@ -42,13 +43,16 @@ def sweep_supervisor_options(sweep_name: str) -> dict[str, Any]:
 
 def make_scheduler(options: Any) -> Any:
     """``scheduler=`` as a Ray Tune scheduler object (a name picks one with the sweep's knobs)."""
-    from ray.tune.schedulers import ASHAScheduler, AsyncHyperBandScheduler, FIFOScheduler
+    from ray.tune.schedulers import ASHAScheduler, AsyncHyperBandScheduler, FIFOScheduler, PopulationBasedTraining
 
     if options.scheduler in (None, "fifo"):
         return FIFOScheduler()
     if options.scheduler == "asha":
         return ASHAScheduler(time_attr=options.time_attr, max_t=options.max_t, grace_period=options.grace_period,
                              reduction_factor=options.reduction_factor)
+    if options.scheduler == "pbt":
+        return PopulationBasedTraining(time_attr=options.time_attr, perturbation_interval=options.perturbation_interval,
+                                       hyperparam_mutations=pbt_mutations(options.space))
     if options.scheduler == "hyperband":  # the asynchronous one: it stops trials, never pauses them
         return AsyncHyperBandScheduler(time_attr=options.time_attr, max_t=options.max_t,
                                        grace_period=options.grace_period,
@@ -191,8 +195,9 @@ class SweepSupervisor:
             changed = False
             for trial in trials:
                 record = self._trial(trial.trial_id)
-                if not record["config"]:
-                    record["config"] = _plain(dict(trial.config))
+                config = _plain(dict(trial.config))
+                if record["config"] != config:  # new, or changed by PBT's exploit
+                    record["config"] = config
                     changed = True
                 if trial.status == "PENDING" and record["state"] == "pending" and record["waiting_for"] is None:
                     record["waiting_for"] = needs
@@ -249,7 +254,7 @@ class SweepSupervisor:
         if trial_id in self.stop_requests:
             return "stopped from the notebook"
         scheduler = self.spec.options.scheduler
-        name = {"asha": "ASHA", "hyperband": "HyperBand"}.get(scheduler) if isinstance(scheduler, str) \
+        name = {"asha": "ASHA", "hyperband": "HyperBand", "pbt": "PBT"}.get(scheduler) if isinstance(scheduler, str) \
             else type(scheduler).__name__
         at = record.get("time_attr", record["iterations"])
         rung = asha_rung(self.spec.options, float(at))

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -28,6 +30,8 @@ POLL_WAIT_S = 5.0
 END_GRACE_S = 10.0
 STOP_WAIT_S = 60.0
 ROW_KEYS = ("rank", "attempt", "time")
+CHECKPOINT_FILE = "nbtrain-checkpoint.bin"  # a trial's checkpoint as Ray Tune keeps it: the run's bytes...
+CHECKPOINT_META = "nbtrain-checkpoint.json"  # ...and their meta (step, attempt, format, the run it came from)
 METRIC_LOOKAHEAD_ROWS = 20  # rank 0's rows seen without the metric before the sweep says it is never reported
 
 
@@ -41,8 +45,6 @@ class TrialRunFailed(RuntimeError):
 
 class NbtrainTrial(tune.Trainable):
     def setup(self, config: dict[str, Any], sweep_name: str = "") -> None:
-        from nbtrain._cluster.supervisor import RunSupervisor, supervisor_options
-
         self._sweep = ray.get_actor(sweep_actor_name(sweep_name), namespace=NAMESPACE)
         template: RunSpec = cloudpickle.loads(ray.get(self._sweep.trial_template.remote()))
         settings = ray.get(self._sweep.trial_settings.remote())
@@ -51,22 +53,32 @@ class NbtrainTrial(tune.Trainable):
         self._max_t: float | None = settings["max_t"]
         self._budget_spent = False  # the scheduler's max_t reached: the run is expected to end by itself
         self.index = int(str(self.trial_id).rsplit("_", 1)[-1])
-        self.run_name = trial_run_name(sweep_name, self.index)
+        self._first_run_name = trial_run_name(sweep_name, self.index)
+        self.run_name = self._first_run_name
         options = dataclasses.replace(template.options, name=self.run_name,
                                       config={**(template.options.config or {}), **config})
-        spec = dataclasses.replace(template, options=options, placement_group=ray.util.get_current_placement_group())
-        # DEFAULT scheduling: the supervisor must outlive the trial's placement group, which Tune removes
-        self._run = ray.remote(RunSupervisor).options(**supervisor_options(self.run_name),
-                                                      scheduling_strategy="DEFAULT").remote(
-            cloudpickle.dumps(spec), ray.get(self._sweep.trial_datasets.remote()))
-        self._note(run=self.run_name, index=self.index)
+        self._spec = dataclasses.replace(template, options=options,
+                                         placement_group=ray.util.get_current_placement_group())
+        self._run: Any = None  # the run's supervisor, started at the first step (after a restore, from its checkpoint)
+        self._last_result: dict[str, Any] = {}  # the last result given to Tune (numbers), kept with checkpoints
         self._cursor = 0
         self._rows: collections.deque[dict[str, Any]] = collections.deque()
         self._rank0_rows = 0
         self._seen_keys: set[str] = set()
         self._ended: dict[str, Any] | None = None
 
+    def _start(self) -> None:
+        from nbtrain._cluster.supervisor import RunSupervisor, supervisor_options
+
+        # DEFAULT scheduling: the supervisor must outlive the trial's placement group, which Tune removes
+        self._run = ray.remote(RunSupervisor).options(**supervisor_options(self.run_name),
+                                                      scheduling_strategy="DEFAULT").remote(
+            cloudpickle.dumps(self._spec), ray.get(self._sweep.trial_datasets.remote()))
+        self._note(run=self.run_name, index=self.index)
+
     def step(self) -> dict[str, Any]:
+        if self._run is None:
+            self._start()
         while not self._rows:
             if self._ended is not None:
                 return self._finish()
@@ -79,6 +91,7 @@ class NbtrainTrial(tune.Trainable):
         if not self._rows and self._ended is not None and self._ended["state"] == "succeeded":
             result["done"] = True
             self._note(ended_by_run=True)
+        self._last_result = {key: value for key, value in result.items() if isinstance(value, (int, float))}
         return result
 
     def _note(self, **fields: Any) -> None:
@@ -91,7 +104,8 @@ class NbtrainTrial(tune.Trainable):
         except ray.exceptions.RayActorError:  # the run ended and its supervisor retired: its files answer
             from nbtrain._cluster.stored_run import read_stored
 
-            reader = ray.remote(read_stored).options(num_cpus=0, resources={"node:__internal_head__": 0.001})
+            reader = ray.remote(read_stored).options(num_cpus=0, resources={"node:__internal_head__": 0.001},
+                                                    scheduling_strategy="DEFAULT")  # not in the trial's group
             answer = ray.get(reader.remote(self.run_name, "poll", (self._cursor, 1 << 30, 1 << 30, 10_000), {}))
         self._cursor = answer["cursor"]
         for row in answer["rows"]:
@@ -121,14 +135,20 @@ class NbtrainTrial(tune.Trainable):
         if ended.get("state") == "failed":
             self._note(ended_by_run=True, error=ended.get("error"))
             raise TrialRunFailed(f"trial run {self.run_name!r} failed: {ended.get('error')}")
+        restored = self._spec.initial_checkpoint is not None
         if not self._metric_seen() and ended.get("state") == "succeeded":
-            self._metric_missing()
+            if not restored:
+                self._metric_missing()
+            # started from a copied checkpoint at the end of training: nothing was left to train, and this
+            # new trial process has no result of its own for Tune to repeat: the copied one's last stands
+            self._note(ended_by_run=True)
+            return {**self._last_result, "done": True}
         self._note(ended_by_run=True)
         return {tune.result.RESULT_DUPLICATE: True}
 
     def cleanup(self) -> None:
         """Stop the run if it is still going; returns when its ranks have left Tune's bundles."""
-        if self._ended is not None:
+        if self._ended is not None or self._run is None:
             return
         if self._budget_spent and self._ends_by_itself():
             return
@@ -149,8 +169,44 @@ class NbtrainTrial(tune.Trainable):
                 return True
         return False
 
-    def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
-        return {"run": self.run_name}  # the run keeps its own checkpoints; see run.load_checkpoint()
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """The run's latest checkpoint, for Population Based Training to start another trial from.
 
-    def load_checkpoint(self, checkpoint: Any) -> None:
-        pass  # a restored trial starts a new run from its config (PBT: with the exploited config)
+        What the ranks last saved (``nbtrain.save_checkpoint``): with PBT, save at least once
+        every ``perturbation_interval`` reports of the metric, or the copy is older than that.
+        """
+        found = None if self._run is None else self._latest_checkpoint()
+        if found is None:
+            return
+        meta, data = found
+        Path(checkpoint_dir, CHECKPOINT_FILE).write_bytes(data)
+        Path(checkpoint_dir, CHECKPOINT_META).write_text(json.dumps({**meta, "from_run": self.run_name,
+                                                                    "last_result": self._last_result}))
+
+    def _latest_checkpoint(self) -> tuple[dict[str, Any], bytes] | None:
+        from nbtrain._cluster import storage_uri
+
+        try:
+            found = ray.get(self._run.latest_checkpoint.remote())
+        except ray.exceptions.RayActorError:  # the run ended and its supervisor retired: its files answer
+            from nbtrain._cluster.stored_run import read_stored
+
+            reader = ray.remote(read_stored).options(num_cpus=0, resources={"node:__internal_head__": 0.001},
+                                                    scheduling_strategy="DEFAULT")  # not in the trial's group
+            found = ray.get(reader.remote(self.run_name, "latest_checkpoint", (), {}))
+        if found is None:
+            return None
+        meta, data, path = found
+        return meta, data if data is not None else storage_uri.read_bytes(path)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """Start this trial's next run from another trial's checkpoint (PBT's exploit), under a new name."""
+        data_path = Path(checkpoint_dir, CHECKPOINT_FILE)
+        if not data_path.exists():
+            return  # the other trial had not saved yet: start from scratch with the new config
+        meta = json.loads(Path(checkpoint_dir, CHECKPOINT_META).read_text())
+        self._last_result = meta.pop("last_result", {})
+        self.run_name = f"{self._first_run_name}-i{self.iteration}"
+        options = dataclasses.replace(self._spec.options, name=self.run_name)
+        self._spec = dataclasses.replace(self._spec, options=options,
+                                         initial_checkpoint=(meta, data_path.read_bytes()))
