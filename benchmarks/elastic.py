@@ -7,10 +7,11 @@
    trains on 1 rank while the head has no room for a second; a node is added
    (``nbtrain cluster add-node``'s code); seconds from the node being up to the first row
    of the 2-rank attempt, split into noticing (the resize event) and restarting.
-2. **Steps lost per node loss**: the node is removed (its raylet ends, no notice) while
-   the run checkpoints every ``EVERY`` steps; steps lost = rank 0's last step before the
-   loss minus the step the next attempt resumes from. Then the same with a preemption
-   notice (``run.drain``): the run checkpoints on the notice.
+2. **Steps lost per node loss**, three ways the node goes while the run checkpoints every
+   ``EVERY`` steps: killed (SIGKILL to its processes: no notice), removed (``nbtrain cluster
+   remove-node``: SIGTERM, which Ray's node turns into a drain before it stops) and drained
+   (``run.drain``). Steps lost = rank 0's last step before the loss minus the step the
+   next attempt resumes from (negative: the checkpoint is a step past rank 0's last row).
 3. **Cost of the gradient noise scale**: the benchmark's CNN (``workload.py``) on 2 DDP
    ranks, ``gns=False`` and ``gns=True`` alternating; median seconds between steps.
 
@@ -37,7 +38,7 @@ from _own_cluster import own_cluster  # noqa: E402
 EVERY = 10          # steps between checkpoints in the node-loss runs
 STEP_S = 0.1        # a training step's duration in the resize runs
 GNS_STEPS = 120     # steps per gns on/off run
-GNS_ROUNDS = 2      # on/off pairs
+GNS_ROUNDS = 4      # on/off pairs, interleaved
 
 
 def resize_fn(config: dict[str, Any]) -> None:
@@ -99,8 +100,12 @@ def _wait(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def join_and_loss(drain: bool) -> dict[str, Any]:
-    """One elastic run: grows when a node joins, then loses it (removed, or drained first)."""
+def join_and_loss(how: str) -> dict[str, Any]:
+    """One elastic run: grows when a node joins, then loses it: ``killed`` (SIGKILL: no notice), ``removed``
+    (``nbtrain cluster remove-node``: SIGTERM, which Ray turns into a drain first) or ``drained`` (``run.drain``)."""
+    import os
+    import signal
+
     import ray
 
     import nbtrain
@@ -112,7 +117,7 @@ def join_and_loss(drain: bool) -> dict[str, Any]:
     try:
         run = nbtrain.launch(resize_fn, config={"steps": 100_000, "step_time": STEP_S, "every": EVERY},
                              workers=(1, 2), cpus_per_worker=head_cpus, resize_interval_s=1,
-                             name=f"bench-elastic-{'drain' if drain else 'loss'}")
+                             name=f"bench-elastic-{how}")
         _wait(lambda: run.state == nbtrain.RunState.RUNNING and any(w["step"] >= 5 for w in run.workers), 120,
               "1 rank training")
         node = local_nodes.add(num_cpus=head_cpus)
@@ -124,11 +129,13 @@ def join_and_loss(drain: bool) -> dict[str, Any]:
               <= max(r["step"] for r in run.metrics), 120, "a few checkpoints at 2 ranks")
         time.sleep(EVERY * STEP_S / 2)  # land the loss mid-way between two checkpoints, as chance would
         attempt = max(r["attempt"] for r in run.metrics)
-        if drain:
+        if how == "drained":
             head = next(n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n["Resources"])
             run.drain(next(w["node_id"] for w in run.workers if w["node_id"] != head))
-        else:
+        elif how == "removed":
             local_nodes.remove(node.pid)
+        else:
+            os.killpg(node.pid, signal.SIGKILL)  # the node's whole process group: raylet, its workers
         lost_at = time.time()
         _wait(lambda: any(r["attempt"] > attempt and r["world_size"] == 1 for r in run.metrics), 180,
               "training on 1 rank again")
@@ -166,15 +173,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "elastic.json")
     args = parser.parse_args()
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(workload)  # nbtrain workers cannot import benchmarks/
+    results: dict[str, Any] = {}
     with own_cluster("nbtrain-bench-elastic-", num_cpus=3):
-        results = {"loss": join_and_loss(drain=False), "drain": join_and_loss(drain=True), "gns": gns_cost()}
-    loss, drain, gns = results["loss"], results["drain"], results["gns"]
-    print(f"node joined -> training at 2 ranks: {loss['join_to_new_size_s']:.1f} s and "
-          f"{drain['join_to_new_size_s']:.1f} s (noticed after {loss['join_noticed_s']:.1f} / "
-          f"{drain['join_noticed_s']:.1f} s; resize_interval_s=1)")
-    print(f"steps lost per node loss: {loss['steps_lost']} without notice (checkpoint every {EVERY}), "
-          f"{drain['steps_lost']} with run.drain(); back to training {loss['loss_to_training_s']:.1f} / "
-          f"{drain['loss_to_training_s']:.1f} s after")
+        for how in ("killed", "removed", "drained"):
+            results[how] = join_and_loss(how)
+            print(f"{how}: {results[how]}", flush=True)
+        results["gns"] = gns_cost()
+    gns = results["gns"]
+    for how in ("killed", "removed", "drained"):
+        part = results[how]
+        print(f"node {how}: joined -> training at 2 ranks {part['join_to_new_size_s']:.1f} s (noticed after "
+              f"{part['join_noticed_s']:.1f} s, resize_interval_s=1); lost -> training at 1 rank "
+              f"{part['loss_to_training_s']:.1f} s, steps lost {part['steps_lost']} (checkpoint every {EVERY})")
     print(f"gradient noise scale: step {gns['step_s_without'] * 1000:.1f} ms without, "
           f"{gns['step_s_with'] * 1000:.1f} ms with ({gns['gns_cost_fraction']:+.1%})")
     write_json(args.out, results)
