@@ -81,7 +81,11 @@ def test_flags_parse_into_sweep_options_and_trial_run_options(tune_parser):
     ({"metric": ""}, "metric (--metric) must be the name of a metric rank 0 reports"),
     ({"num_samples": 0}, "num_samples (--samples) must be a whole number of at least 1, got 0"),
     ({"workers_per_trial": 0}, "workers_per_trial (--workers-per-trial) must be a whole number of at least 1"),
-    ({"scheduler": "pbt"}, "scheduler (--scheduler) must be one of 'fifo', 'asha', 'hyperband'"),
+    ({"scheduler": "pbt2"}, "scheduler (--scheduler) must be one of 'fifo', 'asha', 'hyperband', 'pbt'"),
+    ({"scheduler": "pbt", "space": {"lr": tune.grid_search([0.1, 0.2])}},
+     "scheduler (--scheduler) must be given a space with at least one distribution when it is 'pbt'"),
+    ({"perturbation_interval": 0}, "perturbation_interval (--perturbation-interval) must be a whole number of at "
+                                   "least 1, got 0"),
     ({"grace_period": 20, "max_t": 10}, "grace_period (--grace-period) must be at most max_t (10)"),
     ({"reduction_factor": 1}, "reduction_factor (--reduction-factor) must be a number of at least 2"),
     ({"name": "a b"}, "name (--name) must be letters, digits"),
@@ -101,12 +105,12 @@ def test_a_run_option_the_sweep_sets_itself_is_refused_with_what_to_use():
         nbtrain.tune(_noop, space={"lr": tune.uniform(0, 1)}, metric="loss", mode="min", workers=4)
 
 
-def test_schedulers_that_pause_trials_are_refused_naming_what_works():
-    from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
+def test_synchronous_hyperband_is_refused_naming_what_works():
+    from ray.tune.schedulers import HyperBandScheduler
 
-    for scheduler in (PopulationBasedTraining(hyperparam_mutations={"lr": [0.1, 0.2]}), HyperBandScheduler()):
-        with pytest.raises(nbtrain.InvalidOptionError, match=r"pauses trials.*Use scheduler='asha'"):
-            nbtrain.tune(_noop, space={"lr": tune.uniform(0, 1)}, metric="loss", mode="min", scheduler=scheduler)
+    with pytest.raises(nbtrain.InvalidOptionError, match=r"pauses trials.*Use scheduler='hyperband'"):
+        nbtrain.tune(_noop, space={"lr": tune.uniform(0, 1)}, metric="loss", mode="min",
+                     scheduler=HyperBandScheduler())
 
 
 @pytest.mark.parametrize("space,expected", [
