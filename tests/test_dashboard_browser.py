@@ -20,6 +20,7 @@ from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, start_jupyterlab
 # Without Playwright or Chromium these tests fail at setup saying what to install (tests/conftest.py).
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 ARTIFACTS = REPO / "test-artifacts"
+OPEN_NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the tab on show (Lumino hides the others)
 
 
 @pytest.fixture(scope="session")
@@ -71,37 +72,40 @@ def lab(cluster, tmp_path_factory):
 
 
 def open_and_run(page, lab, notebook: str) -> None:
-    """Open ``notebook`` (and only it: the workspace may restore earlier tabs) and run all its cells."""
-    page.goto(lab.lab_url(f"tree/{notebook}"))
+    """Open ``notebook`` and run all its cells. The module's notebooks share one lab, whose workspace
+    would restore earlier tests' tabs (each with a dashboard of its own): ``reset`` opens this one alone,
+    and the page's ``nb()`` is the open notebook's node, which every query below starts from."""
+    page.goto(lab.lab_url(f"tree/{notebook}") + "&reset")
     page.wait_for_function(
         "(path) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
         " return w && w.context && w.context.path === path && w.sessionContext && w.sessionContext.session"
         " && w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
         arg=notebook, timeout=120_000)
+    page.evaluate("() => { window.nb = () => window.jupyterapp.shell.currentWidget.node; }")
     # not awaited: the command's promise resolves only when every cell has finished
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
 def wait_for_state(page, state: str, timeout_ms: int, scope: str = ".nbtrain-dashboard") -> None:
     page.wait_for_function(
-        "([scope, state]) => { const b = document.querySelector(scope + ' .nbtrain-state');"
+        "([scope, state]) => { const b = nb().querySelector(scope + ' .nbtrain-state');"
         " return b && b.dataset.state === state; }", arg=[scope, state], timeout=timeout_ms, polling=500)
 
 
 def plot_points(page) -> int:
     return page.evaluate(
-        "() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
+        "() => { const p = nb().querySelector('.nbtrain-dashboard .js-plotly-plot');"
         " return p && p.data && p.data.length ? p.data.reduce((n, t) => n + (t.x ? t.x.length : 0), 0) : 0; }")
 
 
 def worker_steps(page) -> dict[str, int]:
     return page.evaluate(
-        "() => Object.fromEntries([...document.querySelectorAll('table.nbtrain-workers tbody tr')]"
+        "() => Object.fromEntries([...nb().querySelectorAll('table.nbtrain-workers tbody tr')]"
         ".map(r => [r.dataset.rank, parseInt(r.querySelector('.nbtrain-worker-step').textContent)]))")
 
 
 def state_badge(page) -> str | None:
-    return page.evaluate("() => { const b = document.querySelector('.nbtrain-dashboard .nbtrain-state');"
+    return page.evaluate("() => { const b = nb().querySelector('.nbtrain-dashboard .nbtrain-state');"
                          " return b ? b.dataset.state : null; }")
 
 
@@ -109,8 +113,8 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
     ARTIFACTS.mkdir(exist_ok=True)
     try:
         open_and_run(page, lab, "live.ipynb")
-        page.wait_for_function("() => document.querySelector('.nbtrain-dashboard .js-plotly-plot')", timeout=180_000)
-        page.wait_for_function("() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
+        page.wait_for_function("() => nb().querySelector('.nbtrain-dashboard .js-plotly-plot')", timeout=180_000)
+        page.wait_for_function("() => { const p = nb().querySelector('.nbtrain-dashboard .js-plotly-plot');"
                                " return p && p.data && p.data.length && p.data[0].x.length > 0; }", timeout=120_000)
         first_points, first_steps = plot_points(page), worker_steps(page)
         assert first_points > 0
@@ -125,7 +129,8 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
         assert state_badge(page) == "running"
         page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
         wait_for_state(page, "succeeded", 120_000)
-        page.wait_for_selector(".nbtrain-summary svg", timeout=30_000)  # the static picture for the saved notebook
+        # the static picture for the saved notebook
+        page.wait_for_selector(f"{OPEN_NOTEBOOK} .nbtrain-summary svg", timeout=30_000)
         page.screenshot(path=str(ARTIFACTS / "dashboard-succeeded.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "dashboard-live-failure.png"), full_page=True)
@@ -135,10 +140,10 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
 def test_stop_button_stops_a_background_run(page, lab):
     try:
         open_and_run(page, lab, "background.ipynb")
-        page.wait_for_function("() => { const t = document.querySelector("
+        page.wait_for_function("() => { const t = nb().querySelector("
                                "'table.nbtrain-workers tbody tr .nbtrain-worker-step');"
                                " return t && parseInt(t.textContent) > 0; }", timeout=180_000)
-        page.locator(".nbtrain-dashboard button", has_text="Stop").click()
+        page.locator(f"{OPEN_NOTEBOOK} .nbtrain-dashboard button", has_text="Stop").click()
         began = time.monotonic()
         wait_for_state(page, "stopped", 30_000)
         assert time.monotonic() - began < 20
@@ -152,10 +157,10 @@ def test_failing_rank_opens_its_traceback_pane(page, lab):
     try:
         open_and_run(page, lab, "failing.ipynb")
         wait_for_state(page, "failed", 180_000)
-        pane = page.locator('.nbtrain-log[data-rank="1"]')
+        pane = page.locator(f'{OPEN_NOTEBOOK} .nbtrain-log[data-rank="1"]')
         pane.wait_for(state="visible", timeout=20_000)
         assert "ZeroDivisionError: rank one cannot divide" in pane.inner_text()
-        assert page.locator(".nbtrain-dashboard", has_text="rank 1 log — failed").count() == 1
+        assert page.locator(f"{OPEN_NOTEBOOK} .nbtrain-dashboard", has_text="rank 1 log — failed").count() == 1
         page.screenshot(path=str(ARTIFACTS / "dashboard-failed.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "dashboard-failed-failure.png"), full_page=True)
@@ -166,15 +171,15 @@ def test_a_million_point_history_renders_without_freezing(page, lab):
     try:
         open_and_run(page, lab, "million.ipynb")
         wait_for_state(page, "succeeded", 300_000)
-        page.wait_for_selector(".nbtrain-summary svg", timeout=60_000)
+        page.wait_for_selector(f"{OPEN_NOTEBOOK} .nbtrain-summary svg", timeout=60_000)
         # Plotly applies a widget's traces to the page asynchronously, after the summary may already show:
         # wait until the live plot holds the last step, then check it stayed small and the page answers at once.
         page.wait_for_function(
-            "() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
+            "() => { const p = nb().querySelector('.nbtrain-dashboard .js-plotly-plot');"
             " return p && p.data && p.data.some(t => t.x.length && t.x[t.x.length - 1] === 999999); }",
             timeout=60_000)
         began = time.monotonic()
-        drawn = page.evaluate("() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
+        drawn = page.evaluate("() => { const p = nb().querySelector('.nbtrain-dashboard .js-plotly-plot');"
                               " return p.data.map(t => [t.x.length, t.x[t.x.length - 1]]); }")
         answered_ms = (time.monotonic() - began) * 1000
         assert all(n <= 2000 for n, _last in drawn) and max(last for _n, last in drawn) == 999_999

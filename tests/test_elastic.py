@@ -33,8 +33,10 @@ def _standing_request() -> list[dict]:
 
 
 def test_starts_with_what_fits_and_grows_at_a_checkpoint_when_resources_free_up(cluster):
-    free = int(ray.available_resources().get("CPU", 0))
-    blocker = placement_group([{"CPU": free - 1}])  # leaves 1 CPU: room for 1 of the 2 ranks
+    # what earlier tests' runs held must be free first: a CPU freed later would let the run grow at once
+    total = int(ray.cluster_resources()["CPU"])
+    _wait_for(lambda: int(ray.available_resources().get("CPU", 0)) == total, 60, "every CPU of the cluster free")
+    blocker = placement_group([{"CPU": total - 1}])  # leaves 1 CPU: room for 1 of the 2 ranks
     ray.get(blocker.ready(), timeout=30)
     try:
         run = nbtrain.launch(elastic_train, config={"steps": 120, "step_time": 0.1, "every": 1000},

@@ -46,3 +46,21 @@ def test_a_long_run_reads_whole_though_the_notebook_keeps_its_latest_part(cluste
     text = run.logs(rank=0)
     assert text.startswith("line 0\n") and text.endswith(f"line {LINES - 1}\n")
     assert text.count("\n") == LINES
+
+
+def report_a_burst_then_end(config):
+    from nbtrain._cluster import session
+
+    session.FINAL_PUSH_WAIT_S = config["push_wait_s"]  # this run's workers only (warm=False: none kept)
+    for step in range(config["rows"]):
+        nbtrain.report(step=step, loss=0.0)
+
+
+def test_every_row_of_a_burst_at_the_end_lands_though_sending_it_outlasts_one_pushs_wait(cluster):
+    # 200 000 rows left when the function returns go as 10 pushes, together far longer than the 0.3 s
+    # each push may take: a final flush that gave up after its first 0.3 s lost most of them
+    rows = 200_000
+    run = nbtrain.launch(report_a_burst_then_end, name="burst", workers=1, warm=False,
+                         config={"rows": rows, "push_wait_s": 0.3})
+    assert run.wait(timeout=300) == nbtrain.RunState.SUCCEEDED, run.error
+    assert [row["step"] for row in run.metrics] == list(range(rows))

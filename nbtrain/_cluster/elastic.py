@@ -12,6 +12,7 @@ supervisor's decisions and its events, so what the user reads is what was decide
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -146,7 +147,16 @@ def ask_autoscaler(options: RunOptions, size: int) -> list[dict[str, float]]:
 
 
 def standing_request() -> list[dict[str, float]]:
-    """The cluster's standing ``request_resources`` bundles, as the autoscaler reads them from the GCS."""
+    """The cluster's standing ``request_resources`` bundles, where the cluster's autoscaler reads them:
+    autoscaler v2 from the GCS's resource constraints, v1 from a key of the GCS's internal KV store."""
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+
+    if not is_autoscaler_v2():
+        from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        stored = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+        return [dict(bundle) for bundle in json.loads(stored)] if stored else []
     from ray.autoscaler.v2.sdk import get_cluster_resource_state
 
     state = get_cluster_resource_state(ray._private.worker.global_worker.gcs_client)

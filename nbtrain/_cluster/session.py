@@ -258,8 +258,11 @@ class TrainingSession:
     def _send_the_rest(self, state: str) -> None:
         """The last flush: every push still to go (rows beyond a full push, a failed push) sent and waited for.
 
-        A failed push is sent again, up to :data:`FINAL_PUSH_TRIES` times (straight to the
-        supervisor when it failed on the way through a relay), all within :data:`FINAL_PUSH_WAIT_S`.
+        A supervisor that takes each push gets them all, however many are left (a rank that
+        reported a burst at its end may have hundreds of thousands of rows to go): each push
+        has :data:`FINAL_PUSH_WAIT_S` to land. A failed push is sent again, up to
+        :data:`FINAL_PUSH_TRIES` times (straight to the supervisor when it failed on the way
+        through a relay), all within :data:`FINAL_PUSH_WAIT_S` of the last push that landed.
         """
         deadline = time.monotonic() + FINAL_PUSH_WAIT_S
         failures = 0
@@ -270,6 +273,8 @@ class TrainingSession:
                     return
             elif not (self._waiting_rows or self._waiting_logs):
                 return
+            else:
+                deadline = time.monotonic() + FINAL_PUSH_WAIT_S  # the last push landed: the next has as long
             self._send(state)
 
     def _collect(self) -> None:
