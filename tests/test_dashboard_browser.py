@@ -21,6 +21,7 @@ from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, start_jupyterlab
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 ARTIFACTS = REPO / "test-artifacts"
 OPEN_NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the tab on show (Lumino hides the others)
+NB = "window.jupyterapp.shell.currentWidget.node"  # the same, in the page's JavaScript
 
 
 @pytest.fixture(scope="session")
@@ -74,38 +75,37 @@ def lab(cluster, tmp_path_factory):
 def open_and_run(page, lab, notebook: str) -> None:
     """Open ``notebook`` and run all its cells. The module's notebooks share one lab, whose workspace
     would restore earlier tests' tabs (each with a dashboard of its own): ``reset`` opens this one alone,
-    and the page's ``nb()`` is the open notebook's node, which every query below starts from."""
+    and every query below starts from the open notebook's node (``shell.currentWidget``)."""
     page.goto(lab.lab_url(f"tree/{notebook}") + "&reset")
     page.wait_for_function(
         "(path) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
         " return w && w.context && w.context.path === path && w.sessionContext && w.sessionContext.session"
         " && w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
         arg=notebook, timeout=120_000)
-    page.evaluate("() => { window.nb = () => window.jupyterapp.shell.currentWidget.node; }")
     # not awaited: the command's promise resolves only when every cell has finished
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
 def wait_for_state(page, state: str, timeout_ms: int, scope: str = ".nbtrain-dashboard") -> None:
     page.wait_for_function(
-        "([scope, state]) => { const b = nb().querySelector(scope + ' .nbtrain-state');"
+        "([scope, state]) => { const b = " + NB + ".querySelector(scope + ' .nbtrain-state');"
         " return b && b.dataset.state === state; }", arg=[scope, state], timeout=timeout_ms, polling=500)
 
 
 def plot_points(page) -> int:
     return page.evaluate(
-        "() => { const p = nb().querySelector('.nbtrain-dashboard .js-plotly-plot');"
+        "() => { const p = " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot');"
         " return p && p.data && p.data.length ? p.data.reduce((n, t) => n + (t.x ? t.x.length : 0), 0) : 0; }")
 
 
 def worker_steps(page) -> dict[str, int]:
     return page.evaluate(
-        "() => Object.fromEntries([...nb().querySelectorAll('table.nbtrain-workers tbody tr')]"
+        "() => Object.fromEntries([..." + NB + ".querySelectorAll('table.nbtrain-workers tbody tr')]"
         ".map(r => [r.dataset.rank, parseInt(r.querySelector('.nbtrain-worker-step').textContent)]))")
 
 
 def state_badge(page) -> str | None:
-    return page.evaluate("() => { const b = nb().querySelector('.nbtrain-dashboard .nbtrain-state');"
+    return page.evaluate("() => { const b = " + NB + ".querySelector('.nbtrain-dashboard .nbtrain-state');"
                          " return b ? b.dataset.state : null; }")
 
 
@@ -113,8 +113,8 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
     ARTIFACTS.mkdir(exist_ok=True)
     try:
         open_and_run(page, lab, "live.ipynb")
-        page.wait_for_function("() => nb().querySelector('.nbtrain-dashboard .js-plotly-plot')", timeout=180_000)
-        page.wait_for_function("() => { const p = nb().querySelector('.nbtrain-dashboard .js-plotly-plot');"
+        page.wait_for_function("() => " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot')", timeout=180_000)
+        page.wait_for_function("() => { const p = " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot');"
                                " return p && p.data && p.data.length && p.data[0].x.length > 0; }", timeout=120_000)
         first_points, first_steps = plot_points(page), worker_steps(page)
         assert first_points > 0
@@ -140,7 +140,7 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
 def test_stop_button_stops_a_background_run(page, lab):
     try:
         open_and_run(page, lab, "background.ipynb")
-        page.wait_for_function("() => { const t = nb().querySelector("
+        page.wait_for_function("() => { const t = " + NB + ".querySelector("
                                "'table.nbtrain-workers tbody tr .nbtrain-worker-step');"
                                " return t && parseInt(t.textContent) > 0; }", timeout=180_000)
         page.locator(f"{OPEN_NOTEBOOK} .nbtrain-dashboard button", has_text="Stop").click()
@@ -175,11 +175,11 @@ def test_a_million_point_history_renders_without_freezing(page, lab):
         # Plotly applies a widget's traces to the page asynchronously, after the summary may already show:
         # wait until the live plot holds the last step, then check it stayed small and the page answers at once.
         page.wait_for_function(
-            "() => { const p = nb().querySelector('.nbtrain-dashboard .js-plotly-plot');"
+            "() => { const p = " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot');"
             " return p && p.data && p.data.some(t => t.x.length && t.x[t.x.length - 1] === 999999); }",
             timeout=60_000)
         began = time.monotonic()
-        drawn = page.evaluate("() => { const p = nb().querySelector('.nbtrain-dashboard .js-plotly-plot');"
+        drawn = page.evaluate("() => { const p = " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot');"
                               " return p.data.map(t => [t.x.length, t.x[t.x.length - 1]]); }")
         answered_ms = (time.monotonic() - began) * 1000
         assert all(n <= 2000 for n, _last in drawn) and max(last for _n, last in drawn) == 999_999
