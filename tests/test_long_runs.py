@@ -51,16 +51,23 @@ def test_a_long_run_reads_whole_though_the_notebook_keeps_its_latest_part(cluste
 def report_a_burst_then_end(config):
     from nbtrain._cluster import session
 
-    session.FINAL_PUSH_WAIT_S = config["push_wait_s"]  # this run's workers only (warm=False: none kept)
+    # this run's workers only (warm=False: none kept): small pushes, each with far more time than it
+    # needs, and so many of them left at the end that sending them all outlasts one push's wait
+    session.MAX_PUSH_ROWS = config["push_rows"]
+    session.FINAL_PUSH_WAIT_S = config["push_wait_s"]
     for step in range(config["rows"]):
         nbtrain.report(step=step, loss=0.0)
 
 
 def test_every_row_of_a_burst_at_the_end_lands_though_sending_it_outlasts_one_pushs_wait(cluster):
-    # 200 000 rows left when the function returns go as 10 pushes, together far longer than the 0.3 s
-    # each push may take: a final flush that gave up after its first 0.3 s lost most of them
-    rows = 200_000
+    # 200 000 rows reported faster than 500-row pushes carry them: hundreds of pushes are left when
+    # the function returns. A final flush that gave all of them one push's wait (1 s) lost the rest
+    rows, push_wait_s = 200_000, 1.0
     run = nbtrain.launch(report_a_burst_then_end, name="burst", workers=1, warm=False,
-                         config={"rows": rows, "push_wait_s": 0.3})
+                         config={"rows": rows, "push_rows": 500, "push_wait_s": push_wait_s})
     assert run.wait(timeout=300) == nbtrain.RunState.SUCCEEDED, run.error
-    assert [row["step"] for row in run.metrics] == list(range(rows))
+    metrics = run.metrics
+    whole = [row["step"] for row in metrics] == list(range(rows))
+    assert whole, f"{rows - len(metrics)} of {rows} rows lost; the last that landed is step {metrics[-1]['step']}"
+    final_flush_s = run.cached_summary["ended"] - metrics[-1]["time"]
+    assert final_flush_s > 2 * push_wait_s, f"the last flush took {final_flush_s:.1f} s: the test proves nothing"
