@@ -168,12 +168,15 @@ def test_failing_rank_opens_its_traceback_pane(page, lab):
 
 
 def test_a_million_point_history_renders_without_freezing(page, lab):
+    console = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
     try:
         open_and_run(page, lab, "million.ipynb")
         wait_for_state(page, "succeeded", 300_000)
         page.wait_for_selector(f"{OPEN_NOTEBOOK} .nbtrain-summary svg", timeout=60_000)
         # Plotly applies a widget's traces to the page asynchronously, after the summary may already show:
-        # wait until the live plot holds the last step, then check it stayed small and the page answers at once.
+        # wait until the dashboard's plot holds the last step, then check it stayed small and the page answers at once.
         page.wait_for_function(
             "() => { const p = " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot');"
             " return p && p.data && p.data.some(t => t.x.length && t.x[t.x.length - 1] === 999999); }",
@@ -194,4 +197,9 @@ def test_a_million_point_history_renders_without_freezing(page, lab):
         page.screenshot(path=str(ARTIFACTS / "dashboard-million.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "dashboard-million-failure.png"), full_page=True)
+        # what the page said, and what each plot on it holds: the cause, when the plot stays empty
+        print("page console:", *console[-80:], sep="\n  ")
+        print("plots (traces, their lengths, title):", page.evaluate(
+            "() => [...document.querySelectorAll('.js-plotly-plot')].map(p => [p.data ? p.data.length : -1,"
+            " p.data ? p.data.map(t => t.x ? t.x.length : -1) : null, JSON.stringify(p.layout && p.layout.title)])"))
         raise

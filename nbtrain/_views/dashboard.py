@@ -189,7 +189,10 @@ class WidgetDashboard(Follower):
                 return False
             self._drawn_at, self._undrawn = now, False
             self._draw_header(summary)
-            if self.history.rows_seen != self._drawn_rows:
+            last_draw = terminal and not self._finished
+            if last_draw:  # what stays on the page: new figures holding the whole picture from their start,
+                self._close_figures()  # whatever the live figures' page views made of the stream of updates
+            if last_draw or self.history.rows_seen != self._drawn_rows:
                 self._draw_curves()
                 self._drawn_rows = self.history.rows_seen
             self._draw_workers(summary)
@@ -275,11 +278,13 @@ class WidgetDashboard(Follower):
         for group, metrics in self.history.groups().items():
             figure = self._figures.get(group)
             traces = self.curve_traces(metrics)
-            if figure is None:
-                figure = go.FigureWidget(layout=dict(
-                    title=dict(text=group, x=0.02), height=280, width=460, margin=dict(l=50, r=10, t=40, b=40),
-                    xaxis_title="step", legend=dict(font=dict(size=10)), uirevision=group,
-                ))
+            if figure is None:  # born with its traces: the page's first picture of it is whole
+                figure = go.FigureWidget(
+                    data=[go.Scatter(x=xs, y=ys, name=name, mode="lines", **options)
+                          for name, xs, ys, options in traces],
+                    layout=dict(title=dict(text=group, x=0.02), height=280, width=460,
+                                margin=dict(l=50, r=10, t=40, b=40), xaxis_title="step",
+                                legend=dict(font=dict(size=10)), uirevision=group))
                 self._figures[group] = figure
                 self.figure_box.children = tuple(self._figures.values())
             marks = self._resize_marks()
@@ -296,6 +301,12 @@ class WidgetDashboard(Follower):
                         existing[name].x, existing[name].y = xs, ys
                     else:
                         figure.add_scatter(x=xs, y=ys, name=name, mode="lines", **options)
+
+    def _close_figures(self) -> None:
+        for figure in self._figures.values():
+            figure.close()
+        self._figures.clear()
+        self._marks_drawn.clear()
 
     def _resize_marks(self) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
         """A dashed line at the step each resized attempt resumed from, labelled with the change ("2 → 1 ranks")."""
