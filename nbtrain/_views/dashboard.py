@@ -278,16 +278,18 @@ class WidgetDashboard(Follower):
         for group, metrics in self.history.groups().items():
             figure = self._figures.get(group)
             traces = self.curve_traces(metrics)
-            if figure is None:  # born with its traces: the page's first picture of it is whole
-                figure = go.FigureWidget(
+            marks = self._resize_marks()
+            if figure is None:  # born with its traces and marks: the page's first picture of it is whole
+                self._figures[group] = go.FigureWidget(
                     data=[go.Scatter(x=xs, y=ys, name=name, mode="lines", **options)
                           for name, xs, ys, options in traces],
                     layout=dict(title=dict(text=group, x=0.02), height=280, width=460,
                                 margin=dict(l=50, r=10, t=40, b=40), xaxis_title="step",
-                                legend=dict(font=dict(size=10)), uirevision=group))
-                self._figures[group] = figure
+                                legend=dict(font=dict(size=10)), uirevision=group,
+                                shapes=marks[0], annotations=marks[1]))
+                self._marks_drawn[group] = marks
                 self.figure_box.children = tuple(self._figures.values())
-            marks = self._resize_marks()
+                continue
             if self._marks_drawn.get(group) != marks:
                 figure.layout.shapes, figure.layout.annotations = marks
                 self._marks_drawn[group] = marks
