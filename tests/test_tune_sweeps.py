@@ -155,10 +155,22 @@ def test_every_trial_gets_its_shards_of_the_sweeps_ray_dataset(cluster):
         assert len(rank0) == len(rank1) == 16 and sorted(rank0 + rank1) == list(range(32)), trial
 
 
+GATE = "pbt-population-gate"
+GATE_NAMESPACE = "nbtrain-tests"
+
+
 def descend(config):
-    """x <- x - lr·2x from x = 10, a checkpoint at every step: a larger lr (up to 0.5) is better at every step."""
+    """x <- x - lr·2x from x = 10, a checkpoint at every step: a larger lr (up to 0.5) is better at every step.
+
+    Each run passes a gate that opens once the whole population has started: PBT compares trials
+    that train side by side, and on a loaded machine their runs start seconds apart (each trains ~5 s).
+    """
     import time as _time
 
+    import ray
+
+    gate = ray.get_actor(GATE, namespace=GATE_NAMESPACE)
+    ray.get(gate.arrive.remote(config["population"], timeout=120.0))
     saved = nbtrain.load_checkpoint()
     x, start = (saved["x"], saved["step"]) if saved else (10.0, 0)
     for step in range(start + 1, config["steps"] + 1):
@@ -169,15 +181,45 @@ def descend(config):
 
 
 def test_pbt_restarts_weak_trials_from_a_strong_trials_checkpoint_with_a_perturbed_config(cluster):
+    import asyncio
+
+    import ray
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
+    @ray.remote(num_cpus=0)
+    class Gate:
+        """Opens once `population` runs have arrived (or after `timeout`: the test then says why it failed)."""
+
+        def __init__(self) -> None:
+            self.arrived = 0
+            self.opened = asyncio.Event()
+
+        async def arrive(self, population: int, timeout: float) -> None:
+            self.arrived += 1
+            if self.arrived >= population:
+                self.opened.set()
+            try:
+                await asyncio.wait_for(self.opened.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+        def count(self) -> int:
+            return self.arrived
+
+    gate = Gate.options(name=GATE, namespace=GATE_NAMESPACE).remote()
     # one strong trial and three weak ones; PBT's bottom quarter copies its top quarter
     points = [{"lr": 0.3}, {"lr": 0.001}, {"lr": 0.001}, {"lr": 0.001}]
-    sweep = nbtrain.tune(descend, space={"lr": tune.choice([0.001, 0.3])}, config={"steps": 24, "pause": 0.2},
-                         metric="loss", mode="min", scheduler="pbt", perturbation_interval=3, num_samples=4,
-                         search_alg=BasicVariantGenerator(points_to_evaluate=points),
-                         workers_per_trial=1, name="pbt-sweep", max_concurrent=4)
-    assert sweep.wait(timeout=600) == "succeeded", sweep.error
+    try:
+        sweep = nbtrain.tune(descend, space={"lr": tune.choice([0.001, 0.3])},
+                             config={"steps": 24, "pause": 0.2, "population": len(points)},
+                             metric="loss", mode="min", scheduler="pbt", perturbation_interval=3, num_samples=4,
+                             search_alg=BasicVariantGenerator(points_to_evaluate=points),
+                             workers_per_trial=1, name="pbt-sweep", max_concurrent=4)
+        assert sweep.wait(timeout=600) == "succeeded", sweep.error
+        arrived = ray.get(gate.count.remote())
+    finally:
+        ray.kill(gate)
+    assert arrived >= len(points), f"only {arrived} of {len(points)} trials ever trained side by side"
     restarted = [t for t in sweep.trials if t.run.name != f"pbt-sweep-t{t.index}"]
     assert restarted, [(t.config, t.run.name) for t in sweep.trials]
     for trial in restarted:
