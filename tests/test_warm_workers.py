@@ -100,6 +100,51 @@ def test_a_relaunch_reuses_the_workers_started_afresh_and_reaches_its_first_step
     wait_for(lambda: _all_gone(_pids(again)), 30, message="released workers to exit")
 
 
+def reports_until_stopped():
+    import time as _time
+
+    step = 0
+    while True:
+        step += 1
+        nbtrain.report(step=step)
+        _time.sleep(0.05)  # a pace: the test stops the run
+
+
+def _idle_spares(since: float) -> list[int]:
+    """Ray's idle worker processes started after ``since`` that no task env claims (see spare_process)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["name", "cmdline", "create_time"]):
+        try:
+            title = " ".join(process.info["cmdline"] or [])
+            if title.startswith("ray::IDLE") and process.info["create_time"] > since \
+                    and "NBTRAIN_PROCESS" not in process.environ():
+                found.append(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.cluster
+def test_a_relaunchs_supervisor_takes_the_spare_process_its_previous_run_asked_for(cluster):
+    """A supervisor needs a process nothing ran in: the previous warm run's supervisor has Ray start one."""
+    import psutil
+    import ray
+
+    before = time.time()
+    _launch("spare-first", "spare")
+    wait_for(lambda: _idle_spares(before), 60, message="a spare process for the next supervisor")
+    relaunched = time.time()
+    again = nbtrain.launch(reports_until_stopped, name="spare-again", workers=2, env={"WARM_TEST_SHAPE": "spare"})
+    try:
+        pid = ray.get(again._handle.__ray_call__.remote(lambda _supervisor: os.getpid()), timeout=60)
+        assert psutil.Process(pid).create_time() < relaunched, "the relaunch's supervisor started a new process"
+    finally:
+        again.stop()
+        nbtrain.release_warm()
+
+
 @pytest.mark.cluster
 def test_another_shape_gets_new_workers_and_the_idle_ones_end(cluster):
     before = _launch("warm-shape-a", "a")

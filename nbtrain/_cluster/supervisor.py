@@ -42,6 +42,7 @@ from nbtrain._cluster.metric_loggers import MetricLoggers
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.push_relay import Push
+from nbtrain._cluster.spare_process import prestart_for_this_job
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import RunStorage, prune_checkpoints
 from nbtrain._cluster.stored_run import delete_files, index_path, record_in_index, write_final
@@ -107,6 +108,9 @@ class RunSupervisor:
             threading.Timer(RESUME_GRACE_S, self._retire).start()
         else:
             self._run.start(fresh_budget=False)
+        if spec.warm_pool:  # this process is taken: one for the next launch's supervisor to take
+            threading.Thread(target=prestart_for_this_job, args=(spec.options.warm_idle_s,),
+                             name="nbtrain-spare", daemon=True).start()
 
     def _start_from(self, meta: dict[str, Any], data: bytes) -> None:
         """Keep a given checkpoint as the run's latest, before any rank starts (PBT's copy from another trial)."""
