@@ -111,7 +111,7 @@ def reports_until_stopped():
 
 
 def _idle_spares(since: float) -> list[int]:
-    """Ray's idle worker processes started after ``since`` that no task env claims (see spare_process)."""
+    """Ray's idle worker processes for a supervisor, started after ``since`` (see spare_process)."""
     import psutil
 
     found = []
@@ -119,7 +119,7 @@ def _idle_spares(since: float) -> list[int]:
         try:
             title = " ".join(process.info["cmdline"] or [])
             if title.startswith("ray::IDLE") and process.info["create_time"] > since \
-                    and "NBTRAIN_PROCESS" not in process.environ():
+                    and process.environ().get("NBTRAIN_PROCESS") == "run supervisor":
                 found.append(process.pid)
         except psutil.Error:
             continue

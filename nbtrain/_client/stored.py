@@ -22,10 +22,7 @@ READ_TIMEOUT_S = 60.0
 def _task(function: Any) -> Any:
     import ray
 
-    # a runtime env of their own: Ray then never hands these readers the idle process kept for the next
-    # supervisor (see spare_process), which a task would otherwise take and spoil for a detached actor
-    return ray.remote(function).options(num_cpus=0, max_retries=0, resources={"node:__internal_head__": 0.001},
-                                        runtime_env={"env_vars": {"NBTRAIN_PROCESS": "stored-run reader"}})
+    return ray.remote(function).options(num_cpus=0, max_retries=0, resources={"node:__internal_head__": 0.001})
 
 
 def on_head(function: Any, *args: Any) -> Any:

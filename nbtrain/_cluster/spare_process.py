@@ -25,7 +25,7 @@ _said: set[str] = set()  # what failed, said once per process
 
 
 def prestart_for_this_job(keep_alive_s: float) -> bool:
-    """Ask this node's raylet for one idle worker process of the caller's job (and its runtime env)."""
+    """Ask this node's raylet for one idle worker process of the caller's job and runtime env."""
     try:
         from ray._private.grpc_utils import init_grpc_channel
         from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
@@ -35,9 +35,8 @@ def prestart_for_this_job(keep_alive_s: float) -> bool:
         request = node_manager_pb2.PrestartWorkersRequest(
             language=common_pb2.PYTHON, job_id=bytes.fromhex(context.get_job_id()), num_workers=1,
             keep_alive_duration_secs=max(int(keep_alive_s), 1))
-        runtime_env = context.runtime_env
-        if runtime_env:  # the job's: a supervisor inherits it, and a worker serves only its own env
-            request.runtime_env_info.serialized_runtime_env = runtime_env.serialize()
+        # the caller's own runtime env: Ray gives a process only to work of the same env
+        request.runtime_env_info.serialized_runtime_env = context.get_runtime_env_string()
         channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
         try:
             node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=RPC_TIMEOUT_S)

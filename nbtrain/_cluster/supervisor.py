@@ -58,11 +58,16 @@ DISK_RETRY_S = 2.0  # a history that cannot be written (disk full) is retried th
 
 
 def supervisor_options(run_name: str) -> dict[str, Any]:
-    """Ray actor options of a run's supervisor (the kernel starts it with these)."""
+    """Ray actor options of a run's supervisor (the kernel starts it with these).
+
+    Its runtime env marks its processes as supervisors' own: Ray gives the spare process kept
+    for the next supervisor (see spare_process) to a supervisor only, never to a task.
+    """
     return {
         "name": actor_name(run_name), "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": -1,
         "max_task_retries": 0, "max_concurrency": 64, "num_cpus": 0,
         "resources": {"node:__internal_head__": 0.001},
+        "runtime_env": {"env_vars": {"NBTRAIN_PROCESS": "run supervisor"}},
     }
 
 
@@ -83,6 +88,9 @@ class RunSupervisor:
     def __init__(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> None:
         lower_own_priority()  # the ranks' cores come first; see priority
         spec: RunSpec = cloudpickle.loads(spec_bytes)
+        if spec.warm_pool:  # this process is taken: Ray starts one for the next launch's supervisor to take
+            threading.Thread(target=prestart_for_this_job, args=(spec.options.warm_idle_s,),
+                             name="nbtrain-spare", daemon=True).start()
         lock = threading.RLock()
         _refuse_a_name_taken(spec)
         set_aside = _set_aside_earlier_run(spec)
@@ -108,9 +116,6 @@ class RunSupervisor:
             threading.Timer(RESUME_GRACE_S, self._retire).start()
         else:
             self._run.start(fresh_budget=False)
-        if spec.warm_pool:  # this process is taken: one for the next launch's supervisor to take
-            threading.Thread(target=prestart_for_this_job, args=(spec.options.warm_idle_s,),
-                             name="nbtrain-spare", daemon=True).start()
 
     def _start_from(self, meta: dict[str, Any], data: bytes) -> None:
         """Keep a given checkpoint as the run's latest, before any rank starts (PBT's copy from another trial)."""
