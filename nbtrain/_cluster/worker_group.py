@@ -138,7 +138,8 @@ class WorkerGroup:
                 num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
                 name=worker_name(self.spec.name, self.attempt, rank), namespace=NAMESPACE,
-                runtime_env={"env_vars": options.env} if options.env else None,
+                # made by the supervisor, they would inherit its runtime env (see supervisor_options)
+                runtime_env={"env_vars": {**(options.env or {}), "NBTRAIN_PROCESS": "rank"}},
             ).remote() for rank in range(self.world_size)]
         places: list[dict[str, Any]] = self._wait(
             [actor.where.remote() for actor in self.actors], WORKER_START_TIMEOUT_S, stop_requested,
