@@ -160,7 +160,8 @@ GATE_NAMESPACE = "nbtrain-tests"
 
 
 def descend(config):
-    """x <- x - lr·2x from x = 10, a checkpoint at every step: a larger lr (up to 0.5) is better at every step.
+    """x <- x - lr·2x from x = 10, a checkpoint at every step: a larger lr (up to 0.5) is better at every step,
+    and lr = 0 never moves (loss 100 at every step).
 
     Each run passes a gate that opens once the whole population has started: PBT compares trials
     that train side by side, and on a loaded machine their runs start seconds apart (each trains ~5 s).
@@ -207,10 +208,12 @@ def test_pbt_restarts_weak_trials_from_a_strong_trials_checkpoint_with_a_perturb
             return self.arrived
 
     gate = Gate.options(name=GATE, namespace=GATE_NAMESPACE).remote()
-    # one strong trial and three weak ones; PBT's bottom quarter copies its top quarter
-    points = [{"lr": 0.3}, {"lr": 0.001}, {"lr": 0.001}, {"lr": 0.001}]
+    # PBT scores a trial at its own perturbation points and compares it with the others' last scores;
+    # its bottom quarter copies its top quarter. lr 0.3 is the best trial at every step, lr 0 the worst at
+    # every step (even against another trial's older score), whatever order the trials reach their points in
+    points = [{"lr": 0.3}, {"lr": 0.0}, {"lr": 0.001}, {"lr": 0.001}]
     try:
-        sweep = nbtrain.tune(descend, space={"lr": tune.choice([0.001, 0.3])},
+        sweep = nbtrain.tune(descend, space={"lr": tune.choice([0.0, 0.001, 0.3])},
                              config={"steps": 24, "pause": 0.2, "population": len(points)},
                              metric="loss", mode="min", scheduler="pbt", perturbation_interval=3, num_samples=4,
                              search_alg=BasicVariantGenerator(points_to_evaluate=points),
