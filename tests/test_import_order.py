@@ -1,4 +1,5 @@
-"""Importing nbtrain has no side effects, and the token works whatever was imported first.
+"""Importing nbtrain has no side effects, the token works whatever was imported first, and
+importing Ray (every process a run starts does) stays quick where nbtrain is installed.
 
 nbtrain sends the cluster's token with each Ray Client connection
 (``ray.init(address, _metadata=[("authorization", "Bearer …")])``, see
@@ -77,6 +78,21 @@ def test_ray_takes_per_connection_metadata():
     builder._init_args(_metadata=metadata)
     assert builder._metadata == metadata, (
         "this Ray no longer takes ray.init(_metadata=...); nbtrain/_client/auth.py must send the token another way")
+
+
+@pytest.mark.quick
+def test_importing_ray_builds_no_iri_grammar(tmp_path: Path):
+    """nbtrain pins jsonschema below 4.25: from 4.25 on, ``import ray`` (through jsonschema's format
+    checkers) imports rfc3987-syntax, which builds ~35 Earley parsers, 1.4 s in every Ray process here."""
+    result = _python("""
+        import sys, time
+        started = time.perf_counter()
+        import ray
+        print(sorted(name for name in sys.modules if name.startswith("rfc3987_syntax")), time.perf_counter() - started)
+        """, _env(), cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    grammars, seconds = result.stdout.splitlines()[-1].rsplit(" ", 1)
+    assert grammars == "[]", f"import ray took {float(seconds):.2f} s and imported {grammars}: is jsonschema >= 4.25?"
 
 
 @pytest.mark.cluster
