@@ -42,7 +42,7 @@ from nbtrain._cluster.metric_loggers import MetricLoggers
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.push_relay import Push
-from nbtrain._cluster.spare_process import prestart_for_this_job
+from nbtrain._cluster.spare_process import preload_env, prestart_for_this_job
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import RunStorage, prune_checkpoints
 from nbtrain._cluster.stored_run import delete_files, index_path, record_in_index, write_final
@@ -61,13 +61,14 @@ def supervisor_options(run_name: str) -> dict[str, Any]:
     """Ray actor options of a run's supervisor (the kernel starts it with these).
 
     Its runtime env marks its processes as supervisors' own: Ray gives the spare process kept
-    for the next supervisor (see spare_process) to a supervisor only, never to a task.
+    for the next supervisor (see spare_process) to a supervisor only, never to a task; the
+    spare imports this module as it starts.
     """
     return {
         "name": actor_name(run_name), "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": -1,
         "max_task_retries": 0, "max_concurrency": 64, "num_cpus": 0,
         "resources": {"node:__internal_head__": 0.001},
-        "runtime_env": {"env_vars": {"NBTRAIN_PROCESS": "run supervisor"}},
+        "runtime_env": {"env_vars": {"NBTRAIN_PROCESS": "run supervisor", **preload_env()}},
     }
 
 
