@@ -146,6 +146,7 @@ class WarmPool:
                 if worker.handle._actor_id in keep and not self._closing:
                     worker.leased_by = None
                     worker.idle_since = now
+                    worker.handle.tidy.remote()  # now, while idle, not as the next run starts
             self._end([w for w in mine if w.leased_by is not None])
         self._exit_if_done()
 

@@ -62,10 +62,23 @@ class TrainWorker:
         self._fresh_environ = dict(os.environ)
         self._fresh_torch_seed = torch.initial_seed()
         self._runs = 0
+        self._tidied = False  # tidy() ran since the last run
         self._store_listener: socket.socket | None = None  # rank 0's rendezvous port, listening from placement
 
     def ping(self) -> bool:
         return True
+
+    def tidy(self) -> None:
+        """Between runs (the warm pool asks as a run gives its workers back): free the run's garbage, and
+        keep what survived it (the modules it imported, Ray Train's) out of later collections, so the
+        next run starts without a collection of 0.1-0.25 s. Nothing of the run is left to freeze."""
+        import torch
+
+        gc.collect()
+        gc.freeze()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        self._tidied = True
 
     def where(self) -> dict[str, Any]:
         """Where this rank landed, for local ranks, the worker table and MASTER_ADDR."""
@@ -95,6 +108,7 @@ class TrainWorker:
         if self._runs:
             self._start_afresh()
         self._runs += 1
+        self._tidied = False
         if payload.cuda_visible_devices is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = payload.cuda_visible_devices
         os.environ.update(_torchrun_environment(payload))
@@ -146,8 +160,9 @@ class TrainWorker:
 
     def _start_afresh(self) -> None:
         """A warm worker's next run starts as a fresh process would, except for modules already imported:
-        the environment as the worker started, the same torch seed, new random seeds, no CUDA cache.
-        (The function and its globals are unpickled anew for every run.)"""
+        the environment as the worker started, the same torch seed, new random seeds, no CUDA cache
+        (tidy() has freed the previous run's objects, or this does). The function and its globals are
+        unpickled anew for every run."""
         import random
 
         import torch
@@ -159,9 +174,8 @@ class TrainWorker:
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             numpy.random.seed()
-        gc.collect()  # the previous run's model and tensors
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
+        if not self._tidied:
+            self.tidy()
 
 
 def _torchrun_environment(payload: WorkerPayload) -> dict[str, str]:
