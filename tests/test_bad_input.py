@@ -128,6 +128,17 @@ def test_a_config_value_that_cannot_be_sent_is_named():
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("args, kwargs, expected", [
+    ((["loss", 0.5],), {},
+     r"report\(\) takes a dict of metrics or keywords, not list: write nbtrain.report\(loss=0.5\)"),
+    (({"loss": 0.5},), {"loss": 0.4}, r"'loss' both in the dict and as a keyword: pass each metric once"),
+])
+def test_report_says_how_to_pass_metrics(args, kwargs, expected):
+    with pytest.raises(TypeError, match=expected):
+        nbtrain.report(*args, **kwargs)
+
+
+@pytest.mark.quick
 def test_a_storage_directory_that_cannot_be_written_is_named(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

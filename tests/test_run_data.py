@@ -104,9 +104,11 @@ def test_the_config_summary_is_short_however_big_the_config():
 # --------------------------------------------------------------------- on the cluster
 def report_every_kind(config):
     ctx = nbtrain.get_context()
-    for step in (1, 2):
-        nbtrain.report(step=step, rank=99, attempt=7, time="noon", phase="warmup" if step == 1 else "main",
-                       loss=math.nan, up=math.inf, down=-math.inf, lr=0.1 * (ctx.rank + 1))
+    # keywords, then a dict (Ray Train's style) with a keyword beside it: the same rows
+    nbtrain.report(step=1, rank=99, attempt=7, time="noon", phase="warmup",
+                   loss=math.nan, up=math.inf, down=-math.inf, lr=0.1 * (ctx.rank + 1))
+    nbtrain.report({"step": 2, "rank": 99, "attempt": 7, "time": "noon", "phase": "main",
+                    "loss": math.nan, "up": math.inf, "down": -math.inf}, lr=0.1 * (ctx.rank + 1))
 
 
 def test_every_kind_of_reported_value_is_kept_everywhere(cluster):

@@ -34,9 +34,10 @@ def get_context() -> TrainContext:
     return current_session().context
 
 
-def report(**metrics: Any) -> None:
+def report(metrics: dict[str, Any] | None = None, /, **more: Any) -> None:
     """Record metrics for this rank; returns at once (the rows are sent in the background).
 
+    Metrics come as keywords, as a dict (Ray Train's ``report({...})`` style), or both.
     Each call is one row with ``rank``, ``step``, ``attempt`` and ``time`` added.
     ``step`` defaults to the number of batches drawn from loaders made by
     :func:`prepare_loader` (or, without one, the number of ``report`` calls);
@@ -47,8 +48,19 @@ def report(**metrics: Any) -> None:
     NaN and infinities, which are kept as they are everywhere. Example::
 
         nbtrain.report(loss=loss.item(), lr=scheduler.get_last_lr()[0])
+        nbtrain.report({"loss": loss.item()}, epoch=epoch)
     """
-    current_session().report(metrics)
+    if metrics is None:
+        current_session().report(more)
+        return
+    if not isinstance(metrics, dict):
+        raise TypeError(f"report() takes a dict of metrics or keywords, not {type(metrics).__name__}: "
+                        "write nbtrain.report(loss=0.5) or nbtrain.report({'loss': 0.5}).")
+    twice = sorted(set(metrics) & set(more))
+    if twice:
+        raise TypeError(f"report() was given {', '.join(map(repr, twice))} both in the dict and as a keyword: "
+                        "pass each metric once.")
+    current_session().report({**metrics, **more})
 
 
 def prepare_model(model: Any, *, strategy: str | None = "ddp", precision: str | None = RUN_PRECISION,
