@@ -126,6 +126,7 @@ class TrainingSession:
         self._process = psutil.Process()
         self._rate_mark = (time.time(), 0)
         self._stop = threading.Event()
+        self._flushing = threading.Lock()  # the flusher's ticks and land_reported() take turns
         self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
         self._saved_stdio: tuple[Any, Any] | None = None
         self._in_flight: Any = None  # the ref of the last push until it is known to have landed or failed
@@ -183,17 +184,31 @@ class TrainingSession:
     # -- background ------------------------------------------------------
     def _flush_loop(self) -> None:
         while not self._stop.wait(until_next_tick(self.flush_interval_s)):
-            try:
-                self.flush(state="running")
-                # more than one push's worth reported: send the rest as each push lands, not a tick later
-                while self._waiting_rows and not self._stop.is_set():
-                    if not self._settled(PUSH_ORDER_WAIT_S) or self._unsent is not None:
-                        break  # slow or failed: the next tick carries on
+            with self._flushing:
+                try:
                     self.flush(state="running")
-                if self.elastic:
-                    self._ask_about_checkpoint()
-            except Exception:  # noqa: BLE001 - the supervisor may be restarting; retry next tick
-                self._asking = None
+                    # more than one push's worth reported: send the rest as each push lands, not a tick later
+                    while self._waiting_rows and not self._stop.is_set():
+                        if not self._settled(PUSH_ORDER_WAIT_S) or self._unsent is not None:
+                            break  # slow or failed: the next tick carries on
+                        self.flush(state="running")
+                    if self.elastic:
+                        self._ask_about_checkpoint()
+                except Exception:  # noqa: BLE001 - the supervisor may be restarting; retry next tick
+                    self._asking = None
+
+    def land_reported(self) -> None:
+        """Send what this rank reported so far and wait until the supervisor has it (or the push in flight
+        has not landed within :data:`FINAL_PUSH_WAIT_S`). Called before a checkpoint is recorded: the
+        supervisor may end the attempt as soon as it has the checkpoint (an elastic resize), and a
+        run resumed from it must not miss the rows reported before it."""
+        with self._flushing:
+            if not self._settled(FINAL_PUSH_WAIT_S):
+                return  # the supervisor is slow: the flusher carries on, in order
+            self._collect()
+            if self._unsent is not None or self._waiting_rows or self._waiting_logs:
+                self._send("running")
+                self._send_the_rest("running")
 
     def _ask_about_checkpoint(self) -> None:
         """Keep :attr:`checkpoint_requested` current without ever waiting on the supervisor's answer."""

@@ -301,11 +301,15 @@ def save_checkpoint(obj: Any, *, sharded: bool = False) -> None:
     write its own shards with ``torch.distributed.checkpoint`` into ``storage=``
     (at a URI: written locally, then each rank uploads its own files), in parallel;
     also a collective. Resume with ``load_checkpoint(into=...)``.
+
+    What each rank reported before the call is in the run's history before the
+    checkpoint is recorded: a run resumed from it misses no row reported before it.
     """
     import ray
     import torch
 
     session = current_session()
+    session.land_reported()
     if sharded:
         ctx = session.context
         step = session.current_step()
@@ -329,6 +333,7 @@ def store_checkpoint(data: bytes, form: str) -> None:
     import ray
 
     session = current_session()
+    session.land_reported()  # Lightning's, Hugging Face's and Ray Train's checkpoints come this way
     ctx = session.context
     step = session.current_step()
     meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time(), "format": form}
