@@ -6,6 +6,8 @@ wide run's nodes get (``auto`` starts them from 16 ranks).
 
 from __future__ import annotations
 
+import collections
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import ray
 import nbtrain
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._cluster.push_relay import wants_relays
+from nbtrain._cluster.relay_link import FRAME
 
 from _helpers import wait_for
 
@@ -34,6 +37,13 @@ def report_around_a_gate(config):
         t.sleep(0.02)
     for step in range(config["half"] + 1, 2 * config["half"] + 1):
         nbtrain.report(step=step, loss=1.0 / step)
+
+
+def _relay_sockets() -> dict[str, int]:
+    """Open Unix sockets per relay address (Linux lists a listening socket and each connection it accepted)."""
+    with open("/proc/net/unix") as table:
+        names = [line.split()[-1] for line in table.readlines()[1:] if line.split()[-1].startswith("@nbtrain-relay-")]
+    return dict(collections.Counter(names))
 
 
 def _relays(run_name: str) -> list[str]:
@@ -65,6 +75,13 @@ def test_rows_arrive_once_in_order_through_the_relay_and_after_it_dies(cluster, 
              describe=lambda: (run.state, len(run.cached_rows(0))))
     relays = _relays(name)
     assert len(relays) == 1, relays  # both ranks on the one loopback node: one relay
+    [(address, count)] = _relay_sockets().items()
+    assert count == 3, count  # it listens, and each rank pushes over a connection of its own (no Ray call)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stranger:  # without the relay's secret: shut out
+        stranger.settimeout(30)
+        stranger.connect("\0" + address[1:])
+        stranger.sendall(b"x" * 32 + FRAME.pack(4) + b"junk")
+        assert stranger.recv(1) == b"", "a connection without the secret must be closed unanswered"
     ray.kill(ray.get_actor(relays[0], namespace=NAMESPACE), no_restart=True)
     wait_for(lambda: not _relays(name), timeout=30, message="the killed relay to be gone")
     gate.touch()

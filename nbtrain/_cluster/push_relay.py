@@ -6,6 +6,10 @@ one process, and each call costs the supervisor more than the rows it carries. W
 each node (one small async actor, no CPU reserved, started beside the node's ranks), the
 supervisor gets one call per node per tick carrying that node's ranks' pushes.
 
+Ranks reach their relay over a Unix socket (see :mod:`~nbtrain._cluster.relay_link`), not
+by Ray calls, which would cost the ranks and the relay about a millisecond of CPU per push;
+a relay that offers no socket (not Linux) is called with :meth:`PushRelay.push`.
+
 A rank's push is answered only once the supervisor has taken it: the relay awaits its forward
 before it answers. So "landed" means at the supervisor, as without a relay, and the rank's own
 bookkeeping (one push in flight, a failed push sent again with the same ``seq``, the
@@ -19,9 +23,14 @@ Which runs use relays is the ``feed_relay`` option: ``auto`` gives one to each n
 from __future__ import annotations
 
 import asyncio
+import hmac
+import pickle
+import secrets
+import sys
 from typing import Any
 
 from nbtrain._cluster.feed import TICK_GATHER_S
+from nbtrain._cluster.relay_link import FAILED, FRAME, LANDED
 
 AUTO_MIN_WORLD = 16
 AUTO_MIN_NODE_RANKS = 2
@@ -46,12 +55,50 @@ class _Tick:
 
 
 class PushRelay:
-    """Runs as an async Ray actor on one node; its ranks call :meth:`push` instead of the supervisor's."""
+    """Runs as an async Ray actor on one node; its ranks push over its socket (or call :meth:`push`)
+    instead of calling the supervisor."""
 
     def __init__(self, supervisor: Any, node_ranks: int) -> None:
         self._supervisor = supervisor
         self._node_ranks = node_ranks
         self._open: _Tick | None = None
+        self._secret = secrets.token_bytes(32)  # what a connection to the socket must send first
+        self._listening: asyncio.Task[tuple[str, bytes]] | None = None
+        self._server: asyncio.AbstractServer | None = None
+
+    async def socket_address(self) -> tuple[str, bytes] | None:
+        """Where this node's ranks push without a Ray call, and the secret a connection sends first;
+        None where abstract Unix sockets do not exist (not Linux)."""
+        if sys.platform != "linux":
+            return None
+        if self._listening is None:  # the node's ranks ask at once: one socket, opened by the first
+            self._listening = asyncio.get_running_loop().create_task(self._listen())
+        return await asyncio.shield(self._listening)
+
+    async def _listen(self) -> tuple[str, bytes]:
+        address = f"\0nbtrain-relay-{secrets.token_hex(12)}"  # abstract: nothing on disk to remove
+        self._server = await asyncio.start_unix_server(self._serve, path=address)
+        return address, self._secret
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One rank's connection: its secret, then each push and its one-byte answer."""
+        try:
+            if not hmac.compare_digest(await reader.readexactly(len(self._secret)), self._secret):
+                return
+            while True:
+                (size,) = FRAME.unpack(await reader.readexactly(FRAME.size))
+                push = pickle.loads(await reader.readexactly(size))
+                try:
+                    await self.push(*push)
+                except Exception:  # noqa: BLE001 - the rank hears it failed, and resends to the supervisor
+                    writer.write(FAILED)
+                else:
+                    writer.write(LANDED)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the rank's attempt ended
+        finally:
+            writer.close()
 
     async def push(self, rank: int, attempt: int, seq: int, rows: list[dict[str, Any]],
                    beat: dict[str, Any], logs: list[tuple[str, float, str]]) -> None:

@@ -2,9 +2,9 @@
 
 ``report()`` is on the training step's hot path, so it only appends a tuple to
 a list (a few hundred nanoseconds). A background thread swaps that list out
-every ``flush_interval_s`` and sends one fire-and-forget actor call to the
-supervisor (through its node's push relay in wide runs, see
-:mod:`~nbtrain._cluster.push_relay`) carrying the rows, a heartbeat and any new
+every ``flush_interval_s`` and sends one push to the supervisor: an actor
+call, or in wide runs a message to its node's push relay's socket (see
+:mod:`~nbtrain._cluster.push_relay`), carrying the rows, a heartbeat and any new
 log text. Nothing on the
 step path waits for the supervisor, let alone the notebook.
 """
@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from nbtrain._cluster.gradient_noise import NoiseScale
+from nbtrain._cluster.relay_link import Pending, RayPush, RelayLink, open_link
 from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0
@@ -129,7 +130,9 @@ class TrainingSession:
         self._flushing = threading.Lock()  # the flusher's ticks and land_reported() take turns
         self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
         self._saved_stdio: tuple[Any, Any] | None = None
-        self._in_flight: Any = None  # the ref of the last push until it is known to have landed or failed
+        self._in_flight: Pending | None = None  # the last push until it is known to have landed or failed
+        self._link: RelayLink | None = None  # the socket to this node's relay, once opened (see relay_link)
+        self._link_tried = False
         # the last push's (seq, rows, logs) until it landed: sent again, same seq, if it failed
         self._unsent: tuple[int, list[dict[str, Any]], list[tuple[str, float, str]]] | None = None
         self._waiting_rows: list[dict[str, Any]] = []
@@ -149,6 +152,8 @@ class TrainingSession:
         if self._saved_stdio is not None:
             sys.stdout, sys.stderr = self._saved_stdio
         self.flush(state=state, wait=True)
+        if self._link is not None:
+            self._link.close()
 
     # -- hot path --------------------------------------------------------
     def report(self, metrics: dict[str, Any]) -> None:
@@ -319,18 +324,15 @@ class TrainingSession:
 
     def _settled(self, timeout: float) -> bool:
         """Whether no push is in flight any more (waiting up to ``timeout``); one that failed stays unsent."""
-        import ray
-
         if self._in_flight is None:
             return True
-        ready, _ = ray.wait([self._in_flight], timeout=timeout)
-        if not ready:
+        if not self._in_flight.wait(timeout):
             return False
-        self._in_flight = None
+        pending, self._in_flight = self._in_flight, None
         try:
-            ray.get(ready[0])
+            pending.result()
         except Exception:  # noqa: BLE001 - the supervisor restarting or gone: sent again next time
-            self.relay = None  # and if it went through the relay, straight to the supervisor from now on
+            self._drop_relay()  # and if it went through the relay, straight to the supervisor from now on
             return True
         self._unsent = None
         return True
@@ -342,9 +344,23 @@ class TrainingSession:
             logs, self._waiting_logs = self._waiting_logs[:MAX_PUSH_LOGS], self._waiting_logs[MAX_PUSH_LOGS:]
             self._unsent = (self.seq, rows, logs)
         seq, rows, logs = self._unsent
-        target = self.relay or self.supervisor
-        self._in_flight = target.push.remote(self.context.rank, self.context.attempt, seq, rows,
-                                             self._heartbeat(state), logs)
+        push = (self.context.rank, self.context.attempt, seq, rows, self._heartbeat(state), logs)
+        if self.relay is not None and not self._link_tried:
+            self._link_tried = True
+            self._link = open_link(self.relay)
+        if self._link is not None:
+            try:
+                self._in_flight = self._link.send(push)
+                return
+            except OSError:
+                self._drop_relay()
+        self._in_flight = RayPush((self.relay or self.supervisor).push.remote(*push))
+
+    def _drop_relay(self) -> None:
+        self.relay = None
+        if self._link is not None:
+            self._link.close()
+            self._link = None
 
     def _renamed_key(self, key: str, logs: list[tuple[str, float, str]]) -> str:
         """``user_<key>`` for a metric named like a row's own key; says so once in the rank's log
