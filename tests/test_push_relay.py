@@ -7,6 +7,7 @@ wide run's nodes get (``auto`` starts them from 16 ranks).
 from __future__ import annotations
 
 import collections
+import pickle
 import socket
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def report_around_a_gate(config):
 
 
 def _relay_sockets() -> dict[str, int]:
-    """Open Unix sockets per relay address (Linux lists a listening socket and each connection it accepted)."""
+    """Open Unix sockets per relay address, as Linux lists them: a listening socket and each connection it
+    accepted, under the address (``@`` for an abstract one's leading NUL)."""
     with open("/proc/net/unix") as table:
         names = [line.split()[-1] for line in table.readlines()[1:] if line.split()[-1].startswith("@nbtrain-relay-")]
     return dict(collections.Counter(names))
@@ -75,14 +77,17 @@ def test_rows_arrive_once_in_order_through_the_relay_and_after_it_dies(cluster, 
              describe=lambda: (run.state, len(run.cached_rows(0))))
     relays = _relays(name)
     assert len(relays) == 1, relays  # both ranks on the one loopback node: one relay
-    [(address, count)] = _relay_sockets().items()
-    assert count == 3, count  # it listens, and each rank pushes over a connection of its own (no Ray call)
+    relay = ray.get_actor(relays[0], namespace=NAMESPACE)
+    address, _ = ray.get(relay.socket_address.remote())
+    # it listens, and each rank pushes over a connection of its own (no Ray call per push)
+    assert _relay_sockets().get("@" + address[1:]) == 3, _relay_sockets()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stranger:  # without the relay's secret: shut out
         stranger.settimeout(30)
-        stranger.connect("\0" + address[1:])
-        stranger.sendall(b"x" * 32 + FRAME.pack(4) + b"junk")
+        stranger.connect(address)
+        empty = pickle.dumps(())  # a well-formed push frame: a relay that took it would answer FAILED
+        stranger.sendall(b"x" * 32 + FRAME.pack(len(empty)) + empty)
         assert stranger.recv(1) == b"", "a connection without the secret must be closed unanswered"
-    ray.kill(ray.get_actor(relays[0], namespace=NAMESPACE), no_restart=True)
+    ray.kill(relay, no_restart=True)
     wait_for(lambda: not _relays(name), timeout=30, message="the killed relay to be gone")
     gate.touch()
 

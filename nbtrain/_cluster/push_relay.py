@@ -30,7 +30,7 @@ import sys
 from typing import Any
 
 from nbtrain._cluster.feed import TICK_GATHER_S
-from nbtrain._cluster.relay_link import FAILED, FRAME, LANDED
+from nbtrain._cluster.relay_link import FAILED, FRAME, LANDED, OPEN_TIMEOUT_S
 
 AUTO_MIN_WORLD = 16
 AUTO_MIN_NODE_RANKS = 2
@@ -83,7 +83,8 @@ class PushRelay:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One rank's connection: its secret, then each push and its one-byte answer."""
         try:
-            if not hmac.compare_digest(await reader.readexactly(len(self._secret)), self._secret):
+            offered = await asyncio.wait_for(reader.readexactly(len(self._secret)), OPEN_TIMEOUT_S)
+            if not hmac.compare_digest(offered, self._secret):
                 return
             while True:
                 (size,) = FRAME.unpack(await reader.readexactly(FRAME.size))
@@ -95,8 +96,8 @@ class PushRelay:
                 else:
                     writer.write(LANDED)
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the rank's attempt ended
+        except Exception:  # noqa: BLE001 - the rank's attempt ended, or a connection that is no rank's
+            pass  # either way only this connection ends (a rank whose link broke pushes to the supervisor)
         finally:
             writer.close()
 

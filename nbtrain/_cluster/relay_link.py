@@ -88,6 +88,8 @@ class RelayLink:
         except OSError:
             self._sock.close()
             raise
+        self._answers = select.poll()  # not select.select: a rank's process may hold descriptors past 1023
+        self._answers.register(self._sock, select.POLLIN)
 
     def send(self, push: tuple[Any, ...]) -> SocketPush:
         data = pickle.dumps(push, protocol=pickle.HIGHEST_PROTOCOL)
@@ -98,8 +100,7 @@ class RelayLink:
         """The relay's answer to the push in flight: LANDED, FAILED (also for a closed socket), or None if
         none came within ``timeout``."""
         try:
-            readable, _, _ = select.select([self._sock], [], [], max(timeout, 0.0))
-            if not readable:
+            if not self._answers.poll(max(int(timeout * 1000), 0)):
                 return None
             return self._sock.recv(1) or FAILED
         except (OSError, ValueError):  # ValueError: the socket was closed on this side

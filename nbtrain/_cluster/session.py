@@ -151,9 +151,15 @@ class TrainingSession:
         self._thread.join(timeout=PUSH_ORDER_WAIT_S + 5)
         if self._saved_stdio is not None:
             sys.stdout, sys.stderr = self._saved_stdio
-        self.flush(state=state, wait=True)
-        if self._link is not None:
-            self._link.close()
+        took_turn = self._flushing.acquire(timeout=FINAL_PUSH_WAIT_S)
+        try:
+            if not took_turn:  # the flusher is stuck on a push: its link is its own, the last push goes by Ray
+                self._drop_relay()
+            self.flush(state=state, wait=True)
+        finally:
+            if took_turn:
+                self._flushing.release()
+            self._drop_relay()  # a warm worker lives on: its socket must not
 
     # -- hot path --------------------------------------------------------
     def report(self, metrics: dict[str, Any]) -> None:
@@ -348,6 +354,8 @@ class TrainingSession:
         if self.relay is not None and not self._link_tried:
             self._link_tried = True
             self._link = open_link(self.relay)
+        if self._link is not None and self._in_flight is not None:
+            self._drop_relay()  # the last flush's resend: the link's next answer is the push still in flight's
         if self._link is not None:
             try:
                 self._in_flight = self._link.send(push)
