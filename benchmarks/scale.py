@@ -162,6 +162,8 @@ def simulate_ranks(config: dict[str, Any]) -> None:
         node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         real.relay = ray.remote(PushRelay).options(num_cpus=0, scheduling_strategy=node).remote(
             real.supervisor, len(mine))
+        # up before the ranks report, as a run's relays start before its ranks run: its process start is not feed time
+        ray.get(real.relay.socket_address.remote())
 
     def reporter(rank: int) -> None:
         if rank == real.context.rank:  # the real rank's own session reports for it

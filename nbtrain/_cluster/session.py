@@ -126,6 +126,7 @@ class TrainingSession:
         self.seq = 0
         self._process = psutil.Process()
         self._rate_mark = (time.time(), 0)
+        self._rss_mb = self._process.memory_info().rss / 2**20  # read again with the rate, once a second
         self._stop = threading.Event()
         self._flushing = threading.Lock()  # the flusher's ticks and land_reported() take turns
         self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
@@ -242,10 +243,11 @@ class TrainingSession:
         if now - mark_time >= 1.0:
             rate = (self.samples - mark_samples) / (now - mark_time)
             self._rate_mark = (now, self.samples)
+            self._rss_mb = self._process.memory_info().rss / 2**20  # a /proc read: not on every tick's push
         beat: dict[str, Any] = {
             "time": now, "step": self.current_step(),
             "epoch": self.epoch, "state": state, "last_progress": self.last_progress,
-            "rss_mb": self._process.memory_info().rss / 2**20,
+            "rss_mb": self._rss_mb,
         }
         if rate is not None:
             beat["samples_per_s"] = rate
