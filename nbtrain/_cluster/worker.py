@@ -22,13 +22,13 @@ import ipaddress
 import os
 import socket
 import sys
-import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import ray
 
+from nbtrain._cluster import ray_train_on_import
 from nbtrain._cluster.allocator import keep_freed_memory
 from nbtrain._cluster.session import TrainContext, TrainingSession, set_session
 from nbtrain._net import free_port
@@ -36,7 +36,6 @@ from nbtrain._net import free_port
 if TYPE_CHECKING:
     from nbtrain._cluster.worker_group import WorkerPayload
 
-SEAM_MODULE = "nbtrain._cluster.ray_train_seam"
 
 
 class TrainWorker:
@@ -55,9 +54,6 @@ class TrainWorker:
         # Here, before any run's objects exist: a frozen cycle would never be freed.
         gc.freeze()
 
-        # Ray Train v2 support (ray_train_seam) imports ray.train.torch: ~0.6 s, paid while the run starts
-        self._seam_import = threading.Thread(target=_import_ray_train_seam, name="nbtrain-import", daemon=True)
-        self._seam_import.start()
         # what a fresh process starts from, for a warm worker's next run (see warm_pool)
         self._fresh_environ = dict(os.environ)
         self._fresh_torch_seed = torch.initial_seed()
@@ -127,10 +123,7 @@ class TrainWorker:
                                   batch_scale=payload.batch_scale, lr_scale=payload.lr_scale,
                                   gns=payload.gns, adaptive_batch=payload.adaptive_batch)
         set_session(session)
-        self._seam_import.join()
-        seam = sys.modules.get(SEAM_MODULE)
-        if seam is not None:
-            seam.install(session)
+        ray_train_on_import.watch(session)
         session.start()
         try:
             _join_process_group(payload, listener)
@@ -146,8 +139,7 @@ class TrainWorker:
             }
         finally:
             set_session(None)
-            if seam is not None:
-                seam.uninstall()
+            ray_train_on_import.unwatch()
             if dist.is_initialized():
                 try:
                     dist.destroy_process_group()
@@ -185,16 +177,6 @@ def _torchrun_environment(payload: WorkerPayload) -> dict[str, str]:
             "LOCAL_WORLD_SIZE": str(payload.local_world_size), "GROUP_RANK": str(payload.node_rank),
             "NODE_RANK": str(payload.node_rank), "MASTER_ADDR": payload.master_addr,
             "MASTER_PORT": str(payload.master_port)}
-
-
-def _import_ray_train_seam() -> None:
-    """Import the Ray Train v2 seam; without Ray Train's packages, ``ray.train`` calls raise Ray's own error."""
-    import importlib
-
-    try:
-        importlib.import_module(SEAM_MODULE)
-    except ImportError as exc:
-        sys.stderr.write(f"nbtrain: Ray Train code will not run on this worker: {exc}\n")
 
 
 def _join_process_group(payload: WorkerPayload, listener: socket.socket | None) -> None:
