@@ -37,7 +37,7 @@ def quality_run(config):
 
 
 def test_asha_stops_bad_trials_early_and_best_is_the_known_best(cluster):
-    grid = [BEST_Q, 5.0, 0.2, 4.0, 3.0, 6.0, FAILING_Q]
+    grid = [BEST_Q, 5.0, 0.2, 4.0, FAILING_Q]
     sweep = nbtrain.tune(quality_run, space={"q": tune.grid_search(grid)}, config={"steps": 8, "pause": 0.25},
                          metric="loss", mode="min", scheduler="asha", max_t=8, grace_period=1, reduction_factor=2,
                          workers_per_trial=2, name="asha-sweep", max_concurrent=2)
@@ -66,7 +66,7 @@ def test_asha_stops_bad_trials_early_and_best_is_the_known_best(cluster):
     printed = StringIO()
     with redirect_stdout(printed):
         ipython_shell().run_line_magic("ray_status", "")
-    assert f"sweep asha-sweep: succeeded, 7 trials, best loss {BEST_Q + 1 / 8:.4g}" in printed.getvalue()
+    assert f"sweep asha-sweep: succeeded, 5 trials, best loss {BEST_Q + 1 / 8:.4g}" in printed.getvalue()
 
 
 def test_a_metric_never_reported_fails_the_sweep_naming_it(cluster):
@@ -148,11 +148,14 @@ def test_every_trial_gets_its_shards_of_the_sweeps_ray_dataset(cluster):
 
     dataset = ray.data.from_numpy(np.arange(32))
     sweep = nbtrain.tune(count_rows, space={"q": tune.grid_search([1.0, 2.0])}, metric="loss", mode="min",
-                         workers_per_trial=2, datasets={"train": dataset}, name="dataset-sweep")
+                         workers_per_trial=2, datasets={"train": dataset}, name="dataset-sweep", max_concurrent=1)
     assert sweep.wait(timeout=300) == "succeeded"
     for trial in sweep.trials:
         rank0, rank1 = trial.run.result
         assert len(rank0) == len(rank1) == 16 and sorted(rank0 + rank1) == list(range(32)), trial
+    # the second trial's ranks are the processes the first one left: this session's warm workers
+    first, second = sorted(sweep.trials, key=lambda t: t.index)
+    assert {w["pid"] for w in second.run.workers} == {w["pid"] for w in first.run.workers}
 
 
 GATE = "pbt-population-gate"
@@ -214,7 +217,7 @@ def test_pbt_restarts_weak_trials_from_a_strong_trials_checkpoint_with_a_perturb
     points = [{"lr": 0.3}, {"lr": 0.0}, {"lr": 0.001}, {"lr": 0.001}]
     try:
         sweep = nbtrain.tune(descend, space={"lr": tune.choice([0.0, 0.001, 0.3])},
-                             config={"steps": 24, "pause": 0.2, "population": len(points)},
+                             config={"steps": 12, "pause": 0.2, "population": len(points)},
                              metric="loss", mode="min", scheduler="pbt", perturbation_interval=3, num_samples=4,
                              search_alg=BasicVariantGenerator(points_to_evaluate=points),
                              workers_per_trial=1, name="pbt-sweep", max_concurrent=4)

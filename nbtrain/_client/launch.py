@@ -124,11 +124,8 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
     if options.storage and cluster.kind == "local":  # the notebook sees the cluster's disk: check now
         check_writable(options.storage)
-    if options.warm and not options.elastic:  # warm workers are kept for one shape; an elastic run has many
-        from nbtrain._cluster.warm_pool import shape_of
-
-        spec = dataclasses.replace(spec, warm_pool=warm.pool_for_launch())
-        warm.prestart(shape_of(options), options.warm_idle_s)
+    if (pool := warm.pool_for(options)) is not None:
+        spec = dataclasses.replace(spec, warm_pool=pool)
         spec_bytes = _pickled(spec)
     existing = find_supervisor(name)
     # an ended run kept by the cluster: looked for only to resume it (a new launch's supervisor refuses the name)

@@ -12,7 +12,7 @@ import dataclasses
 import time
 from typing import Any
 
-from nbtrain._client import connection
+from nbtrain._client import connection, warm
 from nbtrain._client.launch import _owner, attach, check_resources
 from nbtrain._client.run import Run
 from nbtrain._client.serialization import dumps_checked
@@ -28,7 +28,7 @@ SWEEP_START_S = 30.0
 TERMINAL = ("succeeded", "failed", "stopped")
 # Run options a sweep sets itself for each trial: given to tune(), they would mean something else.
 SET_BY_THE_SWEEP = {"workers": "workers_per_trial", "name": "name (the sweep's; trial N's run is <name>-t<N>)",
-                    "wait": "wait (the sweep's)", "resume": None, "warm": None, "warm_idle_s": None}
+                    "wait": "wait (the sweep's)", "resume": None}
 
 
 @dataclasses.dataclass
@@ -231,7 +231,7 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     _check_scheduler(options.scheduler)
     datasets = run_options.pop("datasets", None)
     try:
-        run = RunOptions(**run_options, workers=options.workers_per_trial, warm=False, datasets=datasets)
+        run = RunOptions(**run_options, workers=options.workers_per_trial, datasets=datasets)
     except TypeError as exc:
         msg = f"tune() got an option it does not know: {exc}. Sweep options and run options are listed in " \
               f"help(nbtrain.tune) and help(nbtrain.launch)."
@@ -245,7 +245,8 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
         msg = "A sweep's training function takes the config: def train(config): ... (the sampled values are in it)."
         raise InvalidOptionError(msg)
     trial_run = RunSpec(options=dataclasses.replace(run, datasets=None, config=dict(run.config or {})),
-                        fn_bytes=dumps_checked(train_fn), fn_takes_config=True, owner=_owner())
+                        fn_bytes=dumps_checked(train_fn), fn_takes_config=True, owner=_owner(),
+                        warm_pool=warm.pool_for(run))  # a trial's ranks: this notebook session's warm workers
     spec = SweepSpec(options=options, trial_run=trial_run, owner=_owner())
     if _find_handle(name) is not None or name in stored_sweep_names():
         raise RunExistsError(f"A sweep named {name!r} already exists on {cluster.address}. Pick another name, "

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbtrain._client import connection
 from nbtrain._cluster.names import NAMESPACE, POOL_PREFIX, pool_name
+
+if TYPE_CHECKING:
+    from nbtrain._options import RunOptions
 
 DESCRIBE_TIMEOUT_S = 10.0
 
@@ -48,10 +51,18 @@ def pool_for_launch() -> str:
     return _made.name
 
 
-def prestart(shape: Any, idle_s: float) -> None:
-    """Ask this session's pool to start the next run's workers now (see ``WarmPool.prestart``)."""
-    if _made is not None:
-        _made.pool.prestart.remote(shape, idle_s)
+def pool_for(options: RunOptions) -> str | None:
+    """The pool a run with these options leases its workers from (a sweep's trials too), its first
+    workers asked for now (see ``WarmPool.prestart``); None for ``warm=False`` and for an elastic
+    run (warm workers are kept for one shape, and an elastic run has many)."""
+    from nbtrain._cluster.warm_pool import shape_of
+
+    if not options.warm or options.elastic:
+        return None
+    name = pool_for_launch()
+    assert _made is not None
+    _made.pool.prestart.remote(shape_of(options), options.warm_idle_s)
+    return name
 
 
 def release_warm() -> int:

@@ -303,14 +303,14 @@ def remove_leftover_group(spec: RunSpec, attempt: int) -> None:
     from ray.util import get_placement_group
 
     run_name = spec.name
-    if spec.placement_group is not None:
-        return  # the group is its owner's; the workers a previous supervisor started died with it
     if spec.warm_pool:
         try:
             pool = ray.get_actor(spec.warm_pool, namespace=NAMESPACE)
             ray.get(pool.give_back.remote(run_name, []), timeout=GIVE_BACK_TIMEOUT_S)
         except (ValueError, ray.exceptions.RayError):
             pass  # no pool: nothing was lent, or it ended with its workers
+    if spec.placement_group is not None:
+        return  # the group is its owner's (a sweep's trial); the workers a previous supervisor started died with it
     try:
         remove_placement_group(get_placement_group(group_name(run_name, attempt)))
     except Exception:  # noqa: BLE001 - nothing left over
