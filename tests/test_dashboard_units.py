@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -112,6 +113,10 @@ def test_a_run_without_total_steps_shows_steps_elapsed_time_and_a_moving_bar():
     assert dashboard.progress.layout.display == "none"
     assert "nbtrain-progress-indeterminate" in dashboard.progress_label.value
     assert dashboard.progress_label.value.endswith(" step 42 · 0:01:05")
+    bar = dashboard.progress_label.value
+    dashboard._draw_header({"state": "running", "step": 43, "started": 100.0, "now": 166.0, "world_size": 2})
+    assert _stripes_at(dashboard.progress_label.value) != _stripes_at(bar), "a second later the stripes moved"
+    assert "animation" not in bar, "no CSS animation: the browser draws the bar when the dashboard does"
 
     dashboard._draw_header({"state": "failed", "step": 50, "started": 100.0, "ended": 170.0, "world_size": 2})
 
@@ -165,3 +170,7 @@ def test_each_resize_is_marked_on_the_curves_where_the_new_size_resumed():
     figure = dashboard._figures["loss"]
     assert [shape.x0 for shape in figure.layout.shapes] == [9, 18]
     assert [label.text for label in figure.layout.annotations] == ["1 → 2 ranks", "2 → 1 ranks"]
+
+
+def _stripes_at(label: str) -> str:
+    return re.search(r"background-position:([^;\"]+)", label).group(1)

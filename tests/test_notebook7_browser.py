@@ -57,6 +57,9 @@ def test_curves_grow_in_notebook7(page, notebook7):
                  message=f"the curve to grow past {first} points", describe=lambda: plot_points(page))
         bar = page.locator(".nbtrain-dashboard .nbtrain-progress-indeterminate")
         assert bar.is_visible()  # no total_steps: a moving bar, the steps and the time so far
+        stripes = bar.evaluate("node => node.style.backgroundPosition")
+        wait_for(lambda: bar.evaluate("node => node.style.backgroundPosition") != stripes, 30, interval=0.25,
+                 message="the bar's stripes to move")
         label = bar.evaluate("node => node.parentElement.textContent")
         assert re.search(r"step \d+ · 0:00:\d\d", label), label
         page.screenshot(path=str(ARTIFACTS / "notebook7-live.png"), full_page=True)

@@ -28,11 +28,11 @@ from nbtrain._views.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follow
 from nbtrain._views.history import MetricHistory, take_new_rows
 from nbtrain._views.static_plot import COLOURS, svg_chart
 from nbtrain._views.summary_text import (
-    INDETERMINATE_BAR,
     STATE_COLOURS,
     config_text,
     elapsed,
     fmt_duration,
+    indeterminate_bar,
     progress_fraction,
     state_label,
 )
@@ -233,7 +233,7 @@ class WidgetDashboard(Follower):
             self.progress_label.value = f" step {summary.get('step', 0)} · {fmt_duration(seconds)}"
         else:  # no total_steps: how far and how long, and a bar that says it is going
             self.progress.layout.display = "none"
-            self.progress_label.value = (f"{INDETERMINATE_BAR} step {summary.get('step', 0)} · "
+            self.progress_label.value = (f"{indeterminate_bar(seconds)} step {summary.get('step', 0)} · "
                                          f"{fmt_duration(seconds)}")
 
     def _straggler_note(self, summary: dict[str, Any]) -> str:

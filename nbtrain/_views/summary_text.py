@@ -10,13 +10,23 @@ STATE_COLOURS = {
     "pending": "#777", "starting": "#1f77b4", "running": "#1f77b4", "restarting": "#ff7f0e",
     "succeeded": "#2ca02c", "failed": "#d62728", "stopped": "#555",
 }
-# Shown instead of the progress bar while a run that does not know its total_steps goes on.
-INDETERMINATE_BAR = (
-    '<span class="nbtrain-progress-indeterminate" title="total_steps unknown" style="display:inline-block;'
-    "width:240px;height:10px;border-radius:5px;vertical-align:middle;background:repeating-linear-gradient("
-    '-45deg,#1f77b4 0 8px,#aec7e8 8px 16px);background-size:22.6px 22.6px;animation:nbtrain-stripes 1s linear '
-    'infinite"></span><style>@keyframes nbtrain-stripes{to{background-position:22.6px 0}}</style>'
-)
+STRIPES_PX = 22.6         # the indeterminate bar's stripes repeat every STRIPES_PX along it
+STRIPES_PX_PER_S = 9.0    # and move this far per second of the run, at each redraw
+
+
+def indeterminate_bar(seconds: float) -> str:
+    """Shown instead of the progress bar while a run that does not know its total_steps goes on.
+
+    Its stripes sit where the run's elapsed time puts them, so they move each time the dashboard
+    redraws, and stand still when nothing arrives. Not a CSS animation: an infinite one kept the
+    browser drawing 60 frames a second for as long as the run went on (0.17-0.19 of a core in
+    Chromium, measured; 0.09 with steps() or a transform).
+    """
+    offset = seconds * STRIPES_PX_PER_S % STRIPES_PX
+    return ('<span class="nbtrain-progress-indeterminate" title="total_steps unknown" style="display:inline-block;'
+            "width:240px;height:10px;border-radius:5px;vertical-align:middle;background:repeating-linear-gradient("
+            f"-45deg,#1f77b4 0 8px,#aec7e8 8px 16px);background-size:{STRIPES_PX}px {STRIPES_PX}px;"
+            f'background-position:{offset:.1f}px 0"></span>')
 
 
 def elapsed(summary: dict[str, Any]) -> float:
