@@ -49,7 +49,7 @@ def test_the_magic_has_a_flag_for_every_sweep_option_and_every_trial_run_option(
     dests = {action.dest for action in tune_parser._actions if action.option_strings}
     assert set(DECLARED) <= dests
     assert {f.name for f in _options.fields() if f.name not in SET_BY_THE_SWEEP} <= dests
-    assert not ({"workers", "resume", "warm"} & dests)
+    assert not ({"workers", "resume"} & dests)  # set by the sweep; warm workers are a trial run option
 
 
 def test_flags_parse_into_sweep_options_and_trial_run_options(tune_parser):
