@@ -57,11 +57,13 @@ def test_curves_grow_in_notebook7(page, notebook7):
                  message=f"the curve to grow past {first} points", describe=lambda: plot_points(page))
         bar = page.locator(".nbtrain-dashboard .nbtrain-progress-indeterminate")
         assert bar.is_visible()  # no total_steps: a moving bar, the steps and the time so far
-        stripes = bar.evaluate("node => node.style.backgroundPosition")
-        wait_for(lambda: bar.evaluate("node => node.style.backgroundPosition") != stripes, 30, interval=0.25,
-                 message="the bar's stripes to move")
-        label = bar.evaluate("node => node.parentElement.textContent")
+        # read in one evaluation each: the dashboard replaces the bar at each redraw
+        at = ("() => { const bar = document.querySelector('.nbtrain-dashboard .nbtrain-progress-indeterminate');"
+              " return bar && [bar.style.backgroundPosition, bar.parentElement.textContent]; }")
+        stripes, label = page.evaluate(at)
         assert re.search(r"step \d+ · 0:00:\d\d", label), label
+        wait_for(lambda: (now := page.evaluate(at)) and now[0] != stripes, 30, interval=0.25,
+                 message="the bar's stripes to move")
         page.screenshot(path=str(ARTIFACTS / "notebook7-live.png"), full_page=True)
         wait_for_state(page, "succeeded", 120_000)
         page.wait_for_selector(".nbtrain-summary svg", timeout=30_000)
