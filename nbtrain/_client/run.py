@@ -407,6 +407,9 @@ class Run:
         import ray
 
         outcome = self._call("delete", timeout=timeout)
+        while outcome == "retired":  # the run had just ended and its supervisor is exiting: delete its files
+            time.sleep(0.05)  # until Ray has ended it and _call reads the files instead
+            outcome = self._call("delete", timeout=timeout)
         if outcome != "deleted":
             msg = (f"Run {self.name!r} is still {outcome}, so nothing was deleted. Stop it first with "
                    f"run.stop() (or `nbtrain stop {self.name}`), then delete it.")

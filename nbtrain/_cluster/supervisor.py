@@ -287,10 +287,14 @@ class RunSupervisor:
     def delete(self) -> str:
         """Remove the ended run's files: history, checkpoints and state (``storage=`` included).
 
-        Returns ``"deleted"``, or the state of a run still going (nothing is removed then).
+        Returns ``"deleted"``, or the state of a run still going (nothing is removed then), or
+        ``"retired"`` once this supervisor is exiting and leaving the run to its files (its
+        answer might never arrive: the caller deletes through the files instead).
         The caller kills this actor next, so nothing writes the files again.
         """
         with self._feed.lock:
+            if self._retired:
+                return "retired"
             if not self._run.state.is_terminal:
                 return self._run.state.value
             self._deleted = True
