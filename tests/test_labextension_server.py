@@ -526,7 +526,10 @@ def test_the_run_list_carries_a_real_sweep_with_its_trials(cluster: Any, tmp_pat
         assert sweep.wait(timeout=300) == "succeeded"
         done = wait_for(lambda: (s := served_sweep(lab, "served-sweep")) and s["state"] == "succeeded" and s,
                         timeout=60, what="the finished sweep to be served")
-        listed = runs(lab)
+        # the list is the agent's last refresh: the trials' runs read as ended by the next one at the latest
+        listed = wait_for(lambda: (r := runs(lab)) and all(r.get(t["run"], {}).get("terminal") for t in
+                                                            done["trials"]) and r,
+                          timeout=30, what="the trials' runs to be listed as ended")
     finally:
         lab.stop()
 
