@@ -24,11 +24,11 @@ import cloudpickle
 from nbtrain import _options, _registry
 from nbtrain._client import connection, warm
 from nbtrain._client.following import block_until_done
-from nbtrain._client.run import NAME_RELEASE_S, POLL_TIMEOUT_S, Run
+from nbtrain._client.run import POLL_TIMEOUT_S, Run
 from nbtrain._client.serialization import check_values, dumps_checked
 from nbtrain._client.stored import StoredRunHandle, find_stored, stored_names, stored_summaries
 from nbtrain._cluster import storage_uri
-from nbtrain._cluster.names import find_supervisor, run_names
+from nbtrain._cluster.names import find_supervisor, run_names, wait_until_name_free
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import (
     NbtrainError,
@@ -141,7 +141,7 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             state = "retired"  # it exited as the run had ended: resume from the files
         if state == "retired":
-            _wait_until_name_free(name)
+            wait_until_name_free(name)
             stored = find_stored(name)
         elif state != "resumed":
             msg = f"Run {name!r} cannot be resumed: it is {state}; only an ended run can be. Attach to it instead."
@@ -191,12 +191,6 @@ def _resume_stored(name: str, spec: RunSpec, datasets: dict[str, Any] | None) ->
 
 
 _GOING = ("pending", "starting", "running", "restarting")
-
-
-def _wait_until_name_free(name: str) -> None:
-    deadline = time.monotonic() + NAME_RELEASE_S
-    while find_supervisor(name) is not None and time.monotonic() < deadline:
-        time.sleep(0.05)  # ray.kill returns before the cluster frees the name
 
 
 def check_writable(storage: str) -> None:

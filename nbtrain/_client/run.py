@@ -28,7 +28,7 @@ from nbtrain import _registry
 from nbtrain._client.checkpoint_files import load_in_notebook, local_checkpoint_dir
 from nbtrain._client.cluster_nodes import worker_node_id
 from nbtrain._client.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
-from nbtrain._cluster.names import find_supervisor
+from nbtrain._cluster.names import find_supervisor, wait_until_name_free
 from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
 from nbtrain._states import RunState
 
@@ -38,7 +38,6 @@ LOG_WINDOW = 20_000   # log chunks kept likewise
 PAGE_ROWS = 50_000    # rows per poll when fetching a long history
 FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of supervisor memory at most
 SUPERVISOR_RESTART_GRACE_S = 60.0
-NAME_RELEASE_S = 10.0  # how long delete() waits for the cluster to free the run's name
 
 
 class Run:
@@ -407,8 +406,8 @@ class Run:
         import ray
 
         outcome = self._call("delete", timeout=timeout)
-        while outcome == "retired":  # the run had just ended and its supervisor is exiting: delete its files
-            time.sleep(0.05)  # until Ray has ended it and _call reads the files instead
+        if outcome == "retired":  # the run had just ended and its supervisor is exiting: delete its files
+            wait_until_name_free(self.name)
             outcome = self._call("delete", timeout=timeout)
         if outcome != "deleted":
             msg = (f"Run {self.name!r} is still {outcome}, so nothing was deleted. Stop it first with "
@@ -418,9 +417,7 @@ class Run:
         if isinstance(self._handle, StoredRunHandle):  # no process to end: the files were the run
             return
         ray.kill(self._handle, no_restart=True)
-        deadline = time.monotonic() + NAME_RELEASE_S
-        while find_supervisor(self.name) is not None and time.monotonic() < deadline:
-            time.sleep(0.05)  # ray.kill returns before the cluster frees the name; a launch of it may follow
+        wait_until_name_free(self.name)  # a launch of the name may follow
 
     def dashboard(self, **options: Any) -> Any:
         """The live dashboard (widgets in a notebook, a text line elsewhere)."""
@@ -444,3 +441,4 @@ def _readable(summary: dict[str, Any]) -> dict[str, Any]:
     if "step" in summary and not _registry.is_whole(summary["step"]):
         summary["step"] = 0
     return summary
+

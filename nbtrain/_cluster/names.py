@@ -6,6 +6,7 @@ the placement group its previous process left behind by the group's name.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 NAMESPACE = "nbtrain"
@@ -60,3 +61,14 @@ def run_names() -> list[str]:
     named = ray.util.list_named_actors(all_namespaces=True)
     return sorted(entry["name"][len(ACTOR_PREFIX):] for entry in named
                   if entry.get("namespace") == NAMESPACE and entry["name"].startswith(ACTOR_PREFIX))
+
+
+NAME_RELEASE_S = 10.0  # how long a caller waits for the cluster to free an ended supervisor's name
+
+
+def wait_until_name_free(name: str) -> None:
+    """Until the run's supervisor is gone from the cluster (at most ``NAME_RELEASE_S``): ``ray.kill``
+    returns before the cluster frees the actor's name."""
+    deadline = time.monotonic() + NAME_RELEASE_S
+    while find_supervisor(name) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -15,27 +15,20 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
-import threading
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from nbtrain._cluster.session import active_session
 
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
 
-    from nbtrain._cluster.session import TrainingSession
-
 SEAM_MODULE = "nbtrain._cluster.ray_train_seam"
 WATCHED = "ray.train"
 
-_lock = threading.Lock()
-_session: TrainingSession | None = None  # the run's session, while a run is on this rank
 
-
-def watch(session: TrainingSession) -> None:
-    """Until :func:`unwatch`, ``ray.train.*`` calls on this rank reach ``session``."""
-    global _session
-    with _lock:
-        _session = session
+def watch() -> None:
+    """Until :func:`unwatch`, ``ray.train.*`` calls on this rank reach the run's session (``set_session``)."""
     if WATCHED in sys.modules:
         _install()
     elif not any(isinstance(finder, _ImportWatch) for finder in sys.meta_path):
@@ -43,17 +36,13 @@ def watch(session: TrainingSession) -> None:
 
 
 def unwatch() -> None:
-    global _session
-    with _lock:
-        _session = None
     seam = sys.modules.get(SEAM_MODULE)
     if seam is not None:
         seam.uninstall()
 
 
 def _install() -> None:
-    with _lock:
-        session = _session
+    session = active_session()
     if session is None:
         return  # imported between runs: the next run's watch() installs it
     try:

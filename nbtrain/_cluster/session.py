@@ -422,6 +422,11 @@ def set_session(session: TrainingSession | None) -> None:
         _current = session
 
 
+def active_session() -> TrainingSession | None:
+    """The session of the run on this rank, or None between runs."""
+    return _current
+
+
 def current_session() -> TrainingSession:
     session = _current
     if session is None:

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from nbtrain._cluster.worker_group import WorkerPayload
 
 
-
 class TrainWorker:
     def __init__(self) -> None:
         # Ray starts workers at a low CPU priority; training is the job, so ask for
@@ -123,7 +122,7 @@ class TrainWorker:
                                   batch_scale=payload.batch_scale, lr_scale=payload.lr_scale,
                                   gns=payload.gns, adaptive_batch=payload.adaptive_batch)
         set_session(session)
-        ray_train_on_import.watch(session)
+        ray_train_on_import.watch()
         session.start()
         try:
             _join_process_group(payload, listener)
