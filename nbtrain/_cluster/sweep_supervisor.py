@@ -32,6 +32,7 @@ from nbtrain._sweep_options import pbt_mutations
 
 SWEEP_RECORD = "sweep.json"
 LONG_POLL_LIMIT_S = 10.0
+TRIAL_STOP_WAIT_S = 60.0  # a trial's run, stopped at the end of the sweep: until its workers are gone
 TRIAL_STATES = ("pending", "running", "succeeded", "stopped", "failed")
 
 
@@ -134,6 +135,7 @@ class SweepSupervisor:
             state = "stopped" if self.stop_everything.is_set() else "succeeded"
         except Exception as exc:  # noqa: BLE001 - the sweep fails with Tune's reason; the notebook shows it
             state, self._error = "failed", f"{type(exc).__name__}: {exc}"
+        self._stop_unfinished_runs()
         with self._lock:
             missing = next((t["error"] for t in self._trials.values() if t.get("metric_missing")), None)
             if missing is not None:
@@ -146,6 +148,26 @@ class SweepSupervisor:
             self._state, self._ended = state, time.time()
             self._changed()
         self._retire()
+
+    def _stop_unfinished_runs(self) -> None:
+        """Stop the runs of trials Tune ended without a word, before the sweep says it ended.
+
+        When the sweep stops, Tune ends a trial whose actor is still inside its first ``step()``
+        (its run starting, no row yet) by killing the actor: its ``cleanup()`` never runs, and the
+        run's detached supervisor would go on with nobody to stop it.
+        """
+        with self._lock:
+            runs = [t["run"] for t in self._trials.values() if t["state"] in ("pending", "running") and t.get("run")]
+        stops = []
+        for run in runs:
+            try:
+                stops.append(ray.get_actor(actor_name(run), namespace=NAMESPACE).stop.remote(TRIAL_STOP_WAIT_S))
+            except ValueError:
+                continue  # its run has ended already
+        try:
+            ray.get(stops, timeout=TRIAL_STOP_WAIT_S + 5)
+        except ray.exceptions.RayError:
+            pass  # a run that ended meanwhile (its supervisor retired); one still stopping has been told
 
     def _tuner(self) -> Any:
         from ray.tune import PlacementGroupFactory
