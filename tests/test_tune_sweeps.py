@@ -211,16 +211,18 @@ def test_pbt_restarts_weak_trials_from_a_strong_trials_checkpoint_with_a_perturb
             return self.arrived
 
     gate = Gate.options(name=GATE, namespace=GATE_NAMESPACE).remote()
-    # PBT scores a trial at its own perturbation points and compares it with the others' last scores;
-    # its bottom quarter copies its top quarter. lr 0.3 is the best trial at every step, lr 0 the worst at
-    # every step (even against another trial's older score), whatever order the trials reach their points in
-    points = [{"lr": 0.3}, {"lr": 0.0}, {"lr": 0.001}, {"lr": 0.001}]
+    # PBT scores a trial at its own perturbation points (steps 3 and 6 of 8: none at the last step, where a
+    # copy would have nothing left to train) and compares it with the others' last scores; its bottom
+    # quarter (rounded up: one of three) copies its top quarter. lr 0.3 is the best trial at every step, lr 0
+    # the worst at every step (even against another trial's older score), whatever order the trials reach
+    # their points in
+    points = [{"lr": 0.3}, {"lr": 0.0}, {"lr": 0.001}]
     try:
         sweep = nbtrain.tune(descend, space={"lr": tune.choice([0.0, 0.001, 0.3])},
-                             config={"steps": 12, "pause": 0.2, "population": len(points)},
-                             metric="loss", mode="min", scheduler="pbt", perturbation_interval=3, num_samples=4,
+                             config={"steps": 8, "pause": 0.2, "population": len(points)},
+                             metric="loss", mode="min", scheduler="pbt", perturbation_interval=3, num_samples=3,
                              search_alg=BasicVariantGenerator(points_to_evaluate=points),
-                             workers_per_trial=1, name="pbt-sweep", max_concurrent=4)
+                             workers_per_trial=1, name="pbt-sweep", max_concurrent=3)
         assert sweep.wait(timeout=600) == "succeeded", sweep.error
         arrived = ray.get(gate.count.remote())
     finally:
