@@ -1,7 +1,7 @@
 """What a person sees of a sweep in a real JupyterLab, driven by Chromium.
 
 A notebook cell runs a real ``nbtrain.tune`` on the session's loopback cluster:
-ASHA over four trials (2 ranks each, one at a time) whose loss is
+ASHA over three trials (2 ranks each, one at a time) whose loss is
 ``q + 1/step``, the best q first, so ASHA cuts later ones at its first rungs
 (trial 1, q = 2, at the first: 3.0 against 1.1).
 The cell shows ``sweep.dashboard()``; the lab server's real agent feeds the
@@ -26,7 +26,7 @@ from _jupyterlab import expect, start_jupyterlab
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 
 SWEEP = "browser-sweep"
-GRID = [0.1, 2.0, 0.5, 3.0]  # trial i has q = GRID[i]; trial 0 is the best at every step
+GRID = [0.1, 2.0, 3.0]  # trial i has q = GRID[i]; trial 0 is the best at every step
 STEPS = 8
 SWEEP_CELL = f"""\
 import time
