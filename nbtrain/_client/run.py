@@ -441,4 +441,3 @@ def _readable(summary: dict[str, Any]) -> dict[str, Any]:
     if "step" in summary and not _registry.is_whole(summary["step"]):
         summary["step"] = 0
     return summary
-

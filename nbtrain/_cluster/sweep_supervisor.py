@@ -24,7 +24,7 @@ from ray import tune
 from ray.tune.stopper import Stopper
 
 from nbtrain import _json
-from nbtrain._cluster.names import NAMESPACE, actor_name, sweep_actor_name
+from nbtrain._cluster.names import NAMESPACE, find_supervisor, sweep_actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.spec import SweepSpec, summarize_config
 from nbtrain._paths import private_dir, sweeps_dir, write_json_atomic
@@ -158,12 +158,8 @@ class SweepSupervisor:
         """
         with self._lock:
             runs = [t["run"] for t in self._trials.values() if t["state"] in ("pending", "running") and t.get("run")]
-        stops = []
-        for run in runs:
-            try:
-                stops.append(ray.get_actor(actor_name(run), namespace=NAMESPACE).stop.remote(TRIAL_STOP_WAIT_S))
-            except ValueError:
-                continue  # its run has ended already
+        supervisors = [s for s in map(find_supervisor, runs) if s is not None]  # None: its run has ended already
+        stops = [supervisor.stop.remote(TRIAL_STOP_WAIT_S) for supervisor in supervisors]
         try:
             ray.get(stops, timeout=TRIAL_STOP_WAIT_S + 5)
         except ray.exceptions.RayError:
@@ -345,11 +341,9 @@ class SweepSupervisor:
         with self._lock:
             self.stop_requests.add(trial_id)
             run = self._trials.get(trial_id, {}).get("run")
-        if run is not None:
-            try:
-                ray.get_actor(actor_name(run), namespace=NAMESPACE).stop.remote()
-            except ValueError:
-                pass  # its run has ended already
+        supervisor = find_supervisor(run) if run is not None else None
+        if supervisor is not None:  # None: its run has ended already
+            supervisor.stop.remote()
 
 
 def _better(value: float, than: float, mode: str) -> bool:
