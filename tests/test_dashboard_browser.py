@@ -45,10 +45,10 @@ SETUP = "%load_ext nbtrain\n%ray_connect"
 def lab(cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-root")
     write_notebook(root / "live.ipynb", [SETUP, (
-        "%%ray_train --workers 2 --name browser-live --total-steps 80\n"
+        "%%ray_train --workers 2 --name browser-live --total-steps 50\n"
         "import time\n"
-        "for step in range(80):\n"
-        "    nbtrain.report(loss=1.0 / (step + 1), accuracy=step / 80)\n"
+        "for step in range(50):\n"
+        "    nbtrain.report(loss=1.0 / (step + 1), accuracy=step / 50)\n"
         "    time.sleep(0.2)\n")])
     write_notebook(root / "background.ipynb", [SETUP, (
         "%%ray_train --workers 2 --bg --name browser-stop\n"

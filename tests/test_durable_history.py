@@ -82,7 +82,7 @@ def test_a_full_disk_is_told_training_goes_on_and_every_row_is_kept(cluster):
     flag = Path(os.environ[FAULT_DISK_FULL_ENV])
     name = "history-disk-full"
     run_dir = storage_root() / name
-    run = nbtrain.launch(train_steps, workers=2, name=name, config={"steps": 250, "sleep": 0.04})
+    run = nbtrain.launch(train_steps, workers=2, name=name, config={"steps": 150, "sleep": 0.04})
     try:
         wait_for(lambda: len(run.metrics) > 20, 180, message="the run to report")
         flag.touch()
@@ -100,5 +100,5 @@ def test_a_full_disk_is_told_training_goes_on_and_every_row_is_kept(cluster):
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
     assert len([e for e in run.events if e["kind"] == "storage"]) == 2, "the user was told more than once"
     rows = run.metrics
-    assert {(r["rank"], r["step"]) for r in rows} == {(rank, step) for rank in (0, 1) for step in range(250)}
+    assert {(r["rank"], r["step"]) for r in rows} == {(rank, step) for rank in (0, 1) for step in range(150)}
     assert HistoryLog(run_dir, "metrics", read_only=True).read(0) == rows

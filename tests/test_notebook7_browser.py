@@ -31,7 +31,7 @@ def notebook7(cluster, tmp_path_factory):
     write_notebook(root / "live7.ipynb", [SETUP, (
         "%%ray_train --workers 2 --name notebook7-live\n"
         "import time\n"
-        "for step in range(100):\n"
+        "for step in range(60):\n"
         "    nbtrain.report(loss=1.0 / (step + 1))\n"
         "    time.sleep(0.2)\n")])
     server = start_notebook7(root)
