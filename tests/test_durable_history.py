@@ -46,7 +46,7 @@ def test_supervisor_killed_mid_run_twice_loses_and_repeats_no_row(cluster):
     name = "history-kill-twice"
     run_dir = storage_root() / name
     run = nbtrain.launch(train_steps, workers=2, name=name,
-                         config={"steps": 300, "sleep": 0.02, "checkpoint_every": 25})
+                         config={"steps": 200, "sleep": 0.02, "checkpoint_every": 25})
     seen: list[dict] = []
 
     def follow(predicate):
@@ -73,7 +73,7 @@ def test_supervisor_killed_mid_run_twice_loses_and_repeats_no_row(cluster):
     stored = HistoryLog(run_dir, "metrics", read_only=True).read(0)
     assert seen == stored, "the notebook's rows are not the stored history, in order"
     last = [r for r in seen if r["attempt"] == 3]
-    assert {(r["rank"], r["step"]) for r in last} >= {(rank, 299) for rank in (0, 1)}
+    assert {(r["rank"], r["step"]) for r in last} >= {(rank, 199) for rank in (0, 1)}
     restarts = [e for e in run.events if "supervisor process was restarted" in e["message"]]
     assert len(restarts) == 2
 

@@ -104,7 +104,7 @@ def test_killed_driver_leaves_the_run_going_and_a_new_process_sees_everything(cl
         import cloudpickle, _train_fns, nbtrain
         cloudpickle.register_pickle_by_value(_train_fns)
         nbtrain.connect({cluster.address!r}, progress=lambda m: None)
-        run = nbtrain.launch(_train_fns.train_steps, config={{"steps": 80, "sleep": 0.05}}, workers=2,
+        run = nbtrain.launch(_train_fns.train_steps, config={{"steps": 50, "sleep": 0.05}}, workers=2,
                              name="orphaned")
         while len(run.metrics) < 20:
             time.sleep(0.1)
@@ -120,7 +120,7 @@ def test_killed_driver_leaves_the_run_going_and_a_new_process_sees_everything(cl
     run = nbtrain.attach("orphaned")
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
     keys = {(r["rank"], r["step"]) for r in run.metrics}
-    assert keys == {(rank, step) for rank in (0, 1) for step in range(80)}
+    assert keys == {(rank, step) for rank in (0, 1) for step in range(50)}
     _assert_no_duplicate_rows(run)
 
 

@@ -51,8 +51,8 @@ def test_rows_arrive_live_and_the_cursor_neither_drops_nor_repeats(cluster):
 
 
 def test_reading_metrics_does_not_wait_behind_a_dashboards_long_poll(cluster):
-    # One row every 6 s: a long poll on this run waits up to 6 s for the next one.
-    run = nbtrain.launch(train_steps, config={"steps": 2, "sleep": 6.0}, workers=1, name="reader")
+    # One row every 5 s: a long poll on this run waits up to 5 s for the next one.
+    run = nbtrain.launch(train_steps, config={"steps": 2, "sleep": 5.0}, workers=1, name="reader")
     wait_for(lambda: run.refresh(wait_s=1.0), 120, interval=0, message="the first row")
     followed: list[dict] = []
     follower = threading.Thread(target=lambda: followed.extend(run.refresh(wait_s=10.0)))

@@ -31,7 +31,7 @@ SMALL: dict[str, dict[str, object]] = {
     "03_vit_cifar10_ray_data.ipynb": {"num_train": 256, "num_valid": 64, "batch_size": 32, "epochs": 1},
     "04_launch_panel.ipynb": {"epochs": 1},
     "05_fault_tolerance.ipynb": {"steps": 20, "step_time": 0.25, "checkpoint_every": 4},
-    "06_tune_asha.ipynb": {"num_samples": 3, "epochs": 2, "num_train": 256, "num_valid": 128, "batch_size": 32},
+    "06_tune_asha.ipynb": {"num_samples": 2, "epochs": 2, "num_train": 256, "num_valid": 128, "batch_size": 32},
     "07_serve.ipynb": {"num_samples": 2, "epochs": 2, "num_train": 256},
     "08_lightning.ipynb": {"epochs": 2, "num_train": 1024, "batch_size": 64},
     "09_elastic.ipynb": {"steps": 250, "step_time": 0.05},
