@@ -1,8 +1,10 @@
 """What a person sees of %%ray_train in a real JupyterLab, driven by Chromium.
 
 The notebooks connect (``%ray_connect``) to the session's loopback cluster: the
-kernel inherits NBTRAIN_HOME, so it reuses that cluster. Screenshots go to
-``test-artifacts/``.
+kernel inherits NBTRAIN_HOME, so it reuses that cluster. This module's tests run
+the cells of one notebook, one kernel, as a person trying one thing after another
+would: each test runs the connect cell and its own cell, and looks only inside
+its own cell. Screenshots go to ``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -41,28 +43,29 @@ def write_notebook(path: Path, cells: list[str]) -> None:
 SETUP = "%load_ext nbtrain\n%ray_connect"
 
 
+# The cells of dashboards.ipynb, by index: each test runs SETUP and its own.
+LIVE, BACKGROUND, FAILING, MILLION = 1, 2, 3, 4
+
+
 @pytest.fixture(scope="module")
 def lab(cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-root")
-    write_notebook(root / "live.ipynb", [SETUP, (
+    write_notebook(root / "dashboards.ipynb", [SETUP, (
         "%%ray_train --workers 2 --name browser-live --total-steps 50\n"
         "import time\n"
         "for step in range(50):\n"
         "    nbtrain.report(loss=1.0 / (step + 1), accuracy=step / 50)\n"
-        "    time.sleep(0.2)\n")])
-    write_notebook(root / "background.ipynb", [SETUP, (
+        "    time.sleep(0.2)\n"), (
         "%%ray_train --workers 2 --bg --name browser-stop\n"
         "import time\n"
         "for step in range(100000):\n"
         "    nbtrain.report(loss=1.0)\n"
-        "    time.sleep(0.05)\n")])
-    write_notebook(root / "failing.ipynb", [SETUP, (
+        "    time.sleep(0.05)\n"), (
         "%%ray_train --workers 2 --name browser-fails\n"
         "for step in range(50):\n"
         "    nbtrain.report(loss=1.0)\n"
         "    if rank == 1 and step == 10:\n"
-        "        raise ZeroDivisionError('rank one cannot divide')\n")])
-    write_notebook(root / "million.ipynb", [SETUP, (
+        "        raise ZeroDivisionError('rank one cannot divide')\n"), (
         "%%ray_train --workers 1 --name browser-million\n"
         "import math\n"
         "for step in range(1_000_000):\n"
@@ -72,65 +75,96 @@ def lab(cluster, tmp_path_factory):
     server.stop()
 
 
-def open_and_run(page, lab, notebook: str) -> None:
-    """Open ``notebook`` and run all its cells. The module's notebooks share one lab, whose workspace
+def open_notebook(page, lab, notebook: str) -> None:
+    """Open ``notebook`` once its kernel is idle. The module's notebooks share one lab, whose workspace
     would restore earlier tests' tabs (each with a dashboard of its own): ``reset`` opens this one alone,
-    and every query below starts from the open notebook's node (``shell.currentWidget``)."""
+    and every query below starts from the open notebook's node (``shell.currentWidget``). A notebook
+    opened again finds the kernel its earlier page started."""
     page.goto(lab.lab_url(f"tree/{notebook}") + "&reset")
     page.wait_for_function(
         "(path) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
         " return w && w.context && w.context.path === path && w.sessionContext && w.sessionContext.session"
         " && w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
         arg=notebook, timeout=120_000)
+
+
+def open_and_run(page, lab, notebook: str) -> None:
+    """Open ``notebook`` and run all its cells."""
+    open_notebook(page, lab, notebook)
     # not awaited: the command's promise resolves only when every cell has finished
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
-def wait_for_state(page, state: str, timeout_ms: int, scope: str = ".nbtrain-dashboard") -> None:
+def run_cells(page, lab, notebook: str, cells: list[int]) -> None:
+    """Open ``notebook`` and run ``cells`` (indices), in order, in its kernel."""
+    open_notebook(page, lab, notebook)
+    page.evaluate("(cells) => { const panel = window.jupyterapp.shell.currentWidget;"
+                  " for (const index of cells) { panel.content.activeCellIndex = index;"
+                  " window.jupyterapp.commands.execute('notebook:run-cell'); } }", cells)
+
+
+def _root(cell: int | None) -> str:
+    """JavaScript for where a query starts: the open notebook, or its cell ``cell``."""
+    return NB if cell is None else f"{NB}.querySelectorAll('.jp-Cell')[{cell}]"
+
+
+def _plot(cell: int | None) -> str:
+    """JavaScript for the dashboard's Plotly plot under ``_root(cell)``."""
+    return _root(cell) + ".querySelector('.nbtrain-dashboard .js-plotly-plot')"
+
+
+def wait_for_state(page, state: str, timeout_ms: int, scope: str = ".nbtrain-dashboard",
+                   cell: int | None = None) -> None:
     page.wait_for_function(
-        "([scope, state]) => { const b = " + NB + ".querySelector(scope + ' .nbtrain-state');"
+        "([scope, state]) => { const b = " + _root(cell) + ".querySelector(scope + ' .nbtrain-state');"
         " return b && b.dataset.state === state; }", arg=[scope, state], timeout=timeout_ms, polling=500)
 
 
-def plot_points(page) -> int:
+def plot_points(page, cell: int | None = None) -> int:
     return page.evaluate(
-        "() => { const p = " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot');"
+        "() => { const p = " + _plot(cell) + ";"
         " return p && p.data && p.data.length ? p.data.reduce((n, t) => n + (t.x ? t.x.length : 0), 0) : 0; }")
 
 
-def worker_steps(page) -> dict[str, int]:
+def worker_steps(page, cell: int) -> dict[str, int]:
     return page.evaluate(
-        "() => Object.fromEntries([..." + NB + ".querySelectorAll('table.nbtrain-workers tbody tr')]"
+        "() => Object.fromEntries([..." + _root(cell) + ".querySelectorAll('table.nbtrain-workers tbody tr')]"
         ".map(r => [r.dataset.rank, parseInt(r.querySelector('.nbtrain-worker-step').textContent)]))")
 
 
-def state_badge(page) -> str | None:
-    return page.evaluate("() => { const b = " + NB + ".querySelector('.nbtrain-dashboard .nbtrain-state');"
+def state_badge(page, cell: int) -> str | None:
+    return page.evaluate("() => { const b = " + _root(cell) + ".querySelector('.nbtrain-dashboard .nbtrain-state');"
                          " return b ? b.dataset.state : null; }")
+
+
+def in_cell(page, cell: int, selector: str):
+    """``selector`` inside cell ``cell`` of the open notebook (the other cells' saved outputs are not this test's)."""
+    return page.locator(f"{OPEN_NOTEBOOK} .jp-Cell").nth(cell).locator(selector)
 
 
 def test_live_plot_grows_and_the_worker_table_advances(page, lab):
     ARTIFACTS.mkdir(exist_ok=True)
     try:
-        open_and_run(page, lab, "live.ipynb")
-        page.wait_for_function("() => " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot')", timeout=180_000)
-        page.wait_for_function("() => { const p = " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot');"
+        run_cells(page, lab, "dashboards.ipynb", [0, LIVE])
+        page.wait_for_function("() => " + _plot(LIVE), timeout=180_000)
+        page.wait_for_function("() => { const p = " + _plot(LIVE) + ";"
                                " return p && p.data && p.data.length && p.data[0].x.length > 0; }", timeout=120_000)
-        first_points, first_steps = plot_points(page), worker_steps(page)
+        first_points, first_steps = plot_points(page, LIVE), worker_steps(page, LIVE)
         assert first_points > 0
 
         def grown() -> bool:
-            steps = worker_steps(page)
-            return (plot_points(page) > first_points and set(steps) == {"0", "1"}
+            steps = worker_steps(page, LIVE)
+            return (plot_points(page, LIVE) > first_points and set(steps) == {"0", "1"}
                     and all(steps[r] > first_steps.get(r, 0) for r in ("0", "1")))
 
         wait_for(grown, 30, interval=0.25, message=f"the plot to grow past {first_points} points and both "
-                 f"ranks' steps past {first_steps}", describe=lambda: (plot_points(page), worker_steps(page)))
-        assert state_badge(page) == "running"
+                 f"ranks' steps past {first_steps}",
+                 describe=lambda: (plot_points(page, LIVE), worker_steps(page, LIVE)))
+        assert state_badge(page, LIVE) == "running"
         page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
-        wait_for_state(page, "succeeded", 120_000)
+        wait_for_state(page, "succeeded", 120_000, cell=LIVE)
         # the static picture for the saved notebook
-        page.wait_for_selector(f"{OPEN_NOTEBOOK} .nbtrain-summary svg", timeout=30_000)
+        in_cell(page, LIVE, ".nbtrain-summary svg").first.wait_for(timeout=30_000)
         page.screenshot(path=str(ARTIFACTS / "dashboard-succeeded.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "dashboard-live-failure.png"), full_page=True)
@@ -139,13 +173,13 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
 
 def test_stop_button_stops_a_background_run(page, lab):
     try:
-        open_and_run(page, lab, "background.ipynb")
-        page.wait_for_function("() => { const t = " + NB + ".querySelector("
+        run_cells(page, lab, "dashboards.ipynb", [0, BACKGROUND])
+        page.wait_for_function("() => { const t = " + _root(BACKGROUND) + ".querySelector("
                                "'table.nbtrain-workers tbody tr .nbtrain-worker-step');"
                                " return t && parseInt(t.textContent) > 0; }", timeout=180_000)
-        page.locator(f"{OPEN_NOTEBOOK} .nbtrain-dashboard button", has_text="Stop").click()
+        in_cell(page, BACKGROUND, ".nbtrain-dashboard button").filter(has_text="Stop").click()
         began = time.monotonic()
-        wait_for_state(page, "stopped", 30_000)
+        wait_for_state(page, "stopped", 30_000, cell=BACKGROUND)
         assert time.monotonic() - began < 20
         page.screenshot(path=str(ARTIFACTS / "dashboard-stopped.png"), full_page=True)
     except Exception:
@@ -155,12 +189,12 @@ def test_stop_button_stops_a_background_run(page, lab):
 
 def test_failing_rank_opens_its_traceback_pane(page, lab):
     try:
-        open_and_run(page, lab, "failing.ipynb")
-        wait_for_state(page, "failed", 180_000)
-        pane = page.locator(f'{OPEN_NOTEBOOK} .nbtrain-log[data-rank="1"]')
+        run_cells(page, lab, "dashboards.ipynb", [0, FAILING])
+        wait_for_state(page, "failed", 180_000, cell=FAILING)
+        pane = in_cell(page, FAILING, '.nbtrain-log[data-rank="1"]')
         pane.wait_for(state="visible", timeout=20_000)
         assert "ZeroDivisionError: rank one cannot divide" in pane.inner_text()
-        assert page.locator(f"{OPEN_NOTEBOOK} .nbtrain-dashboard", has_text="rank 1 log — failed").count() == 1
+        assert in_cell(page, FAILING, ".nbtrain-dashboard").filter(has_text="rank 1 log — failed").count() == 1
         page.screenshot(path=str(ARTIFACTS / "dashboard-failed.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "dashboard-failed-failure.png"), full_page=True)
@@ -172,17 +206,17 @@ def test_a_million_point_history_renders_without_freezing(page, lab):
     page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
     page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
     try:
-        open_and_run(page, lab, "million.ipynb")
-        wait_for_state(page, "succeeded", 300_000)
-        page.wait_for_selector(f"{OPEN_NOTEBOOK} .nbtrain-summary svg", timeout=60_000)
+        run_cells(page, lab, "dashboards.ipynb", [0, MILLION])
+        wait_for_state(page, "succeeded", 300_000, cell=MILLION)
+        in_cell(page, MILLION, ".nbtrain-summary svg").first.wait_for(timeout=60_000)
         # Plotly applies a widget's traces to the page asynchronously, after the summary may already show:
         # wait until the dashboard's plot holds the last step, then check it stayed small and the page answers at once.
         page.wait_for_function(
-            "() => { const p = " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot');"
+            "() => { const p = " + _plot(MILLION) + ";"
             " return p && p.data && p.data.some(t => t.x.length && t.x[t.x.length - 1] === 999999); }",
             timeout=60_000)
         began = time.monotonic()
-        drawn = page.evaluate("() => { const p = " + NB + ".querySelector('.nbtrain-dashboard .js-plotly-plot');"
+        drawn = page.evaluate("() => { const p = " + _plot(MILLION) + ";"
                               " return p.data.map(t => [t.x.length, t.x[t.x.length - 1]]); }")
         answered_ms = (time.monotonic() - began) * 1000
         assert all(n <= 2000 for n, _last in drawn) and max(last for _n, last in drawn) == 999_999
