@@ -2,9 +2,9 @@
 
 repo2docker installs ``binder/requirements.txt``, runs ``binder/postBuild`` once, then
 starts every container through ``binder/start`` with the notebook server as its command.
-Here: a fresh venv made with ``--system-site-packages`` (so torch, Ray and JupyterLab come
-from the system and nothing large is downloaded; pip finds every requirement already
-satisfied), the requirements installed into it, postBuild run in it with
+Here: a fresh venv made with ``--system-site-packages --without-pip`` (so torch, Ray,
+JupyterLab and pip itself come from the system and nothing is downloaded; pip finds every
+requirement already satisfied), the requirements installed into it, postBuild run in it with
 ``NBTRAIN_PIP_INSTALL_ARGS="--no-build-isolation --no-deps ."`` (nbtrain is built from this
 checkout with the system's build backend, no package index needed; on Binder it is a plain
 ``pip install .``), then ``binder/start`` running ``python -m nbconvert --execute`` on
@@ -51,7 +51,9 @@ def _group_alive(pgid: int) -> bool:
 def binder_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A venv built the way Binder builds its image: requirements.txt, then postBuild."""
     root = tmp_path_factory.mktemp("binder-venv")
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(root)], check=True)
+    # No pip of its own: the system's runs in it. ensurepip's bundled setuptools (65 on Python 3.11) would
+    # shadow the system's, and pip would fetch a newer one for torch (>=77), retrying each index it cannot reach.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root)], check=True)
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("RAY_", "NBTRAIN_", "VIRTUAL_ENV", "PYTHONPATH"))}
     env.update(PATH=f"{root / 'bin'}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(root),
