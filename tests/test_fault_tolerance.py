@@ -175,7 +175,7 @@ def test_rank_stuck_before_a_collective_fails_by_the_collective_timeout(cluster)
         dist.all_reduce(torch.ones(1))
 
     began = time.monotonic()
-    run = nbtrain.launch(stuck, workers=2, name="stuck", collective_timeout_s=5)
+    run = nbtrain.launch(stuck, workers=2, name="stuck", collective_timeout_s=3)
     assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.FAILED
     assert time.monotonic() - began < 90
     assert "Rank 0 raised" in run.error
@@ -189,9 +189,9 @@ def test_rank_without_progress_is_reported_stalled_and_on_stall_fail_ends_the_ru
         nbtrain.report(loss=1.0)
         t.sleep(3600)
 
-    run = nbtrain.launch(silent, workers=2, name="stalled", stall_timeout_s=4, on_stall="fail")
+    run = nbtrain.launch(silent, workers=2, name="stalled", stall_timeout_s=2, on_stall="fail")
     assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.FAILED
-    assert "made no progress for" in run.error and "stall_timeout=4 s" in run.error
+    assert "made no progress for" in run.error and "stall_timeout=2 s" in run.error
     assert any(e["kind"] == "stall" for e in run.events)
 
 

@@ -10,6 +10,7 @@ cell's error and traceback; the executed notebook is kept under pytest's tmp_pat
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -47,6 +48,9 @@ def test_every_notebook_is_committed_without_outputs():
         dirty = [i for i, cell in enumerate(notebook.cells)
                  if cell.cell_type == "code" and (cell.outputs or cell.execution_count)]
         assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
+        # nbformat 4.5 cells carry an id; without one every reader warns (and future nbformat refuses)
+        unnamed = [i for i, cell in enumerate(json.loads(path.read_text())["cells"]) if "id" not in cell]
+        assert not unnamed, f"{path.name}: cells {unnamed} have no id; nbformat.validator.normalize() adds them"
 
 
 def _printed_by_cell(executed: Path, execution_count: int) -> str:
