@@ -137,8 +137,8 @@ class RunOptions:
     feed_relay: str = option("auto", "gather each node's metric pushes into one call to the supervisor per flush; "
                              "auto: on nodes holding 2+ ranks of runs of 16+ ranks", "--feed-relay",
                              choices=FEED_RELAY_CHOICES)
-    warm: bool = option(True, "keep the workers ready, idle, for this notebook session's next run of the same shape "
-                        "(they reserve no CPU or GPU while idle)", "--warm", kind="flag")
+    warm: bool = option(True, "keep the workers ready, idle, for this notebook session's next run with the same CPUs, "
+                        "GPUs and env per worker (they reserve no CPU or GPU while idle)", "--warm", kind="flag")
     warm_idle_s: float = option(600.0, "seconds idle warm workers wait for the next run before they exit",
                                 "--warm-idle", parse=float, metavar="SECONDS")
     env: dict[str, str] | None = option(None, "environment variables for the workers, e.g. --env OMP_NUM_THREADS=1",

@@ -1,7 +1,7 @@
 """Warm workers: a relaunch of the same shape takes the previous run's idle processes, started afresh.
 
-Real loopback cluster. Each test gives its runs an ``env`` of its own, so its shape
-differs from every other test's and its workers are its own (a lease of another shape
+Real loopback cluster. Each test gives its runs an ``env`` of its own, so its workers'
+shape differs from every other test's and they are its own (a lease of another shape
 ends the idle workers of the shape before: that is tested too). Whether a process is
 alive is asked of the OS: the cluster is on this machine.
 """
@@ -50,8 +50,8 @@ def _pids(run) -> list[int]:
     return sorted(worker["pid"] for worker in run.workers)
 
 
-def _launch(name: str, shape: str, **options):
-    run = nbtrain.launch(leftovers, name=name, workers=2, env={"WARM_TEST_SHAPE": shape}, **options)
+def _launch(name: str, shape: str, workers: int = 2, **options):
+    run = nbtrain.launch(leftovers, name=name, workers=workers, env={"WARM_TEST_SHAPE": shape}, **options)
     run.wait(timeout=120)
     assert run.state == nbtrain.RunState.SUCCEEDED, run.error
     return run
@@ -151,6 +151,18 @@ def test_another_shape_gets_new_workers_and_the_idle_ones_end(cluster):
     after = _launch("warm-shape-b", "b")
     assert not set(_pids(after)) & set(_pids(before))
     wait_for(lambda: _all_gone(_pids(before)), 30, message="shape a's idle workers to end")
+    nbtrain.release_warm()
+
+
+@pytest.mark.cluster
+def test_fewer_workers_take_some_idle_ones_and_more_start_only_the_missing(cluster):
+    two = _launch("warm-count-2", "count")
+    one = _launch("warm-count-1", "count", workers=1)
+    assert set(_pids(one)) < set(_pids(two)), (_pids(two), _pids(one))
+    [left] = set(_pids(two)) - set(_pids(one))
+    assert not _all_gone([left]), "the worker the 1-worker run did not need stays idle"
+    three = _launch("warm-count-3", "count", workers=3)
+    assert set(_pids(two)) < set(_pids(three)), (_pids(two), _pids(three))
     nbtrain.release_warm()
 
 

@@ -54,14 +54,14 @@ def pool_for_launch() -> str:
 def pool_for(options: RunOptions) -> str | None:
     """The pool a run with these options leases its workers from (a sweep's trials too), its first
     workers asked for now (see ``WarmPool.prestart``); None for ``warm=False`` and for an elastic
-    run (warm workers are kept for one shape, and an elastic run has many)."""
+    run (its size changes as it goes: it starts and ends its own workers)."""
     from nbtrain._cluster.warm_pool import shape_of
 
     if not options.warm or options.elastic:
         return None
     name = pool_for_launch()
     assert _made is not None
-    _made.pool.prestart.remote(shape_of(options), options.warm_idle_s)
+    _made.pool.prestart.remote(shape_of(options), options.max_workers, options.warm_idle_s)
     return name
 
 

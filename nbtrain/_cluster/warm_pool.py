@@ -2,9 +2,11 @@
 
 A rank's process costs seconds to start (a Python process, ``import torch``, the
 allocator, CUDA on a GPU). People change one line and run the cell again, so the
-workers of a run that ended well wait, idle, for the next run of the same shape
-(workers, CPUs and GPUs per worker, ``env``) from the same notebook session, on
-the same nodes. A relaunch takes them instead of starting new ones.
+workers of a run that ended well wait, idle, for the next run from the same
+notebook session whose workers have the same shape (CPUs and GPUs per worker,
+``env``), on the same nodes. A relaunch takes as many as it has ranks instead of
+starting new ones: a run with fewer ranks leaves the others idle, one with more
+starts only the missing ones.
 
 Who owns what, and why:
 
@@ -21,8 +23,8 @@ Who owns what, and why:
   workers at once and exits once the last run it lent workers to has given
   them back.
 * Idle workers end after the ``warm_idle_s`` of the run that used them last,
-  on ``release()`` (``nbtrain.release_warm()``), or when a run of another shape
-  leases from the pool. Only workers whose ``run()`` returned come back; a
+  on ``release()`` (``nbtrain.release_warm()``), or when a run whose workers have
+  another shape leases from the pool. Only workers whose ``run()`` returned come back; a
   failed or stopped attempt's workers are killed.
 """
 
@@ -45,18 +47,17 @@ WATCH_INTERVAL_S = 1.0
 ANCHOR_PING_TIMEOUT_S = 10.0
 ALIVE_CHECK_S = 30.0  # a worker still starting (prestarted) answers once torch is imported; a dead one at once
 
-Shape = tuple[int, float, float, tuple[tuple[str, str], ...]]  # workers, CPUs and GPUs per worker, env
+Shape = tuple[float, float, tuple[tuple[str, str], ...]]  # CPUs and GPUs per worker, env
 
 
-def shape_of(options: RunOptions, world_size: int | None = None) -> Shape:
-    """What a warm worker must match to be reused by a run with these options (at this world size)."""
-    return (world_size or options.max_workers, float(options.cpus_per_worker), float(options.gpus_per_worker),
-            tuple(sorted((options.env or {}).items())))
+def shape_of(options: RunOptions) -> Shape:
+    """What a warm worker must match to be reused by a run with these options (one of its ranks)."""
+    return float(options.cpus_per_worker), float(options.gpus_per_worker), tuple(sorted((options.env or {}).items()))
 
 
 def describe_shape(shape: Shape) -> str:
-    workers, cpus, gpus, env = shape
-    text = f"{workers} × ({cpus:g} CPU, {gpus:g} GPU)"
+    cpus, gpus, env = shape
+    text = f"{cpus:g} CPU, {gpus:g} GPU"
     return text + (f", env {', '.join(key for key, _ in env)}" if env else "")
 
 
@@ -91,7 +92,8 @@ class WarmPool:
     # ------------------------------------------------------------------ called by a run's worker group
     def lease(self, run_name: str, shape: Shape, nodes: list[str], idle_s: float) -> list[Any]:
         """One worker per rank (``nodes[rank]`` is the node of its bundle): an idle one of this shape on
-        that node, else a new one. Returns their handles, by rank.
+        that node, else a new one. Returns their handles, by rank. Idle ones of this shape left over
+        (the run has fewer ranks than the last) stay idle for the next run.
 
         Idle workers of another shape are ended (the session moved on); workers this run leased before
         and did not give back (its supervisor restarted) are ended too.
@@ -121,10 +123,10 @@ class WarmPool:
             lent.append(worker.handle)
         return lent
 
-    def prestart(self, shape: Shape, idle_s: float) -> None:
-        """Start idle workers of ``shape`` before the run asks, so their process start and ``import torch``
-        overlap the supervisor's start and the placement. Only on a one-node cluster (the embedded one,
-        a laptop), where the node a bundle lands on is known in advance."""
+    def prestart(self, shape: Shape, workers: int, idle_s: float) -> None:
+        """Have ``workers`` idle workers of ``shape`` before the run asks, so the missing ones' process start
+        and ``import torch`` overlap the supervisor's start and the placement. Only on a one-node cluster
+        (the embedded one, a laptop), where the node a bundle lands on is known in advance."""
         alive = [node for node in ray.nodes() if node["Alive"]]
         if len(alive) != 1:
             return
@@ -133,7 +135,7 @@ class WarmPool:
                 return
             self._end([w for w in self._workers if w.leased_by is None and w.shape != shape])
             have = sum(1 for w in self._workers if w.leased_by is None)
-        for _ in range(shape[0] - have):
+        for _ in range(workers - have):
             self._start(shape, alive[0]["NodeID"], None, idle_s)
 
     def give_back(self, run_name: str, handles: list[Any]) -> None:
@@ -168,7 +170,7 @@ class WarmPool:
 
     # ------------------------------------------------------------------ inside
     def _start(self, shape: Shape, node_id: str, run_name: str | None, idle_s: float) -> _Worker:
-        _workers, _cpus, _gpus, env = shape
+        _cpus, _gpus, env = shape
         handle = ray.remote(TrainWorker).options(
             num_cpus=0, num_gpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),

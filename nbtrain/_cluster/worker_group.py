@@ -157,8 +157,7 @@ class WorkerGroup:
         try:
             pool = ray.get_actor(self.spec.warm_pool, namespace=NAMESPACE)
             nodes = _bundle_nodes(self._group, self.world_size)
-            shape = shape_of(options, self.world_size)
-            lent = self._wait(pool.lease.remote(self.spec.name, shape, nodes, options.warm_idle_s),
+            lent = self._wait(pool.lease.remote(self.spec.name, shape_of(options), nodes, options.warm_idle_s),
                               WORKER_START_TIMEOUT_S, stop_requested,
                               lambda: Failure(None, "startup", "the warm pool did not answer"))
         except (ValueError, StartFailed, ray.exceptions.RayError):
