@@ -182,7 +182,7 @@ class SweepSupervisor:
             trainable, param_space=dict(options.space),
             tune_config=tune.TuneConfig(metric=options.metric, mode=options.mode, num_samples=options.num_samples,
                                         scheduler=self._scheduler, search_alg=options.search_alg,
-                                        max_concurrent_trials=options.max_concurrent, reuse_actors=False),
+                                        max_concurrent_trials=options.max_concurrent, reuse_actors=True),
             run_config=tune.RunConfig(name="tune", storage_path=str(self._dir), stop=_Stops(self.spec.name),
                                       verbose=0, callbacks=[_TrialBook(self.spec.name)],
                                       failure_config=tune.FailureConfig(max_failures=0)))

@@ -6,8 +6,9 @@ whose ranks run in those bundles, so everything a run has (every rank's curves,
 logs, failures, ``max_failures``, checkpoints) each trial has. One :meth:`step`
 is one row of rank 0 that carries the sweep's metric: Tune's
 ``training_iteration`` counts rank 0's reports of the metric. When the scheduler
-stops the trial, Tune calls ``stop()`` → :meth:`cleanup`, which stops the run and
-waits until its ranks have left the bundles (Tune may hand them to the next trial).
+stops the trial, :meth:`cleanup` stops the run and waits until its ranks have left
+the bundles: Tune calls it through ``stop()``, or :meth:`reset_config` does when
+Tune hands this process and its bundles to the next trial.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class TrialRunFailed(RuntimeError):
 
 class NbtrainTrial(tune.Trainable):
     def setup(self, config: dict[str, Any], sweep_name: str = "") -> None:
+        self._sweep_name = sweep_name
         self._sweep = ray.get_actor(sweep_actor_name(sweep_name), namespace=NAMESPACE)
         template: RunSpec = cloudpickle.loads(ray.get(self._sweep.trial_template.remote()))
         settings = ray.get(self._sweep.trial_settings.remote())
@@ -145,6 +147,16 @@ class NbtrainTrial(tune.Trainable):
             return {**self._last_result, "done": True}
         self._note(ended_by_run=True)
         return {tune.result.RESULT_DUPLICATE: True}
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        """This process takes the next trial (Tune reuses it: no process start and imports per trial).
+
+        Tune keeps a trial's actor for the next one without calling :meth:`cleanup`, so the run of
+        the trial it ended (a scheduler's cut) is stopped here, and its ranks leave the bundles,
+        before the next trial's run is set up in them."""
+        self.cleanup()
+        NbtrainTrial.setup(self, new_config, self._sweep_name)  # not tune.with_parameters' setup(config)
+        return True
 
     def cleanup(self) -> None:
         """Stop the run if it is still going; returns when its ranks have left Tune's bundles."""
