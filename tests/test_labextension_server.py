@@ -29,7 +29,7 @@ from nbtrain._registry import record_connection, record_from_summary, record_lau
 from _jupyterlab import REPO, JupyterLab, start_jupyterlab
 
 FAKE_AGENT = Path(__file__).with_name("_fake_agent.py")
-STALE_AFTER = 5.0
+STALE_AFTER = 3.0
 _ports = itertools.count(20001)
 
 
