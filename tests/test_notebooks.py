@@ -2,17 +2,29 @@
 
 Notebooks are found by glob, so a new notebook is executed without touching this file;
 ``SMALL`` shrinks the ones with a ``parameters`` cell (papermill) so the whole set takes
-a few minutes on two CPU cores. The kernel inherits ``NBTRAIN_HOME`` from this process
-(set by conftest.py), so ``%ray_connect`` with no address inside a notebook reuses the
-session's cluster instead of starting another. A failing cell fails the test with the
-cell's error and traceback; the executed notebook is kept under pytest's tmp_path.
+a few minutes on two CPU cores. Each runs under plain papermill in a process of its own
+that never imported nbtrain, as a user's CI or VS Code would run it. The kernel inherits
+``NBTRAIN_HOME`` from this process (set by conftest.py), so ``%ray_connect`` with no
+address inside a notebook reuses the session's cluster instead of starting another.
+
+Two notebooks run at a time, as two people sharing one cluster would: each waits
+for its CPUs as it would on a shared cluster, and a notebook's kernel spends much
+of its time waiting (kernel start, connecting, a run's start), which the other
+fills. A notebook in ``ALONE`` needs the whole cluster and runs with nothing beside
+it. A failing cell fails its notebook's test with the cell's error and traceback;
+the executed notebook is kept under pytest's tmp directory.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -37,6 +49,8 @@ SMALL: dict[str, dict[str, object]] = {
     "08_lightning.ipynb": {"epochs": 2, "num_train": 1024, "batch_size": 64},
     "09_elastic.ipynb": {"steps": 250, "step_time": 0.05},
 }
+ALONE = {"09_elastic.ipynb"}  # a rank of all the head's CPUs, and a node added and removed: nothing beside it
+AT_ONCE = 2
 
 
 def test_every_notebook_is_committed_without_outputs():
@@ -53,49 +67,95 @@ def test_every_notebook_is_committed_without_outputs():
         assert not unnamed, f"{path.name}: cells {unnamed} have no id; nbformat.validator.normalize() adds them"
 
 
-def _printed_by_cell(executed: Path, execution_count: int) -> str:
-    """A magic's UsageError reaches the notebook as printed text, not in the error itself."""
-    import nbformat
+class Executed:
+    """One notebook run under papermill in its own process: how it ended, and the executed notebook."""
 
-    try:
-        notebook = nbformat.read(executed, as_version=4)
-    except (OSError, ValueError):
-        return "(no executed notebook)"
-    for cell in notebook.cells:
-        if cell.cell_type == "code" and cell.get("execution_count") == execution_count:
-            return ANSI.sub("", "".join(out.get("text", "") for out in cell.outputs))[-4000:]
-    return ""
+    def __init__(self, path: Path, workdir: Path) -> None:
+        self.path = path
+        self.output = workdir / path.name
+        params = workdir / "parameters.json"  # JSON is YAML: papermill's -f reads it
+        params.write_text(json.dumps(SMALL.get(path.name, {})))
+        env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}  # the session's cluster
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "papermill", str(path), str(self.output), "-f", str(params),
+             "--kernel", "python3", "--cwd", str(workdir), "--execution-timeout", str(CELL_TIMEOUT_S),
+             "--no-progress-bar"],
+            env=env, capture_output=True, text=True, timeout=CELL_TIMEOUT_S * 2)
+        self.seconds = time.monotonic() - started
+        self.returncode = done.returncode
+        self.stderr = done.stderr
+
+    def failure(self) -> str | None:
+        """What went wrong, as a user would want it: the failing cell, its error and traceback, what it printed."""
+        if self.returncode == 0:
+            return None
+        import nbformat
+
+        try:
+            notebook = nbformat.read(self.output, as_version=4)
+        except (OSError, ValueError):
+            return f"{self.path.name}: papermill failed before writing a notebook:\n{ANSI.sub('', self.stderr)[-4000:]}"
+        for cell in notebook.cells:
+            errors = [out for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+            if cell.cell_type == "code" and errors:
+                # a magic's UsageError reaches the notebook as printed text, not in the error itself
+                printed = ANSI.sub("", "".join(out.get("text", "") for out in cell.outputs))[-4000:]
+                return (f"{self.path.name}: cell {cell.get('execution_count')} raised {errors[0]['ename']}: "
+                        f"{errors[0]['evalue']}\n{ANSI.sub('', chr(10).join(errors[0]['traceback']))}\n"
+                        f"--- what the cell printed ---\n{printed}\n(executed notebook: {self.output})")
+        return f"{self.path.name}: papermill exited {self.returncode}:\n{ANSI.sub('', self.stderr)[-4000:]}"
 
 
-@pytest.fixture
-def _no_leftover_runs(cluster):
+def _stop_live_runs() -> None:
     """A notebook that fails mid-run must not leave workers holding the cluster's CPUs."""
-    yield
     for info in nbtrain.runs():
         if info["state"] in ("pending", "starting", "running", "restarting"):
             nbtrain.attach(info["name"]).stop()
 
 
+@pytest.fixture(scope="module")
+def side_by_side(request: pytest.FixtureRequest, cluster,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[Executed]]]:
+    """The selected notebooks not in ``ALONE``, started in order, ``AT_ONCE`` at a time, as soon as the first
+    notebook test asks: each test then waits for its own."""
+    selected = [item.callspec.params["path"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_notebook_runs_top_to_bottom"]
+    pool = ThreadPoolExecutor(max_workers=AT_ONCE, thread_name_prefix="notebook")
+    futures = {path.name: pool.submit(Executed, path, tmp_path_factory.mktemp(path.stem))
+               for path in selected if path.name not in ALONE}
+    try:
+        yield futures
+    finally:
+        for future in futures.values():
+            future.cancel()
+        pool.shutdown(wait=True)
+
+
 @pytest.mark.notebook
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
-def test_notebook_runs_top_to_bottom(path: Path, cluster, _no_leftover_runs, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
-    import papermill
+def test_notebook_runs_top_to_bottom(path: Path, side_by_side: dict[str, Future[Executed]],
+                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    if path.name in ALONE:
+        for future in side_by_side.values():  # nothing beside it
+            future.exception()
+        _stop_live_runs()
+        executed = Executed(path, tmp_path)
+    else:
+        executed = side_by_side[path.name].result()
+    with capsys.disabled():
+        print(f"\n[notebook] {path.name}: {executed.seconds:.1f} s")
+    if (failure := executed.failure()) is not None:
+        if path.name not in ALONE:
+            _stop_live_runs_once_alone(side_by_side)
+        pytest.fail(failure, pytrace=False)
+    if path.name in ALONE:
+        _stop_live_runs()
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the kernel must reach the session's cluster
-    output = tmp_path / path.name
-    started = time.monotonic()
-    try:
-        papermill.execute_notebook(
-            str(path), str(output), parameters=SMALL.get(path.name, {}), kernel_name="python3",
-            cwd=str(tmp_path), execution_timeout=CELL_TIMEOUT_S, progress_bar=False,
-        )
-    except papermill.PapermillExecutionError as exc:
-        pytest.fail(f"{path.name}: cell {exc.exec_count} raised {exc.ename}: {exc.evalue}\n"
-                    f"{ANSI.sub('', chr(10).join(exc.traceback))}\n"
-                    f"--- what the cell printed ---\n{_printed_by_cell(output, exc.exec_count)}\n"
-                    f"(executed notebook: {output})", pytrace=False)
-    finally:
-        with capsys.disabled():
-            print(f"\n[notebook] {path.name}: {time.monotonic() - started:.1f} s")
+
+def _stop_live_runs_once_alone(side_by_side: dict[str, Future[Executed]]) -> None:
+    """A failed notebook's runs are stopped once no other notebook runs (their runs would be stopped too)."""
+    for future in side_by_side.values():
+        future.exception()
+    _stop_live_runs()
