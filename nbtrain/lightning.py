@@ -30,7 +30,7 @@ from typing import Any
 from nbtrain._cluster import parallel
 from nbtrain._cluster.session import current_session
 from nbtrain._cluster.storage import pack_directory
-from nbtrain._cluster.worker_api import RUN_PRECISION, latest_checkpoint, report, store_checkpoint
+from nbtrain._cluster.worker_api import RUN_PRECISION, checkpoint_to_resume, report, store_checkpoint
 from nbtrain._exceptions import InvalidOptionError
 
 try:
@@ -174,7 +174,7 @@ def resume_path() -> str | None:
     """The run's latest Lightning checkpoint as a local file, for ``trainer.fit(..., ckpt_path=...)``; else None."""
     from nbtrain._cluster.storage import unpack_directory
 
-    found = latest_checkpoint()
+    found = checkpoint_to_resume()
     if found is None or found[0].get("format") != "directory":
         return None
     directory = unpack_directory(found[1], tempfile.mkdtemp(prefix="nbtrain-lightning-"))

@@ -209,6 +209,29 @@ def test_nan_loss_is_reported_and_stop_on_nan_stops(cluster):
     assert any(e["kind"] == "nan" and "NaN for loss at step 6" in e["message"] for e in run.events)
 
 
+def saves_then_loads(config):
+    """Rank 0 saves a checkpoint first; every rank loads only once that save has landed (a barrier after it)."""
+    import torch.distributed as dist
+
+    ctx = nbtrain.get_context()
+    if ctx.rank == 0:
+        nbtrain.save_checkpoint({"saved_in_attempt": ctx.attempt})
+    dist.barrier()
+    loaded = nbtrain.load_checkpoint()
+    nbtrain.report(step=ctx.attempt, loaded=-1 if loaded is None else loaded["saved_in_attempt"])
+    if ctx.attempt == 1 and ctx.rank == 1:
+        raise RuntimeError("fail attempt 1, so attempt 2 starts from its checkpoint")
+
+
+def test_every_rank_loads_the_checkpoint_its_attempt_started_from_not_one_saved_since(cluster):
+    run = nbtrain.launch(saves_then_loads, workers=2, max_failures=1, name="late-loader")
+    assert run.wait(timeout=120) == nbtrain.RunState.SUCCEEDED, run.error
+    loaded = {(row["attempt"], row["rank"]): row["loaded"] for row in run.metrics}
+    # attempt 1 started fresh; attempt 2 from attempt 1's checkpoint, not the one its rank 0 had just saved
+    assert loaded == {(1, 0): -1, (1, 1): -1, (2, 0): 1, (2, 1): 1}, loaded
+    assert run.load_checkpoint()["saved_in_attempt"] == 2  # the notebook reads the run's latest
+
+
 def test_existing_name_is_refused_and_resume_continues_from_the_checkpoint(cluster):
     config = {"steps": 10, "sleep": 0.0, "checkpoint_every": 3}
     first = nbtrain.launch(train_steps, config=config, workers=1, name="resumable")

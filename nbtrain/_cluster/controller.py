@@ -53,6 +53,7 @@ class RunController:
         self.error: str | None = None
         self.results: list[bytes] | None = None
         self.checkpoint: dict[str, Any] | None = None
+        self.resume_from: dict[str, Any] | None = None  # the checkpoint the current attempt started from
         self.started = time.time()
         self.ended: float | None = None
         self.stop_requested = False
@@ -159,6 +160,7 @@ class RunController:
             while True:
                 with self._lock:
                     self.attempt += 1
+                    self.resume_from = self.checkpoint
                     self.persist()
                 outcome = self._run_attempt()
                 if isinstance(outcome, Succeeded):

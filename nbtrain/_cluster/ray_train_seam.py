@@ -36,7 +36,7 @@ from ray.train.v2.api.context import LocalTrainContext
 from nbtrain._cluster import storage_uri
 from nbtrain._cluster.session import TrainingSession
 from nbtrain._cluster.storage import checkpoint_files, pack_directory
-from nbtrain._cluster.worker_api import get_dataset_shard, latest_checkpoint, store_checkpoint
+from nbtrain._cluster.worker_api import checkpoint_to_resume, get_dataset_shard, store_checkpoint
 from nbtrain._exceptions import NbtrainError
 
 TESTED_RAY_MINORS = ("2.60",)  # Ray versions (major.minor) whose Ray Train v2 seam this module is tested with
@@ -72,7 +72,7 @@ class NbtrainTrainFnUtils(TrainFnUtils):
         self._session.report(dict(metrics))
 
     def get_checkpoint(self) -> Any:
-        found = latest_checkpoint()
+        found = checkpoint_to_resume()
         if found is None:
             return None
         meta, source = found

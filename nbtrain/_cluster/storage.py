@@ -50,8 +50,9 @@ def storage_checkpoint(storage: str, run_name: str, attempt: int, step: int, for
     return storage_uri.join(storage, run_name, "checkpoints", checkpoint_name(attempt, step, form))
 
 
-def prune_checkpoints(latest: str) -> None:
-    """Delete the checkpoints older than the last ``KEEP_CHECKPOINTS`` in the directory of ``latest``, just written.
+def prune_checkpoints(latest: str, keep: str | None = None) -> None:
+    """Delete the checkpoints older than the last ``KEEP_CHECKPOINTS`` in the directory of ``latest``, just written,
+    except ``keep`` (the one the current attempt started from: a rank may still load it).
 
     Older is by (attempt, step) in the names, so a checkpoint being written after ``latest``
     is never touched; files not named as checkpoints (partial writes) are left alone.
@@ -59,8 +60,9 @@ def prune_checkpoints(latest: str) -> None:
     directory, name = storage_uri.split(latest)
     order = _order(name)
     assert order is not None, latest
+    kept = storage_uri.split(keep)[1] if keep else None
     older = sorted((found, entry) for entry in storage_uri.list_names(directory)
-                   if (found := _order(entry)) is not None and found < order)
+                   if (found := _order(entry)) is not None and found < order and entry != kept)
     for _, entry in older[:max(0, len(older) - (KEEP_CHECKPOINTS - 1))]:
         storage_uri.delete(storage_uri.join(directory, entry))
 
@@ -195,12 +197,12 @@ class RunStorage:
     def load_state(self) -> dict[str, Any] | None:
         return read_json(self.dir / "state.json")
 
-    def write_checkpoint(self, meta: dict[str, Any], data: bytes) -> str:
+    def write_checkpoint(self, meta: dict[str, Any], data: bytes, keep: str | None = None) -> str:
         self._writable()
         path = str(self.dir / "checkpoints" / checkpoint_name(meta["attempt"], meta["step"],
                                                               meta.get("format", "torch")))
         storage_uri.write_bytes(path, data)
-        prune_checkpoints(path)
+        prune_checkpoints(path, keep)
         return path
 
     def close(self) -> None:

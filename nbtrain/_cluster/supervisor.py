@@ -54,6 +54,7 @@ from nbtrain._states import RunState
 # A supervisor that finds its run already ended (Ray restarted it, or launch(resume=True) brought it
 # back for a resume) waits this long for the resume before it exits again.
 RESUME_GRACE_S = 30.0
+Found = tuple[dict[str, Any], bytes | None, str | None]  # a checkpoint: its meta, and its bytes or its path
 DISK_RETRY_S = 2.0  # a history that cannot be written (disk full) is retried this often before exiting
 
 
@@ -181,8 +182,9 @@ class RunSupervisor:
 
     def record_checkpoint(self, meta: dict[str, Any], data: bytes | None, path: str | None) -> None:
         """Rank 0's checkpoint: ``data`` to keep here, or the ``path`` (or pyarrow.fs URI) it wrote in ``storage=``."""
+        resumed_from = (self._run.resume_from or {}).get("path")
         if data is not None:
-            path = self._storage.write_checkpoint(meta, data)
+            path = self._storage.write_checkpoint(meta, data, keep=resumed_from)
         with self._feed.lock:
             self._run.checkpoint = {**meta, "path": path}
             self._run.persist()
@@ -190,7 +192,7 @@ class RunSupervisor:
                          self._run.attempt)
         if data is None and path is not None:
             try:
-                prune_checkpoints(path)
+                prune_checkpoints(path, keep=resumed_from)
             except (OSError, StorageError) as exc:  # the new checkpoint is recorded: only old ones stay behind
                 self._feed.event("storage", f"older checkpoints could not be deleted: {exc}", self._run.attempt)
 
@@ -206,9 +208,20 @@ class RunSupervisor:
         """Asked by the ranks of an elastic run about once a second (``nbtrain.checkpoint_requested()``)."""
         return self._run.checkpoint_wanted(attempt)
 
-    def latest_checkpoint(self) -> tuple[dict[str, Any], bytes | None, str | None] | None:
+    def latest_checkpoint(self) -> Found | None:
         with self._feed.lock:
             checkpoint = self._run.checkpoint
+        return self._read_checkpoint(checkpoint)
+
+    def checkpoint_to_resume(self) -> Found | None:
+        """The checkpoint the current attempt started from: what every rank's ``load_checkpoint()`` gets,
+        however late in the attempt it asks. Not one rank 0 saved since: a rank slower to start would
+        begin at another step than the others."""
+        with self._feed.lock:
+            checkpoint = self._run.resume_from
+        return self._read_checkpoint(checkpoint)
+
+    def _read_checkpoint(self, checkpoint: dict[str, Any] | None) -> Found | None:
         if checkpoint is None:
             return None
         path = checkpoint["path"]

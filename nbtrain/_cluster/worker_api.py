@@ -358,17 +358,18 @@ def _unwrap_models(obj: Any) -> Any:
 
 
 def load_checkpoint(into: Any = None) -> Any | None:
-    """The run's latest checkpoint, or ``None`` on a fresh start.
+    """The checkpoint this attempt started from (the run's latest as it began), or ``None`` on a fresh start.
 
     After a restart (``max_failures``), this returns what was saved before the
-    failure and makes ``report()``'s default step continue from it. Loaded with
+    failure and makes ``report()``'s default step continue from it. Every rank gets
+    the same one, however late it asks: never one saved during this attempt. Loaded with
     ``torch.load(weights_only=True)`` unless the run was launched with
     ``checkpoint_weights_only=False``. A checkpoint reported by Ray Train code
     (``ray.train.report(checkpoint=...)``) comes back as a ``ray.train.Checkpoint``
     of a local directory with its files. A sharded one (``save_checkpoint(sharded=True)``)
     fills ``into`` in place, each rank reading its own shards, and returns it.
     """
-    found = latest_checkpoint()
+    found = checkpoint_to_resume()
     if found is None:
         return None
     meta, source = found
@@ -381,13 +382,13 @@ def load_checkpoint(into: Any = None) -> Any | None:
     return load_trusted(source, current_session().context.device, current_session().weights_only)
 
 
-def latest_checkpoint() -> tuple[dict[str, Any], bytes | str] | None:
-    """The run's latest checkpoint's meta and bytes, or its path in ``storage=`` (see ``checkpoint_source``);
-    the default step continues from it."""
+def checkpoint_to_resume() -> tuple[dict[str, Any], bytes | str] | None:
+    """The meta and bytes (or its path in ``storage=``, see ``checkpoint_source``) of the checkpoint this
+    attempt started from, the same for every rank; the default step continues from it."""
     import ray
 
     session = current_session()
-    found = ray.get(session.supervisor.latest_checkpoint.remote())
+    found = ray.get(session.supervisor.checkpoint_to_resume.remote())
     if found is None:
         return None
     meta, data, path = found
