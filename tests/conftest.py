@@ -58,9 +58,9 @@ def cluster():
 def _each_module_deletes_its_runs():
     """A module leaves no run behind on the session cluster: it stops what still runs and deletes the rest.
 
-    A finished run keeps its supervisor process until it is deleted (~170 MB and a
-    few % of a core each, measured); the suite's ~60 runs would otherwise slow every
-    later test on two cores. Runs started from notebook kernels count too.
+    A run still going holds its workers and their CPUs, which a later test would wait for;
+    an ended one keeps its history and checkpoints in the session's home until deleted.
+    Runs started from notebook kernels count too.
     """
     yield
     if not _session_cluster:
