@@ -171,7 +171,8 @@ class NbtrainCheckpoint(pl.Callback):
 
 
 def resume_path() -> str | None:
-    """The run's latest Lightning checkpoint as a local file, for ``trainer.fit(..., ckpt_path=...)``; else None."""
+    """The Lightning checkpoint this attempt started from as a local file, for ``trainer.fit(..., ckpt_path=...)``;
+    else None."""
     from nbtrain._cluster.storage import unpack_directory
 
     found = checkpoint_to_resume()

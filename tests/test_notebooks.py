@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
@@ -108,7 +108,8 @@ class Executed:
 
 
 def _stop_live_runs() -> None:
-    """A notebook that fails mid-run must not leave workers holding the cluster's CPUs."""
+    """What a failed notebook left running must not hold CPUs the notebook that needs them all waits for
+    (conftest's module cleanup stops and deletes every run at the end)."""
     for info in nbtrain.runs():
         if info["state"] in ("pending", "starting", "running", "restarting"):
             nbtrain.attach(info["name"]).stop()
@@ -138,8 +139,7 @@ def side_by_side(request: pytest.FixtureRequest, cluster,
 def test_notebook_runs_top_to_bottom(path: Path, side_by_side: dict[str, Future[Executed]],
                                      tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     if path.name in ALONE:
-        for future in side_by_side.values():  # nothing beside it
-            future.exception()
+        wait(side_by_side.values())  # nothing beside it
         _stop_live_runs()
         executed = Executed(path, tmp_path)
     else:
@@ -147,15 +147,4 @@ def test_notebook_runs_top_to_bottom(path: Path, side_by_side: dict[str, Future[
     with capsys.disabled():
         print(f"\n[notebook] {path.name}: {executed.seconds:.1f} s")
     if (failure := executed.failure()) is not None:
-        if path.name not in ALONE:
-            _stop_live_runs_once_alone(side_by_side)
         pytest.fail(failure, pytrace=False)
-    if path.name in ALONE:
-        _stop_live_runs()
-
-
-def _stop_live_runs_once_alone(side_by_side: dict[str, Future[Executed]]) -> None:
-    """A failed notebook's runs are stopped once no other notebook runs (their runs would be stopped too)."""
-    for future in side_by_side.values():
-        future.exception()
-    _stop_live_runs()

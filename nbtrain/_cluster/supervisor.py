@@ -54,8 +54,8 @@ from nbtrain._states import RunState
 # A supervisor that finds its run already ended (Ray restarted it, or launch(resume=True) brought it
 # back for a resume) waits this long for the resume before it exits again.
 RESUME_GRACE_S = 30.0
-Found = tuple[dict[str, Any], bytes | None, str | None]  # a checkpoint: its meta, and its bytes or its path
 DISK_RETRY_S = 2.0  # a history that cannot be written (disk full) is retried this often before exiting
+Found = tuple[dict[str, Any], bytes | None, str | None]  # a checkpoint: its meta, and its bytes or its path
 
 
 def supervisor_options(run_name: str) -> dict[str, Any]:
