@@ -43,7 +43,7 @@ def _head_processes() -> dict[str, list[psutil.Process]]:
     for process in [head, *head.children(recursive=True)]:
         try:
             command = " ".join(process.cmdline())
-        except psutil.Error:  # ended meanwhile (a run's workers, Ray's version probe)
+        except psutil.Error:  # ended meanwhile (a run's workers)
             continue
         for role in ("gcs_server", "raylet/raylet", "--mode=proxy", "--mode=specific-server", "DashboardAgent",
                      "RunSupervisor"):

@@ -70,6 +70,7 @@ class Cluster:
 
 _current: Cluster | None = None
 _current_token: str | None = None  # what the live connection authenticated with: a different one reconnects
+_current_anchor: Any = None  # the session's SessionAnchor: an actor the session owns lives while a handle does
 
 
 def current() -> Cluster:
@@ -125,7 +126,7 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
                  num_gpus: int | None = None, progress: Progress | None = None,
                  timeout: float = 120.0) -> Cluster:
     """:func:`connect` without telling the sidebar: for readers (``nbtrain runs``, the lab's agent)."""
-    global _current, _current_token
+    global _current, _current_token, _current_anchor
     check_connect_arguments(address, token)
     check_ray_supported(_ray_version(), "notebook")
     say = progress or _default_progress
@@ -155,8 +156,8 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
     began = time.monotonic()
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:
-            ray.init(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR",
-                     _metadata=auth.grpc_metadata(resolved.value))
+            context = ray.init(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR",
+                               _metadata=auth.grpc_metadata(resolved.value))
             break
         except Exception as exc:  # noqa: BLE001 - Ray Client raises several types here
             error = _explain_connect_error(address, exc, local.temp_dir if local else None)
@@ -171,7 +172,7 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
             say(f"Connecting to {address} failed ({type(exc).__name__}); "
                 f"trying again ({attempt + 1}/{CONNECT_ATTEMPTS})…")
             time.sleep(2.0 * attempt)
-    versions = _cluster_versions(lower_session_priority=local is not None)
+    _current_anchor, versions = _start_session_anchor(context, lower_session_priority=local is not None)
     check_ray_supported(versions["ray"], "cluster")
     _check_versions(versions)
     _current = Cluster(address=address, kind=kind, ray_version=versions["ray"], python_version=versions["python"])
@@ -182,12 +183,18 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
 
 def disconnect() -> None:
     """Drop the connection. Runs keep going on the cluster; ``attach()`` gets them back."""
-    global _current, _current_token
+    global _current, _current_token, _current_anchor
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
-    _current = _current_token = None
+    _current = _current_token = _current_anchor = None
+
+
+def session_anchor() -> Any:
+    """The connected session's :class:`~nbtrain._cluster.session_anchor.SessionAnchor` (a handle)."""
+    current()
+    return _current_anchor
 
 
 def _never_start_ray_implicitly() -> None:
@@ -290,44 +297,27 @@ def _embedded(address: str) -> local_cluster.LocalClusterInfo | None:
     return info
 
 
-def _cluster_versions(lower_session_priority: bool = False) -> dict[str, str]:
-    """Versions as a worker on the cluster sees them, asked of a short-lived actor.
+def _start_session_anchor(context: Any, lower_session_priority: bool = False) -> tuple[Any, dict[str, str]]:
+    """Start the session's actor on the cluster and ask it the versions a worker there sees.
 
-    An actor rather than a task: a task's worker process would stay in Ray's pool,
-    idle but waking up, on cores the training ranks need; the actor's process ends
-    with it. On the embedded cluster the same actor also lowers the priority of
-    this session's Ray Client server (see ``_priority``): only once the session is
-    up, so connecting stays quick while a run trains.
+    On the embedded cluster it also lowers the priority of this session's Ray Client
+    server (see ``_priority``): only once the session is up, so connecting stays quick
+    while a run trains. Where nbtrain cannot be imported on the cluster, the actor cannot
+    start: Ray and Python are then those the session's server (``context``) reported.
     """
     import ray
 
-    @ray.remote(num_cpus=0)
-    class VersionProbe:
-        def versions(self, lower_session_priority: bool) -> dict[str, str]:
-            import platform as remote_platform
+    from nbtrain._cluster.session_anchor import SessionAnchor
 
-            import ray as remote_ray
-
-            try:
-                import nbtrain as remote_nbtrain
-
-                nbtrain_version = remote_nbtrain.__version__
-            except ImportError as exc:
-                nbtrain_version = f"missing: {exc}"
-            else:
-                if lower_session_priority:
-                    from nbtrain._cluster.priority import lower_session_server_priority
-
-                    lower_session_server_priority()
-            return {"ray": remote_ray.__version__, "python": remote_platform.python_version(),
-                    "nbtrain": nbtrain_version}
-
-    probe = VersionProbe.remote()  # type: ignore[attr-defined]
+    anchor = ray.remote(SessionAnchor).options(num_cpus=0).remote()
     try:
-        versions: dict[str, str] = ray.get(probe.versions.remote(lower_session_priority), timeout=120)
-        return versions
-    finally:
-        ray.kill(probe)
+        versions: dict[str, str] = ray.get(anchor.versions.remote(lower_session_priority), timeout=120)
+    except ray.exceptions.RayActorError as exc:
+        if "No module named 'nbtrain'" not in str(exc):
+            raise
+        versions = {"ray": context.ray_version, "python": context.python_version,
+                    "nbtrain": "missing: No module named 'nbtrain'"}
+    return anchor, versions
 
 
 def _check_versions(cluster: dict[str, str]) -> None:

@@ -1,8 +1,8 @@
 """The notebook session's side of warm workers (see :mod:`nbtrain._cluster.warm_pool`).
 
-The first launch that wants warm workers makes this connection's pool and the
-anchor that ties it to the session; later launches name the same pool in their
-spec. ``release_warm()`` ends this session's idle workers; ``warm_pools()`` lists
+The first launch that wants warm workers makes this connection's pool, tied to
+the session by the anchor made when it connected; later launches name the same
+pool in their spec. ``release_warm()`` ends this session's idle workers; ``warm_pools()`` lists
 every session's, for ``%ray_status`` and the sidebar.
 """
 
@@ -26,7 +26,6 @@ class _SessionPool:
     cluster: connection.Cluster  # the connection it belongs to: a new connection is a new session
     name: str
     pool: Any
-    anchor: Any  # held here: an actor the session owns lives as long as a handle to it
 
 
 _made: _SessionPool | None = None
@@ -36,18 +35,17 @@ def pool_for_launch() -> str:
     """The actor name of this session's warm pool, made on first use."""
     import ray
 
-    from nbtrain._cluster.warm_pool import SessionAnchor, WarmPool
+    from nbtrain._cluster.warm_pool import WarmPool
 
     global _made
     cluster = connection.current()
     if _made is None or _made.cluster is not cluster:
-        anchor = ray.remote(SessionAnchor).options(num_cpus=0).remote()
         name = pool_name(uuid.uuid4().hex[:12])
         pool = ray.remote(WarmPool).options(
             name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_concurrency=16,
             resources={"node:__internal_head__": 0.001},
-        ).remote(anchor)
-        _made = _SessionPool(cluster, name, pool, anchor)
+        ).remote(connection.session_anchor())
+        _made = _SessionPool(cluster, name, pool)
     return _made.name
 
 

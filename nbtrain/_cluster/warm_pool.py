@@ -11,9 +11,10 @@ starts only the missing ones.
 Who owns what, and why:
 
 * Each notebook session (Ray Client connection) has one :class:`WarmPool`, a
-  detached actor named :func:`~nbtrain._cluster.names.pool_name`, and one
-  :class:`SessionAnchor`, an actor the notebook owns: it dies when the session
-  ends (kernel restart, ``disconnect()``, lost connection).
+  detached actor named :func:`~nbtrain._cluster.names.pool_name`, tied to the
+  session's :class:`~nbtrain._cluster.session_anchor.SessionAnchor`, an actor the
+  notebook owns: it dies when the session ends (kernel restart, ``disconnect()``,
+  lost connection).
 * The pool starts the workers, so they are its actors and die with it. Workers
   reserve no CPU or GPU (``num_cpus=0``, pinned to a node): each run's placement
   group reserves its ranks' resources, so idle workers never make another run,
@@ -59,13 +60,6 @@ def describe_shape(shape: Shape) -> str:
     cpus, gpus, env = shape
     text = f"{cpus:g} CPU, {gpus:g} GPU"
     return text + (f", env {', '.join(key for key, _ in env)}" if env else "")
-
-
-class SessionAnchor:
-    """Owned by the notebook's session, so it lives exactly as long as that session."""
-
-    def ping(self) -> bool:
-        return True
 
 
 @dataclasses.dataclass
