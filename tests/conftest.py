@@ -33,6 +33,27 @@ from _jupyterlab import browser_setup_problem
 TEST_CPUS = 4  # logical CPUs: room for 2 workers + a second small run on 2 real cores
 
 
+LANES = {"session-cluster": True, "own-processes": False}  # lane -> whether its tests use the session cluster
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lane", choices=sorted(LANES), default=None,
+        help="only the tests that use the session's cluster, or only those that do not (each of those starts "
+             "what it needs, if anything): scripts/run-tests runs the two lanes side by side")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    lane = config.getoption("--lane")
+    if lane is None:
+        return
+    wanted = LANES[lane]
+    dropped = [item for item in items if ("cluster" in item.fixturenames) != wanted]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if ("cluster" in item.fixturenames) == wanted]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A browser test on a machine without Playwright or Chromium is an error saying what to install."""
