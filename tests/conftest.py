@@ -47,11 +47,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     lane = config.getoption("--lane")
     if lane is None:
         return
-    wanted = LANES[lane]
-    dropped = [item for item in items if ("cluster" in item.fixturenames) != wanted]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if ("cluster" in item.fixturenames) == wanted]
+    kept = [item for item in items if ("cluster" in item.fixturenames) == LANES[lane]]
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = kept
 
 
 @pytest.hookimpl(tryfirst=True)

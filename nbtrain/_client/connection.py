@@ -172,9 +172,10 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
             say(f"Connecting to {address} failed ({type(exc).__name__}); "
                 f"trying again ({attempt + 1}/{CONNECT_ATTEMPTS})…")
             time.sleep(2.0 * attempt)
-    _current_anchor, versions = _start_session_anchor(context, lower_session_priority=local is not None)
+    anchor, versions = _start_session_anchor(context, lower_session_priority=local is not None)
     check_ray_supported(versions["ray"], "cluster")
     _check_versions(versions)
+    _current_anchor = anchor
     _current = Cluster(address=address, kind=kind, ray_version=versions["ray"], python_version=versions["python"])
     _current_token = resolved.value
     say(f"Connected to {address} in {time.monotonic() - began:.1f} s")
@@ -303,20 +304,23 @@ def _start_session_anchor(context: Any, lower_session_priority: bool = False) ->
     On the embedded cluster it also lowers the priority of this session's Ray Client
     server (see ``_priority``): only once the session is up, so connecting stays quick
     while a run trains. Where nbtrain cannot be imported on the cluster, the actor cannot
-    start: Ray and Python are then those the session's server (``context``) reported.
+    start: the session's server fails to load its class (ImportError, measured with a class
+    the head cannot import), or a worker does (a RayError naming the module). Ray and Python
+    are then those the session's server (``context``) reported.
     """
     import ray
 
     from nbtrain._cluster.session_anchor import SessionAnchor
 
-    anchor = ray.remote(SessionAnchor).options(num_cpus=0).remote()
     try:
+        anchor = ray.remote(SessionAnchor).options(num_cpus=0).remote()
         versions: dict[str, str] = ray.get(anchor.versions.remote(lower_session_priority), timeout=120)
-    except ray.exceptions.RayActorError as exc:
+    except (ImportError, ray.exceptions.RayError) as exc:
         if "No module named 'nbtrain'" not in str(exc):
             raise
         versions = {"ray": context.ray_version, "python": context.python_version,
                     "nbtrain": "missing: No module named 'nbtrain'"}
+        return None, versions
     return anchor, versions
 
 
