@@ -186,9 +186,16 @@ def test_two_kernels_connecting_at_once_share_one_private_head(fresh_home, tmp_p
                                                                    "start.lock"}
         assert (info.python, info.prefix, info.nbtrain_version) == (sys.executable, sys.prefix, nbtrain.__version__)
 
-        # a kernel of another environment is told, not connected
+        # the same environment under another name of its interpreter (`python3` beside `python`) connects
         state = local_cluster_dir() / "local.json"
         record = json.loads(state.read_text())
+        write_json_atomic(state, {**record, "python": str(Path(sys.executable).with_name("python3-other-name"))})
+        same = subprocess.run([sys.executable, "-c", "import nbtrain; nbtrain.connect(progress=print)"],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "NBTRAIN_HOME": str(fresh_home)})
+        assert same.returncode == 0, same.stderr
+
+        # a kernel of another environment is told, not connected
         write_json_atomic(state, {**record, "python": "/opt/other-venv/bin/python", "prefix": "/opt/other-venv"})
         for named_by in ({}, {"RAY_ADDRESS": info.address}):  # started for it, or named by $RAY_ADDRESS
             other = subprocess.run([sys.executable, "-c", "import nbtrain; nbtrain.connect(progress=print)"],
@@ -196,7 +203,7 @@ def test_two_kernels_connecting_at_once_share_one_private_head(fresh_home, tmp_p
                                    env={**os.environ, "NBTRAIN_HOME": str(fresh_home), **named_by})
             assert other.returncode != 0, named_by
             assert "VersionMismatchError" in other.stderr
-            assert "was started from another environment (different Python executable, sys.prefix)" in other.stderr
+            assert "was started from another environment (different sys.prefix)" in other.stderr
             assert "the cluster runs:  Python /opt/other-venv/bin/python" in other.stderr
             assert f"this notebook runs: Python {sys.executable}" in other.stderr
             assert "nbtrain cluster stop" in other.stderr

@@ -19,8 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
-
+from nbtrain import _code_origin as code_origin
 from nbtrain import _options, _registry
 from nbtrain._client import connection, warm
 from nbtrain._client.following import block_until_done
@@ -255,7 +254,7 @@ def _constructor_error(exc: Exception) -> NbtrainError | None:
 def _pickled(spec: RunSpec) -> bytes:
     """The spec as bytes; an unpicklable config value is named (``config['key']``)."""
     try:
-        return cloudpickle.dumps(spec)  # type: ignore[no-any-return]
+        return code_origin.dumps(spec)  # a config may hold functions: they keep their origin too
     except Exception:
         check_values({f"config[{key!r}]": value for key, value in (spec.options.config or {}).items()})
         raise

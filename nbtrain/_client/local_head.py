@@ -9,6 +9,7 @@ the nbtrain of the environment that started it).
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,10 @@ _ENVIRONMENT_WORDS = {"python": "Python executable", "prefix": "sys.prefix",
                       "nbtrain_version": "nbtrain version", "nbtrain_location": "nbtrain location"}
 
 
+def _same_path(key: str, value: str) -> str:
+    return os.path.realpath(value) if key in ("prefix", "nbtrain_location") and value else value
+
+
 def this_environment() -> dict[str, str]:
     """What a head records about the environment that starts it (keys: LocalClusterInfo's fields)."""
     import nbtrain
@@ -92,13 +97,19 @@ def this_environment() -> dict[str, str]:
             "nbtrain_location": str(Path(nbtrain.__file__).resolve().parent)}
 
 
+# What makes an environment: the executable is only how it was named (`python`, `python3` and
+# `venv/bin/python3.11` run the same environment), so it is shown but not compared.
+_COMPARED = ("prefix", "nbtrain_version", "nbtrain_location")
+
+
 def check_environment(info: LocalClusterInfo) -> None:
     """Refuse a head started by another Python environment: its ranks would run that environment's nbtrain."""
     here = this_environment()
     there = {key: str(getattr(info, key)) for key in here}
-    if there == here:
+    differing = [key for key in _COMPARED if _same_path(key, here[key]) != _same_path(key, there[key])]
+    if not differing:
         return
-    differs = ", ".join(_ENVIRONMENT_WORDS[key] for key in here if here[key] != there[key])
+    differs = ", ".join(_ENVIRONMENT_WORDS[key] for key in differing)
 
     def describe(env: dict[str, str]) -> str:
         return (f"Python {env['python'] or '?'} (sys.prefix {env['prefix'] or '?'}), "

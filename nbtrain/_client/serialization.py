@@ -18,6 +18,7 @@ from typing import Any
 
 import cloudpickle
 
+from nbtrain import _code_origin as code_origin
 from nbtrain._exceptions import NotSerializableError
 
 _SKIP_TYPES = (types.ModuleType, type(None), int, float, str, bytes, bool)
@@ -26,8 +27,7 @@ _SKIP_TYPES = (types.ModuleType, type(None), int, float, str, bytes, bool)
 def dumps_checked(fn: Callable[..., Any], what: str = "the training function") -> bytes:
     """Pickle ``fn``; on failure raise :class:`NotSerializableError` naming the culprit."""
     try:
-        data: bytes = cloudpickle.dumps(fn)
-        return data
+        return code_origin.dumps(fn)
     except Exception as exc:
         culprit = find_unpicklable(fn)
         if culprit is None:

@@ -12,6 +12,7 @@ import dataclasses
 import time
 from typing import Any
 
+from nbtrain import _code_origin as code_origin
 from nbtrain._client import connection, warm
 from nbtrain._client.launch import _owner, attach, check_resources
 from nbtrain._client.run import Run
@@ -251,10 +252,8 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     if _find_handle(name) is not None or name in stored_sweep_names():
         raise RunExistsError(f"A sweep named {name!r} already exists on {cluster.address}. Pick another name, "
                              f"or attach to it with nbtrain.attach_sweep({name!r}).")
-    import cloudpickle
-
     handle = ray.remote(SweepSupervisor).options(**sweep_supervisor_options(name)).remote(
-        cloudpickle.dumps(spec), datasets)
+        code_origin.dumps(spec), datasets)
     sweep = Sweep(name, handle, cluster.address)
     try:
         sweep.cached = ray.get(handle.poll.remote(0, 0.0), timeout=SWEEP_START_S)

@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 import traceback
+import types
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -130,11 +131,11 @@ class TrainWorker:
             result = fn(context.config) if payload.fn_takes_config else fn()
             outcome: dict[str, Any] = {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
-            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            text = "".join(traceback.format_exception(type(exc), exc, _from_user_code(exc.__traceback__)))
             sys.stderr.write(text)
             outcome = {
                 "ok": False, "rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000],
-                "traceback": _trim_traceback(text), "step": session.current_step(),
+                "traceback": text, "step": session.current_step(),
             }
         finally:
             set_session(None)
@@ -223,11 +224,12 @@ def _listener(host: str, port: int = 0) -> socket.socket:
     return sock
 
 
-def _trim_traceback(text: str) -> str:
-    """Drop nbtrain's own frames so the traceback starts at the user's code."""
-    lines = text.splitlines(True)
-    marker = next((i for i, line in enumerate(lines)
-                   if "nbtrain/_cluster/worker.py" in line and "in run" in line), None)
-    if marker is None:
-        return text
-    return lines[0] + "".join(lines[marker + 2:])
+def _from_user_code(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback from the first frame outside nbtrain: the rank's own call into the user's function
+    (this module, a ``%%ray_train`` cell's runner) is not the user's to read. nbtrain frames deeper in
+    (a ``report()`` the user called) stay."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    first = tb
+    while first is not None and first.tb_frame.f_code.co_filename.startswith(package):
+        first = first.tb_next
+    return first if first is not None else tb

@@ -30,23 +30,30 @@ def referenced_names(source: str, namespace: dict[str, Any]) -> dict[str, Any]:
 
 
 class CellProgram:
-    """Callable with ``config``: runs the cell body on a worker."""
+    """Callable with ``config``: runs the cell body on a worker.
 
-    def __init__(self, source: str, captured: dict[str, Any]) -> None:
-        compile(source, CELL_FILENAME, "exec")  # syntax errors surface in the notebook, not on workers
-        self.source = source
+    ``name`` is how tracebacks call the cell (``Cell In[7]``, as IPython does; ``<%%ray_train cell>``
+    outside a notebook) and ``magic_line`` its first line: the body's lines keep the numbers the
+    cell shows, and the rank's traceback prints the cell's own lines.
+    """
+
+    def __init__(self, source: str, captured: dict[str, Any], name: str | None = None,
+                 magic_line: str | None = None) -> None:
+        self.filename = name or CELL_FILENAME
+        self.lines = ([magic_line.rstrip("\n") + "\n"] if magic_line is not None else []) + source.splitlines(True)
+        self.source = "\n" * (len(self.lines) - len(source.splitlines(True))) + source
+        compile(self.source, self.filename, "exec")  # syntax errors surface in the notebook, not on workers
         self.captured = captured
 
     def __call__(self, config: dict[str, Any]) -> Any:
         import nbtrain
 
-        # tracebacks on the worker show the cell's lines
-        linecache.cache[CELL_FILENAME] = (len(self.source), None, self.source.splitlines(True), CELL_FILENAME)
+        linecache.cache[self.filename] = (sum(map(len, self.lines)), None, self.lines, self.filename)
         ctx = nbtrain.get_context()
         scope: dict[str, Any] = {
             "__name__": "__ray_train_cell__", "__builtins__": builtins, **self.captured,
             "config": config, "rank": ctx.rank, "world_size": ctx.world_size,
             "local_rank": ctx.local_rank, "device": ctx.device, "nbtrain": nbtrain,
         }
-        exec(compile(self.source, CELL_FILENAME, "exec"), scope)
+        exec(compile(self.source, self.filename, "exec"), scope)
         return scope.get("result")

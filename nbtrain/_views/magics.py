@@ -19,6 +19,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from nbtrain._client import connection
 from nbtrain._client.serialization import check_values
+from nbtrain._code_origin import cell_name
 from nbtrain._exceptions import NbtrainError
 from nbtrain._views.cell_program import CellProgram, referenced_names
 from nbtrain._views.magic_flags import (
@@ -133,7 +134,8 @@ class NbtrainMagics(Magics):
             options = options_from_args(args, self.shell.user_ns)
             connection.current()
             check_values(captured)
-            run = start(CellProgram(source, captured), dataclasses.replace(options, wait=False))
+            run = start(CellProgram(source, captured, cell_name(), f"%%ray_train {line}"),
+                        dataclasses.replace(options, wait=False))
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
         self.last_run = run
@@ -189,7 +191,8 @@ class NbtrainMagics(Magics):
             options, run_options = sweep_options_from_args(args, self.shell.user_ns)
             connection.current()
             check_values(captured)
-            sweep = start_sweep(CellProgram(source, captured), dataclasses.replace(options, wait=False), run_options)
+            sweep = start_sweep(CellProgram(source, captured, cell_name(), f"%%ray_tune {line}"),
+                                dataclasses.replace(options, wait=False), run_options)
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
         if args.out:
