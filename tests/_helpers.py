@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -78,3 +80,17 @@ def ipython_shell():
     if "nbtrain" not in shell.extension_manager.loaded:
         shell.run_line_magic("load_ext", "nbtrain")
     return shell
+
+
+def venv_with_these_packages(root: Path, with_pip: bool = True) -> Path:
+    """A new venv at ``root`` that sees the packages of the interpreter running the tests (a venv's or
+    the base one's, whichever that is), after its own: a ``.pth`` adds each of this interpreter's
+    site directories, their own ``.pth`` files included. ``--system-site-packages`` would lend the
+    *base* interpreter's packages instead, which inside a venv are not the ones the tests run with."""
+    subprocess.run([sys.executable, "-m", "venv", str(root), *([] if with_pip else ["--without-pip"])], check=True)
+    (site_packages,) = root.glob("lib/python*/site-packages")
+    borrowed = [entry for entry in sys.path if entry.endswith(("site-packages", "dist-packages"))
+                and Path(entry).is_dir()]
+    (site_packages / "_borrowed_from_the_test_interpreter.pth").write_text(
+        "".join(f"import site; site.addsitedir({entry!r})\n" for entry in borrowed))
+    return root

@@ -2,9 +2,9 @@
 
 repo2docker installs ``binder/requirements.txt``, runs ``binder/postBuild`` once, then
 starts every container through ``binder/start`` with the notebook server as its command.
-Here: a fresh venv made with ``--system-site-packages --without-pip`` (so torch, Ray,
-JupyterLab and pip itself come from the system and nothing is downloaded; pip finds every
-requirement already satisfied), the requirements installed into it, postBuild run in it with
+Here: a fresh venv made ``--without-pip`` that sees the packages of the interpreter running
+the tests (so torch, Ray, JupyterLab and pip itself come from there and nothing is downloaded;
+pip finds every requirement already satisfied), the requirements installed into it, postBuild run in it with
 ``NBTRAIN_PIP_INSTALL_ARGS="--no-build-isolation --no-deps ."`` (nbtrain is built from this
 checkout with the system's build backend, no package index needed; on Binder it is a plain
 ``pip install .``), then ``binder/start`` running ``python -m nbconvert --execute`` on
@@ -19,13 +19,14 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from nbtrain._net import LOOPBACK, port_is_open
+
+from _helpers import venv_with_these_packages
 
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -51,9 +52,9 @@ def _group_alive(pgid: int) -> bool:
 def binder_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A venv built the way Binder builds its image: requirements.txt, then postBuild."""
     root = tmp_path_factory.mktemp("binder-venv")
-    # No pip of its own: the system's runs in it. ensurepip's bundled setuptools (65 on Python 3.11) would
+    # No pip of its own: the test interpreter's runs in it. ensurepip's bundled setuptools (65 on Python 3.11) would
     # shadow the system's, and pip would fetch a newer one for torch (>=77), retrying each index it cannot reach.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root)], check=True)
+    venv_with_these_packages(root, with_pip=False)
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("RAY_", "NBTRAIN_", "VIRTUAL_ENV", "PYTHONPATH"))}
     env.update(PATH=f"{root / 'bin'}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(root),

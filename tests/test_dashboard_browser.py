@@ -45,16 +45,20 @@ SETUP = "%load_ext nbtrain\n%ray_connect"
 
 # The cells of dashboards.ipynb, by index: each test runs SETUP and its own.
 LIVE, BACKGROUND, FAILING, MILLION = 1, 2, 3, 4
+LIVE_MAY_END = "live-run-may-end"  # the LIVE run's ranks end once this file is in the lab's root
 
 
 @pytest.fixture(scope="module")
 def lab(cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-root")
     write_notebook(root / "dashboards.ipynb", [SETUP, (
-        "%%ray_train --workers 2 --name browser-live --total-steps 50\n"
-        "import time\n"
-        "for step in range(50):\n"
-        "    nbtrain.report(loss=1.0 / (step + 1), accuracy=step / 50)\n"
+        # runs until the test has seen it running, whatever the machine's speed (at most 10 minutes)
+        "%%ray_train --workers 2 --name browser-live\n"
+        "import os, time\n"
+        "for step in range(3000):\n"
+        "    nbtrain.report(loss=1.0 / (step + 1), accuracy=step / 3000)\n"
+        f"    if os.path.exists({str(root / LIVE_MAY_END)!r}):\n"
+        "        break\n"
         "    time.sleep(0.2)\n"), (
         "%%ray_train --workers 2 --bg --name browser-stop\n"
         "import time\n"
@@ -162,6 +166,7 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
                  describe=lambda: (plot_points(page, LIVE), worker_steps(page, LIVE)))
         assert state_badge(page, LIVE) == "running"
         page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
+        (lab.root_dir / LIVE_MAY_END).touch()
         wait_for_state(page, "succeeded", 120_000, cell=LIVE)
         # the static picture for the saved notebook
         in_cell(page, LIVE, ".nbtrain-summary svg").first.wait_for(timeout=30_000)

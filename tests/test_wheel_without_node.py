@@ -4,8 +4,8 @@ and OK, and the server answers on the nbtrain API.
 
 The wheel is built once per session (npm runs during the build, so building
 needs Node.js; using it does not). The venv borrows the heavy dependencies
-(torch, Ray, JupyterLab) from the system site-packages, but nbtrain itself is
-installed from the wheel.
+(torch, Ray, JupyterLab) from the interpreter running the tests, but nbtrain
+itself is installed from the wheel.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import venv_with_these_packages
 from _jupyterlab import REPO, ensure_labextension_built, start_jupyterlab
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -49,8 +50,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
-    root = tmp_path_factory.mktemp("venv")
-    run([sys.executable, "-m", "venv", "--system-site-packages", str(root)])
+    root = venv_with_these_packages(tmp_path_factory.mktemp("venv"))
     python = root / "bin" / "python"
     run([str(python), "-m", "pip", "install", "--no-deps", "--force-reinstall", "--no-index", str(wheel)])
     return root
