@@ -17,7 +17,7 @@ from pathlib import Path
 def own_cluster(prefix: str, num_cpus: int) -> Iterator[None]:
     os.environ["NBTRAIN_HOME"] = str(Path(tempfile.mkdtemp(prefix=prefix)) / "home")
     import nbtrain  # after NBTRAIN_HOME is set, and before ray: it sets Ray's token authentication up
-    from nbtrain._client import local_cluster
+    from nbtrain._client.local import local_cluster
 
     try:
         nbtrain.connect(num_cpus=num_cpus, progress=lambda message: print(f"  [cluster] {message}", flush=True))

@@ -109,7 +109,7 @@ def join_and_loss(how: str) -> dict[str, Any]:
     import ray
 
     import nbtrain
-    from nbtrain._client import local_nodes
+    from nbtrain._client.local import added_nodes, local_nodes
 
     _registered_at = ray.remote(num_cpus=0)(_registered_at_fn)
     # each rank reserves the head's CPUs (an accounting reservation): the head holds one, a second needs a node
@@ -146,7 +146,7 @@ def join_and_loss(how: str) -> dict[str, Any]:
         back = min(r["time"] for r in after)
         run.stop()
     finally:
-        local_nodes.remove_all()
+        added_nodes.remove_all()
     return {"join_to_new_size_s": first_two - joined, "join_noticed_s": noticed - joined,
             "steps_lost": before - resumed, "loss_to_training_s": back - lost_at}
 

@@ -28,10 +28,10 @@ class StandInRun:
     """The part of :class:`nbtrain.Run` a dashboard reads; rows are handed to its history directly."""
 
     name = "redraw-benchmark"
-    row_window_start = 0
+    _row_window_start = 0
 
     def __init__(self, ranks: int) -> None:
-        self.cached_summary: dict[str, Any] = {"state": "running", "world_size": ranks, "workers": []}
+        self._cached_summary: dict[str, Any] = {"state": "running", "world_size": ranks, "workers": []}
 
 
 def batches(ranks: int, steps: int, size: int) -> Iterator[list[dict[str, Any]]]:

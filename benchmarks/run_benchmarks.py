@@ -196,7 +196,7 @@ def own_home(prefix: str) -> Path:
 
 def driver_env() -> dict[str, str]:
     """The environment of a plain Ray driver process on the benchmark's cluster."""
-    import nbtrain._client.local_cluster as local_cluster
+    import nbtrain._client.local.local_cluster as local_cluster
 
     env = local_cluster.ray_env()          # loopback, RAY_AUTH_MODE=token, this cluster's token file
     env["RAY_TRAIN_V2_ENABLED"] = "1"      # the default in Ray 2.60; said anyway
@@ -231,14 +231,14 @@ def write_json(out: Path, data: dict[str, Any]) -> None:
 def run_torchrun(steps: int, warmup: int, out_dir: Path, timeout: float,
                  variant: str = "torchrun") -> dict[str, Any]:
     """torchrun as a user runs it; ``torchrun_malloc`` adds the glibc malloc thresholds
-    nbtrain sets in its ranks (``nbtrain/_cluster/allocator.py``), for a like-for-like figure."""
-    from nbtrain._cluster.allocator import MMAP_THRESHOLDS_BYTES, TRIM_THRESHOLD_BYTES
+    nbtrain sets in its ranks (``nbtrain/_cluster/rank/allocator.py``), for a like-for-like figure."""
+    from nbtrain._cluster.rank.allocator import MMAP_THRESHOLDS_BYTES, TRIM_THRESHOLD_BYTES
 
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "NBTRAIN_", "MALLOC_"))}
     env["OMP_NUM_THREADS"] = "1"
     if variant == "torchrun_malloc":
-        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLDS_BYTES[0])
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLDS_BYTES[-1])  # glibc ignores a larger one (allocator)
         env["MALLOC_TRIM_THRESHOLD_"] = str(TRIM_THRESHOLD_BYTES)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORKERS}", "--nnodes=1",
            "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
@@ -401,7 +401,7 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
         arrivals.extend((now, row) for row in new_rows)
         # refresh() just fetched the summary too; reading it via run.state would poll a second time
         # and swallow the rows it fetched, so peek at the copy refresh() keeps.
-        state = RunState(run.cached_summary["state"])
+        state = RunState(run._cached_summary["state"])
         if state.is_terminal:
             break
         if time.monotonic() > deadline:
@@ -575,7 +575,7 @@ def targets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         add("like for like, not a target: nbtrain ÷ torchrun with nbtrain's malloc settings",
             rate / tuned["samples_per_s"], None, None,
             f"{_fmt(rate / tuned['samples_per_s'], 3)} (ratio of medians), {paired_tuned} (median of per-rep "
-            f"ratios); nbtrain's ranks keep freed memory (nbtrain/_cluster/allocator.py), torchrun's use glibc's "
+            f"ratios); nbtrain's ranks keep freed memory (nbtrain/_cluster/rank/allocator.py), torchrun's use glibc's "
             f"defaults unless told otherwise", info=True)
     launch, rt_launch = nb.get("launch_to_first_step_s"), rt.get("launch_to_first_step_s")
     limit = 0.5 * rt_launch if rt_launch else None
@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     import cloudpickle
 
     import nbtrain
-    import nbtrain._client.local_cluster as local_cluster
+    import nbtrain._client.local.local_cluster as local_cluster
 
     cloudpickle.register_pickle_by_value(workload)       # nbtrain workers cannot import benchmarks/
     wanted = set(args.variants.split(",")) if args.variants else {"torchrun", "raytrain", "nbtrain"}

@@ -109,8 +109,8 @@ def follow(run: Any, dashboard: Any, until: Any) -> list[float]:
         now = time.time()
         latencies.extend(now - row["time"] for row in rows[-2000:])
         history = dashboard.history
-        history.rows_seen = max(history.rows_seen, run.row_window_start)
-        history.add(run.cached_rows(history.rows_seen))
+        history.rows_seen = max(history.rows_seen, run._row_window_start)
+        history.add(run._cached_rows(history.rows_seen))
         if until():
             return latencies
         time.sleep(max(0.0, FOLLOW_POLL_S - (time.monotonic() - began)))  # a dashboard's pace
@@ -148,7 +148,7 @@ def simulate_ranks(config: dict[str, Any]) -> None:
     import threading as th
     import time as t
 
-    from nbtrain._cluster import session as sessions
+    from nbtrain._cluster.rank import session as sessions
 
     real = sessions.current_session()
     ranks, seconds, per_s = config["ranks"], config["seconds"], config["reports_per_s"]
@@ -157,7 +157,7 @@ def simulate_ranks(config: dict[str, Any]) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from nbtrain._cluster.push_relay import PushRelay
+        from nbtrain._cluster.feed.push_relay import PushRelay
 
         node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         real.relay = ray.remote(PushRelay).options(num_cpus=0, scheduling_strategy=node).remote(
@@ -209,12 +209,12 @@ def measure_rows(rows: int) -> dict[str, Any]:
                              name=f"rows-{rows}")
         dashboard = WidgetDashboard(run)
         started = time.monotonic()
-        latencies = follow(run, dashboard, lambda: run.cached_summary.get("state") in ("succeeded", "failed"))
+        latencies = follow(run, dashboard, lambda: run._cached_summary.get("state") in ("succeeded", "failed"))
         took = time.monotonic() - started
         grown = rss_mb() - before
     drawn = redraw_ms(dashboard)
     run.raise_if_failed()
-    stored = len(run.cached_rows(run.row_window_start)) + run.row_window_start
+    stored = len(run._cached_rows(run._row_window_start)) + run._row_window_start
     run.delete()
     return {"rows": rows, "received": stored, "supervisor_mb": watch.peak_rss, "supervisor_uss": watch.peak_uss,
             "supervisor_cpu_s": watch.cpu,
@@ -237,17 +237,17 @@ def measure_ranks(ranks: int, seconds: float, relay: bool) -> dict[str, Any]:
 
         def until() -> bool:
             now = time.monotonic()
-            if "start" not in marks and run.row_window_start + len(run.cached_rows(run.row_window_start)) > ranks:
+            if "start" not in marks and run._row_window_start + len(run._cached_rows(run._row_window_start)) > ranks:
                 marks["start"], marks["cpu0"] = now, watch.cpu_now()
             if "start" in marks and "end" not in marks and now - marks["start"] > 0.8 * seconds - 2:
                 marks["end"], marks["cpu1"] = now, watch.cpu_now()
-            return run.cached_summary.get("state") in ("succeeded", "failed")
+            return run._cached_summary.get("state") in ("succeeded", "failed")
 
         latencies = follow(run, dashboard, until)
         grown = rss_mb() - before
     run.raise_if_failed()
     drawn = redraw_ms(dashboard)
-    rows = run.row_window_start + len(run.cached_rows(run.row_window_start))
+    rows = run._row_window_start + len(run._cached_rows(run._row_window_start))
     run.delete()
     cores = (marks.get("cpu1", 0.0) - marks.get("cpu0", 0.0)) / max(marks.get("end", 1.0) - marks.get("start", 0.0),
                                                                    1e-9)

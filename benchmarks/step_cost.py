@@ -10,7 +10,7 @@ from the cores::
 
 Per variant: median CPU time of the training thread per step (ms) and minor
 page faults per step, after 20 warm-up steps. "kept memory" is nbtrain's
-``keep_freed_memory()`` (``nbtrain/_cluster/allocator.py``), called before torch loads.
+``keep_freed_memory()`` (``nbtrain/_cluster/rank/allocator.py``), called before torch loads.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ WARMUP = 20
 def step_cost(steps: int, keep_memory: bool) -> dict[str, float]:
     """Median training-thread CPU (ms) and mean page faults per step of the benchmark's model."""
     if keep_memory:
-        from nbtrain._cluster.allocator import keep_freed_memory
+        from nbtrain._cluster.rank.allocator import keep_freed_memory
 
         keep_freed_memory()
     import resource

@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     import cloudpickle
 
     import nbtrain
-    import nbtrain._client.local_cluster as local_cluster
+    import nbtrain._client.local.local_cluster as local_cluster
 
     cloudpickle.register_pickle_by_value(workload)       # nbtrain's workers cannot import benchmarks/
     variants = [v for v in VARIANTS if v in args.variants.split(",")]

@@ -29,8 +29,8 @@ from nbtrain._client.run import Run
 from nbtrain._client.sweep import Sweep, Trial, attach_sweep, sweeps, tune
 from nbtrain._client.torch_trainer import TorchTrainer
 from nbtrain._client.warm import release_warm
-from nbtrain._cluster.session import TrainContext
-from nbtrain._cluster.worker_api import (
+from nbtrain._cluster.rank.session import TrainContext
+from nbtrain._cluster.rank.worker_api import (
     backward,
     checkpoint_requested,
     get_context,
@@ -57,8 +57,7 @@ from nbtrain._exceptions import (
     VersionMismatchError,
 )
 from nbtrain._states import RunState, WorkerState
-
-__version__ = "0.1.0"
+from nbtrain._version import __version__ as __version__
 
 __all__ = [
     "Cluster",

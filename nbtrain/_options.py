@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._cluster.storage_uri import REMOTE_SCHEMES, normalise
+from nbtrain._cluster.storage.storage_uri import REMOTE_SCHEMES, normalise
 from nbtrain._exceptions import InvalidOptionError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -35,6 +35,8 @@ FEED_RELAY_CHOICES = ("auto", "always", "never")
 LOGGER_CHOICES = ("tensorboard", "mlflow")
 SCALE_LR_CHOICES = ("linear", "sqrt")
 PRECISION_CHOICES = ("bf16-mixed", "16-mixed")  # torch.autocast to bfloat16 / float16 (with a GradScaler)
+TUNING_NOTE = ("rarely needed: the defaults are what benchmarks/ measured best; they stay settable for clusters "
+               "unlike the ones measured")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +58,14 @@ class OptionInfo:
     label: str | None = None          # the LaunchPanel's field name; None: not on the panel
     off_flag: str | None = None       # a flag's "off" spelling; default --no-<flag>
     magic_default: Any = None           # only where the magic's nature differs (it blocks)
+    tuning: bool = False              # a knob users should not need: listed apart, last (see TUNING_NOTE)
 
 
 def option(default: Any, help: str, *flags: str, kind: str = "value", parse: Callable[[str], Any] | None = None,
            choices: tuple[str, ...] | None = None, metavar: str | None = None, label: str | None = None,
-           off_flag: str | None = None, magic_default: Any = None) -> Any:
+           off_flag: str | None = None, magic_default: Any = None, tuning: bool = False) -> Any:
     info = OptionInfo(help=help, flags=flags, kind=kind, parse=parse, choices=choices, metavar=metavar,
-                      label=label, off_flag=off_flag, magic_default=magic_default)
+                      label=label, off_flag=off_flag, magic_default=magic_default, tuning=tuning)
     return dataclasses.field(default=default, metadata={"nbtrain": info})
 
 
@@ -119,14 +122,14 @@ class RunOptions:
     on_stall: str = option("warn", "what a stall does", "--on-stall", choices=ON_STALL_CHOICES)
     stop_on_nan: bool = option(False, "fail the run when a reported metric is NaN", "--stop-on-nan", kind="flag")
     flush_interval_s: float = option(0.1, "seconds between a rank's batched sends of metrics and logs",
-                                     "--flush-interval", parse=float, metavar="SECONDS")
+                                     "--flush-interval", parse=float, metavar="SECONDS", tuning=True)
     scale_lr: str | None = option(
         None, "elastic runs, at a world size w other than min: by default each rank's prepare_loader batch is "
         "scaled by min/w, keeping the global batch of min ranks; linear or sqrt keeps each rank's batch and "
         "scales prepare_optimizer's learning rate by w/min (or its square root)", "--scale-lr",
         choices=SCALE_LR_CHOICES)
     resize_interval_s: float = option(10.0, "elastic runs: seconds between checks for room to grow",
-                                      "--resize-interval", parse=float, metavar="SECONDS")
+                                      "--resize-interval", parse=float, metavar="SECONDS", tuning=True)
     gns: bool = option(False, "estimate the gradient noise scale from DDP's gradients (2+ workers, batches from "
                        "prepare_loader) and add it to every reported row as gns", "--gns", kind="flag")
     adaptive_batch: tuple[int, int] | None = option(
@@ -136,11 +139,11 @@ class RunOptions:
         metavar="MIN:MAX")
     feed_relay: str = option("auto", "gather each node's metric pushes into one call to the supervisor per flush; "
                              "auto: on nodes holding 2+ ranks of runs of 16+ ranks", "--feed-relay",
-                             choices=FEED_RELAY_CHOICES)
+                             choices=FEED_RELAY_CHOICES, tuning=True)
     warm: bool = option(True, "keep the workers ready, idle, for this notebook session's next run with the same CPUs, "
                         "GPUs and env per worker (they reserve no CPU or GPU while idle)", "--warm", kind="flag")
     warm_idle_s: float = option(600.0, "seconds idle warm workers wait for the next run before they exit",
-                                "--warm-idle", parse=float, metavar="SECONDS")
+                                "--warm-idle", parse=float, metavar="SECONDS", tuning=True)
     env: dict[str, str] | None = option(None, "environment variables for the workers, e.g. --env OMP_NUM_THREADS=1",
                                         "--env", kind="strings", metavar="KEY=VALUE")
     loggers: tuple[str, ...] | None = option(None, "also write every rank's metrics with these libraries' own writers, "
@@ -217,8 +220,10 @@ class RunOptions:
 
 
 def fields() -> list[dataclasses.Field[Any]]:
-    """The options in declaration order (the order of ``--help`` and of ``launch()``'s docstring)."""
-    return list(dataclasses.fields(RunOptions))
+    """The options in declaration order, tuning knobs last (the order of ``--help`` and of ``launch()``'s
+    docstring)."""
+    declared = list(dataclasses.fields(RunOptions))
+    return [f for f in declared if not info(f).tuning] + [f for f in declared if info(f).tuning]
 
 
 def info(field: dataclasses.Field[Any]) -> OptionInfo:
@@ -249,6 +254,8 @@ def describe() -> str:
     lines = ["", "    Options (each also a ``%%ray_train`` flag)::", ""]
     for field in fields():
         meta = info(field)
+        if meta.tuning and not info(fields()[fields().index(field) - 1]).tuning:
+            lines.extend(["", f"        Tuning ({TUNING_NOTE}):", ""])
         lines.append(f"        {field.name}={field.default!r}  ({meta.flags[0]})")
         lines.append(f"            {meta.help}")
     return "\n".join(lines) + "\n"

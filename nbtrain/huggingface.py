@@ -23,8 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nbtrain._cluster.storage import pack_directory
-from nbtrain._cluster.worker_api import report, store_checkpoint
+from nbtrain._cluster.rank.worker_api import report, store_checkpoint
+from nbtrain._cluster.storage.run_storage import pack_directory
 
 try:
     from transformers import TrainerCallback

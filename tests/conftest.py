@@ -26,7 +26,7 @@ import cloudpickle
 import pytest
 
 import nbtrain
-from nbtrain._client import local_cluster
+from nbtrain._client.local import local_cluster
 
 from _jupyterlab import browser_setup_problem
 

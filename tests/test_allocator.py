@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import nbtrain
-from nbtrain._cluster import allocator
+from nbtrain._cluster.rank import allocator
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning is Linux-only")
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from nbtrain._cluster import adaptive_batch
-from nbtrain._cluster.gradient_noise import NoiseScale
+from nbtrain._cluster.elastic import adaptive_batch
+from nbtrain._cluster.elastic.gradient_noise import NoiseScale
 
 pytestmark = pytest.mark.quick
 

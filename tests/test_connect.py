@@ -11,9 +11,9 @@ import psutil
 import pytest
 
 import nbtrain
-from nbtrain._client import local_cluster
 from nbtrain._client.auth import preflight, read_token, resolve_token
 from nbtrain._client.connection import _host_port
+from nbtrain._client.local import local_cluster
 from nbtrain._registry import read_cluster
 
 pytestmark = pytest.mark.cluster

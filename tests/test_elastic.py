@@ -27,7 +27,7 @@ def _wait_for(condition, timeout: float, what: str) -> None:
 
 @ray.remote(num_cpus=0)
 def _standing_request() -> list[dict]:
-    from nbtrain._cluster.elastic import standing_request
+    from nbtrain._cluster.elastic.sizing import standing_request
 
     return standing_request()
 
@@ -77,7 +77,7 @@ def test_starts_with_what_fits_and_grows_at_a_checkpoint_when_resources_free_up(
     (None, 4, (0.5, 1.0)), (None, 2, (1.0, 1.0)), ("linear", 4, (1.0, 2.0)), ("sqrt", 8, (1.0, 2.0)),
 ])
 def test_a_new_world_size_scales_the_batch_or_the_learning_rate(scale_lr, size, expected):
-    from nbtrain._cluster.elastic import scaling
+    from nbtrain._cluster.elastic.sizing import scaling
     from nbtrain._options import RunOptions
 
     assert scaling(RunOptions(workers=(2, 8), scale_lr=scale_lr), size) == expected

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbtrain._cluster.rank_layout import layout_ranks
+from nbtrain._cluster.run.rank_layout import layout_ranks
 from nbtrain._options import RunOptions
 
 pytestmark = pytest.mark.quick
@@ -47,7 +47,7 @@ FAKE_GPU = "cuda:3"
 def test_ddp_on_a_gpu_rank_names_its_own_device_and_keeps_user_arguments():
     import torch
 
-    from nbtrain._cluster.parallel import ddp_arguments
+    from nbtrain._cluster.rank.parallel import ddp_arguments
 
     assert ddp_arguments(torch.device(FAKE_GPU), {}) == {"device_ids": [3]}
     assert ddp_arguments(torch.device(FAKE_GPU), {"device_ids": [0], "bucket_cap_mb": 50}) == {
@@ -68,7 +68,7 @@ def test_a_lightning_trainer_on_a_gpu_rank_uses_that_one_gpu():
 def test_each_precision_choice_has_its_autocast_dtype():
     import torch
 
-    from nbtrain._cluster.parallel import AUTOCAST_DTYPES
+    from nbtrain._cluster.rank.parallel import AUTOCAST_DTYPES
     from nbtrain._options import PRECISION_CHOICES
 
     assert {name: getattr(torch, AUTOCAST_DTYPES[name]) for name in PRECISION_CHOICES} == {

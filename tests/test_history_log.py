@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain._cluster.feed import ROW_TAIL, RunFeed
-from nbtrain._cluster.history_log import FAULT_DISK_FULL_ENV, HistoryLog
-from nbtrain._cluster.storage import RunStorage
+from nbtrain._cluster.feed.feed import ROW_TAIL, RunFeed
+from nbtrain._cluster.storage.history_log import FAULT_DISK_FULL_ENV, HistoryLog
+from nbtrain._cluster.storage.run_storage import RunStorage
 
 pytestmark = pytest.mark.quick
 
@@ -32,7 +32,7 @@ SEGMENT = 1_000
 WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from nbtrain._cluster.history_log import HistoryLog
+    from nbtrain._cluster.storage.history_log import HistoryLog
 
     log = HistoryLog(Path(sys.argv[1]), "metrics", segment_rows=int(sys.argv[2]))
     i = len(log)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtrain._client import local_cluster
+from nbtrain._client.local import local_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_TIMEOUT_S = 420

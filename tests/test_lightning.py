@@ -96,7 +96,7 @@ def test_ray_train_lightning_helpers_work_unchanged(cluster):
 
 @pytest.mark.quick
 def test_unknown_lightning_strategy_names_the_choices():
-    from nbtrain._cluster.session import TrainContext, TrainingSession, set_session
+    from nbtrain._cluster.rank.session import TrainContext, TrainingSession, set_session
 
     context = TrainContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                            device=torch.device("cpu"), attempt=1, config={}, run_name="x")

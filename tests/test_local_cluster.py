@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain._client import local_cluster
-from nbtrain._cluster.storage import RunStorage
+from nbtrain._client.local import local_cluster
+from nbtrain._cluster.storage.run_storage import RunStorage
 from nbtrain._paths import cluster_file, local_cluster_dir, ray_temp_dir, runs_dir, storage_root, write_json_atomic
 
 from _helpers import wait_for
@@ -123,7 +123,7 @@ CONNECT = """
 import json, os, sys, time
 from pathlib import Path
 import nbtrain
-from nbtrain._client import local_cluster
+from nbtrain._client.local import local_cluster
 Path(sys.argv[1]).touch()
 while not Path(sys.argv[2]).exists():
     time.sleep(0.02)

@@ -179,7 +179,7 @@ def report_fresh(config):
 def test_an_odd_run_breaks_nothing_and_delete_clears_its_name(cluster, tmp_path):
     import ray
 
-    from nbtrain._cluster.supervisor import RunSupervisor, supervisor_options
+    from nbtrain._cluster.run.supervisor import RunSupervisor, supervisor_options
 
     name = "odd-then-deleted"
     address = connection.current().address

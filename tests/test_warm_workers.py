@@ -65,7 +65,7 @@ def _launch_to_first_row(name: str, shape: str):
     """A run of ``shape``, the seconds from launch() to its first row in the notebook, once it succeeded."""
     started = time.monotonic()
     run = nbtrain.launch(leftovers, name=name, workers=2, env={"WARM_TEST_SHAPE": shape})
-    wait_for(lambda: run.refresh(wait_s=0.5) or run.cached_rows(0), 120, message=f"{name}'s first row")
+    wait_for(lambda: run.refresh(wait_s=0.5) or run._cached_rows(0), 120, message=f"{name}'s first row")
     took = time.monotonic() - started
     run.wait(timeout=120)
     assert run.state == nbtrain.RunState.SUCCEEDED, run.error

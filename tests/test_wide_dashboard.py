@@ -1,7 +1,7 @@
 """A 256-rank run in the dashboard: a band instead of 256 lines, chosen ranks on demand, stragglers, pages.
 
 The run is a stand-in object with the Run's read API (no cluster): the dashboard only reads
-``cached_rows`` / ``cached_summary`` / ``cached_log_entries`` / ``cached_events``.
+``_cached_rows`` / ``_cached_summary`` / ``_cached_log_entries`` / ``_cached_events``.
 """
 
 from __future__ import annotations
@@ -32,24 +32,24 @@ class FakeRun:
         lagging = lagging or {}
         self.rows = [{"rank": r, "step": s, "attempt": 1, "time": 0.0, "loss": float(r) + 1.0 / (s + 1)}
                      for s in range(steps) for r in range(ranks) if s < lagging.get(r, steps)]
-        self.row_window_start = 0
-        self.caught_up = True  # every row is in `rows`
+        self._row_window_start = 0
+        self._caught_up = True  # every row is in `rows`
         workers = [{"rank": r, "node": NODES[r % len(NODES)], "hostname": f"host{r % len(NODES)}", "pid": 100 + r,
                     "device": "cpu", "state": "running", "step": lagging.get(r, steps) - 1, "steps_per_s": 10.0,
                     "rss_mb": 300.0} for r in range(ranks)]
-        self.cached_summary: dict[str, Any] = {"state": "running", "step": steps - 1, "world_size": ranks,
+        self._cached_summary: dict[str, Any] = {"state": "running", "step": steps - 1, "world_size": ranks,
                                                "attempt": 1, "workers": workers}
 
     def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
         return []
 
-    def cached_rows(self, start: int = 0) -> list[dict[str, Any]]:
-        return self.rows[max(start - self.row_window_start, 0):]
+    def _cached_rows(self, start: int = 0) -> list[dict[str, Any]]:
+        return self.rows[max(start - self._row_window_start, 0):]
 
-    def cached_log_entries(self, start: int = 0) -> list[dict[str, Any]]:
+    def _cached_log_entries(self, start: int = 0) -> list[dict[str, Any]]:
         return []
 
-    def cached_events(self) -> list[dict[str, Any]]:
+    def _cached_events(self) -> list[dict[str, Any]]:
         return []
 
 
@@ -149,7 +149,7 @@ def test_a_narrow_run_draws_a_line_per_rank_and_its_whole_table():
 
 def test_a_run_that_turns_wide_drops_its_per_rank_lines():
     run = FakeRun(12, 20)
-    run.cached_summary["world_size"] = None  # not known yet: the ranks seen decide
+    run._cached_summary["world_size"] = None  # not known yet: the ranks seen decide
     run.rows = [row for row in run.rows if row["rank"] < 2]
     dashboard = WidgetDashboard(run, ranks=[11])
     dashboard.update()
@@ -162,7 +162,7 @@ def test_a_run_that_turns_wide_drops_its_per_rank_lines():
 
 def test_rows_the_run_no_longer_holds_are_skipped_not_waited_for():
     run = FakeRun(1, 5000)
-    run.row_window_start = 4000
+    run._row_window_start = 4000
     run.rows = run.rows[4000:]
     view = TextProgress(run, stream=open("/dev/null", "w"))  # noqa: SIM115 - closed with the test process
     view.update()
@@ -173,5 +173,5 @@ def test_rows_the_run_no_longer_holds_are_skipped_not_waited_for():
 def test_outside_a_notebook_the_progress_line_names_the_stragglers():
     run = FakeRun(256, 50, lagging={17: 10, 200: 20})
     view = TextProgress(run)
-    assert " 256 workers stragglers 17,200 " in view.line(run.cached_summary)
-    assert " 2 workers 0:00:00" in view.line(FakeRun(2, 5).cached_summary)
+    assert " 256 workers stragglers 17,200 " in view.line(run._cached_summary)
+    assert " 2 workers 0:00:00" in view.line(FakeRun(2, 5)._cached_summary)

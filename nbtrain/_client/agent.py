@@ -24,29 +24,29 @@ import io
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import IO
 
 _MESSAGE_CHARS = 4000
 _COMMANDS = ("runs", "stop")
 
 
-def serve(requests: IO[str]) -> int:
-    """Answer commands from ``requests`` until it closes."""
+def serve(requests: IO[str], run_command: Callable[[list[str]], int]) -> int:
+    """Answer commands from ``requests`` until it closes, each run by ``run_command`` (the CLI's ``main``,
+    handed over by the CLI that starts the agent)."""
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray C-level prints must not corrupt the answers
     sys.stdout = sys.stderr
     for line in requests:
         if not line.strip():
             continue
-        ok, output = _answer(line)
+        ok, output = _answer(line, run_command)
         answers.write(json.dumps({"ok": ok, "output": output}) + "\n")
         answers.flush()
     return 0
 
 
-def _answer(line: str) -> tuple[bool, str]:
-    from nbtrain._client.cli import main
-
+def _answer(line: str, run_command: Callable[[list[str]], int]) -> tuple[bool, str]:
     try:
         argv = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -56,7 +56,7 @@ def _answer(line: str) -> tuple[bool, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            code = main([str(arg) for arg in argv])
+            code = run_command([str(arg) for arg in argv])
         except SystemExit as exc:  # argparse's usage errors
             code = exc.code if isinstance(exc.code, int) else 2
         except Exception as exc:  # noqa: BLE001 - one failed command must not end the agent

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from nbtrain._client import local_cluster
+from nbtrain._client.local import local_cluster
 from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import port_is_open
 from nbtrain._paths import nbtrain_home, private_dir, read_json, write_json_atomic

@@ -7,8 +7,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from nbtrain._cluster import sharded_checkpoint, storage_uri
-from nbtrain._cluster.storage import checkpoint_files, checkpoint_source, load_trusted
+from nbtrain._cluster.rank import sharded_checkpoint
+from nbtrain._cluster.storage import storage_uri
+from nbtrain._cluster.storage.run_storage import checkpoint_files, checkpoint_source, load_trusted
 from nbtrain._paths import checkpoints_dir, private_dir
 
 

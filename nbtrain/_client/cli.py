@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbtrain import _json
-from nbtrain._client import local_cluster, local_nodes
+from nbtrain._client.local import added_nodes, local_cluster, local_nodes
 
 if TYPE_CHECKING:
     from nbtrain._client.connection import Cluster
@@ -67,7 +67,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print("stopped")
         return 1
     print(f"running at {running.address} (pid {running.pid}, {running.num_cpus} CPUs)")
-    for node in local_nodes.nodes():
+    for node in added_nodes.nodes():
         gpus = f", {node.num_gpus} GPUs" if node.num_gpus else ""
         print(f"  added node: pid {node.pid}, {node.num_cpus} CPUs{gpus}")
     return 0
@@ -185,7 +185,7 @@ def _warm_summary() -> dict[str, Any]:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    import nbtrain
+    from nbtrain._client.launch import attach
     from nbtrain._exceptions import NbtrainError
 
     address = _address_for(args.name, args.address)
@@ -194,7 +194,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
                f"give it: nbtrain stop {args.name} --address ray://HOST:PORT (or set $RAY_ADDRESS).")
         raise NbtrainError(msg)
     _connect(address)
-    run = nbtrain.attach(args.name)
+    run = attach(args.name)
     state = run.stop()
     print(f"Run {args.name!r} {state.value}.")
     return 0
@@ -266,7 +266,7 @@ def _run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     from nbtrain._client.agent import serve
 
-    return serve(sys.stdin)
+    return serve(sys.stdin, main)
 
 
 def _default_notebook() -> Path | None:

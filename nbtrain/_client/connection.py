@@ -21,7 +21,8 @@ from urllib.parse import urlparse
 
 from packaging.version import InvalidVersion, Version
 
-from nbtrain._client import auth, local_cluster, local_head
+from nbtrain._client import auth
+from nbtrain._client.local import local_cluster, local_head
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
 from nbtrain._registry import record_connection
@@ -193,7 +194,7 @@ def disconnect() -> None:
 
 
 def session_anchor() -> Any:
-    """The connected session's :class:`~nbtrain._cluster.session_anchor.SessionAnchor` (a handle)."""
+    """The connected session's :class:`~nbtrain._cluster.warm.session_anchor.SessionAnchor` (a handle)."""
     current()
     return _current_anchor
 
@@ -310,7 +311,7 @@ def _start_session_anchor(context: Any, lower_session_priority: bool = False) ->
     """
     import ray
 
-    from nbtrain._cluster.session_anchor import SessionAnchor
+    from nbtrain._cluster.warm.session_anchor import SessionAnchor
 
     try:
         anchor = ray.remote(SessionAnchor).options(num_cpus=0).remote()

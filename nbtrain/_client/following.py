@@ -36,7 +36,7 @@ def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
             else:  # no view, or it gave up (lost contact): poll here
                 left = LONG_POLL_S if deadline is None else max(0.0, min(LONG_POLL_S, deadline - time.monotonic()))
                 run.refresh(wait_s=left)
-            state = RunState(run.cached_summary.get("state", RunState.PENDING))
+            state = RunState(run._cached_summary.get("state", RunState.PENDING))
             if state.is_terminal:
                 return state
             if deadline is not None and time.monotonic() > deadline:

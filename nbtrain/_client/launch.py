@@ -26,9 +26,9 @@ from nbtrain._client.following import block_until_done
 from nbtrain._client.run import POLL_TIMEOUT_S, Run
 from nbtrain._client.serialization import check_values, dumps_checked
 from nbtrain._client.stored import StoredRunHandle, find_stored, stored_names, stored_summaries
-from nbtrain._cluster import storage_uri
 from nbtrain._cluster.names import find_supervisor, run_names, wait_until_name_free
 from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.storage import storage_uri
 from nbtrain._exceptions import (
     NbtrainError,
     ResourcesUnavailableError,
@@ -107,7 +107,7 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     """``launch()`` once its options are one validated value (the magic and the panel call this too)."""
     import ray
 
-    from nbtrain._cluster.supervisor import RunSupervisor, supervisor_options
+    from nbtrain._cluster.run.supervisor import RunSupervisor, supervisor_options
 
     takes_config = _check_signature(train_fn)
     name = options.name or _default_name()
@@ -174,7 +174,7 @@ def _resume_stored(name: str, spec: RunSpec, datasets: dict[str, Any] | None) ->
     """Start a supervisor on an ended run's files (same launch, so it takes them up) and resume it."""
     import ray
 
-    from nbtrain._cluster.supervisor import RunSupervisor, supervisor_options
+    from nbtrain._cluster.run.supervisor import RunSupervisor, supervisor_options
 
     launch_id = ray.get(StoredRunHandle(name).summary.remote(), timeout=POLL_TIMEOUT_S).get("launch")
     spec = dataclasses.replace(spec, launch_id=launch_id or spec.launch_id)

@@ -67,7 +67,7 @@ class Run:
         """Fetch what is new, up to one page of rows (:data:`PAGE_ROWS`); returns the new metric rows.
 
         One page, so the notebook's memory stays bounded however far behind it is: a view
-        that follows the run draws every page (``cached_rows``) before the next is fetched.
+        that follows the run draws every page (``_cached_rows``) before the next is fetched.
         Logs and events come whole, and the summary (state, workers) is current either way.
 
         ``wait_s`` > 0 waits up to that long for something new to arrive (a long
@@ -167,18 +167,18 @@ class Run:
         time.sleep(0.5)  # Ray is restarting it; nothing to wait on but time
 
     @property
-    def caught_up(self) -> bool:
+    def _caught_up(self) -> bool:
         """Whether the last refresh fetched every row reported so far (a long history comes a page at a time)."""
         return not self._has_more
 
     @property
-    def cached_summary(self) -> dict[str, Any]:
+    def _cached_summary(self) -> dict[str, Any]:
         """The run's summary as of the last read, without asking the cluster (for redraw loops)."""
         with self._lock:
             return dict(self._summary)
 
-    def cached_rows(self, start: int = 0) -> list[dict[str, Any]]:
-        """Metric rows already fetched, from index ``start`` (or :attr:`row_window_start`, if later) on.
+    def _cached_rows(self, start: int = 0) -> list[dict[str, Any]]:
+        """Metric rows already fetched, from index ``start`` (or :attr:`_row_window_start`, if later) on.
 
         A view that reads by index misses nothing, whichever ``refresh()`` (its own or a
         cell's ``run.metrics``) fetched them, as long as it keeps up with the window.
@@ -187,22 +187,22 @@ class Run:
             return self._rows[max(start - self._row_base, 0):]
 
     @property
-    def row_window_start(self) -> int:
+    def _row_window_start(self) -> int:
         """Index of the first metric row still held in memory (older rows are on the cluster only)."""
         with self._lock:
             return self._row_base
 
-    def cached_log_entries(self, start: int = 0) -> list[dict[str, Any]]:
+    def _cached_log_entries(self, start: int = 0) -> list[dict[str, Any]]:
         """Log chunks (rank, stream, time, text) already fetched, from index ``start`` (or the window's start) on."""
         with self._lock:
             return self._logs[max(start - self._log_base, 0):]
 
     @property
-    def log_window_start(self) -> int:
+    def _log_window_start(self) -> int:
         with self._lock:
             return self._log_base
 
-    def cached_events(self) -> list[dict[str, Any]]:
+    def _cached_events(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._events)
 
@@ -348,7 +348,7 @@ class Run:
 
     def raise_if_failed(self) -> None:
         """Raise :class:`RunFailedError` (every failing rank, with tracebacks) if the run ended failed."""
-        summary = self.cached_summary
+        summary = self._cached_summary
         if summary.get("state") == RunState.FAILED:
             raise RunFailedError(f"Run {self.name!r} failed.\n{summary.get('error')}")
 

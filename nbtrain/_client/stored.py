@@ -3,7 +3,7 @@
 A :class:`StoredRunHandle` looks like the supervisor's actor handle to
 :class:`~nbtrain._client.run.Run` (``handle.poll.remote(...)`` returns an object
 ref) but each call is a short-lived Ray task on the head node that reads the
-run's files (:mod:`nbtrain._cluster.stored_run`). The task takes no CPU in
+run's files (:mod:`nbtrain._cluster.run.stored_run`). The task takes no CPU in
 Ray's accounting, so it runs even while training ranks hold every core, and
 no process is kept for the run.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from nbtrain._cluster import stored_run
+from nbtrain._cluster.run import stored_run
 
 READ_TIMEOUT_S = 60.0
 

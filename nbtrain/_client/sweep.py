@@ -1,6 +1,6 @@
 """Hyperparameter sweeps from the notebook: ``nbtrain.tune()``, :class:`Sweep`, ``attach_sweep``, ``sweeps``.
 
-A sweep runs Ray Tune on the cluster (see :mod:`nbtrain._cluster.sweep_supervisor`);
+A sweep runs Ray Tune on the cluster (see :mod:`nbtrain._cluster.sweep.sweep_supervisor`);
 each trial is an nbtrain run named ``<sweep>-t<N>``. The notebook only reads the
 sweep's trial table (one long poll for all trials) and, for a trial it looks
 into, that trial's run.
@@ -221,7 +221,7 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     import ray
 
     from nbtrain._client.launch import _check_signature
-    from nbtrain._cluster.sweep_supervisor import SweepSupervisor, sweep_supervisor_options
+    from nbtrain._cluster.sweep.sweep_supervisor import SweepSupervisor, sweep_supervisor_options
 
     for key in run_options:
         if key in SET_BY_THE_SWEEP:
@@ -287,7 +287,7 @@ def _find_handle(name: str) -> Any:
 
 
 def _stored_record(name: str) -> dict[str, Any]:
-    from nbtrain._cluster.sweep_supervisor import read_sweep_record
+    from nbtrain._cluster.sweep.sweep_supervisor import read_sweep_record
 
     record = on_head(read_sweep_record, name)
     if record is None:
@@ -297,7 +297,7 @@ def _stored_record(name: str) -> dict[str, Any]:
 
 
 def stored_sweep_names() -> list[str]:
-    from nbtrain._cluster.sweep_supervisor import stored_sweep_names as names
+    from nbtrain._cluster.sweep.sweep_supervisor import stored_sweep_names as names
 
     return on_head(names)  # type: ignore[no-any-return]
 

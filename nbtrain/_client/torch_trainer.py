@@ -20,7 +20,7 @@ from typing import Any
 
 from nbtrain._client.launch import launch
 from nbtrain._client.run import Run
-from nbtrain._cluster.session import ROW_KEYS
+from nbtrain._cluster.rank.session import ROW_KEYS
 from nbtrain._exceptions import InvalidOptionError
 from nbtrain._states import RunState
 
@@ -117,13 +117,13 @@ def _result_of(run: Run, state: RunState) -> Any:
     if len(frame) and "rank" in frame:
         frame = frame[frame["rank"] == 0].reset_index(drop=True)
     run.refresh()
-    last: dict[str, Any] = next((row for row in reversed(run.cached_rows()) if row.get("rank") == 0), {})
+    last: dict[str, Any] = next((row for row in reversed(run._cached_rows()) if row.get("rank") == 0), {})
     metrics = {key: value for key, value in last.items() if key not in ROW_KEYS}
     files = run.checkpoint_dir()
     error = None
     if state != RunState.SUCCEEDED:
         failures = {f["rank"]: RuntimeError(f["summary"] + ("\n" + f["traceback"] if f["traceback"] else ""))
-                    for f in run.cached_summary.get("failures", []) if f.get("rank") is not None}
+                    for f in run._cached_summary.get("failures", []) if f.get("rank") is not None}
         error = WorkerGroupError(f"nbtrain run {run.name!r} {state.value}.\n{run.error or ''}", failures)
     values = run.result if state == RunState.SUCCEEDED else None
     return Result(metrics=metrics, checkpoint=Checkpoint.from_directory(str(files)) if files else None, error=error,

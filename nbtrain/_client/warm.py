@@ -1,4 +1,4 @@
-"""The notebook session's side of warm workers (see :mod:`nbtrain._cluster.warm_pool`).
+"""The notebook session's side of warm workers (see :mod:`nbtrain._cluster.warm.warm_pool`).
 
 The first launch that wants warm workers makes this connection's pool, tied to
 the session by the anchor made when it connected; later launches name the same
@@ -35,7 +35,7 @@ def pool_for_launch() -> str:
     """The actor name of this session's warm pool, made on first use."""
     import ray
 
-    from nbtrain._cluster.warm_pool import WarmPool
+    from nbtrain._cluster.warm.warm_pool import WarmPool
 
     global _made
     cluster = connection.current()
@@ -53,7 +53,7 @@ def pool_for(options: RunOptions) -> str | None:
     """The pool a run with these options leases its workers from (a sweep's trials too), its first
     workers asked for now (see ``WarmPool.prestart``); None for ``warm=False`` and for an elastic
     run (its size changes as it goes: it starts and ends its own workers)."""
-    from nbtrain._cluster.warm_pool import shape_of
+    from nbtrain._cluster.warm.warm_pool import shape_of
 
     if not options.warm or options.elastic:
         return None

@@ -101,8 +101,8 @@ class TextProgress(Follower):
     def update(self, wait_s: float = 0.0, coalesce: bool = False) -> bool:  # prints every `interval` anyway
         self.run.refresh(wait_s=wait_s)
         take_new_rows(self.run, self.history)
-        summary = self.run.cached_summary
-        terminal = RunState(summary["state"]).is_terminal and self.run.caught_up  # the final line has the last rows
+        summary = self.run._cached_summary
+        terminal = RunState(summary["state"]).is_terminal and self.run._caught_up  # the final line has the last rows
         now = time.monotonic()
         if terminal or now - self._last_print >= self.interval:
             self._last_print = now

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import argument
+from IPython.core.magic_arguments import argument, argument_group
 
 from nbtrain import _options, _sweep_options
 from nbtrain._options import RunOptions
@@ -58,7 +58,12 @@ def trial_run_fields() -> list[Any]:
 
 
 def _with_flags(magic: Callable[..., Any], fields: list[Any]) -> Callable[..., Any]:
-    decorators = [deco for field in fields for deco in _arguments(field)]
+    usual = [field for field in fields if not _options.info(field).tuning]
+    tuning = [field for field in fields if _options.info(field).tuning]
+    decorators: list[Any] = [deco for field in usual for deco in _arguments(field)]
+    if tuning:  # their own --help group, last
+        decorators.append(argument_group("tuning options", _options.TUNING_NOTE + "."))
+        decorators.extend(deco for field in tuning for deco in _arguments(field))
     for deco in reversed(decorators):  # IPython builds the parser from the last decorator applied first
         magic = deco(magic)
     return magic

@@ -149,8 +149,8 @@ class NbtrainMagics(Magics):
             block_until_done(run, launched=True, view_thread=view.thread)
         except KeyboardInterrupt:
             return None  # the helper stopped the run and said so
-        if run.cached_summary.get("state") == "failed":
-            raise _RunFailedInCell(f"RunFailedError: run {run.name!r} failed.\n{run.cached_summary.get('error')}")
+        if run._cached_summary.get("state") == "failed":
+            raise _RunFailedInCell(f"RunFailedError: run {run.name!r} failed.\n{run._cached_summary.get('error')}")
         return None
 
     # ------------------------------------------------------------------ %%ray_tune
@@ -222,7 +222,8 @@ class NbtrainMagics(Magics):
             ray://127.0.0.1:41837 (local): 1 node(s), CPU 2/4 used
             cifar   running    attempt 1  step 120/400
         """
-        import nbtrain
+        from nbtrain._client.launch import runs
+        from nbtrain._client.sweep import sweeps
 
         if self._parse(self.ray_status, line) is None:
             return
@@ -236,11 +237,11 @@ class NbtrainMagics(Magics):
             print(f"  node {node['address']} ({role}, {'alive' if node['alive'] else 'dead'}): "
                   f"{node['cpus']:g} CPU, {node['gpus']:g} GPU")
         _print_warm_workers()
-        for sweep in nbtrain.sweeps():
+        for sweep in sweeps():
             best = "" if sweep["best"] is None else f", best {sweep['metric']} {sweep['best']:.4g}"
             print(f"sweep {sweep['name']}: {sweep['state']}, {sweep['trials']} trials{best} "
                   f"(nbtrain.attach_sweep({sweep['name']!r}))")
-        found = nbtrain.runs()
+        found = runs()
         if not found:
             print("No runs on this cluster yet.")
             return
@@ -265,13 +266,13 @@ class NbtrainMagics(Magics):
             In [2]: %ray_connect
             In [3]: %ray_attach cifar --out run
         """
-        import nbtrain
+        from nbtrain._client.launch import attach
 
         args = self._parse(self.ray_attach, line)
         if args is None:
             return None
         try:
-            run = nbtrain.attach(args.name)
+            run = attach(args.name)
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
         self.last_run = run
@@ -291,14 +292,14 @@ class NbtrainMagics(Magics):
             In [5]: %ray_stop cifar
             Run 'cifar' stopped.
         """
-        import nbtrain
+        from nbtrain._client.launch import attach
 
         args = self._parse(self.ray_stop, line)
         if args is None:
             return None
         try:
             if args.name:
-                run = nbtrain.attach(args.name)
+                run = attach(args.name)
             elif self.last_run is not None:
                 run = self.last_run
             else:

@@ -1,0 +1,46 @@
+"""What the supervisor sends each rank to start it: one picklable value per rank.
+
+Built in the supervisor's process (:mod:`nbtrain._cluster.run.worker_group`), read in the rank's
+(:mod:`.worker`): it lives on the rank's side so that the rank needs nothing of the run's code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerPayload:
+    """Everything one rank needs to join the process group and run the function."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    gpu_index: int | None
+    cuda_visible_devices: str | None
+    device_name: str          # "cuda:<gpu_index>" or "cpu"
+    attempt: int
+    run_name: str
+    config: dict[str, Any]
+    supervisor: Any
+    relay: Any                # this node's push relay, or None: pushes go straight to the supervisor
+    flush_interval_s: float
+    storage: str | None
+    weights_only: bool
+    precision: str | None     # prepare_model's default (see parallel)
+    backend: str
+    master_addr: str
+    master_port: int
+    collective_timeout_s: float
+    fn_bytes: bytes
+    fn_takes_config: bool
+    cpus_per_worker: float
+    datasets: dict[str, Any]
+    elastic: bool             # ask the supervisor, now and then, whether it wants a checkpoint (to resize)
+    batch_scale: float        # prepare_loader's batch size factor (elastic runs; see elastic.scaling)
+    lr_scale: float           # prepare_optimizer's learning rate factor (likewise)
+    gns: bool                 # measure the gradient noise scale (see gradient_noise)
+    adaptive_batch: tuple[int, int] | None  # per-rank batch bounds (see adaptive_batch)

@@ -1,0 +1,449 @@
+"""The per-worker training session: what ``report()`` and friends talk to.
+
+``report()`` is on the training step's hot path, so it only appends a tuple to
+a list (a few hundred nanoseconds). A background thread swaps that list out
+every ``flush_interval_s`` and sends one push to the supervisor: an actor
+call, or in wide runs a message to its node's push relay's socket (see
+:mod:`~nbtrain._cluster.feed.push_relay`), carrying the rows, a heartbeat and any new
+log text. Nothing on the
+step path waits for the supervisor, let alone the notebook.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+import sys
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from nbtrain._cluster.elastic.gradient_noise import NoiseScale
+from nbtrain._cluster.feed.relay_link import Pending, RayPush, RelayLink, open_link
+from nbtrain._exceptions import NbtrainError
+
+PUSH_ORDER_WAIT_S = 30.0
+FINAL_PUSH_WAIT_S = 10.0
+FINAL_PUSH_TRIES = 3
+# One push carries at most this much: the supervisor ingests a push under its lock, so a rank
+# reporting faster than a tick can carry must not make its pushes (and polls' waits) grow.
+MAX_PUSH_ROWS = 20_000
+MAX_PUSH_LOGS = 20_000
+MAX_WAITING_ROWS = 200_000  # rows a rank keeps for the supervisor while it does not answer (~100 MB)
+MAX_WAITING_LOGS = 20_000   # log chunks likewise
+CHECKPOINT_QUESTION_S = 1.0  # how often an elastic run's rank asks whether a checkpoint is wanted (to resize)
+# Every row's own keys besides ``step`` (which report(step=) sets): a metric of one of these
+# names is kept as ``user_<name>``, so it can neither overwrite them nor be lost.
+ROW_KEYS = ("rank", "attempt", "time")
+
+
+@dataclasses.dataclass
+class TrainContext:
+    """What a rank knows about itself; returned by :func:`nbtrain.get_context`."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    device: Any
+    attempt: int
+    config: dict[str, Any]
+    run_name: str
+
+
+class _LogTee(io.TextIOBase):
+    """Keeps what a rank prints (for its log pane) and still writes it to Ray's log file."""
+
+    def __init__(self, session: TrainingSession, stream: str, original: Any) -> None:
+        self._session = session
+        self._stream = stream
+        self._original = original
+
+    def write(self, text: str) -> int:
+        if text:
+            self._session.logs.append((self._stream, time.time(), text))
+            try:
+                self._original.write(text)
+            except Exception:  # noqa: BLE001 - a closed Ray log must not break training
+                pass
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._original.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+
+class TrainingSession:
+    """State of one rank during one attempt; created by the worker actor."""
+
+    def __init__(self, context: TrainContext, supervisor: Any, flush_interval_s: float,
+                 storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
+                 relay: Any = None, precision: str | None = None, elastic: bool = False,
+                 batch_scale: float = 1.0, lr_scale: float = 1.0, gns: bool = False,
+                 adaptive_batch: tuple[int, int] | None = None) -> None:
+        self.context = context
+        # the gradient noise scale, fed by prepare_model's DDP hook; None when not asked for
+        self.noise = NoiseScale() if gns else None
+        self.adaptive_batch = adaptive_batch  # per-rank batch bounds for prepare_loader (see adaptive_batch)
+        self.batch_size = 0                   # the size of the last batch a prepared loader gave
+        self.lr_gain = 1.0                    # AdaScale's gain applied to the prepared optimizers
+        self.optimizers: list[Any] = []       # those prepare_optimizer gave back (their lr follows lr_gain)
+        self.batch_scale = batch_scale  # prepare_loader's and prepare_optimizer's factors (elastic runs)
+        self.lr_scale = lr_scale
+        self.elastic = elastic  # asks the supervisor about once a second whether it wants a checkpoint
+        self.checkpoint_requested = False  # what nbtrain.checkpoint_requested() says
+        self._asking: Any = None  # the ref of that question until answered
+        self._next_ask = 0.0
+        self.precision = precision  # the run's precision option: prepare_model's default
+        self.grad_scaler: Any = None  # a torch GradScaler once a 16-mixed model was prepared
+        self.supervisor = supervisor
+        self.relay = relay  # this node's push relay (see push_relay); None once it failed: straight to the supervisor
+        self.flush_interval_s = flush_interval_s
+        self.storage = storage
+        self.weights_only = weights_only
+        self.datasets = datasets or {}
+        # Handed from report() and print() to the flusher thread without a lock: appends and the
+        # flusher's popleft() never lose an item between them (a swap of lists could).
+        self.buffer: collections.deque[tuple[int, float, dict[str, Any]]] = collections.deque()
+        self.logs: collections.deque[tuple[str, float, str]] = collections.deque()
+        self.step = 0          # batches yielded by prepared loaders (or reports)
+        self.epoch = 0
+        self.uses_loader = False
+        self.report_calls = 0
+        self.last_step = 0
+        self.samples = 0
+        self.last_progress = time.time()
+        self.seq = 0
+        self._process = psutil.Process()
+        self._rate_mark = (time.time(), 0)
+        self._rss_mb = self._process.memory_info().rss / 2**20  # read again with the rate, once a second
+        self._stop = threading.Event()
+        self._flushing = threading.Lock()  # the flusher's ticks and land_reported() take turns
+        self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
+        self._saved_stdio: tuple[Any, Any] | None = None
+        self._in_flight: Pending | None = None  # the last push until it is known to have landed or failed
+        self._link: RelayLink | None = None  # the socket to this node's relay, once opened (see relay_link)
+        self._link_tried = False
+        # the last push's (seq, rows, logs) until it landed: sent again, same seq, if it failed
+        self._unsent: tuple[int, list[dict[str, Any]], list[tuple[str, float, str]]] | None = None
+        self._waiting_rows: list[dict[str, Any]] = []
+        self._waiting_logs: list[tuple[str, float, str]] = []
+        self._renamed: set[str] = set()
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> None:
+        self._saved_stdio = (sys.stdout, sys.stderr)
+        sys.stdout = _LogTee(self, "stdout", sys.stdout)
+        sys.stderr = _LogTee(self, "stderr", sys.stderr)
+        self._thread.start()
+
+    def close(self, state: str) -> None:
+        self._stop.set()
+        self._thread.join(timeout=PUSH_ORDER_WAIT_S + 5)
+        if self._saved_stdio is not None:
+            sys.stdout, sys.stderr = self._saved_stdio
+        took_turn = self._flushing.acquire(timeout=FINAL_PUSH_WAIT_S)
+        try:
+            if not took_turn:  # the flusher is stuck on a push: its link is its own, the last push goes by Ray
+                self._drop_relay()
+            self.flush(state=state, wait=True)
+        finally:
+            if took_turn:
+                self._flushing.release()
+            self._drop_relay()  # a warm worker lives on: its socket must not
+
+    # -- hot path --------------------------------------------------------
+    def report(self, metrics: dict[str, Any]) -> None:
+        step = metrics.pop("step", None)
+        self.report_calls += 1
+        if step is None:
+            step = self.step if self.uses_loader else self.report_calls
+        try:
+            step = int(step)
+        except (TypeError, ValueError, OverflowError):
+            msg = f"report(step=...) must be a whole number (the row's step), got {step!r}."
+            raise NbtrainError(msg) from None
+        self.last_step = step
+        if self.noise is not None:
+            noise_scale = self.noise.value
+            if noise_scale is not None:
+                metrics.setdefault("gns", noise_scale)
+            if self.adaptive_batch is not None and self.batch_size:
+                metrics.setdefault("batch_size", self.batch_size)
+        now = time.time()
+        numbers = metrics
+        for key, value in metrics.items():  # the values as they are now, not when the flusher looks
+            if type(value) not in _PLAIN_TYPES:
+                if numbers is metrics:
+                    numbers = dict(metrics)
+                numbers[key] = _to_number(value)
+        self.buffer.append((step, now, numbers))
+        self.last_progress = now
+
+    def on_batch(self, batch_size: int) -> None:
+        self.step += 1
+        self.batch_size = batch_size
+        self.samples += batch_size
+        self.last_progress = time.time()
+
+    def current_step(self) -> int:
+        return int(self.step if self.uses_loader else self.last_step)
+
+    # -- background ------------------------------------------------------
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(until_next_tick(self.flush_interval_s)):
+            with self._flushing:
+                try:
+                    self.flush(state="running")
+                    # more than one push's worth reported: send the rest as each push lands, not a tick later
+                    while self._waiting_rows and not self._stop.is_set():
+                        if not self._settled(PUSH_ORDER_WAIT_S) or self._unsent is not None:
+                            break  # slow or failed: the next tick carries on
+                        self.flush(state="running")
+                    if self.elastic:
+                        self._ask_about_checkpoint()
+                except Exception:  # noqa: BLE001 - the supervisor may be restarting; retry next tick
+                    self._asking = None
+
+    def land_reported(self) -> None:
+        """Send what this rank reported so far and wait until the supervisor has it (or the push in flight
+        has not landed within :data:`FINAL_PUSH_WAIT_S`). Called before a checkpoint is recorded: the
+        supervisor may end the attempt as soon as it has the checkpoint (an elastic resize), and a
+        run resumed from it must not miss the rows reported before it."""
+        with self._flushing:
+            if not self._settled(FINAL_PUSH_WAIT_S):
+                return  # the supervisor is slow: the flusher carries on, in order
+            self._collect()
+            if self._unsent is not None or self._waiting_rows or self._waiting_logs:
+                self._send("running")
+                self._send_the_rest("running")
+
+    def _ask_about_checkpoint(self) -> None:
+        """Keep :attr:`checkpoint_requested` current without ever waiting on the supervisor's answer."""
+        import ray
+
+        if self._asking is not None:
+            ready, _ = ray.wait([self._asking], timeout=0)
+            if not ready:
+                return
+            ref, self._asking = self._asking, None
+            self.checkpoint_requested = bool(ray.get(ref))
+        if time.monotonic() >= self._next_ask:
+            self._next_ask = time.monotonic() + CHECKPOINT_QUESTION_S
+            self._asking = self.supervisor.checkpoint_wanted.remote(self.context.attempt)
+
+    def _heartbeat(self, state: str) -> dict[str, Any]:
+        now = time.time()
+        mark_time, mark_samples = self._rate_mark
+        rate = None
+        if now - mark_time >= 1.0:
+            rate = (self.samples - mark_samples) / (now - mark_time)
+            self._rate_mark = (now, self.samples)
+            self._rss_mb = self._process.memory_info().rss / 2**20  # a /proc read: not on every tick's push
+        beat: dict[str, Any] = {
+            "time": now, "step": self.current_step(),
+            "epoch": self.epoch, "state": state, "last_progress": self.last_progress,
+            "rss_mb": self._rss_mb,
+        }
+        if rate is not None:
+            beat["samples_per_s"] = rate
+        device = self.context.device
+        if getattr(device, "type", "cpu") == "cuda":
+            import torch
+
+            beat["gpu_mem_mb"] = torch.cuda.memory_allocated(device) / 2**20
+        return beat
+
+    def flush(self, state: str, wait: bool = False) -> None:
+        """Send what was reported since the last push (and a heartbeat) to the supervisor.
+
+        One push is in flight per rank: the supervisor runs pushes on several threads, so a
+        push sent before the last one landed could be applied first and put this rank's rows
+        out of order (and it keeps only a rank's last ``seq`` to spot resends). Waiting here
+        (the flusher's thread, never the training step) also keeps the rows on the rank when
+        the supervisor is slow, rather than its queue longer; a push carries at most
+        :data:`MAX_PUSH_ROWS` rows, the rest follow as each push lands. A push that failed (the
+        supervisor restarting, an error) is sent again, same ``seq``, on the next tick: the
+        supervisor drops it if its first send landed after all. Memory stays bounded while
+        the supervisor is away (its last push failed): the rows waiting beyond
+        :data:`MAX_WAITING_ROWS` (log chunks beyond :data:`MAX_WAITING_LOGS`) are dropped oldest
+        first, and the rank's log says how many; so a rank holds at most twice that (the failed
+        push and the rows after it). A supervisor that answers gets every row, however many.
+        ``wait``: the last push, sent even if the one before it has not answered, and waited for.
+        """
+        settled = self._settled(PUSH_ORDER_WAIT_S)
+        self._collect()
+        if not settled and not wait:
+            return  # still on its way: the rows go with a later tick, in order
+        self._send(state)
+        if wait:
+            self._send_the_rest(state)
+
+    def _send_the_rest(self, state: str) -> None:
+        """The last flush: every push still to go (rows beyond a full push, a failed push) sent and waited for.
+
+        A supervisor that takes each push gets them all, however many are left (a rank that
+        reported a burst at its end may have hundreds of thousands of rows to go): each push
+        has :data:`FINAL_PUSH_WAIT_S` to land. A failed push is sent again, up to
+        :data:`FINAL_PUSH_TRIES` times (straight to the supervisor when it failed on the way
+        through a relay), all within :data:`FINAL_PUSH_WAIT_S` of the last push that landed.
+        """
+        deadline = time.monotonic() + FINAL_PUSH_WAIT_S
+        failures = 0
+        while self._settled(max(deadline - time.monotonic(), 0.0)):
+            if self._unsent is not None:
+                failures += 1
+                if failures >= FINAL_PUSH_TRIES or time.monotonic() > deadline:
+                    return
+            elif not (self._waiting_rows or self._waiting_logs):
+                return
+            else:
+                deadline = time.monotonic() + FINAL_PUSH_WAIT_S  # the last push landed: the next has as long
+            self._send(state)
+
+    def _collect(self) -> None:
+        """Move what was reported into the rows waiting to be sent (as rows), within the bounds."""
+        rows = [self.buffer.popleft() for _ in range(len(self.buffer))]
+        logs = [self.logs.popleft() for _ in range(len(self.logs))]
+        ctx = self.context
+        for step, when, metrics in rows:
+            row: dict[str, Any] = {"rank": ctx.rank, "step": step, "attempt": ctx.attempt, "time": when}
+            for key, value in metrics.items():
+                if key in ROW_KEYS:
+                    key = self._renamed_key(key, logs)
+                row[key] = value
+            self._waiting_rows.append(row)
+        self._waiting_logs.extend(logs)
+        if self._unsent is None:  # the supervisor took the last push: it takes everything
+            return
+        dropped_rows = max(len(self._waiting_rows) - MAX_WAITING_ROWS, 0)
+        dropped_logs = max(len(self._waiting_logs) - MAX_WAITING_LOGS, 0)
+        if dropped_rows or dropped_logs:
+            del self._waiting_rows[:dropped_rows]
+            del self._waiting_logs[:dropped_logs]
+            self._waiting_logs.append(("stderr", time.time(), f"nbtrain: the run's supervisor did not take this "
+                                                              f"rank's pushes for a while; its {dropped_rows} oldest "
+                                                              f"metric rows and {dropped_logs} log chunks waiting to "
+                                                              f"be sent were dropped.\n"))
+
+    def _settled(self, timeout: float) -> bool:
+        """Whether no push is in flight any more (waiting up to ``timeout``); one that failed stays unsent."""
+        if self._in_flight is None:
+            return True
+        if not self._in_flight.wait(timeout):
+            return False
+        pending, self._in_flight = self._in_flight, None
+        try:
+            pending.result()
+        except Exception:  # noqa: BLE001 - the supervisor restarting or gone: sent again next time
+            self._drop_relay()  # and if it went through the relay, straight to the supervisor from now on
+            return True
+        self._unsent = None
+        return True
+
+    def _send(self, state: str) -> None:
+        if self._unsent is None:
+            self.seq += 1
+            rows, self._waiting_rows = self._waiting_rows[:MAX_PUSH_ROWS], self._waiting_rows[MAX_PUSH_ROWS:]
+            logs, self._waiting_logs = self._waiting_logs[:MAX_PUSH_LOGS], self._waiting_logs[MAX_PUSH_LOGS:]
+            self._unsent = (self.seq, rows, logs)
+        seq, rows, logs = self._unsent
+        push = (self.context.rank, self.context.attempt, seq, rows, self._heartbeat(state), logs)
+        if self.relay is not None and not self._link_tried:
+            self._link_tried = True
+            self._link = open_link(self.relay)
+        if self._link is not None and self._in_flight is not None:
+            self._drop_relay()  # the last flush's resend: the link's next answer is the push still in flight's
+        if self._link is not None:
+            try:
+                self._in_flight = self._link.send(push)
+                return
+            except OSError:
+                self._drop_relay()
+        self._in_flight = RayPush((self.relay or self.supervisor).push.remote(*push))
+
+    def _drop_relay(self) -> None:
+        self.relay = None
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    def _renamed_key(self, key: str, logs: list[tuple[str, float, str]]) -> str:
+        """``user_<key>`` for a metric named like a row's own key; says so once in the rank's log
+        (added to ``logs``, the push's log text: the last push goes after stderr is given back)."""
+        if key not in self._renamed:
+            self._renamed.add(key)
+            logs.append(("stderr", time.time(), f"nbtrain: report({key}=...) is kept as 'user_{key}': every row's "
+                                                f"{', '.join(ROW_KEYS)} are set by nbtrain. Give the metric another "
+                                                f"name to silence this.\n"))
+        return f"user_{key}"
+
+
+def until_next_tick(interval_s: float) -> float:
+    """Seconds to the next multiple of ``interval_s`` on the wall clock.
+
+    Every rank flushes on the same ticks, so the supervisor hears from all of them
+    within a few milliseconds and one dashboard long poll carries every rank's
+    rows: fewer wake-ups on cores the ranks need, and no rank's rows waiting a
+    whole redraw behind another's.
+    """
+    left = interval_s - (time.time() % interval_s)
+    # A wait that ended a hair before its tick (timeouts run on the monotonic clock, ticks on
+    # the wall clock) has already served that tick: go on to the next, never flush twice.
+    return left + interval_s if left < interval_s / 4 else left
+
+
+_PLAIN_TYPES = frozenset({int, float, str, bool, type(None)})
+
+
+def _to_number(value: Any) -> Any:
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except Exception:  # noqa: BLE001 - multi-element tensors fall through to float()
+            pass
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+_current: TrainingSession | None = None
+_lock = threading.Lock()
+
+
+def set_session(session: TrainingSession | None) -> None:
+    global _current
+    with _lock:
+        _current = session
+
+
+def active_session() -> TrainingSession | None:
+    """The session of the run on this rank, or None between runs."""
+    return _current
+
+
+def current_session() -> TrainingSession:
+    session = _current
+    if session is None:
+        msg = ("This nbtrain function only works inside a training function run by "
+               "nbtrain.launch() or %%ray_train, on a worker. In the notebook, use the Run object instead.")
+        raise NbtrainError(msg)
+    return session
+

@@ -1,0 +1,228 @@
+"""The TrainWorker actor: one process per rank that runs the user's function.
+
+The supervisor creates N of these inside a placement group (or leases them,
+warm, from the notebook session's :mod:`~nbtrain._cluster.warm.warm_pool`), asks each where it
+landed, then calls :meth:`TrainWorker.run` on all of them at once. ``run``
+joins the ``torch.distributed`` process group, runs the function, and returns
+an *outcome* dict instead of raising, so the supervisor gets the rank, step
+and formatted traceback without unwrapping Ray's error types. A process that
+dies shows up on the supervisor as ``RayActorError`` instead.
+
+On a cluster whose nodes are on loopback (the embedded one) every socket a rank
+listens on is bound to loopback too: a ``tcp://127.0.0.1`` rendezvous alone
+still makes the TCPStore listen on all interfaces, and gloo picks the
+hostname's interface.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import ipaddress
+import os
+import socket
+import sys
+import traceback
+import types
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+import ray
+
+from nbtrain._cluster.rank import ray_train_on_import
+from nbtrain._cluster.rank.allocator import keep_freed_memory
+from nbtrain._cluster.rank.session import TrainContext, TrainingSession, set_session
+from nbtrain._net import free_port
+
+if TYPE_CHECKING:
+    from nbtrain._cluster.rank.payload import WorkerPayload
+
+
+class TrainWorker:
+    def __init__(self) -> None:
+        # Ray starts workers at a low CPU priority; training is the job, so ask for
+        # normal priority when allowed (needs privileges; otherwise stay as we are).
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except OSError:
+            pass
+        self._malloc_tuned = keep_freed_memory()  # before torch allocates anything; see allocator
+        import torch  # pay the import while the run is "starting", not in the first step
+
+        # what a fresh process starts from, for a warm worker's next run (see warm_pool)
+        self._fresh_environ = dict(os.environ)
+        self._fresh_torch_seed = torch.initial_seed()
+        self._runs = 0
+        self._tidied = False  # tidy() ran since the last run
+        self._store_listener: socket.socket | None = None  # rank 0's rendezvous port, listening from placement
+
+    def ping(self) -> bool:
+        return True
+
+    def tidy(self) -> None:
+        """Between runs (the warm pool asks as a run gives its workers back): free the run's garbage and
+        its CUDA cache, off the next run's path."""
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        self._tidied = True
+
+    def where(self) -> dict[str, Any]:
+        """Where this rank landed, for local ranks, the worker table and MASTER_ADDR."""
+        ctx = ray.get_runtime_context()
+        node_ip = ray.util.get_node_ip_address()
+        if self._store_listener is not None:
+            self._store_listener.close()
+        # On loopback the port listens from now on: a rank that reaches the rendezvous before rank 0
+        # is queued instead of refused (a refusal costs the TCPStore client's ~0.5 s retry back-off).
+        self._store_listener = _listener(node_ip) if _is_loopback(node_ip) else None
+        return {
+            "node_ip": node_ip,
+            "node_id": ctx.get_node_id(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "port": self._store_listener.getsockname()[1] if self._store_listener else free_port(node_ip),
+            "malloc_tuned": self._malloc_tuned,
+        }
+
+    def run(self, payload: WorkerPayload) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+
+        rank = payload.rank
+        listener, self._store_listener = self._store_listener, None
+        if self._runs:
+            self._start_afresh()
+        self._runs += 1
+        self._tidied = False
+        if payload.cuda_visible_devices is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = payload.cuda_visible_devices
+        os.environ.update(_torchrun_environment(payload))
+        torch.set_num_threads(max(1, int(payload.cpus_per_worker)))
+        device = torch.device(payload.device_name)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        context = TrainContext(
+            rank=rank, world_size=payload.world_size, local_rank=payload.local_rank,
+            local_world_size=payload.local_world_size, node_rank=payload.node_rank,
+            device=device, attempt=payload.attempt, config=dict(payload.config), run_name=payload.run_name,
+        )
+        session = TrainingSession(context, payload.supervisor, payload.flush_interval_s, payload.storage,
+                                  payload.weights_only, payload.datasets, relay=payload.relay,
+                                  precision=payload.precision, elastic=payload.elastic,
+                                  batch_scale=payload.batch_scale, lr_scale=payload.lr_scale,
+                                  gns=payload.gns, adaptive_batch=payload.adaptive_batch)
+        set_session(session)
+        ray_train_on_import.watch()
+        session.start()
+        try:
+            _join_process_group(payload, listener)
+            fn = cloudpickle.loads(payload.fn_bytes)
+            result = fn(context.config) if payload.fn_takes_config else fn()
+            outcome: dict[str, Any] = {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
+            text = "".join(traceback.format_exception(type(exc), exc, _from_user_code(exc.__traceback__)))
+            sys.stderr.write(text)
+            outcome = {
+                "ok": False, "rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000],
+                "traceback": text, "step": session.current_step(),
+            }
+        finally:
+            set_session(None)
+            ray_train_on_import.unwatch()
+            if dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception:  # noqa: BLE001 - the group may be broken by the failure
+                    pass
+        session.close("finished" if outcome["ok"] else "failed")
+        # how many pushes this rank sent: the supervisor ends the attempt only once all have landed
+        outcome["pushes"] = session.seq
+        return outcome
+
+    def _start_afresh(self) -> None:
+        """A warm worker's next run starts as a fresh process would, except for modules already imported:
+        the environment as the worker started, the same torch seed, new random seeds, no CUDA cache
+        (tidy() has freed the previous run's objects, or this does). The function and its globals are
+        unpickled anew for every run."""
+        import random
+
+        import torch
+
+        os.environ.clear()
+        os.environ.update(self._fresh_environ)
+        torch.manual_seed(self._fresh_torch_seed)
+        random.seed()
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed()
+        if not self._tidied:
+            self.tidy()
+
+
+def _torchrun_environment(payload: WorkerPayload) -> dict[str, str]:
+    """The variables torchrun sets, so libraries that read them (Lightning, Hugging Face, Ray's Lightning
+    environment) see this rank; the process group is already joined when the function runs."""
+    return {"RANK": str(payload.rank), "WORLD_SIZE": str(payload.world_size), "LOCAL_RANK": str(payload.local_rank),
+            "LOCAL_WORLD_SIZE": str(payload.local_world_size), "GROUP_RANK": str(payload.node_rank),
+            "NODE_RANK": str(payload.node_rank), "MASTER_ADDR": payload.master_addr,
+            "MASTER_PORT": str(payload.master_port)}
+
+
+def _join_process_group(payload: WorkerPayload, listener: socket.socket | None) -> None:
+    import torch.distributed as dist
+
+    is_master = payload.rank == 0
+    own_port = listener is not None and is_master and listener.getsockname()[1] == payload.master_port
+    if listener is not None and not own_port:
+        listener.close()
+    timeout = datetime.timedelta(seconds=payload.collective_timeout_s)
+    host, port = payload.master_addr, payload.master_port
+    if not _is_loopback(host):
+        dist.init_process_group(backend=payload.backend, init_method=f"tcp://{host}:{port}",
+                                rank=payload.rank, world_size=payload.world_size, timeout=timeout)
+        return
+    loopback_interface = "lo0" if sys.platform == "darwin" else "lo"
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface
+    os.environ["NCCL_SOCKET_IFNAME"] = loopback_interface
+    listen_fd = None
+    if is_master:  # the TCPStore takes the listening socket over (and closes it)
+        listen_fd = listener.detach() if own_port and listener is not None else _listener(host, port).detach()
+    store = dist.TCPStore(host, port, payload.world_size, is_master, timeout, master_listen_fd=listen_fd)
+    dist.init_process_group(backend=payload.backend, store=store, rank=payload.rank,
+                            world_size=payload.world_size, timeout=timeout)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: a node of a real cluster
+        return False
+
+
+def _listener(host: str, port: int = 0) -> socket.socket:
+    """A socket listening on ``host`` only (``port`` 0: one the system picks), for the TCPStore to take over."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _from_user_code(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback from the first frame outside nbtrain: the rank's own call into the user's function
+    (this module, a ``%%ray_train`` cell's runner) is not the user's to read. nbtrain frames deeper in
+    (a ``report()`` the user called) stay."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    first = tb
+    while first is not None and first.tb_frame.f_code.co_filename.startswith(package):
+        first = first.tb_next
+    return first if first is not None else tb

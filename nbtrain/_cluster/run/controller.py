@@ -1,0 +1,344 @@
+"""The run's controller: an explicit state machine that runs attempts until the run ends.
+
+Every change of the run's state goes through :meth:`RunController.transition`,
+which checks the move against :mod:`nbtrain._states`, records the end time,
+persists the state and tells readers (an event on the feed). The control
+thread loops: start a worker group (``pending`` → ``starting`` → ``running``),
+watch it, and let the :mod:`failure_policy` decide between a restart from the
+latest checkpoint and the end of the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from nbtrain._cluster.elastic import sizing
+from nbtrain._cluster.feed.feed import RunFeed, nan_keys
+from nbtrain._cluster.run import failure_policy
+from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Resize, Restart, Stopped, Succeeded
+from nbtrain._cluster.run.worker_group import StartFailed, StopRequested, WorkerGroup, remove_leftover_group
+from nbtrain._cluster.run.worker_table import WorkerTable
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.storage.run_storage import RunStorage
+from nbtrain._exceptions import NbtrainError
+from nbtrain._states import RunState, check_transition
+
+DRAIN_LOOK_S = 1.0  # how often an elastic attempt looks for its ranks' nodes draining
+FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long without one
+
+
+class RunController:
+    def __init__(self, spec: RunSpec, datasets: dict[str, Any] | None, feed: RunFeed, storage: RunStorage,
+                 table: WorkerTable, supervisor: Any, on_end: Callable[[], None],
+                 before_transition: Callable[[RunState], None]) -> None:
+        self.spec = spec
+        self._on_end = on_end  # called by the control thread once the run has ended
+        self._before_transition = before_transition
+        self.datasets = datasets
+        self.feed = feed
+        self.table = table
+        self._storage = storage
+        self._supervisor = supervisor
+        self._launch_id = spec.launch_id  # kept through resumes: the files stay this launch's
+        self._lock = feed.lock
+        self._stop = threading.Event()
+        self._nan = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.state = RunState.PENDING
+        self.attempt = 0
+        self.failures: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self.results: list[bytes] | None = None
+        self.checkpoint: dict[str, Any] | None = None
+        self.resume_from: dict[str, Any] | None = None  # the checkpoint the current attempt started from
+        self.started = time.time()
+        self.ended: float | None = None
+        self.stop_requested = False
+        self.world_size = 0                        # the current attempt's ranks (elastic runs: it changes)
+        self._next_size: int | None = None         # an elastic run's size for its next attempt, when decided
+        self._growth: sizing.GrowthWatch | None = None
+        self._drained: set[str] = set()             # nodes drained with run.drain(): leaving, whatever Ray says
+        self._next_drain_look = 0.0
+        self._asked: list[dict[str, float]] = []  # this run's standing request to the autoscaler (elastic runs)
+
+    # ------------------------------------------------------------------ the state machine
+    def transition(self, new: RunState, why: str = "", *, resume: bool = False) -> None:
+        """The one way the run's state changes (``resume``: the user's move out of an ended run).
+
+        ``before_transition`` runs first, outside the lock, so that what must be complete when
+        readers see the end (the metric loggers' last rows) is complete.
+        """
+        if new != self.state:
+            self._before_transition(new)
+        with self._lock:
+            if new == self.state:
+                return
+            check_transition(self.state, new, resume=resume)
+            self.state = new
+            self.ended = time.time() if new.is_terminal else None
+            self.persist()
+        self.feed.event("state", f"{new.value}" + (f": {why}" if why else ""), self.attempt)
+
+    def persist(self) -> None:
+        self._storage.save_state({
+            "launch": self._launch_id, "state": self.state.value, "attempt": self.attempt, "failures": self.failures,
+            "error": self.error, "checkpoint": self.checkpoint, "started": self.started,
+            "ended": self.ended, "stop_requested": self.stop_requested,
+        })
+
+    def recover(self) -> None:
+        """Take up a run this supervisor's previous process recorded, or record a new one."""
+        saved = self._storage.load_state()
+        if not saved:
+            self.persist()
+            self.feed.event("state", f"run {self.spec.name} created", self.attempt)
+            return
+        self.feed.replay()
+        self.attempt, self.failures, self.error = saved["attempt"], saved["failures"], saved["error"]
+        self.checkpoint, self.started, self.ended = saved["checkpoint"], saved["started"], saved["ended"]
+        self.stop_requested = saved.get("stop_requested", False)
+        self.state = RunState(saved["state"])  # as recorded: this is where the machine stood
+        if self.state.is_terminal:
+            return
+        remove_leftover_group(self.spec, self.attempt)
+        if self.stop_requested:  # the user's stop wins over Ray bringing the supervisor back mid-stop
+            self.transition(RunState.STOPPED, "stopped by the user (the supervisor restarted while stopping)")
+            return
+        self.feed.event("restart", "the run's supervisor process was restarted; its workers died with it. "
+                                   "Restarting them from the latest checkpoint (history kept).", self.attempt)
+        self.transition(RunState.RESTARTING, "the supervisor restarted")
+
+    # ------------------------------------------------------------------ requests
+    def start(self, fresh_budget: bool) -> None:
+        self._thread = threading.Thread(target=self._control, name="nbtrain-control", daemon=True,
+                                        args=(fresh_budget,))
+        self._thread.start()
+
+    def request_stop(self, timeout: float) -> RunState:
+        with self._lock:
+            if not self.state.is_terminal and not self.stop_requested:
+                self.stop_requested = True
+                self.persist()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+        return self.state
+
+    def resume(self, spec: RunSpec, datasets: dict[str, Any] | None) -> str:
+        """Start an ended run again as a new attempt; ``"resumed"``, or the state that prevents it."""
+        with self._lock:
+            if not self.state.is_terminal:
+                return self.state.value
+            self.spec, self.datasets = spec, datasets
+            self.error, self.stop_requested = None, False
+            self._stop.clear()
+            self._nan.clear()
+            source = "the latest checkpoint" if self.checkpoint else "scratch"
+        self.transition(RunState.RESTARTING, f"resumed by the user from {source}", resume=True)
+        self.start(fresh_budget=True)
+        return "resumed"
+
+    def note_nan_rows(self, rows: list[dict[str, Any]]) -> None:
+        row = rows[0]
+        with self._lock:
+            first = not any(e["kind"] == "nan" and e["attempt"] == self.attempt for e in self.feed.events)
+        if first:
+            action = "stopping the run (stop_on_nan)" if self.spec.options.stop_on_nan else "training continues"
+            self.feed.event("nan", f"Rank {row['rank']} reported NaN for {', '.join(nan_keys(row))} at step "
+                                   f"{row['step']}; {action}.", self.attempt)
+        if self.spec.options.stop_on_nan:
+            self._nan.set()
+
+    # ------------------------------------------------------------------ the control thread
+    def _control(self, fresh_budget: bool) -> None:
+        # a user's resume starts the failure budget afresh; a supervisor restart does not
+        failed_attempts = 0 if fresh_budget else len({f["attempt"] for f in self.failures})
+        try:
+            while True:
+                with self._lock:
+                    self.attempt += 1
+                    self.resume_from = self.checkpoint
+                    self.persist()
+                outcome = self._run_attempt()
+                if isinstance(outcome, Succeeded):
+                    self.results = outcome.results
+                    self.transition(RunState.SUCCEEDED)
+                    return
+                if isinstance(outcome, Stopped):
+                    self.transition(RunState.STOPPED, "stopped by the user")
+                    return
+                if isinstance(outcome, Resize):
+                    self._resize(outcome)
+                    continue
+                with self._lock:
+                    self.failures.extend(f.as_dict(self.attempt) for f in outcome.failures)
+                shrink = self._shrink_after(outcome)
+                if shrink is not None:
+                    self._resize(shrink)
+                    continue
+                failed_attempts += 1
+                decision = failure_policy.decide(outcome, failed_attempts, self.spec.options.max_failures)
+                if isinstance(decision, Restart):
+                    self.transition(RunState.RESTARTING, f"attempt {self.attempt + 1}/"
+                                                         f"{self.spec.options.max_failures + 1} after: {decision.why}")
+                    if self._stop.wait(decision.delay_s):
+                        self.transition(RunState.STOPPED, "stopped by the user")
+                        return
+                    continue
+                with self._lock:
+                    self.error = failure_policy.format_error(self.failures, self.world_size,
+                                                             self.spec.options.max_failures, self.attempt,
+                                                             failed_attempts)
+                self.transition(RunState.FAILED, decision.why)
+                return
+        except Exception:  # noqa: BLE001 - a bug here must still end the run visibly
+            with self._lock:
+                self.error = "nbtrain's run supervisor hit an internal error:\n" + traceback.format_exc()
+            if not self.state.is_terminal:
+                self.transition(RunState.FAILED, "internal error")
+        finally:
+            if self.state.is_terminal and self._asked:
+                self._ask_autoscaler(self.spec.options.max_workers)  # withdraws the request
+            if self.state.is_terminal:  # on its own thread: a stop() waiting for this one gets its answer first
+                threading.Thread(target=self._on_end, name="nbtrain-retire", daemon=True).start()
+
+    def _resize(self, resize: Resize) -> None:
+        """An elastic run goes on at another size: a new attempt from the latest checkpoint, no failure counted."""
+        self._next_size = resize.size
+        self.feed.event("resize", resize.why, self.attempt)
+        self.transition(RunState.RESTARTING, resize.why)
+
+    def _shrink_after(self, outcome: Failed) -> Resize | None:
+        """For an elastic run whose ranks died with their node: the smaller size to go on at, if ``min`` fit."""
+        options = self.spec.options
+        if not options.elastic:
+            return None
+        lost = failure_policy.lost_nodes(outcome)
+        if not lost:
+            return None
+        size = sizing.room_after_shutdown(options)
+        if size < options.min_workers:
+            return None
+        lost_names = failure_policy.describe_nodes(lost, outcome)
+        return Resize(size, f"{self.world_size} → {size} ranks: lost node {lost_names}")
+
+    def drain(self, node_id: str, deadline_s: float) -> str:
+        """Preemption notice for ``node_id`` (``run.drain``): Ray stops placing work there, this attempt's
+        ranks are asked for a checkpoint, and the run goes on from it without the node."""
+        options = self.spec.options
+        if not options.elastic:
+            msg = (f"run.drain() needs an elastic run (workers=(min, max)): run {self.spec.name!r} has a fixed "
+                   f"size of {options.max_workers}; give it max_failures to restart from its checkpoint when a node "
+                   f"goes, or launch it with workers=(min, max).")
+            raise NbtrainError(msg)
+        ranks = [w["rank"] for w in self.table.snapshot() if w.get("node_id") == node_id]
+        sizing.drain_node(node_id, deadline_s)
+        self._drained.add(node_id)
+        self._next_drain_look = 0.0
+        where = f"ranks {', '.join(map(str, ranks))} checkpoint, then the run goes on without it" if ranks \
+            else "none of this attempt's ranks is there"
+        self.feed.event("drain", f"node {node_id[:6]} draining: {where}", self.attempt)
+        return f"Node {node_id[:6]} is draining: {where}."
+
+    def checkpoint_wanted(self, attempt: int) -> bool:
+        """Whether the ranks of ``attempt`` should checkpoint now (an elastic run waiting to grow)."""
+        growth = self._growth
+        return growth is not None and attempt == self.attempt and growth.checkpoint_wanted
+
+    def _ask_autoscaler(self, size: int) -> None:
+        """Below ``max``: ask an autoscaling cluster for room for ``max`` ranks; at it, withdraw the request."""
+        try:
+            asked = sizing.ask_autoscaler(self.spec.options, size)
+            if not asked:
+                sizing.withdraw_request(self._asked)
+            self._asked = asked
+        except Exception as exc:  # noqa: BLE001 - a hint to the autoscaler; the run goes on without it
+            self.feed.event("resize", f"could not ask Ray's autoscaler for {self.spec.options.max_workers} ranks: "
+                                      f"{exc}", self.attempt)
+
+    def _run_attempt(self) -> Outcome:
+        """One worker group from placement to the end."""
+        self.table.reset(self.attempt)
+        if self.state == RunState.RESTARTING:
+            self.transition(RunState.PENDING)
+        self.world_size = self._next_size or sizing.starting_size(self.spec.options)
+        self._next_size = None
+        self._growth = sizing.GrowthWatch(self.spec.options, self.world_size) if self.spec.options.elastic else None
+        if self.spec.options.elastic:
+            self._ask_autoscaler(self.world_size)
+        try:
+            group = WorkerGroup.start(self.spec, self.attempt, self.world_size, self._supervisor, self.datasets,
+                                      self.table,
+                                      self._stop.is_set, lambda: self.transition(RunState.STARTING))
+        except StopRequested:
+            return Stopped()
+        except StartFailed as failed:
+            return Failed([failed.failure])
+        try:
+            self.transition(RunState.RUNNING)
+            outcome = group.watch(self.table, self._interrupt)
+            # pushes travel beside the outcome: let the last rows land before readers see the end
+            self.feed.wait_for_pushes(self.attempt, group.pushes, FINAL_PUSHES_IDLE_S)
+            return outcome
+        finally:
+            group.shutdown(self.table)
+
+    def _interrupt(self) -> Outcome | None:
+        """Checked every watch tick: the user's stop, a NaN under stop_on_nan, a stalled rank."""
+        if self._stop.is_set():
+            return Stopped()
+        if self._nan.is_set():
+            return Failed([Failure(None, "nan", "a reported metric became NaN and stop_on_nan is set",
+                                   retriable=False)])
+        options = self.spec.options
+        for rank, quiet in self.table.newly_stalled(options.stall_timeout_s):
+            message = (f"Rank {rank} made no progress for {quiet:.0f} s (stall_timeout={options.stall_timeout_s:g} s); "
+                       f"it may be stuck in a collective or in data loading.")
+            self.feed.event("stall", message, self.attempt)
+            if options.on_stall in ("fail", "restart"):
+                return Failed([Failure(rank, "stalled", message, retriable=options.on_stall == "restart")])
+        for rank, quiet in self.table.newly_recovered():
+            self.feed.event("stall", f"Rank {rank} made progress again after {quiet:.0f} s without.", self.attempt)
+        self._drain_check()
+        return self._grow_check()
+
+    def _drain_check(self) -> None:
+        """About once a second: ranks on a draining node ask for the checkpoint to shrink at (elastic runs)."""
+        growth = self._growth
+        if growth is None or time.monotonic() < self._next_drain_look:
+            return
+        self._next_drain_look = time.monotonic() + DRAIN_LOOK_S
+        leaving = self._drained | sizing.draining_nodes()
+        workers = self.table.snapshot()
+        going = [w for w in workers if w.get("node_id") in leaving]
+        if not going:
+            return
+        staying = len(workers) - len(going)
+        room = sizing.room_for(self.spec.options, held=staying, leaving=leaving)
+        target = max(self.spec.options.min_workers, min(self.spec.options.max_workers, room))
+        if growth.target is not None and growth.target <= target:
+            return  # already asked for a checkpoint to resize at a size that leaves the node
+        nodes = ", ".join(sorted({w["node"] for w in going}))
+        growth.request(target, self.checkpoint, f"{growth.size} → {target} ranks: node {nodes} draining")
+        self.feed.event("resize", f"node {nodes} draining: ranks {', '.join(str(w['rank']) for w in going)} "
+                                  f"leave at the next checkpoint ({growth.size} → {target} ranks)", self.attempt)
+
+    def _grow_check(self) -> Resize | None:
+        """An elastic run with room to grow asks its ranks for a checkpoint, and ends the attempt at it."""
+        growth = self._growth
+        if growth is None:
+            return None
+        target = growth.look(self.checkpoint, lambda: self._drained | sizing.draining_nodes())
+        if target is not None:
+            self.feed.event("resize", f"room for {target} ranks (now {growth.size}): growing at the next checkpoint",
+                            self.attempt)
+        # ended once the checkpoint is in and so is every row the ranks reported before it
+        checkpoint = self.checkpoint
+        if growth.target is not None and checkpoint is not None and growth.ready(checkpoint) and \
+                self.table.all_pushed_after(checkpoint["time"]):
+            return Resize(growth.target, growth.why)
+        return None

@@ -1,0 +1,377 @@
+"""RunSupervisor: the detached actor that owns one run, and the face it shows to workers and notebooks.
+
+The notebook only submits a :class:`~nbtrain._cluster.spec.RunSpec` and
+reads; everything else lives here, so closing the browser, restarting the
+kernel or losing the Ray Client connection leaves the run going. One
+supervisor per run, named ``nbtrain-run:<name>`` in the ``nbtrain`` namespace,
+pinned to the head node, with ``max_restarts=-1``: if its process dies Ray
+restarts it, it reloads its history from storage and restarts the workers from
+the latest checkpoint.
+
+A finished run holds no process: once the run has ended and its history is
+durable, the supervisor writes what readers need (summary, result, config) and
+exits; :mod:`~nbtrain._cluster.run.stored_run` answers for the run from then on.
+
+The actor itself is thin. Its parts, one job each:
+
+* :class:`~nbtrain._cluster.feed.feed.RunFeed` — the history and the cursor feed (``push`` in, ``poll`` out);
+* :class:`~nbtrain._cluster.run.worker_table.WorkerTable` — each rank's state for the worker table;
+* :class:`~nbtrain._cluster.run.controller.RunController` — the state machine and the control thread,
+  which uses :class:`~nbtrain._cluster.run.worker_group.WorkerGroup` and :mod:`~nbtrain._cluster.run.failure_policy`.
+
+It is a *threaded* actor: ``push`` (from workers) and ``poll`` (from notebooks)
+run concurrently with the control thread. One lock guards the shared state; no
+method blocks on workers while holding it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import ray
+
+from nbtrain._cluster.feed.feed import RunFeed
+from nbtrain._cluster.feed.metric_loggers import MetricLoggers
+from nbtrain._cluster.feed.push_relay import Push
+from nbtrain._cluster.names import NAMESPACE, actor_name
+from nbtrain._cluster.priority import lower_own_priority
+from nbtrain._cluster.run.controller import RunController
+from nbtrain._cluster.run.stored_run import delete_files, index_path, record_in_index, write_final
+from nbtrain._cluster.run.worker_table import WorkerTable
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.storage import storage_uri
+from nbtrain._cluster.storage.run_storage import RunStorage, prune_checkpoints
+from nbtrain._cluster.warm.spare_process import preload_env, prestart_for_this_job
+from nbtrain._exceptions import NbtrainError, RunExistsError, StorageError
+from nbtrain._paths import read_json, storage_root
+from nbtrain._states import RunState
+
+# A supervisor that finds its run already ended (Ray restarted it, or launch(resume=True) brought it
+# back for a resume) waits this long for the resume before it exits again.
+RESUME_GRACE_S = 30.0
+DISK_RETRY_S = 2.0  # a history that cannot be written (disk full) is retried this often before exiting
+Found = tuple[dict[str, Any], bytes | None, str | None]  # a checkpoint: its meta, and its bytes or its path
+
+
+def supervisor_options(run_name: str) -> dict[str, Any]:
+    """Ray actor options of a run's supervisor (the kernel starts it with these).
+
+    Its runtime env marks its processes as supervisors' own: Ray gives the spare process kept
+    for the next supervisor (see spare_process) to a supervisor only, never to a task; the
+    spare imports this module as it starts.
+    """
+    return {
+        "name": actor_name(run_name), "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": -1,
+        "max_task_retries": 0, "max_concurrency": 64, "num_cpus": 0,
+        "resources": {"node:__internal_head__": 0.001},
+        "runtime_env": {"env_vars": {"NBTRAIN_PROCESS": "run supervisor",
+                                     **preload_env(f"{__name__}.{_imported.__name__}")}},
+    }
+
+
+def _imported() -> None:
+    """A spare supervisor process's setup hook (see spare_process): Ray imports this module to call it,
+    and importing it is the whole point."""
+
+
+def _start_loggers(spec: RunSpec, run_dir: Path, feed: RunFeed) -> MetricLoggers | None:
+    """The run's TensorBoard / MLflow writers (``loggers=``), announced as an event; None without."""
+    options = spec.options
+    if not options.loggers:
+        return None
+    loggers = MetricLoggers(options.loggers, spec.name, run_dir, Path(options.logger_dir or run_dir),
+                            dict(options.config or {}), dict(options.env or {}),
+                            on_error=lambda message: feed.event("loggers", message, 0))
+    for kind, where in loggers.where.items():
+        feed.event("loggers", f"every rank's metrics are also written to {kind} at {where}", 0)
+    return loggers
+
+
+class RunSupervisor:
+    def __init__(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> None:
+        lower_own_priority()  # the ranks' cores come first; see priority
+        spec: RunSpec = cloudpickle.loads(spec_bytes)
+        if spec.warm_pool:  # this process is taken: Ray starts one for the next launch's supervisor to take
+            threading.Thread(target=prestart_for_this_job, args=(spec.options.warm_idle_s,),
+                             name="nbtrain-spare", daemon=True).start()
+        lock = threading.RLock()
+        _refuse_a_name_taken(spec)
+        set_aside = _set_aside_earlier_run(spec)
+        storage = open_storage(spec)
+        remote = storage_uri.remote_storage(spec.options.storage)
+        record_in_index(spec.name, storage.dir, spec.launch_id, remote and storage_uri.join(remote, spec.name))
+        self._storage = storage
+        self._deleted = False
+        self._retired = False
+        self._handle = ray.get_runtime_context().current_actor
+        self._feed = RunFeed(storage, lock)
+        self._table = WorkerTable(lock)
+        self._run = RunController(spec, datasets, self._feed, storage, self._table, self._handle,
+                                  on_end=self._retire, before_transition=self._open_or_close_loggers)
+        self._loggers: MetricLoggers | None = None
+        if set_aside is not None:
+            self._feed.event("storage", f"{storage.dir} held the files of an earlier run named {spec.name!r} "
+                                        f"that is no longer on the cluster; they were moved to {set_aside}.", 0)
+        self._run.recover()
+        if spec.initial_checkpoint is not None and self._run.checkpoint is None:
+            self._start_from(*spec.initial_checkpoint)
+        if self._run.state.is_terminal:
+            threading.Timer(RESUME_GRACE_S, self._retire).start()
+        else:
+            self._run.start(fresh_budget=False)
+
+    def _start_from(self, meta: dict[str, Any], data: bytes) -> None:
+        """Keep a given checkpoint as the run's latest, before any rank starts (PBT's copy from another trial)."""
+        path = self._storage.write_checkpoint(meta, data)
+        with self._feed.lock:
+            self._run.checkpoint = {**meta, "path": path}
+            self._run.persist()
+        origin = f" of run {meta['from_run']}" if meta.get("from_run") else ""
+        self._feed.event("checkpoint", f"starting from the checkpoint{origin} at step {meta['step']}", 0)
+
+    def _retire(self) -> None:
+        """Leave the ended run to its files and exit: a finished run holds no process.
+
+        Called by the control thread when the run ends (and after the resume grace of a
+        supervisor that found its run ended). Returns without exiting if the run was
+        resumed or deleted meanwhile.
+        """
+        with self._feed.lock:
+            if not self._may_retire():
+                return
+            summary = self._summary_locked()
+            results = self._run.results
+            config = cloudpickle.dumps(self._run.spec.options.config)
+        write_final(self._storage.dir, summary, results, config)
+        while not self._storage.sync():  # rows kept in memory while the disk was full: write them first
+            time.sleep(DISK_RETRY_S)
+        with self._feed.lock:  # a resume or delete may have come while the files were written
+            if not self._may_retire():
+                return
+            self._retired = True
+        ray.kill(self._handle, no_restart=True)
+
+    def _open_or_close_loggers(self, new: RunState) -> None:
+        """Loggers are open while the run is live: ended with its final state before anyone sees it."""
+        if new.is_terminal:
+            loggers, self._loggers = self._loggers, None
+            if loggers is not None:
+                loggers.close(new.value)
+        elif self._loggers is None:
+            self._loggers = _start_loggers(self._run.spec, self._storage.dir, self._feed)
+
+    def _may_retire(self) -> bool:
+        return self._run.state.is_terminal and not self._deleted and not self._retired
+
+    # ------------------------------------------------------------------ worker-facing
+    def push(self, rank: int, attempt: int, seq: int, rows: list[dict[str, Any]],
+             beat: dict[str, Any], logs: list[tuple[str, float, str]]) -> None:
+        """Rows, heartbeat and log text from one rank; called fire-and-forget by its flusher."""
+        nan_rows = self._feed.accept(rank, attempt, seq, rows, logs)
+        if nan_rows is None:  # a push seen before
+            return
+        if self._loggers is not None:
+            self._loggers.write(rows)
+        self._table.beat(rank, attempt, beat)
+        if nan_rows:
+            self._run.note_nan_rows(nan_rows)
+
+    def push_many(self, pushes: list[Push]) -> None:
+        """The pushes of one node's ranks on one tick, from its :mod:`~nbtrain._cluster.feed.push_relay`."""
+        for push in pushes:
+            self.push(*push)
+
+    def record_checkpoint(self, meta: dict[str, Any], data: bytes | None, path: str | None) -> None:
+        """Rank 0's checkpoint: ``data`` to keep here, or the ``path`` (or pyarrow.fs URI) it wrote in ``storage=``."""
+        resumed_from = (self._run.resume_from or {}).get("path")
+        if data is not None:
+            path = self._storage.write_checkpoint(meta, data, keep=resumed_from)
+        with self._feed.lock:
+            self._run.checkpoint = {**meta, "path": path}
+            self._run.persist()
+        self._feed.event("checkpoint", f"checkpoint saved at step {meta['step']} (attempt {meta['attempt']})",
+                         self._run.attempt)
+        if data is None and path is not None:
+            try:
+                prune_checkpoints(path, keep=resumed_from)
+            except (OSError, StorageError) as exc:  # the new checkpoint is recorded: only old ones stay behind
+                self._feed.event("storage", f"older checkpoints could not be deleted: {exc}", self._run.attempt)
+
+    def drain(self, node_id: str, deadline_s: float) -> tuple[bool, str]:
+        """``run.drain(node)``: the node is about to go; the run checkpoints and goes on without it.
+        (done, what was done or why not): the notebook raises the refusal as its own error."""
+        try:
+            return True, self._run.drain(node_id, deadline_s)
+        except NbtrainError as refused:
+            return False, str(refused)
+
+    def checkpoint_wanted(self, attempt: int) -> bool:
+        """Asked by the ranks of an elastic run about once a second (``nbtrain.checkpoint_requested()``)."""
+        return self._run.checkpoint_wanted(attempt)
+
+    def latest_checkpoint(self) -> Found | None:
+        with self._feed.lock:
+            checkpoint = self._run.checkpoint
+        return self._read_checkpoint(checkpoint)
+
+    def checkpoint_to_resume(self) -> Found | None:
+        """The checkpoint the current attempt started from: what every rank's ``load_checkpoint()`` gets,
+        however late in the attempt it asks. Not one rank 0 saved since: a rank slower to start would
+        begin at another step than the others."""
+        with self._feed.lock:
+            checkpoint = self._run.resume_from
+        return self._read_checkpoint(checkpoint)
+
+    def _read_checkpoint(self, checkpoint: dict[str, Any] | None) -> Found | None:
+        if checkpoint is None:
+            return None
+        path = checkpoint["path"]
+        if self._run.spec.options.storage:
+            return checkpoint, None, path
+        with open(path, "rb") as handle:
+            return checkpoint, handle.read(), None
+
+    # ------------------------------------------------------------------ notebook-facing
+    def poll(self, cursor: int = 0, log_cursor: int = 0, event_cursor: int = 0,
+             max_rows: int = 50_000, wait_s: float = 0.0) -> dict[str, Any]:
+        """Everything new since the caller's cursors, plus the run's summary.
+
+        With ``wait_s`` the call is a long poll: it returns as soon as something new
+        arrives (or ``wait_s`` passes), so a dashboard gets rows one flush after they
+        were reported without calling in a tight loop.
+        """
+        with self._feed.lock:
+            answer = self._feed.read((cursor, log_cursor, event_cursor), max_rows, wait_s,
+                                     lambda: self._run.state.is_terminal, self._table.running_ranks,
+                                     self._run.spec.options.flush_interval_s)
+            return {**answer, **self._summary_locked()}
+
+    def summary(self) -> dict[str, Any]:
+        with self._feed.lock:
+            return self._summary_locked()
+
+    def _summary_locked(self) -> dict[str, Any]:
+        run = self._run
+        options = run.spec.options
+        workers = self._table.snapshot()
+        for worker in workers:
+            worker["latest"] = dict(self._feed.latest_by_rank.get(worker["rank"], {}))
+        return {
+            "name": run.spec.name, "state": run.state.value, "attempt": run.attempt,
+            "max_failures": options.max_failures, "workers": workers, "error": run.error,
+            "failures": list(run.failures), "checkpoint": run.checkpoint, "started": run.started,
+            "ended": run.ended, "now": time.time(), "config_summary": run.spec.config_summary,
+            "world_size": run.world_size or options.max_workers,
+            "workers_range": [options.min_workers, options.max_workers],
+            "gpus_per_worker": options.gpus_per_worker, "cpus_per_worker": options.cpus_per_worker,
+            "total_steps": options.total_steps, "total_epochs": options.total_epochs,
+            "step": min([w.get("step", 0) for w in workers] or [0]), "owner": run.spec.owner,
+            "latest": dict(self._feed.latest), "launch": run.spec.launch_id,
+        }
+
+    def config(self) -> bytes:
+        """The run's whole config, cloudpickled (summaries carry only ``config_summary``: they are sent on
+        every poll). Bytes, as a stored run answers, since the config may hold values only the notebook can load."""
+        return cloudpickle.dumps(self._run.spec.options.config)  # type: ignore[no-any-return]
+
+    def frame_ipc(self, start: int = 0, stop: int | None = None) -> bytes:
+        """Metric rows ``[start, stop)`` as an Arrow IPC stream (``run.metrics_frame()``)."""
+        return self._feed.frame_ipc(start, stop)
+
+    def result(self) -> list[bytes] | None:
+        return self._run.results
+
+    def stop(self, timeout: float = 20.0) -> str:
+        """Stop the run; returns when its workers are gone and their resources freed."""
+        return self._run.request_stop(timeout).value
+
+    def resume(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> str:
+        """Start an ended run again as a new attempt from its latest checkpoint (``launch(resume=True)``).
+
+        Returns ``"resumed"``, or what prevented it: the state of a run still going, ``"deleted"``, or
+        ``"retired"`` (this supervisor is exiting: the caller resumes the run from its files instead).
+        """
+        with self._feed.lock:
+            if self._deleted:
+                return "deleted"
+            if self._retired:
+                return "retired"
+        return self._run.resume(cloudpickle.loads(spec_bytes), datasets)
+
+    def delete(self) -> str:
+        """Remove the ended run's files: history, checkpoints and state (``storage=`` included).
+
+        Returns ``"deleted"``, or the state of a run still going (nothing is removed then), or
+        ``"retired"`` once this supervisor is exiting and leaving the run to its files (its
+        answer might never arrive: the caller deletes through the files instead).
+        The caller kills this actor next, so nothing writes the files again.
+        """
+        with self._feed.lock:
+            if self._retired:
+                return "retired"
+            if not self._run.state.is_terminal:
+                return self._run.state.value
+            self._deleted = True
+            self._storage.close()
+            delete_files(self._run.spec.name, self._storage.dir)
+        return "deleted"
+
+
+def history_root(spec: RunSpec) -> Path:
+    """Where the run's directory (history, state) is: ``storage=`` when it is a path, else nbtrain's home.
+
+    A pyarrow.fs URI holds only checkpoints (see storage_uri): the history's fsynced,
+    append-only segments stay on the head node's disk.
+    """
+    local = storage_uri.local_storage(spec.options.storage)
+    return Path(local) if local else storage_root()
+
+
+def open_storage(spec: RunSpec) -> RunStorage:
+    """The run's storage, or a :class:`StorageError` naming the directory that cannot be written."""
+    root = history_root(spec)
+    try:
+        return RunStorage(root, spec.name)
+    except OSError as exc:
+        where = ("storage (--storage)" if storage_uri.local_storage(spec.options.storage)
+                 else "nbtrain's home on the head node ($NBTRAIN_HOME)")
+        msg = (f"Run {spec.name!r} cannot keep its files in {Path(root) / spec.name}: "
+               f"{exc.strerror or exc}. Give {where} a directory the cluster's head node can write.")
+        raise StorageError(msg) from None
+
+
+def _refuse_a_name_taken(spec: RunSpec) -> None:
+    """A new launch may not take the name of an ended run the cluster still keeps (``resume`` continues it).
+
+    Checked here, on the head, rather than by the notebook before it asks for this actor:
+    that would cost a task of its own, and a task a worker process, on every launch.
+    """
+    entry = read_json(index_path(spec.name))
+    if isinstance(entry, dict) and entry.get("launch") != spec.launch_id and Path(str(entry.get("dir"))).exists():
+        raise RunExistsError(f"A run named {spec.name!r} already exists on the cluster.")
+
+
+def _set_aside_earlier_run(spec: RunSpec) -> Path | None:
+    """Move away the files of an earlier run of this name (not this launch's), so they are never taken up.
+
+    A run that left the cluster without ``delete()`` (the cluster restarted, the actor was
+    killed) leaves its files; a new launch of the name must start from step 0, not from them.
+    Returns where they went.
+    """
+    directory = history_root(spec) / spec.name
+    saved = read_json(directory / "state.json")
+    if not isinstance(saved, dict) or saved.get("launch") == spec.launch_id:
+        return None
+    aside = directory.with_name(f"{spec.name}.earlier-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}")
+    try:
+        os.replace(directory, aside)
+    except OSError as exc:
+        msg = (f"Run {spec.name!r}: {directory} holds the files of an earlier run of that name and they "
+               f"cannot be moved aside ({exc}). Delete or move that directory, or pick another name.")
+        raise StorageError(msg) from None
+    return aside

@@ -1,0 +1,299 @@
+"""One attempt's ranks: placed together, started, watched to the end, and torn down.
+
+:meth:`WorkerGroup.start` is a factory: it reserves a placement group, starts
+one :class:`~nbtrain._cluster.rank.worker.TrainWorker` actor per rank, asks each
+where it landed, and builds each rank's :class:`WorkerPayload`. If anything
+fails or the user stops the run on the way, it removes what it had made before
+raising, so a failed start leaves no actor and no reserved CPU behind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+from nbtrain._cluster.elastic.sizing import scaling
+from nbtrain._cluster.feed.push_relay import PushRelay, wants_relays
+from nbtrain._cluster.names import NAMESPACE, group_name, relay_name, worker_name
+from nbtrain._cluster.rank.payload import WorkerPayload
+from nbtrain._cluster.rank.worker import TrainWorker
+from nbtrain._cluster.run import failure_policy
+from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Succeeded
+from nbtrain._cluster.run.rank_layout import layout_ranks
+from nbtrain._cluster.run.worker_table import WorkerTable
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.warm.warm_pool import shape_of
+from nbtrain._states import WorkerState
+
+WORKER_START_TIMEOUT_S = 180.0
+FAILURE_GATHER_S = 1.0   # after a first failure, how long to wait for the other ranks' (to tell cause from consequence)
+WATCH_TICK_S = 0.2
+GIVE_BACK_TIMEOUT_S = 10.0
+
+
+class StopRequested(Exception):
+    """The user stopped the run while its workers were starting."""
+
+
+class StartFailed(Exception):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.summary)
+        self.failure = failure
+
+
+class WorkerGroup:
+    def __init__(self, spec: RunSpec, attempt: int, world_size: int) -> None:
+        self.spec = spec
+        self.attempt = attempt
+        self.world_size = world_size       # this attempt's: fixed, or an elastic run's size for now
+        self.actors: list[Any] = []
+        self.relays: dict[str, Any] = {}  # node id -> its push relay
+        self._pool: Any = None             # the warm pool the actors were leased from, if any
+        self._succeeded = False            # every rank's run() returned: warm workers go back to the pool
+        self._group: Any = None
+        self._refs: list[Any] = []
+        self.pushes: dict[int, int] = {}  # rank -> pushes it sent in all, from its outcome
+
+    @classmethod
+    def start(cls, spec: RunSpec, attempt: int, world_size: int, supervisor: Any, datasets: dict[str, Any] | None,
+              table: WorkerTable, stop_requested: Callable[[], bool], on_placed: Callable[[], None]) -> WorkerGroup:
+        """Place, start and launch ``world_size`` ranks; raises :class:`StartFailed` or :class:`StopRequested`
+        after removing whatever it had started."""
+        group = cls(spec, attempt, world_size)
+        try:
+            group._place(stop_requested)
+            on_placed()
+            places = group._start_actors(stop_requested)
+            group._start_relays(places, supervisor)
+            payloads = group._payloads(places, supervisor, datasets)
+            table.add_group(places, [p.device_name for p in payloads], attempt)
+            group._refs = [actor.run.remote(payload) for actor, payload in zip(group.actors, payloads)]
+        except BaseException:
+            group.shutdown(table)
+            raise
+        return group
+
+    def _place(self, stop_requested: Callable[[], bool]) -> None:
+        options = self.spec.options
+        if self.spec.placement_group is not None:  # reserved by the caller (a sweep's trial); ready already
+            self._group = self.spec.placement_group
+            return
+        bundles = [{"CPU": float(options.cpus_per_worker),
+                    **({"GPU": float(options.gpus_per_worker)} if options.gpus_per_worker else {})}
+                   for _ in range(self.world_size)]
+        # Detached: the notebook's Ray Client job ending must not take the workers' resources with it.
+        self._group = placement_group(bundles, strategy=options.placement_strategy,
+                                      name=group_name(self.spec.name, self.attempt), lifetime="detached")
+        self._wait(self._group.ready(), options.placement_timeout_s, stop_requested, lambda: Failure(
+            None, "resources",
+            f"the cluster could not place {self.world_size} workers with {options.cpus_per_worker:g} CPU"
+            f" and {options.gpus_per_worker:g} GPU each within {options.placement_timeout_s:.0f} s: "
+            f"{_resource_picture()}. Stop other runs, ask for fewer workers, or add nodes.", retriable=False))
+
+    def _start_actors(self, stop_requested: Callable[[], bool]) -> list[dict[str, Any]]:
+        options = self.spec.options
+        if not (self.spec.warm_pool and self._lease_warm(stop_requested)):
+            self.actors = [ray.remote(TrainWorker).options(
+                num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker, max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
+                name=worker_name(self.spec.name, self.attempt, rank), namespace=NAMESPACE,
+                # made by the supervisor, they would inherit its runtime env (see supervisor_options)
+                runtime_env={"env_vars": {**(options.env or {}), "NBTRAIN_PROCESS": "rank"}},
+            ).remote() for rank in range(self.world_size)]
+        places: list[dict[str, Any]] = self._wait(
+            [actor.where.remote() for actor in self.actors], WORKER_START_TIMEOUT_S, stop_requested,
+            lambda: Failure(None, "startup", f"the workers did not start within {WORKER_START_TIMEOUT_S:.0f} s"))
+        if self._pool is not None:
+            for rank, gpu_ids in enumerate(self._bundle_gpus(stop_requested)):
+                places[rank]["gpu_ids"] = gpu_ids  # a leased worker reserves no GPU: its bundle's
+                self._pool.note_pid.remote(self.actors[rank], places[rank]["pid"])
+        return places
+
+    def _lease_warm(self, stop_requested: Callable[[], bool]) -> bool:
+        """Lease one worker per bundle from the notebook session's warm pool (see warm_pool);
+        False when there is no pool any more (the session ended): new workers then."""
+        options = self.spec.options
+        try:
+            pool = ray.get_actor(self.spec.warm_pool, namespace=NAMESPACE)
+            nodes = _bundle_nodes(self._group, self.world_size)
+            lent = self._wait(pool.lease.remote(self.spec.name, shape_of(options), nodes, options.warm_idle_s),
+                              WORKER_START_TIMEOUT_S, stop_requested,
+                              lambda: Failure(None, "startup", "the warm pool did not answer"))
+        except (ValueError, StartFailed, ray.exceptions.RayError):
+            return False
+        self._pool = pool
+        self.actors = lent
+        return True
+
+    def _bundle_gpus(self, stop_requested: Callable[[], bool]) -> list[list[str]]:
+        """The GPU ids each bundle of the placement group reserved (a zero-CPU task in each asks Ray)."""
+        options = self.spec.options
+        if not options.gpus_per_worker:
+            return [[] for _ in range(self.world_size)]
+        probe = ray.remote(_assigned_gpus)
+        return list(self._wait([probe.options(
+            num_cpus=0, num_gpus=options.gpus_per_worker,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
+        ).remote() for rank in range(self.world_size)], WORKER_START_TIMEOUT_S, stop_requested,
+            lambda: Failure(None, "startup", "the placement group's GPUs could not be read")))
+
+    def _start_relays(self, places: list[dict[str, Any]], supervisor: Any) -> None:
+        """A push relay on each node that wants one (see :mod:`~nbtrain._cluster.feed.push_relay`); no CPU reserved."""
+        by_node: dict[str, int] = {}
+        for place in places:
+            by_node[place["node_id"]] = by_node.get(place["node_id"], 0) + 1
+        for node_id, count in by_node.items():
+            if wants_relays(self.spec.options.feed_relay, len(places), count):
+                self.relays[node_id] = ray.remote(PushRelay).options(
+                    num_cpus=0, max_restarts=0, name=relay_name(self.spec.name, self.attempt, node_id),
+                    namespace=NAMESPACE, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(supervisor, count)
+
+    def _payloads(self, places: list[dict[str, Any]], supervisor: Any,
+                  datasets: dict[str, Any] | None) -> list[WorkerPayload]:
+        options = self.spec.options
+        layout = layout_ranks(places, options.gpus_per_worker)
+        batch_scale, lr_scale = scaling(options, self.world_size)
+        shards = {name: dataset.streaming_split(self.world_size, equal=True)
+                  for name, dataset in (datasets or {}).items()}
+        return [WorkerPayload(
+            rank=rank, world_size=self.world_size, elastic=options.elastic, batch_scale=batch_scale,
+            lr_scale=lr_scale, attempt=self.attempt, gns=options.gns or options.adaptive_batch is not None,
+            adaptive_batch=options.adaptive_batch,
+            run_name=self.spec.name,
+            config=dict(options.config or {}), supervisor=supervisor,
+            relay=self.relays.get(places[rank]["node_id"]), flush_interval_s=options.flush_interval_s,
+            storage=options.storage, weights_only=options.checkpoint_weights_only, precision=options.precision,
+            backend=options.resolved_backend,
+            master_addr=places[0]["node_ip"], master_port=places[0]["port"],
+            collective_timeout_s=options.collective_timeout_s, fn_bytes=self.spec.fn_bytes,
+            fn_takes_config=self.spec.fn_takes_config, cpus_per_worker=options.cpus_per_worker,
+            datasets={name: split[rank] for name, split in shards.items()}, **layout[rank],
+        ) for rank in range(len(places))]
+
+    def _wait(self, refs: Any, timeout: float, stop_requested: Callable[[], bool],
+              on_timeout: Callable[[], Failure]) -> Any:
+        single = not isinstance(refs, list)
+        pending = [refs] if single else list(refs)
+        deadline = time.monotonic() + timeout
+        while True:
+            if stop_requested():
+                raise StopRequested()
+            _ready, not_ready = ray.wait(pending, num_returns=len(pending), timeout=0.25)
+            if not not_ready:
+                try:
+                    values = ray.get(pending)
+                except ray.exceptions.RayActorError as exc:
+                    raise StartFailed(Failure(None, "startup", f"a worker died while starting: {exc}")) from exc
+                return values[0] if single else values
+            if time.monotonic() > deadline:
+                raise StartFailed(on_timeout())
+
+    def watch(self, table: WorkerTable, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        """Wait for every rank's outcome; ``interrupt`` (checked every tick) may end the attempt early."""
+        pending = list(self._refs)
+        results: dict[int, bytes] = {}
+        failures: list[Failure] = []
+        first_failure_at: float | None = None
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WATCH_TICK_S)
+            for ref in ready:
+                rank = self._refs.index(ref)
+                failure = self._outcome(rank, ref, table, results)
+                if failure is not None:
+                    failures.append(failure)
+                    first_failure_at = first_failure_at or time.monotonic()
+            if first_failure_at is not None and (not pending or time.monotonic() - first_failure_at > FAILURE_GATHER_S):
+                return Failed(failure_policy.order(failures))
+            early = interrupt()
+            if early is not None:
+                return early
+        self._succeeded = True
+        return Succeeded([results[rank] for rank in range(len(self._refs))])
+
+    def _outcome(self, rank: int, ref: Any, table: WorkerTable, results: dict[int, bytes]) -> Failure | None:
+        try:
+            outcome = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            worker = table.mark(rank, WorkerState.DEAD)
+            return failure_policy.died(rank, worker.get("pid"), worker.get("node"), worker.get("node_id"), exc)
+        self.pushes[rank] = outcome["pushes"]
+        if outcome["ok"]:
+            table.mark(rank, WorkerState.FINISHED)
+            results[rank] = outcome["result"]
+            return None
+        table.mark(rank, WorkerState.FAILED)
+        return failure_policy.raised(rank, outcome)
+
+    def shutdown(self, table: WorkerTable) -> None:
+        """Kill every actor (leased workers of an attempt that succeeded go back to the warm pool instead)
+        and free the placement group; ranks still going show as stopped."""
+        ended = list(self.relays.values())
+        if self._pool is not None:
+            try:  # waited for: the supervisor may exit next, and an unsent call would leave them lent
+                ray.get(self._pool.give_back.remote(self.spec.name, self.actors if self._succeeded else []),
+                        timeout=GIVE_BACK_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - the pool is gone (its workers with it) or exiting
+                pass
+            if not self._succeeded:
+                ended += self.actors
+        else:
+            ended += self.actors
+        for actor in ended:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead is fine
+                pass
+        self.actors = []
+        self.relays = {}
+        if self._group is not None and self.spec.placement_group is None:
+            try:
+                remove_placement_group(self._group)
+            except Exception:  # noqa: BLE001 - already removed is fine
+                pass
+            self._group = None
+        table.stop_live()
+
+
+def remove_leftover_group(spec: RunSpec, attempt: int) -> None:
+    """Free the placement group a previous supervisor process left, and end the workers a warm pool had
+    lent it (workers it started itself died with it)."""
+    from ray.util import get_placement_group
+
+    run_name = spec.name
+    if spec.warm_pool:
+        try:
+            pool = ray.get_actor(spec.warm_pool, namespace=NAMESPACE)
+            ray.get(pool.give_back.remote(run_name, []), timeout=GIVE_BACK_TIMEOUT_S)
+        except (ValueError, ray.exceptions.RayError):
+            pass  # no pool: nothing was lent, or it ended with its workers
+    if spec.placement_group is not None:
+        return  # the group is its owner's (a sweep's trial); the workers a previous supervisor started died with it
+    try:
+        remove_placement_group(get_placement_group(group_name(run_name, attempt)))
+    except Exception:  # noqa: BLE001 - nothing left over
+        pass
+
+
+def _bundle_nodes(group: Any, count: int) -> list[str]:
+    """The node id each bundle of a ready placement group is on."""
+    from ray.util import placement_group_table
+
+    by_bundle = placement_group_table(group)["bundles_to_node_id"]
+    return [by_bundle[index] for index in range(count)]
+
+
+def _assigned_gpus() -> list[str]:
+    return [str(gpu) for gpu in ray.get_gpu_ids()]
+
+
+def _resource_picture() -> str:
+    total = ray.cluster_resources()
+    free = ray.available_resources()
+    parts = [f"{key} {free.get(key, 0):g} free of {total[key]:g}" for key in ("CPU", "GPU") if key in total]
+    return ", ".join(parts) or "no CPU/GPU resources"

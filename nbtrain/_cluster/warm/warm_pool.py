@@ -1,0 +1,238 @@
+"""Warm workers: a notebook session's idle rank processes, kept ready for its next run of the same shape.
+
+A rank's process costs seconds to start (a Python process, ``import torch``, the
+allocator, CUDA on a GPU). People change one line and run the cell again, so the
+workers of a run that ended well wait, idle, for the next run from the same
+notebook session whose workers have the same shape (CPUs and GPUs per worker,
+``env``), on the same nodes. A relaunch takes as many as it has ranks instead of
+starting new ones: a run with fewer ranks leaves the others idle, one with more
+starts only the missing ones.
+
+Who owns what, and why:
+
+* Each notebook session (Ray Client connection) has one :class:`WarmPool`, a
+  detached actor named :func:`~nbtrain._cluster.names.pool_name`, tied to the
+  session's :class:`~nbtrain._cluster.warm.session_anchor.SessionAnchor`, an actor the
+  notebook owns: it dies when the session ends (kernel restart, ``disconnect()``,
+  lost connection).
+* The pool starts the workers, so they are its actors and die with it. Workers
+  reserve no CPU or GPU (``num_cpus=0``, pinned to a node): each run's placement
+  group reserves its ranks' resources, so idle workers never make another run,
+  a sweep's trials or an elastic run wait.
+* A running run's workers must outlive the notebook (runs survive kernel
+  restarts); so the pool is detached, and when its anchor dies it ends its idle
+  workers at once and exits once the last run it lent workers to has given
+  them back.
+* Idle workers end after the ``warm_idle_s`` of the run that used them last,
+  on ``release()`` (``nbtrain.release_warm()``), or when a run whose workers have
+  another shape leases from the pool. Only workers whose ``run()`` returned come back; a
+  failed or stopped attempt's workers are killed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from nbtrain._cluster.rank.worker import TrainWorker
+
+if TYPE_CHECKING:
+    from nbtrain._options import RunOptions
+
+WATCH_INTERVAL_S = 1.0
+ANCHOR_PING_TIMEOUT_S = 10.0
+ALIVE_CHECK_S = 30.0  # a worker still starting (prestarted) answers once torch is imported; a dead one at once
+
+Shape = tuple[float, float, tuple[tuple[str, str], ...]]  # CPUs and GPUs per worker, env
+
+
+def shape_of(options: RunOptions) -> Shape:
+    """What a warm worker must match to be reused by a run with these options (one of its ranks)."""
+    return float(options.cpus_per_worker), float(options.gpus_per_worker), tuple(sorted((options.env or {}).items()))
+
+
+def describe_shape(shape: Shape) -> str:
+    cpus, gpus, env = shape
+    text = f"{cpus:g} CPU, {gpus:g} GPU"
+    return text + (f", env {', '.join(key for key, _ in env)}" if env else "")
+
+
+@dataclasses.dataclass
+class _Worker:
+    handle: Any
+    shape: Shape
+    node_id: str
+    pid: int
+    leased_by: str | None = None          # the run using it; None while idle
+    idle_since: float = 0.0
+    idle_s: float = 0.0
+
+
+class WarmPool:
+    """Runs as a detached, threaded Ray actor on the head node: one per notebook session."""
+
+    def __init__(self, anchor: Any) -> None:
+        self._anchor = anchor
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closing = False  # the session ended: no more idling, exit once nothing is lent
+        threading.Thread(target=self._watch, name="nbtrain-warm-watch", daemon=True).start()
+
+    # ------------------------------------------------------------------ called by a run's worker group
+    def lease(self, run_name: str, shape: Shape, nodes: list[str], idle_s: float) -> list[Any]:
+        """One worker per rank (``nodes[rank]`` is the node of its bundle): an idle one of this shape on
+        that node, else a new one. Returns their handles, by rank. Idle ones of this shape left over
+        (the run has fewer ranks than the last) stay idle for the next run.
+
+        Idle workers of another shape are ended (the session moved on); workers this run leased before
+        and did not give back (its supervisor restarted) are ended too.
+        """
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("this notebook session has ended; its warm workers are gone")
+            stale = [w for w in self._workers if w.leased_by == run_name
+                     or (w.leased_by is None and w.shape != shape)]
+            self._end(stale)
+            idle = [w for w in self._workers if w.leased_by is None]
+        alive = self._alive(idle)
+        chosen: list[_Worker | None] = []
+        with self._lock:
+            for node_id in nodes:
+                match = next((w for w in alive if w.node_id == node_id and w.leased_by is None
+                              and w in self._workers), None)
+                if match is not None:
+                    match.leased_by = run_name
+                chosen.append(match)
+            self._end([w for w in idle if w not in alive])
+        lent = []
+        for rank, worker in enumerate(chosen):
+            if worker is None:
+                worker = self._start(shape, nodes[rank], run_name, idle_s)
+            worker.idle_s = idle_s
+            lent.append(worker.handle)
+        return lent
+
+    def prestart(self, shape: Shape, workers: int, idle_s: float) -> None:
+        """Have ``workers`` idle workers of ``shape`` before the run asks, so the missing ones' process start
+        and ``import torch`` overlap the supervisor's start and the placement. Only on a one-node cluster
+        (the embedded one, a laptop), where the node a bundle lands on is known in advance."""
+        alive = [node for node in ray.nodes() if node["Alive"]]
+        if len(alive) != 1:
+            return
+        with self._lock:
+            if self._closing:
+                return
+            self._end([w for w in self._workers if w.leased_by is None and w.shape != shape])
+            have = sum(1 for w in self._workers if w.leased_by is None)
+        for _ in range(workers - have):
+            self._start(shape, alive[0]["NodeID"], None, idle_s)
+
+    def give_back(self, run_name: str, handles: list[Any]) -> None:
+        """The run ended: ``handles`` (workers whose ``run()`` returned) idle; its others are ended."""
+        keep = {handle._actor_id for handle in handles}
+        with self._lock:
+            mine = [w for w in self._workers if w.leased_by == run_name]
+            now = time.monotonic()
+            for worker in mine:
+                if worker.handle._actor_id in keep and not self._closing:
+                    worker.leased_by = None
+                    worker.idle_since = now
+                    worker.handle.tidy.remote()  # now, while idle, not as the next run starts
+            self._end([w for w in mine if w.leased_by is not None])
+        self._exit_if_done()
+
+    # ------------------------------------------------------------------ called by the notebook and the sidebar
+    def describe(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        with self._lock:
+            return [{"shape": describe_shape(w.shape), "node_id": w.node_id, "pid": w.pid,
+                     "run": w.leased_by, "state": "busy" if w.leased_by else "idle",
+                     "expires_in_s": None if w.leased_by else max(w.idle_s - (now - w.idle_since), 0.0)}
+                    for w in self._workers]
+
+    def release(self) -> int:
+        """End every idle worker now; returns how many."""
+        with self._lock:
+            idle = [w for w in self._workers if w.leased_by is None]
+            self._end(idle)
+        return len(idle)
+
+    # ------------------------------------------------------------------ inside
+    def _start(self, shape: Shape, node_id: str, run_name: str | None, idle_s: float) -> _Worker:
+        _cpus, _gpus, env = shape
+        handle = ray.remote(TrainWorker).options(
+            num_cpus=0, num_gpus=0, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            runtime_env={"env_vars": dict(env)} if env else None,
+        ).remote()
+        worker = _Worker(handle, shape, node_id, pid=0, leased_by=run_name, idle_since=time.monotonic(),
+                         idle_s=idle_s)
+        with self._lock:
+            self._workers.append(worker)
+        return worker
+
+    def note_pid(self, handle: Any, pid: int) -> None:
+        """The worker group tells the pid it saw in ``where()`` (for ``describe``)."""
+        with self._lock:
+            for worker in self._workers:
+                if worker.handle._actor_id == handle._actor_id:
+                    worker.pid = pid
+
+    def _alive(self, workers: list[_Worker]) -> list[_Worker]:
+        """The workers that answer (one killed while idle is not lent)."""
+        if not workers:
+            return []
+        refs = [w.handle.ping.remote() for w in workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ALIVE_CHECK_S)
+        alive = []
+        for worker, ref in zip(workers, refs):
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception:  # noqa: BLE001 - dead: dropped
+                    continue
+                alive.append(worker)
+        return alive
+
+    def _end(self, workers: list[_Worker]) -> None:
+        """Kill ``workers`` and forget them (the caller holds the lock)."""
+        for worker in workers:
+            try:
+                ray.kill(worker.handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead is fine
+                pass
+            if worker in self._workers:
+                self._workers.remove(worker)
+
+    def _watch(self) -> None:
+        """Ends idle workers past their time, and everything idle once the notebook session is gone."""
+        while True:
+            time.sleep(WATCH_INTERVAL_S)  # a period, not a synchronisation
+            now = time.monotonic()
+            with self._lock:
+                self._end([w for w in self._workers if w.leased_by is None and now - w.idle_since > w.idle_s])
+            if not self._closing and not self._anchor_alive():
+                with self._lock:
+                    self._closing = True
+                    self._end([w for w in self._workers if w.leased_by is None])
+            self._exit_if_done()
+
+    def _anchor_alive(self) -> bool:
+        try:
+            ray.get(self._anchor.ping.remote(), timeout=ANCHOR_PING_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            return True  # busy, not gone
+        except Exception:  # noqa: BLE001 - the session's anchor died with it
+            return False
+        return True
+
+    def _exit_if_done(self) -> None:
+        with self._lock:
+            done = self._closing and not self._workers
+        if done:  # from the watch thread too, so not exit_actor(): the pool's own handle
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
