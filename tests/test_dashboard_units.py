@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nbtrain._cluster.counted_shard import CountedShard
-from nbtrain._cluster.worker_api import _batch_size
-from nbtrain._cluster.worker_table import WorkerTable
+from nbtrain._cluster.rank.counted_shard import CountedShard
+from nbtrain._cluster.rank.worker_api import _batch_size
+from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._views.dashboard import WidgetDashboard
 from nbtrain._views.downsample import downsample
 from nbtrain._views.history import MetricHistory
@@ -62,6 +62,12 @@ def test_progress_and_state_labels():
     assert progress_fraction({"total_steps": 200, "step": 50}) == 0.25
     assert progress_fraction({"total_epochs": 4, "workers": [{"epoch": 1}, {"epoch": 2}]}) == 0.25
     assert progress_fraction({}) is None
+    # the quickstart's run: 3 epochs, the last one's end not counted as a fourth's start; it succeeded
+    ended = {"total_epochs": 3, "workers": [{"epoch": 2}, {"epoch": 2}]}
+    assert progress_fraction({**ended, "state": "running"}) == pytest.approx(2 / 3)
+    assert progress_fraction({**ended, "state": "succeeded"}) == 1.0
+    assert progress_fraction({"total_steps": 200, "step": 150, "state": "succeeded"}) == 1.0
+    assert progress_fraction({"total_steps": 200, "step": 150, "state": "failed"}) == 0.75
     assert state_label({"state": "restarting", "attempt": 1, "max_failures": 2}) == "restarting (attempt 2/3)"
     assert state_label({"state": "running", "attempt": 1}) == "running"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain._client import local_cluster
+from nbtrain._client.local import local_cluster
 
 from _helpers import run_actor_names, wait_for
 from _train_fns import train_steps
@@ -148,7 +148,7 @@ def test_a_stop_is_kept_when_the_supervisor_dies_before_finishing_it(cluster):
     import ray
 
     from nbtrain._cluster.names import NAMESPACE, actor_name
-    from nbtrain._cluster.storage import RunStorage
+    from nbtrain._cluster.storage.run_storage import RunStorage
     from nbtrain._paths import storage_root
 
     run = nbtrain.launch(train_steps, config={"steps": 100_000, "sleep": 0.05}, workers=2, name="stop-then-die")
@@ -193,6 +193,41 @@ def test_rank_without_progress_is_reported_stalled_and_on_stall_fail_ends_the_ru
     assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.FAILED
     assert "made no progress for" in run.error and "stall_timeout=2 s" in run.error
     assert any(e["kind"] == "stall" for e in run.events)
+
+
+def test_a_30_s_stall_is_said_once_and_its_end_once(cluster, tmp_path):
+    """A rank stuck for 30 s (stall_timeout 2 s) gets one stall event, and one when it moves again; its
+    heartbeats every 0.1 s meanwhile do not end the stall (they used to, and it was said 10 times a second)."""
+    go_on = tmp_path / "go-on"
+
+    def stuck_then_moves(config):
+        import os
+        import time as t
+
+        nbtrain.report(loss=1.0)
+        while not os.path.exists(config["go_on"]):
+            t.sleep(0.05)
+        for _ in range(3):
+            nbtrain.report(loss=0.5)
+
+    run = nbtrain.launch(stuck_then_moves, config={"go_on": str(go_on)}, workers=1, name="stalls-once",
+                         stall_timeout_s=2)
+
+    def stall_events() -> list[dict]:
+        run.refresh()
+        return [e for e in run.events if e["kind"] == "stall"]
+
+    first = wait_for(stall_events, 60, message="the stall event")
+    began = first[0]["time"]
+    while time.time() - began < 30:  # the stall the test is about: 30 s of it, counted as it goes
+        assert len(stall_events()) == 1, stall_events()
+        time.sleep(1)
+    go_on.touch()
+    assert run.wait(timeout=60) == nbtrain.RunState.SUCCEEDED
+    messages = [e["message"] for e in stall_events()]
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("Rank 0 made no progress for")
+    assert messages[1].startswith("Rank 0 made progress again after 3")  # 30-something seconds without
 
 
 def test_nan_loss_is_reported_and_stop_on_nan_stops(cluster):

@@ -40,15 +40,20 @@ def fmt_duration(seconds: float) -> str:
 
 
 def progress_fraction(summary: dict[str, Any]) -> float | None:
+    """How far the run is, from its expected total (``total_steps``, else ``total_epochs``); None without
+    one. The total is an estimate (a loop may end early, an epoch counts once the next begins): a
+    run that succeeded has done all it was going to, so its bar is full."""
     total_steps = summary.get("total_steps")
-    if total_steps:
-        return min(1.0, float(summary.get("step") or 0) / float(total_steps))
     total_epochs = summary.get("total_epochs")
     workers = summary.get("workers") or []
-    if total_epochs and workers:
-        epoch = min(w.get("epoch", 0) for w in workers)
-        return min(1.0, float(epoch) / float(total_epochs))
-    return None
+    if not total_steps and not (total_epochs and workers):
+        return None
+    if summary.get("state") == "succeeded":
+        return 1.0
+    if total_steps:
+        return min(1.0, float(summary.get("step") or 0) / float(total_steps))
+    epoch = min(w.get("epoch", 0) for w in workers)
+    return min(1.0, float(epoch) / float(total_epochs or 1))
 
 
 def config_text(summary: dict[str, Any]) -> tuple[str, bool]:
