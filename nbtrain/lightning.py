@@ -17,8 +17,8 @@ logs); pass ``enable_progress_bar=True`` to have it. Ray's own Lightning helpers
 ``RayTrainReportCallback``, ``prepare_trainer``) work as well, through nbtrain's
 Ray Train support.
 
-Uses the ``lightning`` package, or ``pytorch_lightning`` when only that one is
-installed (``pip install 'nbtrain[lightning]'``).
+Uses the ``lightning`` package, 2.3 or later (``ModelParallelStrategy``, which
+FSDP2 runs on, came with it): ``pip install 'nbtrain[lightning]'``.
 """
 
 from __future__ import annotations
@@ -27,24 +27,21 @@ import os
 import tempfile
 from typing import Any
 
-from nbtrain._cluster import parallel
-from nbtrain._cluster.session import current_session
-from nbtrain._cluster.storage import pack_directory
-from nbtrain._cluster.worker_api import RUN_PRECISION, checkpoint_to_resume, report, store_checkpoint
+from nbtrain._cluster.rank import parallel
+from nbtrain._cluster.rank.session import current_session
+from nbtrain._cluster.rank.worker_api import RUN_PRECISION, checkpoint_to_resume, report, store_checkpoint
+from nbtrain._cluster.storage.run_storage import pack_directory
 from nbtrain._exceptions import InvalidOptionError
 
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
     from lightning.pytorch.plugins.environments import ClusterEnvironment
-except ModuleNotFoundError:  # the older package name
-    try:
-        import pytorch_lightning as pl
-        from pytorch_lightning.loggers.logger import Logger, rank_zero_experiment
-        from pytorch_lightning.plugins.environments import ClusterEnvironment
-    except ModuleNotFoundError:
-        msg = "nbtrain.lightning needs PyTorch Lightning on the cluster: pip install 'nbtrain[lightning]'."
-        raise ModuleNotFoundError(msg) from None
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+except ModuleNotFoundError:
+    msg = ("nbtrain.lightning needs the `lightning` package (2.3 or later) in the notebook and on the cluster: "
+           "pip install 'nbtrain[lightning]'.")
+    raise ModuleNotFoundError(msg) from None
 
 __all__ = ["NbtrainCheckpoint", "NbtrainEnvironment", "NbtrainLogger", "resume_path", "trainer", "trainer_defaults"]
 
@@ -123,8 +120,6 @@ class NbtrainFSDPStrategy(_OnNbtrainRanks, pl.strategies.ModelParallelStrategy):
         self.auto_wrap_policy = auto_wrap_policy
 
     def connect(self, model: Any) -> None:
-        from lightning.pytorch.utilities.model_helpers import is_overridden
-
         if not is_overridden("configure_model", model, pl.LightningModule):
             model.configure_model = lambda: self._shard(model)
         super().connect(model)
@@ -173,7 +168,7 @@ class NbtrainCheckpoint(pl.Callback):
 def resume_path() -> str | None:
     """The Lightning checkpoint this attempt started from as a local file, for ``trainer.fit(..., ckpt_path=...)``;
     else None."""
-    from nbtrain._cluster.storage import unpack_directory
+    from nbtrain._cluster.storage.run_storage import unpack_directory
 
     found = checkpoint_to_resume()
     if found is None or found[0].get("format") != "directory":

@@ -113,6 +113,14 @@ def test_only_the_names_the_cell_uses_are_captured():
     assert set(referenced_names(source, namespace)) == {"model_cls", "LR", "helper", "np"}
 
 
+def test_names_that_shadow_builtins_or_start_with_an_underscore_are_captured():
+    import builtins
+
+    namespace = {"input": 3, "id": builtins.id, "_scale": 2, "__name__": "__main__", "filter": "mine"}
+    source = "x = input * _scale\ny = id(x)\nz = filter\nw = __name__\n"
+    assert referenced_names(source, namespace) == {"input": 3, "_scale": 2, "filter": "mine"}
+
+
 def test_cell_program_defines_config_and_returns_result():
     program = CellProgram("result = config['a'] * 2", {})
     assert program.source == "result = config['a'] * 2"

@@ -34,6 +34,8 @@ class Doubler(torch.nn.Module):
 def helper(x):
     return x * SCALE
 unused_big = list(range(100_000))
+input = 3          # shadows a builtin: the ranks see this one
+_offset = 0.5      # a _name is the user's too
 '''
 
 
@@ -42,12 +44,12 @@ def test_notebook_function_class_and_constant_reach_the_workers(ip):
     result = ip.run_cell('''%%ray_train --workers 2 --name cell-capture --out run --config k=7
 value = helper(Doubler()(torch.ones(1))).item()
 nbtrain.report(value=value, k=config["k"])
-result = (rank, world_size, value, config["k"], "unused_big" in globals())
+result = (rank, world_size, value, config["k"], "unused_big" in globals(), input, _offset)
 ''')
     assert result.error_in_exec is None, result.error_in_exec
     run = ip.user_ns["run"]
     assert run.state == nbtrain.RunState.SUCCEEDED
-    assert run.result == [(0, 2, 6.0, 7, False), (1, 2, 6.0, 7, False)]
+    assert run.result == [(0, 2, 6.0, 7, False, 3, 0.5), (1, 2, 6.0, 7, False, 3, 0.5)]
 
 
 def test_unpicklable_notebook_object_is_named(ip):

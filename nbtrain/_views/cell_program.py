@@ -18,15 +18,22 @@ from nbtrain._client.serialization import code_names
 CELL_FILENAME = "<%%ray_train cell>"
 INJECTED = ("config", "rank", "world_size", "local_rank", "device", "nbtrain")
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
+_NOT_A_BUILTIN = object()
 
 
 def referenced_names(source: str, namespace: dict[str, Any]) -> dict[str, Any]:
-    """The notebook values ``source`` refers to (modules included; they pickle by name)."""
+    """The notebook values ``source`` refers to (modules included; they pickle by name).
+
+    A notebook name that shadows a builtin (``input = 3``, ``id = ...``) or starts with ``_`` is sent
+    like any other: on the ranks the cell sees what it sees in the notebook. Dunder names
+    (``__name__``...) and IPython's own names are the namespace's, not the user's.
+    """
     code = compile(source, CELL_FILENAME, "exec")
     wanted = set(code_names(code))
     return {name: namespace[name] for name in sorted(wanted)
             if name in namespace and name not in INJECTED and name not in _IPYTHON_NAMES
-            and not name.startswith("_") and not hasattr(builtins, name)}
+            and not (name.startswith("__") and name.endswith("__"))
+            and namespace[name] is not getattr(builtins, name, _NOT_A_BUILTIN)}
 
 
 class CellProgram:
