@@ -150,10 +150,36 @@ def test_a_ray_older_than_2_54_is_refused_saying_where_and_why(version, side, wh
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("version", ["2.54.0", "2.59.2", "2.61.0", "3.0.0.dev0"])
+def test_a_ray_outside_the_tested_range_is_refused_naming_both(version):
+    from nbtrain._client.connection import check_ray_supported
+
+    with pytest.raises(nbtrain.VersionMismatchError) as raised:
+        check_ray_supported(version, "cluster")
+    message = str(raised.value)
+    assert f"Ray {version} on the cluster is not one nbtrain {nbtrain.__version__} is tested with (Ray 2.60)" in message
+    assert 'pip install "ray[client,default]==2.60.*"' in message
+
+
+@pytest.mark.quick
+def test_an_nbtrain_that_differs_on_the_cluster_is_named():
+    from nbtrain._client.connection import check_versions
+
+    with pytest.raises(nbtrain.VersionMismatchError) as raised:
+        check_versions({"ray": "2.60.0", "python": "3.11.7", "nbtrain": "0.0.9"},
+                       {"ray": "2.60.0", "python": "3.11.7", "nbtrain": "0.1.0"})
+    message = str(raised.value)
+    assert "nbtrain 0.1.0 in the notebook but nbtrain 0.0.9 on the cluster" in message
+    assert "`pip install nbtrain==0.0.9`" in message
+    check_versions({"ray": "2.60.0", "python": "3.11.7", "nbtrain": "0.1.0"},
+                   {"ray": "2.60.0", "python": "3.11.7", "nbtrain": "0.1.0"})
+
+
+@pytest.mark.quick
 def test_supported_rays_pass_and_ray_clients_mismatch_names_an_old_cluster():
     from nbtrain._client.connection import _explain_connect_error, check_ray_supported
 
-    for version in ("2.54.0", "2.54.0rc1", "2.60.0", "3.0.0.dev0"):
+    for version in ("2.60.0", "2.60.1", "2.60.1rc1"):
         check_ray_supported(version, "cluster")
     ray_client_says = RuntimeError("Version mismatch: The cluster was started with:\n    Ray: 2.53.0\n"
                                    "    Python: 3.11.7\nThis process on Ray Client was started with:\n"

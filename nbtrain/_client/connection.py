@@ -26,6 +26,7 @@ from nbtrain._client.local import local_cluster, local_head
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
 from nbtrain._registry import record_connection
+from nbtrain._version import TESTED_RAY_MINORS, __version__
 
 DEFAULT_CLIENT_PORT = 10001
 MIN_RAY = (2, 54)  # 2.52-2.53: the dashboard agent's HTTP job endpoint skips the token check
@@ -326,20 +327,28 @@ def _start_session_anchor(context: Any, lower_session_priority: bool = False) ->
 
 
 def _check_versions(cluster: dict[str, str]) -> None:
-    check_versions(cluster, {"ray": _ray_version(), "python": platform.python_version()})
+    check_versions(cluster, {"ray": _ray_version(), "python": platform.python_version(), "nbtrain": __version__})
 
 
 def check_ray_supported(version: str, side: str) -> None:
-    """Refuse a Ray older than :data:`MIN_RAY` on ``side`` ("notebook" or "cluster")."""
+    """Refuse, on ``side`` ("notebook" or "cluster"), a Ray older than :data:`MIN_RAY` (it cannot be made
+    safe) or outside the Ray releases nbtrain is tested with (``TESTED_RAY_MINORS``)."""
     try:
         release = Version(version).release
     except InvalidVersion:
         return  # not a version Ray publishes (a local build): nothing to judge by
-    if release[:2] >= MIN_RAY:
-        return
     where = "in this notebook's environment" if side == "notebook" else "on the cluster"
     fix = ("in the kernel's environment and restart the kernel" if side == "notebook"
            else "on every node of the cluster and restart it")
+    if release[:2] >= MIN_RAY:
+        if ".".join(map(str, release[:2])) in TESTED_RAY_MINORS:
+            return
+        tested, newest = " and ".join(TESTED_RAY_MINORS), TESTED_RAY_MINORS[-1]
+        msg = (f"Ray {version} {where} is not one nbtrain {__version__} is tested with (Ray {tested}): nbtrain "
+               f"relies on Ray internals (Ray Train's seam, the raylet, the autoscaler's state) that a Ray release "
+               f"may change. Install a tested Ray {fix}: `pip install \"ray[client,default]=={newest}.*\"`, "
+               f"or an nbtrain release tested with Ray {version}.")
+        raise VersionMismatchError(msg)
     minimum = ".".join(map(str, MIN_RAY))
     msg = (f"Ray {version} {where} is too old: nbtrain needs Ray >= {minimum}, because Ray before 2.52 "
            f"has no token authentication and in 2.52-2.53 the dashboard agent's HTTP job endpoint does "
@@ -349,16 +358,22 @@ def check_ray_supported(version: str, side: str) -> None:
 
 
 def check_versions(cluster: dict[str, str], local: dict[str, str]) -> None:
-    """Raise :class:`VersionMismatchError` naming both sides when Ray or Python (major.minor) differ."""
+    """Raise :class:`VersionMismatchError` naming both sides when Ray, Python (major.minor) or nbtrain differ."""
     problems = []
     if cluster["ray"] != local["ray"]:
         problems.append(f"Ray {local['ray']} in the notebook but Ray {cluster['ray']} on the cluster")
     if cluster["python"].split(".")[:2] != local["python"].split(".")[:2]:
         problems.append(f"Python {local['python']} in the notebook but Python {cluster['python']} on the cluster")
+    if local.get("nbtrain") and not cluster.get("nbtrain", "").startswith("missing") \
+            and cluster.get("nbtrain") and cluster["nbtrain"] != local["nbtrain"]:
+        problems.append(f"nbtrain {local['nbtrain']} in the notebook but nbtrain {cluster['nbtrain']} on the cluster "
+                        f"(the run's code and spec cross between them pickled)")
     if problems:
         msg = ("The notebook and the cluster run different versions: " + "; ".join(problems) +
                f". Install matching versions in the notebook's environment, "
-               f"e.g. `pip install ray[client]=={cluster['ray']}`.")
+               f"e.g. `pip install ray[client]=={cluster['ray']}`"
+               + (f" and `pip install nbtrain=={cluster['nbtrain']}`" if "nbtrain" in " ".join(problems) else "")
+               + ", or the notebook's versions on every node of the cluster.")
         raise VersionMismatchError(msg)
     if cluster.get("nbtrain", "").startswith("missing"):
         msg = (f"nbtrain cannot be imported on the cluster's nodes ({cluster['nbtrain']}). Install it there "

@@ -38,8 +38,7 @@ from nbtrain._cluster.rank.worker_api import checkpoint_to_resume, get_dataset_s
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.run_storage import checkpoint_files, pack_directory
 from nbtrain._exceptions import NbtrainError
-
-TESTED_RAY_MINORS = ("2.60",)  # Ray versions (major.minor) whose Ray Train v2 seam this module is tested with
+from nbtrain._version import TESTED_RAY_MINORS
 
 
 def untested_ray(version: str = ray.__version__) -> str | None:
