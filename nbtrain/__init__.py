@@ -29,6 +29,7 @@ from nbtrain._client.run import Run
 from nbtrain._client.sweep import Sweep, Trial, attach_sweep, sweeps, tune
 from nbtrain._client.torch_trainer import TorchTrainer
 from nbtrain._client.warm import release_warm
+from nbtrain._cluster.rank.data_loading import prepare_loader
 from nbtrain._cluster.rank.session import TrainContext
 from nbtrain._cluster.rank.worker_api import (
     backward,
@@ -36,7 +37,6 @@ from nbtrain._cluster.rank.worker_api import (
     get_context,
     get_dataset_shard,
     load_checkpoint,
-    prepare_loader,
     prepare_model,
     prepare_optimizer,
     report,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from nbtrain._cluster.rank.counted_shard import CountedShard
-from nbtrain._cluster.rank.worker_api import _batch_size
+from nbtrain._cluster.rank.data_loading import batch_size_of
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._views.dashboard import WidgetDashboard
 from nbtrain._views.downsample import downsample
@@ -154,7 +154,7 @@ def test_a_dataset_shards_batches_count_toward_samples_per_s():
             return iter([{"x": np.zeros(batch_size)}, {"x": np.zeros(batch_size // 2)}])
 
     sizes = []
-    shard = CountedShard(Shard(), lambda batch: sizes.append(_batch_size(batch)))
+    shard = CountedShard(Shard(), lambda batch: sizes.append(batch_size_of(batch)))
 
     assert [len(batch["x"]) for batch in shard.iter_torch_batches(batch_size=16)] == [16, 8]
     assert sizes == [16, 8]

@@ -10,12 +10,13 @@ import io
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from nbtrain._cluster.elastic import adaptive_batch, gradient_noise
+from nbtrain._cluster.elastic import gradient_noise
 from nbtrain._cluster.rank import parallel, sharded_checkpoint
 from nbtrain._cluster.rank.counted_shard import CountedShard
+from nbtrain._cluster.rank.data_loading import batch_size_of
 from nbtrain._cluster.rank.session import TrainContext, current_session
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.run_storage import checkpoint_source, load_trusted, storage_checkpoint, unpack_directory
@@ -136,141 +137,6 @@ def backward(loss: Any) -> None:
     """``loss.backward()``, of the scaled loss when a ``"16-mixed"`` model was prepared."""
     scaler = current_session().grad_scaler
     (loss if scaler is None else scaler.scale(loss)).backward()
-
-
-class PreparedLoader:
-    """A DataLoader that shards with DistributedSampler, moves batches to the device,
-    reshuffles per epoch, counts steps for ``report()``, and (``adaptive_batch``)
-    changes its batch size between epochs."""
-
-    def __init__(self, make: Callable[[int | None], Any], batch_size: int | None, move_to_device: bool) -> None:
-        self._make = make              # batch size -> the DataLoader over this rank's shard
-        self._batch = batch_size
-        self._initial = batch_size
-        self._loader = make(batch_size)
-        self._move = move_to_device
-        self._epoch = 0
-        self._timed = [0.0, 0]         # seconds and steps timed at the current batch size this epoch
-        self._step_times: dict[int, float] = {}  # per-rank batch size -> mean step time over the ranks
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-    def __iter__(self) -> Iterator[Any]:
-        session = current_session()
-        if self._epoch > 0 and session.adaptive_batch is not None and self._batch is not None:
-            self._adapt(session)
-        sampler = getattr(self._loader, "sampler", None)
-        set_epoch = getattr(sampler, "set_epoch", None)
-        if set_epoch is not None:
-            set_epoch(self._epoch)
-        session.epoch = self._epoch
-        device = session.context.device
-        handed: float | None = None  # when the last batch was handed to the training step
-        for batch in self._loader:
-            if handed is not None:
-                self._timed[0] += time.perf_counter() - handed
-                self._timed[1] += 1
-            session.on_batch(_batch_size(batch))
-            yield _to_device(batch, device) if self._move else batch
-            handed = time.perf_counter()
-        self._epoch += 1
-
-    def _adapt(self, session: Any) -> None:
-        """Pick the next epoch's batch size with every rank (one all-reduce of four numbers) and apply it."""
-        import torch
-        import torch.distributed as dist
-
-        assert session.noise is not None and session.adaptive_batch is not None and self._batch is not None
-        ctx = session.context
-        noise, (seconds, steps) = session.noise, self._timed
-        known = noise.true_sq.value is not None
-        stats = torch.tensor([noise.true_sq.value or 0.0, noise.trace.value or 0.0,
-                              seconds / steps if steps else 0.0, 1.0 if known and steps else 0.0],
-                             dtype=torch.float64, device=ctx.device)
-        dist.all_reduce(stats)
-        true_sq, trace, step_time, ready = (float(v) / ctx.world_size for v in stats.tolist())
-        if ready < 1.0:  # a rank has no estimate or no timed step yet: keep the size another epoch
-            return
-        self._step_times[self._batch] = step_time
-        self._timed = [0.0, 0]
-        assert self._initial is not None
-        choice = adaptive_batch.choose(self._batch, self._initial, session.adaptive_batch, ctx.world_size,
-                                       gradient_noise.ratio(trace, true_sq), self._step_times)
-        for optimizer in session.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = group["lr"] * choice.lr_gain / session.lr_gain
-        session.lr_gain = choice.lr_gain
-        if choice.batch_size != self._batch:
-            print(f"[nbtrain] epoch {self._epoch}: batch size {self._batch} -> {choice.batch_size} per rank "
-                  f"(gradient noise scale {gradient_noise.ratio(trace, true_sq):.4g}, "
-                  f"learning rate x{choice.lr_gain:.3g} of the start)", file=sys.stderr)
-            self._batch = choice.batch_size
-            self._loader = self._make(choice.batch_size)
-
-
-def prepare_loader(loader: Any, move_to_device: bool = True) -> PreparedLoader:
-    """Give each rank its own shard of ``loader``'s data (a ``DistributedSampler``).
-
-    Keeps the loader's batch size, workers and collate function; ``shuffle=True``
-    loaders stay shuffled, differently each epoch. In an elastic run the batch size is that
-    of ``min`` ranks' global batch shared by this attempt's ranks (see ``scale_lr``). With
-    the run's ``adaptive_batch=(min, max)`` the batch size starts at the loader's (kept
-    within the bounds) and is chosen again at the start of every epoch. Example::
-
-        loader = nbtrain.prepare_loader(DataLoader(train_set, batch_size=64, shuffle=True))
-    """
-    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
-
-    ctx = current_session().context
-    session = current_session()
-    session.uses_loader = True
-    batch_size = loader.batch_size
-    if batch_size is not None and session.batch_scale != 1.0:
-        batch_size = max(1, round(batch_size * session.batch_scale))
-    if batch_size is not None and session.adaptive_batch is not None:
-        low, high = session.adaptive_batch
-        batch_size = min(max(batch_size, low), high)
-    sampler = loader.sampler
-    if ctx.world_size > 1 and not isinstance(loader.sampler, DistributedSampler):
-        sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                     shuffle=isinstance(loader.sampler, RandomSampler))
-    if sampler is loader.sampler and batch_size == loader.batch_size and session.adaptive_batch is None:
-        return PreparedLoader(lambda _size: loader, batch_size, move_to_device)
-
-    def make(size: int | None) -> Any:
-        return DataLoader(
-            loader.dataset, batch_size=size, sampler=sampler,
-            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-            timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-            persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
-        )
-
-    return PreparedLoader(make, batch_size, move_to_device)
-
-
-def _batch_size(batch: Any) -> int:
-    first = batch
-    while isinstance(first, (list, tuple)) and first:
-        first = first[0]
-    if isinstance(first, dict) and first:
-        first = next(iter(first.values()))
-    shape = getattr(first, "shape", None)
-    return int(shape[0]) if shape else 1
-
-
-def _to_device(batch: Any, device: Any) -> Any:
-    if hasattr(batch, "to"):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(item, device) for item in batch)
-    if isinstance(batch, dict):
-        return {key: _to_device(value, device) for key, value in batch.items()}
-    return batch
 
 
 def checkpoint_requested() -> bool:
@@ -412,7 +278,7 @@ def get_dataset_shard(name: str = "train") -> Any:
     """
     session = current_session()
     try:
-        return CountedShard(session.datasets[name], lambda batch: session.on_batch(_batch_size(batch)))
+        return CountedShard(session.datasets[name], lambda batch: session.on_batch(batch_size_of(batch)))
     except KeyError:
         known = ", ".join(sorted(session.datasets)) or "none"
         msg = f"No dataset named {name!r} was passed to launch(datasets=...); this run has: {known}."
