@@ -32,9 +32,17 @@ MAX_SOURCE_CHARS = 2_000_000  # a larger file travels without its lines: traceba
 
 def dumps(obj: Any) -> bytes:
     """``cloudpickle.dumps(obj)``, with the code it carries by value keeping its file name and source."""
+    return dumps_naming_modules(obj)[0]
+
+
+def dumps_naming_modules(obj: Any) -> tuple[bytes, set[str]]:
+    """:func:`dumps`, and the modules the pickle may need on the other side: those of the functions,
+    classes and modules it refers to by name, and every name the code it carries by value mentions
+    (``import x`` in a function's body names ``x`` there; names that are not modules are harmless)."""
     buffer = io.BytesIO()
-    _OriginKeepingPickler(buffer).dump(obj)
-    return buffer.getvalue()
+    pickler = _OriginKeepingPickler(buffer)
+    pickler.dump(obj)
+    return buffer.getvalue(), pickler.names
 
 
 def _reduce_code(code: types.CodeType) -> tuple[Any, tuple[bytes, str, list[str]]]:
@@ -95,3 +103,24 @@ class _OriginKeepingPickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloud
     # read by pickle's C implementation when the pickler is created: a class attribute, not an instance one
     dispatch_table: ClassVar[ChainMap[Any, Any]] = ChainMap({types.CodeType: _reduce_code},
                                                             cloudpickle.Pickler.dispatch_table)
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self.names: set[str] = set()  # module names the pickle may need (see dumps_naming_modules)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.ModuleType):
+            self.names.add(obj.__name__)
+        elif isinstance(obj, (type, types.FunctionType)):
+            self.names.add(str(getattr(obj, "__module__", None) or ""))
+        elif isinstance(obj, types.CodeType):
+            self.names.update(_names_in(obj))
+        return super().reducer_override(obj)
+
+
+def _names_in(code: types.CodeType) -> set[str]:
+    found = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _names_in(const)
+    return found

@@ -23,7 +23,7 @@ def test_a_function_that_can_be_sent_round_trips():
     def train(config):
         return config["x"] * scale
 
-    assert cloudpickle.loads(dumps_checked(train))({"x": 2}) == 6
+    assert cloudpickle.loads(dumps_checked(train)[0])({"x": 2}) == 6
 
 
 def test_a_lock_in_the_closure_is_named_with_its_type():

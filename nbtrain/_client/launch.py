@@ -117,7 +117,8 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
                                total_epochs=options.total_epochs or _guess_epochs(config))
     owner = _owner()
     # everything that can be checked here is, before the cluster is asked anything
-    spec = RunSpec(options=options, fn_bytes=dumps_checked(train_fn), fn_takes_config=takes_config, owner=owner)
+    fn_bytes, modules = dumps_checked(train_fn)
+    spec = RunSpec(options=options, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=owner, modules=modules)
     spec_bytes = _pickled(spec)
     cluster = connection.current()
     check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)

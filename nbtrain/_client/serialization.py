@@ -18,16 +18,20 @@ from typing import Any
 
 import cloudpickle
 
-from nbtrain import _code_origin as code_origin
+from nbtrain import _shipping as shipping
 from nbtrain._exceptions import NotSerializableError
 
 _SKIP_TYPES = (types.ModuleType, type(None), int, float, str, bytes, bool)
 
 
-def dumps_checked(fn: Callable[..., Any], what: str = "the training function") -> bytes:
-    """Pickle ``fn``; on failure raise :class:`NotSerializableError` naming the culprit."""
+def dumps_checked(fn: Callable[..., Any], what: str = "the training function") -> tuple[bytes, tuple[str, ...]]:
+    """Pickle ``fn`` with the notebook's own modules it needs (see :mod:`nbtrain._shipping`); returns the
+    bytes a rank loads and the modules sent (``name@hash``). On failure raise :class:`NotSerializableError`
+    naming the culprit."""
     try:
-        return code_origin.dumps(fn)
+        return shipping.dumps_with_modules(fn)
+    except NotSerializableError:
+        raise
     except Exception as exc:
         culprit = find_unpicklable(fn)
         if culprit is None:

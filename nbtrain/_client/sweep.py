@@ -245,8 +245,9 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     if not takes_config:
         msg = "A sweep's training function takes the config: def train(config): ... (the sampled values are in it)."
         raise InvalidOptionError(msg)
+    fn_bytes, modules = dumps_checked(train_fn)
     trial_run = RunSpec(options=dataclasses.replace(run, datasets=None, config=dict(run.config or {})),
-                        fn_bytes=dumps_checked(train_fn), fn_takes_config=True, owner=_owner(),
+                        fn_bytes=fn_bytes, fn_takes_config=True, owner=_owner(), modules=modules,
                         warm_pool=warm.pool_for(run))  # a trial's ranks: this notebook session's warm workers
     spec = SweepSpec(options=options, trial_run=trial_run, owner=_owner())
     if _find_handle(name) is not None or name in stored_sweep_names():

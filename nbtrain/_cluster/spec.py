@@ -25,6 +25,7 @@ class RunSpec:
     options: RunOptions              # name always set
     fn_bytes: bytes
     fn_takes_config: bool
+    modules: tuple[str, ...] = ()     # the notebook's own modules sent with the function (name@hash)
     owner: dict[str, Any] = dataclasses.field(default_factory=dict)  # notebook path, host, pid
     created: float = dataclasses.field(default_factory=time.time)
     # Which launch the run's stored files belong to: a supervisor takes up only its own launch's files.

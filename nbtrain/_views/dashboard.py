@@ -218,7 +218,11 @@ class WidgetDashboard(Follower):
                              f'{summary.get("world_size")} workers'
                              + self._straggler_note(summary)
                              + (f' · <code class="nbtrain-config">{html.escape(config)}</code>{whole}'
-                                if config else ""))
+                                if config else "")
+                             + (' · <span class="nbtrain-modules" title="the notebook\'s own modules, sent with the '
+                                'run (name@content hash)">modules sent: '
+                                + html.escape(", ".join(summary["modules"])) + "</span>"
+                                if summary.get("modules") else ""))
         fraction = progress_fraction(summary)
         seconds = elapsed(summary)
         self.progress.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning"}.get(state, "")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import ray
 
+from nbtrain import _shipping as shipping
 from nbtrain._cluster.rank import ray_train_on_import
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.session import TrainContext, TrainingSession, set_session
@@ -120,7 +121,7 @@ class TrainWorker:
         session.start()
         try:
             _join_process_group(payload, listener)
-            fn = cloudpickle.loads(payload.fn_bytes)
+            fn = shipping.loads(payload.fn_bytes)
             result = fn(context.config) if payload.fn_takes_config else fn()
             outcome: dict[str, Any] = {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor

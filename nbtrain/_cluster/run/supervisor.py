@@ -266,6 +266,7 @@ class RunSupervisor:
             "max_failures": options.max_failures, "workers": workers, "error": run.error,
             "failures": list(run.failures), "checkpoint": run.checkpoint, "started": run.started,
             "ended": run.ended, "now": time.time(), "config_summary": run.spec.config_summary,
+            "modules": list(run.spec.modules),
             "world_size": run.world_size or options.max_workers,
             "workers_range": [options.min_workers, options.max_workers],
             "gpus_per_worker": options.gpus_per_worker, "cpus_per_worker": options.cpus_per_worker,
