@@ -131,6 +131,15 @@ def test_a_run_without_total_steps_shows_steps_elapsed_time_and_a_moving_bar():
     assert dashboard.progress_label.value == " step 50 · 0:01:10"
 
 
+def test_the_header_lists_the_modules_sent_with_the_run():
+    dashboard = WidgetDashboard(SimpleNamespace(name="with-modules"))
+    dashboard._draw_header({"state": "running", "step": 1, "started": 100.0, "now": 101.0, "world_size": 2,
+                            "modules": ["mymodels@1a2b3c4", "helpers@9f8e7d6"]})
+    assert "modules sent: mymodels@1a2b3c4, helpers@9f8e7d6" in dashboard.header.value
+    dashboard._draw_header({"state": "running", "step": 1, "started": 100.0, "now": 101.0, "world_size": 2})
+    assert "modules sent" not in dashboard.header.value
+
+
 def test_a_huge_config_is_cut_short_in_the_header_and_says_where_the_rest_is():
     dashboard = WidgetDashboard(SimpleNamespace(name="big"))
     config = {f"layer_{i}": list(range(50)) for i in range(1000)}
