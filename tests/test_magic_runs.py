@@ -136,3 +136,29 @@ for step in range(100000):
     ip.run_cell("%ray_stop in-background")
     assert "Run 'in-background' stopped." in capsys.readouterr().out
     assert run.state == nbtrain.RunState.STOPPED
+
+
+def _dashboard_threads(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"nbtrain-dashboard-{name}" and t.is_alive()]
+
+
+def test_showing_a_dashboard_again_leaves_one_long_poll_and_the_feed_flowing(ip, capsys):
+    """20 re-runs of a `run.dashboard()` cell during a run: one follower (one long poll) is left, rows still
+    reach the notebook within a fraction of a second, and run.close() ends the last one."""
+    from _train_fns import train_steps
+
+    run = nbtrain.launch(train_steps, config={"steps": 2000, "sleep": 0.02}, workers=1, name="followed-again")
+    ip.user_ns["followed"] = run
+    for _ in range(20):
+        assert ip.run_cell("view = followed.dashboard()").error_in_exec is None
+    wait_for(lambda: len(_dashboard_threads("followed-again")) == 1, 10, message="one follower left",
+             describe=lambda: len(_dashboard_threads("followed-again")))
+    lags = []
+    while len(lags) < 50:  # what a notebook waits for a row, with the other views gone
+        arrived = run.refresh(wait_s=1.0)
+        lags += [time.time() - row["time"] for row in arrived]
+    lags.sort()
+    assert lags[len(lags) // 2] < 0.5, f"feed p50 {lags[len(lags) // 2]:.2f} s"
+    run.close()
+    wait_for(lambda: not _dashboard_threads("followed-again"), 5, message="the last follower to end")
+    run.stop()

@@ -61,6 +61,7 @@ class Run:
         self._summary: dict[str, Any] = {}
         self._result: list[Any] | None = None
         self._has_more = False  # the last poll left rows for the next
+        self._followers: list[Any] = []  # the live views of this Run (dashboard(), %%ray_train's), until close()
 
     # ------------------------------------------------------------------ reading
     def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
@@ -420,10 +421,18 @@ class Run:
         wait_until_name_free(self.name)  # a launch of the name may follow
 
     def dashboard(self, **options: Any) -> Any:
-        """The live dashboard (widgets in a notebook, a text line elsewhere)."""
+        """The live dashboard (widgets in a notebook, a text line elsewhere). Showing it again from the same
+        cell closes the one that cell showed before; :meth:`close` ends them all."""
         from nbtrain._views.dashboard import show_dashboard
 
         return show_dashboard(self, **options)
+
+    def close(self) -> None:
+        """Stop every live view of this Run (each ends its long poll within a second; what they drew
+        stays). The run itself goes on: ``stop()`` ends it."""
+        followers, self._followers = self._followers, []
+        for follower in followers:
+            follower.close()
 
     def __repr__(self) -> str:
         summary = self._summary

@@ -68,8 +68,31 @@ def show_dashboard(run: Any, *, follow: str = "background", ranks: Iterable[int]
     view: Any = WidgetDashboard(run, ranks=ranks) if in_notebook() else TextProgress(run)
     view.display()
     if follow == "background":
+        key = (_running_cell(), run.name)
+        earlier = _FOLLOWING.pop(key, None)
+        if earlier is not None:  # the same cell run again: one long poll for it, not one per run of the cell
+            earlier.close()
+        _FOLLOWING[key] = view
+        run._followers = [follower for follower in run._followers if not follower.closed] + [view]
         view.follow_in_background()
     return view
+
+
+# The live views, by (the cell that shows it, the run): running a dashboard cell again closes the one
+# it showed before. Outside JupyterLab and Notebook 7 (no cell ids) the key is the run alone.
+_FOLLOWING: dict[tuple[str | None, str], Any] = {}
+
+
+def _running_cell() -> str | None:
+    """The id of the notebook cell being run (JupyterLab and Notebook 7 send it with each request)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    header = getattr(shell, "parent_header", None) or {}
+    cell = (header.get("metadata") or {}).get("cellId") if isinstance(header, dict) else None
+    return str(cell) if cell else None
 
 
 class WidgetDashboard(Follower):

@@ -26,10 +26,22 @@ STRAGGLERS_LISTED = 8        # in the header; the rest are counted
 
 
 class Follower:
-    """Runs ``update`` until the run ends, from the caller's thread or a daemon thread."""
+    """Runs ``update`` until the run ends or :meth:`close` is called, from the caller's thread or a daemon
+    thread."""
 
     run: Any
     thread: threading.Thread
+    _closed: threading.Event | None = None
+
+    def close(self) -> None:
+        """Stop following: the thread ends within one long poll (``LONG_POLL_S``); what is drawn stays."""
+        if self._closed is None:
+            self._closed = threading.Event()
+        self._closed.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None and self._closed.is_set()
 
     def update(self, wait_s: float = 0.0, coalesce: bool = False) -> bool:
         """Fetch and draw; True once the run is terminal and drawn. ``coalesce``: a draw may wait
@@ -46,7 +58,9 @@ class Follower:
         began = time.monotonic()
         due = self.draw_due_in()
         done = self.update(wait_s=LONG_POLL_S if due is None else max(due, 0.0), coalesce=True)
-        if not done:
+        if not done and self._closed is not None:
+            self._closed.wait(max(0.0, FOLLOW_POLL_S - (time.monotonic() - began)))
+        elif not done:
             time.sleep(max(0.0, FOLLOW_POLL_S - (time.monotonic() - began)))
         return done
 
@@ -58,7 +72,7 @@ class Follower:
 
     def _follow_quietly(self) -> None:
         failures = 0
-        while True:
+        while not self.closed:
             try:
                 if self._tick():
                     return

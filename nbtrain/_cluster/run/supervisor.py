@@ -58,6 +58,9 @@ DISK_RETRY_S = 2.0  # a history that cannot be written (disk full) is retried th
 Found = tuple[dict[str, Any], bytes | None, str | None]  # a checkpoint: its meta, and its bytes or its path
 
 
+READERS = "readers"  # the concurrency group of notebook-facing long polls
+READER_THREADS = 16
+
 def supervisor_options(run_name: str) -> dict[str, Any]:
     """Ray actor options of a run's supervisor (the kernel starts it with these).
 
@@ -68,6 +71,9 @@ def supervisor_options(run_name: str) -> dict[str, Any]:
     return {
         "name": actor_name(run_name), "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": -1,
         "max_task_retries": 0, "max_concurrency": 64, "num_cpus": 0,
+        # the notebooks' long polls wait in threads of their own: however many dashboards follow the run,
+        # the ranks' pushes (and stop, checkpoints) keep the default group's 64
+        "concurrency_groups": {READERS: READER_THREADS},
         "resources": {"node:__internal_head__": 0.001},
         "runtime_env": {"env_vars": {"NBTRAIN_PROCESS": "run supervisor",
                                      **preload_env(f"{__name__}.{_imported.__name__}")}},
@@ -237,6 +243,7 @@ class RunSupervisor:
             return checkpoint, handle.read(), None
 
     # ------------------------------------------------------------------ notebook-facing
+    @ray.method(concurrency_group=READERS)
     def poll(self, cursor: int = 0, log_cursor: int = 0, event_cursor: int = 0,
              max_rows: int = 50_000, wait_s: float = 0.0) -> dict[str, Any]:
         """Everything new since the caller's cursors, plus the run's summary.
