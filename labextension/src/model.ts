@@ -51,8 +51,9 @@ export class RunsModel {
     return this._loaded;
   }
 
+  /** Runs known to be going now: not ended, and their cluster answered lately (a stale one may be gone). */
   get runningCount(): number {
-    return this._runs.filter(run => !run.terminal).length;
+    return this._runs.filter(isRunning).length;
   }
 
   /** Seconds since the run was created, on the server's clock. */
@@ -136,4 +137,9 @@ export class RunsModel {
 
 function isNumber(value: unknown): value is number {
   return typeof value === 'number' && Number.isFinite(value);
+}
+
+/** Whether a served run is known to be going now (the status bar's and the sidebar's "running"). */
+export function isRunning(run: IRun): boolean {
+  return !run.terminal && !run.stale;
 }

@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 
 import { ICluster, IRun } from './api';
 import { button, el, fmtDuration, fmtMetric, syncRows } from './dom';
-import { RunsModel } from './model';
+import { RunsModel, isRunning } from './model';
 import { SweepList } from './sweeps';
 
 import raySvg from '../style/ray.svg';
@@ -104,7 +104,7 @@ export class RaySidebar extends Widget {
       }
     });
 
-    const running = runs.filter(run => !run.terminal).length;
+    const running = runs.filter(isRunning).length;
     this._runsHeading.textContent = runs.length
       ? `Runs (${running} running, ${runs.length} total)`
       : 'Runs';

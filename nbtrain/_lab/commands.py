@@ -121,7 +121,9 @@ class CommandRunner:
         return served_cluster(read_cluster(self.home), self.answers, time.time(), self.settings.stale_after)
 
     def _served_runs(self) -> list[dict[str, Any]]:
-        return served_runs(read_runs(self.home), self.answers, time.time(), self.settings.stale_after)
+        cluster = read_cluster(self.home)
+        return served_runs(read_runs(self.home), self.answers, time.time(), self.settings.stale_after,
+                           current=cluster["address"] if cluster is not None else None)
 
     async def refresh(self, address: str) -> tuple[bool, str]:
         """Ask the agent what cluster ``address`` runs and keep its answer; (it worked, why not)."""

@@ -74,6 +74,10 @@ class ClusterAnswers:
                                      else {"name": str(sweep)[:120], "address": address} for sweep in sweeps]
         return skipped
 
+    def answered(self, address: Any) -> bool:
+        """Whether cluster ``address`` has answered since the server started."""
+        return isinstance(address, str) and address in self._runs
+
     def run(self, address: Any, name: str) -> dict[str, Any] | None:
         return self._runs.get(address, {}).get(name) if isinstance(address, str) else None
 
@@ -88,9 +92,14 @@ class ClusterAnswers:
 
 
 def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
-                stale_after: float) -> list[dict[str, Any]]:
+                stale_after: float, current: str | None = None) -> list[dict[str, Any]]:
     """Every run to show, live first, then newest first, each with ``terminal``, ``stale``,
     ``malformed`` and ``attach_cell``.
+
+    ``current``: the address of the cluster the home last connected to. A run recorded on another
+    address that never answered, which the current cluster answers for from the home's storage
+    (an embedded cluster stopped and started again, on a new port), is served as it answers: its
+    final state, or failed and "lost with its cluster" when it was going as the cluster stopped.
 
     ``stale``: a live run whose newest information is older than ``stale_after`` seconds
     (its cluster has not answered lately); the state shown is the last one known.
@@ -101,6 +110,10 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
     for record in registry:
         run: dict[str, Any] = dict(record)
         observed = answers.run(record.get("address"), record["name"])
+        if observed is None and current is not None and not answers.answered(record.get("address")):
+            observed = answers.run(current, record["name"])  # the same home's storage, a new cluster
+            if observed is not None:
+                run["address"] = current
         source = "its record in the run registry"
         if observed is not None and number(observed.get("updated")) >= number(record.get("updated")):
             # Older than the record only after a resume rewrote the record: the record wins then.

@@ -134,9 +134,10 @@ class StoredRun:
         summary["stored"] = True
         summary["now"] = time.time()
         if not RunState(summary["state"]).is_terminal:  # its supervisor vanished while the run went on
-            summary["error"] = (f"Run {self.name!r}'s supervisor is gone while the run was {summary['state']} "
-                                f"(its cluster stopped or restarted). Its history and checkpoints are kept: continue "
-                                f"it from its latest checkpoint with resume=True, or delete it.")
+            summary["error"] = (f"Run {self.name!r} was lost with its cluster: its supervisor is gone while the run "
+                                f"was {summary['state']} (the cluster stopped or restarted). Its history and "
+                                f"checkpoints are kept: continue it from its latest checkpoint with resume=True, or "
+                                f"delete it.")
             summary["state"] = RunState.FAILED.value
             summary["ended"] = summary.get("ended") or summary["now"]
         return summary
