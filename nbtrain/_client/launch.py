@@ -107,7 +107,7 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     """``launch()`` once its options are one validated value (the magic and the panel call this too)."""
     import ray
 
-    from nbtrain._cluster.run.supervisor import RunSupervisor, supervisor_options
+    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
 
     takes_config = _check_signature(train_fn)
     name = options.name or _default_name()
@@ -151,7 +151,7 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         handle = _resume_stored(name, spec, datasets)
     elif existing is None:
         # datasets as an argument, not inside the pickled spec: Ray Client maps their object refs
-        handle = ray.remote(RunSupervisor).options(**supervisor_options(name)).remote(spec_bytes, datasets)
+        handle = supervisor_actor().options(**supervisor_options(name)).remote(spec_bytes, datasets)
         try:
             _wait_for_supervisor(handle, name)
         except RunExistsError:
@@ -175,12 +175,12 @@ def _resume_stored(name: str, spec: RunSpec, datasets: dict[str, Any] | None) ->
     """Start a supervisor on an ended run's files (same launch, so it takes them up) and resume it."""
     import ray
 
-    from nbtrain._cluster.run.supervisor import RunSupervisor, supervisor_options
+    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
 
     launch_id = ray.get(StoredRunHandle(name).summary.remote(), timeout=POLL_TIMEOUT_S).get("launch")
     spec = dataclasses.replace(spec, launch_id=launch_id or spec.launch_id)
     spec_bytes = _pickled(spec)
-    handle = ray.remote(RunSupervisor).options(**supervisor_options(name)).remote(spec_bytes, datasets)
+    handle = supervisor_actor().options(**supervisor_options(name)).remote(spec_bytes, datasets)
     _wait_for_supervisor(handle, name)
     state = ray.get(handle.resume.remote(spec_bytes, datasets), timeout=POLL_TIMEOUT_S)
     # a run whose supervisor vanished mid-run is taken up (restarted) by the new one at once

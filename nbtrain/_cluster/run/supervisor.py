@@ -61,6 +61,14 @@ Found = tuple[dict[str, Any], bytes | None, str | None]  # a checkpoint: its met
 READERS = "readers"  # the concurrency group of notebook-facing long polls
 READER_THREADS = 16
 
+def supervisor_actor() -> Any:
+    """RunSupervisor as a Ray actor class (start it with :func:`supervisor_options`). The notebooks'
+    long polls wait in threads of their own: however many dashboards follow the run, the ranks'
+    pushes (and stop, checkpoints) keep the default group's threads. Ray takes concurrency groups
+    only here, not in ``.options()``."""
+    return ray.remote(concurrency_groups={READERS: READER_THREADS})(RunSupervisor)
+
+
 def supervisor_options(run_name: str) -> dict[str, Any]:
     """Ray actor options of a run's supervisor (the kernel starts it with these).
 
@@ -71,9 +79,6 @@ def supervisor_options(run_name: str) -> dict[str, Any]:
     return {
         "name": actor_name(run_name), "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": -1,
         "max_task_retries": 0, "max_concurrency": 64, "num_cpus": 0,
-        # the notebooks' long polls wait in threads of their own: however many dashboards follow the run,
-        # the ranks' pushes (and stop, checkpoints) keep the default group's 64
-        "concurrency_groups": {READERS: READER_THREADS},
         "resources": {"node:__internal_head__": 0.001},
         "runtime_env": {"env_vars": {"NBTRAIN_PROCESS": "run supervisor",
                                      **preload_env(f"{__name__}.{_imported.__name__}")}},

@@ -70,10 +70,10 @@ class NbtrainTrial(tune.Trainable):
         self._ended: dict[str, Any] | None = None
 
     def _start(self) -> None:
-        from nbtrain._cluster.run.supervisor import RunSupervisor, supervisor_options
+        from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
 
         # DEFAULT scheduling: the supervisor must outlive the trial's placement group, which Tune removes
-        self._run = ray.remote(RunSupervisor).options(**supervisor_options(self.run_name),
+        self._run = supervisor_actor().options(**supervisor_options(self.run_name),
                                                       scheduling_strategy="DEFAULT").remote(
             cloudpickle.dumps(self._spec), ray.get(self._sweep.trial_datasets.remote()))
         self._note(run=self.run_name, index=self.index)
