@@ -428,8 +428,7 @@ class Run:
         return show_dashboard(self, **options)
 
     def close(self) -> None:
-        """Stop every live view of this Run (each ends its long poll within a second; what they drew
-        stays). The run itself goes on: ``stop()`` ends it."""
+        """End this Run's live views within a second (what they drew stays); the run goes on."""
         followers, self._followers = self._followers, []
         for follower in followers:
             follower.close()
@@ -438,7 +437,6 @@ class Run:
         summary = self._summary
         state = summary.get("state", "?")
         return f"<nbtrain.Run {self.name!r} {state}, attempt {summary.get('attempt', '?')}, {len(self._rows)} rows>"
-
 
 
 def _readable(summary: dict[str, Any]) -> dict[str, Any]:
