@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nbtrain._exceptions import NbtrainError
+from nbtrain._ray_compat import is_head_node
 
 MIN_PREFIX = 6  # the worker table shows a node's first 6 characters
 
@@ -19,7 +20,7 @@ def worker_node_id(node: str, caller: str) -> str:
         msg = (f"{caller}: {node!r} {what}; give a node's Ray id or its first {MIN_PREFIX}+ characters "
                f"(live nodes: {shown}).")
         raise NbtrainError(msg)
-    if "node:__internal_head__" in matches[0]["Resources"]:
+    if is_head_node(matches[0]):
         msg = (f"{caller}: {node!r} is the head node, which holds the runs' supervisors and the cluster itself; "
                f"name a worker node.")
         raise NbtrainError(msg)

@@ -25,6 +25,7 @@ from nbtrain._client import auth
 from nbtrain._client.local import local_cluster, local_head
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
+from nbtrain._ray_compat import is_head_node
 from nbtrain._registry import record_connection
 from nbtrain._version import TESTED_RAY_MINORS, __version__
 
@@ -57,7 +58,7 @@ class Cluster:
 
         return [{"node_id": n["NodeID"], "address": n["NodeManagerAddress"], "alive": n["Alive"],
                  "cpus": n["Resources"].get("CPU", 0), "gpus": n["Resources"].get("GPU", 0),
-                 "head": "node:__internal_head__" in n["Resources"]}
+                 "head": is_head_node(n)}
                 for n in ray.nodes()]
 
     def describe(self) -> str:

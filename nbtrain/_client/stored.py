@@ -14,6 +14,7 @@ import functools
 from typing import Any
 
 from nbtrain._cluster.run import stored_run
+from nbtrain._ray_compat import on_head_node
 
 READ_TIMEOUT_S = 60.0
 
@@ -22,7 +23,7 @@ READ_TIMEOUT_S = 60.0
 def _task(function: Any) -> Any:
     import ray
 
-    return ray.remote(function).options(num_cpus=0, max_retries=0, resources={"node:__internal_head__": 0.001})
+    return ray.remote(function).options(num_cpus=0, max_retries=0, resources=on_head_node())
 
 
 def on_head(function: Any, *args: Any) -> Any:

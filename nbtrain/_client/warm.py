@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrain._client import connection
 from nbtrain._cluster.names import NAMESPACE, POOL_PREFIX, pool_name
+from nbtrain._ray_compat import on_head_node
 
 if TYPE_CHECKING:
     from nbtrain._options import RunOptions
@@ -43,7 +44,7 @@ def pool_for_launch() -> str:
         name = pool_name(uuid.uuid4().hex[:12])
         pool = ray.remote(WarmPool).options(
             name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_concurrency=16,
-            resources={"node:__internal_head__": 0.001},
+            resources=on_head_node(),
         ).remote(connection.session_anchor())
         _made = _SessionPool(cluster, name, pool)
     return _made.name

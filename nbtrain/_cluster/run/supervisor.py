@@ -49,6 +49,7 @@ from nbtrain._cluster.storage.run_storage import RunStorage, prune_checkpoints
 from nbtrain._cluster.warm.spare_process import preload_env, prestart_for_this_job
 from nbtrain._exceptions import NbtrainError, RunExistsError, StorageError
 from nbtrain._paths import read_json, storage_root
+from nbtrain._ray_compat import on_head_node
 from nbtrain._states import RunState
 
 # A supervisor that finds its run already ended (Ray restarted it, or launch(resume=True) brought it
@@ -79,7 +80,7 @@ def supervisor_options(run_name: str) -> dict[str, Any]:
     return {
         "name": actor_name(run_name), "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": -1,
         "max_task_retries": 0, "max_concurrency": 64, "num_cpus": 0,
-        "resources": {"node:__internal_head__": 0.001},
+        "resources": on_head_node(),
         "runtime_env": {"env_vars": {"NBTRAIN_PROCESS": "run supervisor",
                                      **preload_env(f"{__name__}.{_imported.__name__}")}},
     }

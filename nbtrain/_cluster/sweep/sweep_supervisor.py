@@ -28,6 +28,7 @@ from nbtrain._cluster.names import NAMESPACE, find_supervisor, sweep_actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.spec import SweepSpec, summarize_config
 from nbtrain._paths import private_dir, sweeps_dir, write_json_atomic
+from nbtrain._ray_compat import on_head_node
 from nbtrain._sweep_options import pbt_mutations
 
 SWEEP_RECORD = "sweep.json"
@@ -39,7 +40,7 @@ TRIAL_STATES = ("pending", "running", "succeeded", "stopped", "failed")
 def sweep_supervisor_options(sweep_name: str) -> dict[str, Any]:
     return {"name": sweep_actor_name(sweep_name), "namespace": NAMESPACE, "lifetime": "detached",
             "max_restarts": 0, "max_concurrency": 64, "num_cpus": 0,
-            "resources": {"node:__internal_head__": 0.001}}
+            "resources": on_head_node()}
 
 
 def make_scheduler(options: Any) -> Any:

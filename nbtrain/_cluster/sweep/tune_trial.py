@@ -26,6 +26,7 @@ from ray import tune
 
 from nbtrain._cluster.names import NAMESPACE, sweep_actor_name, trial_run_name
 from nbtrain._cluster.spec import RunSpec
+from nbtrain._ray_compat import on_head_node
 
 POLL_WAIT_S = 5.0
 END_GRACE_S = 10.0
@@ -106,7 +107,7 @@ class NbtrainTrial(tune.Trainable):
         except ray.exceptions.RayActorError:  # the run ended and its supervisor retired: its files answer
             from nbtrain._cluster.run.stored_run import read_stored
 
-            reader = ray.remote(read_stored).options(num_cpus=0, resources={"node:__internal_head__": 0.001},
+            reader = ray.remote(read_stored).options(num_cpus=0, resources=on_head_node(),
                                                     scheduling_strategy="DEFAULT")  # not in the trial's group
             answer = ray.get(reader.remote(self.run_name, "poll", (self._cursor, 1 << 30, 1 << 30, 10_000), {}))
         self._cursor = answer["cursor"]
@@ -203,7 +204,7 @@ class NbtrainTrial(tune.Trainable):
         except ray.exceptions.RayActorError:  # the run ended and its supervisor retired: its files answer
             from nbtrain._cluster.run.stored_run import read_stored
 
-            reader = ray.remote(read_stored).options(num_cpus=0, resources={"node:__internal_head__": 0.001},
+            reader = ray.remote(read_stored).options(num_cpus=0, resources=on_head_node(),
                                                     scheduling_strategy="DEFAULT")  # not in the trial's group
             found = ray.get(reader.remote(self.run_name, "latest_checkpoint", (), {}))
         if found is None:
