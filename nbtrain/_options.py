@@ -26,6 +26,7 @@ from typing import Any
 
 from nbtrain._cluster.storage.storage_uri import REMOTE_SCHEMES, normalise
 from nbtrain._exceptions import InvalidOptionError
+from nbtrain._runtime_env import check_runtime_env
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 ON_STALL_CHOICES = ("warn", "fail", "restart")
@@ -46,7 +47,8 @@ class OptionInfo:
     ``kind`` says how the magic reads it: ``value`` (one token, parsed by
     ``parse``), ``flag`` (a boolean ``--x/--no-x``), ``literals`` (``key=value``
     pairs, values read as Python literals), ``strings`` (``key=value`` pairs kept
-    as text) or ``variables`` (``key=name`` pairs naming notebook variables).
+    as text), ``variables`` (``key=name`` pairs naming notebook variables) or
+    ``json`` (one token: a JSON object, or the name of a notebook variable holding a dict).
     """
 
     help: str
@@ -146,6 +148,10 @@ class RunOptions:
                                 "--warm-idle", parse=float, metavar="SECONDS", tuning=True)
     env: dict[str, str] | None = option(None, "environment variables for the workers, e.g. --env OMP_NUM_THREADS=1",
                                         "--env", kind="strings", metavar="KEY=VALUE")
+    runtime_env: dict[str, Any] | None = option(
+        None, "Ray's runtime environment for the ranks, its own dict (pip, uv, env_vars, working_dir, py_modules, "
+        "…), checked before launch; the magic takes JSON or a notebook variable: --runtime-env '{\"pip\": [\"timm\"]}'",
+        "--runtime-env", kind="json", metavar="JSON|VARIABLE")
     loggers: tuple[str, ...] | None = option(None, "also write every rank's metrics with these libraries' own writers, "
                                              "from the cluster: tensorboard, mlflow (comma-separated)", "--logger",
                                              parse=lambda text: tuple(text.split(",")), metavar="NAMES")
@@ -159,6 +165,7 @@ class RunOptions:
         _check_mapping("env", self.env, values_are_text=True)
         _check_mapping("datasets", self.datasets, values_are_text=False)
         _check_env(self.env)
+        check_runtime_env(self.runtime_env, self.env)
         _check_datasets(self.datasets)
         for name in ("workers", "adaptive_batch"):
             given: Any = getattr(self, name)

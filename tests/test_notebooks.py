@@ -1,18 +1,16 @@
-"""Every tutorial notebook in notebooks/ runs top to bottom against the session's loopback cluster.
+"""Every tutorial notebook in notebooks/ runs top to bottom as a user runs it: on the embedded cluster
+nbtrain starts on this machine, sized by nbtrain as it sizes it for a user (the machine's real CPU
+count, 2 on a laptop-sized box or Binder), not on the test session's roomier cluster.
 
 Notebooks are found by glob, so a new notebook is executed without touching this file;
 ``SMALL`` shrinks the ones with a ``parameters`` cell (papermill) so the whole set takes
 a few minutes on two CPU cores. Each runs under plain papermill in a process of its own
-that never imported nbtrain, as a user's CI or VS Code would run it. The kernel inherits
-``NBTRAIN_HOME`` from this process (set by conftest.py), so ``%ray_connect`` with no
-address inside a notebook reuses the session's cluster instead of starting another.
-
-Two notebooks run at a time, as two people sharing one cluster would: each waits
-for its CPUs as it would on a shared cluster, and a notebook's kernel spends much
-of its time waiting (kernel start, connecting, a run's start), which the other
-fills. A notebook in ``ALONE`` needs the whole cluster and runs with nothing beside
-it. A failing cell fails its notebook's test with the cell's error and traceback;
-the executed notebook is kept under pytest's tmp directory.
+that never imported nbtrain, as a user's CI or VS Code would run it. The kernels share a home of
+their own (``NBTRAIN_HOME``), so the first notebook's ``%ray_connect`` starts the embedded cluster
+exactly as the README's first command does, and the next ones find it. They run one after the other,
+as a user works through the tutorials: a notebook's two ranks take the whole cluster.
+A failing cell fails its notebook's test with the cell's error and traceback; the executed notebook
+is kept under pytest's tmp directory.
 """
 
 from __future__ import annotations
@@ -22,14 +20,12 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
-
-import nbtrain
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
@@ -49,8 +45,6 @@ SMALL: dict[str, dict[str, object]] = {
     "08_lightning.ipynb": {"epochs": 2, "num_train": 1024, "batch_size": 64},
     "09_elastic.ipynb": {"steps": 250, "step_time": 0.05},
 }
-ALONE = {"09_elastic.ipynb"}  # a rank of all the head's CPUs, and a node added and removed: nothing beside it
-AT_ONCE = 2
 
 
 def test_every_notebook_is_committed_without_outputs():
@@ -70,12 +64,12 @@ def test_every_notebook_is_committed_without_outputs():
 class Executed:
     """One notebook run under papermill in its own process: how it ended, and the executed notebook."""
 
-    def __init__(self, path: Path, workdir: Path) -> None:
+    def __init__(self, path: Path, workdir: Path, home: Path) -> None:
         self.path = path
         self.output = workdir / path.name
         params = workdir / "parameters.json"  # JSON is YAML: papermill's -f reads it
         params.write_text(json.dumps(SMALL.get(path.name, {})))
-        env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}  # the session's cluster
+        env = _users_env(home)
         started = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-m", "papermill", str(path), str(self.output), "-f", str(params),
@@ -107,43 +101,41 @@ class Executed:
         return f"{self.path.name}: papermill exited {self.returncode}:\n{ANSI.sub('', self.stderr)[-4000:]}"
 
 
-def _stop_live_runs() -> None:
-    """What a failed notebook left running must not hold CPUs the notebook that needs them all waits for
-    (conftest's module cleanup stops and deletes every run at the end)."""
-    for info in nbtrain.runs():
-        if info["state"] in ("pending", "starting", "running", "restarting"):
-            nbtrain.attach(info["name"]).stop()
-
-
 @pytest.fixture(scope="module")
-def side_by_side(request: pytest.FixtureRequest, cluster,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[Executed]]]:
-    """The selected notebooks not in ``ALONE``, started in order, ``AT_ONCE`` at a time, as soon as the first
-    notebook test asks: each test then waits for its own."""
-    selected = [item.callspec.params["path"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_notebook_runs_top_to_bottom"]
-    pool = ThreadPoolExecutor(max_workers=AT_ONCE, thread_name_prefix="notebook")
-    futures = {path.name: pool.submit(Executed, path, tmp_path_factory.mktemp(path.stem))
-               for path in selected if path.name not in ALONE}
+def users_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A home of the notebooks' own; its embedded cluster (started by the first notebook) is stopped at the end."""
+    home = Path(tempfile.mkdtemp(prefix="nbt-user-"))  # short: Ray's socket paths live under it
     try:
-        yield futures
+        yield home
     finally:
-        for future in futures.values():
-            future.cancel()
-        pool.shutdown(wait=True)
+        subprocess.run([sys.executable, "-m", "nbtrain", "cluster", "stop"], env=_users_env(home),
+                       capture_output=True, timeout=120, check=False)
+
+
+def _users_env(home: Path) -> dict[str, str]:
+    drop = {"RAY_ADDRESS", "RAY_ENABLE_AUTO_CONNECT"}  # the session's cluster; a user's kernel has neither
+    return {**{key: value for key, value in os.environ.items() if key not in drop}, "NBTRAIN_HOME": str(home)}
+
+
+def test_the_users_cluster_has_this_machines_cpus(users_home: Path):
+    """What the notebooks run on: the embedded cluster, started with no size given (as the README's first
+    command and a first ``%ray_connect`` start it), has this machine's CPUs. Runs first: the notebooks find it."""
+    env = _users_env(users_home)
+    started = subprocess.run([sys.executable, "-m", "nbtrain", "cluster", "start"], env=env, capture_output=True,
+                             text=True, timeout=300, check=False)
+    assert started.returncode == 0, started.stderr[-3000:]
+    status = subprocess.run([sys.executable, "-m", "nbtrain", "cluster", "status"], env=env, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert status.returncode == 0, status.stderr[-3000:]
+    assert f"{len(os.sched_getaffinity(0))} CPU" in status.stdout, status.stdout
 
 
 @pytest.mark.notebook
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
-def test_notebook_runs_top_to_bottom(path: Path, side_by_side: dict[str, Future[Executed]],
-                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    if path.name in ALONE:
-        wait(side_by_side.values())  # nothing beside it
-        _stop_live_runs()
-        executed = Executed(path, tmp_path)
-    else:
-        executed = side_by_side[path.name].result()
+def test_notebook_runs_top_to_bottom(path: Path, users_home: Path, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]):
+    executed = Executed(path, tmp_path, users_home)
     with capsys.disabled():
         print(f"\n[notebook] {path.name}: {executed.seconds:.1f} s")
     if (failure := executed.failure()) is not None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from nbtrain import _code_origin as code_origin
 from nbtrain import _options, _registry
-from nbtrain._client import connection, warm
+from nbtrain._client import connection, data_room, warm
 from nbtrain._client.following import block_until_done
 from nbtrain._client.run import POLL_TIMEOUT_S, Run
 from nbtrain._client.serialization import check_values, dumps_checked
@@ -37,6 +37,7 @@ from nbtrain._exceptions import (
     StorageError,
 )
 from nbtrain._options import RunOptions
+from nbtrain._runtime_env import local_paths, packages_to_hold
 
 SUPERVISOR_START_S = 30.0  # launch() waits this long for the run's supervisor to take up its storage
 
@@ -74,6 +75,7 @@ def launch(
     warm: bool = True,
     warm_idle_s: float = 600.0,
     env: dict[str, str] | None = None,
+    runtime_env: dict[str, Any] | None = None,
     loggers: tuple[str, ...] | None = None,
     logger_dir: str | None = None,
 ) -> Run:
@@ -118,9 +120,17 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     owner = _owner()
     # everything that can be checked here is, before the cluster is asked anything
     fn_bytes, modules = dumps_checked(train_fn)
-    spec = RunSpec(options=options, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=owner, modules=modules)
-    spec_bytes = _pickled(spec)
     cluster = connection.current()
+    notes: tuple[str, ...] = ()
+    if datasets:
+        options, note = data_room.leave_room_for_data(dataclasses.replace(options, datasets=datasets),
+                                                      data_room.cluster_cpus())
+        options = dataclasses.replace(options, datasets=None)
+        notes = (note,) if note else ()
+    options = with_uploaded_paths(options)
+    spec = RunSpec(options=options, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=owner, modules=modules,
+                   notes=notes)
+    spec_bytes = _pickled(spec)
     check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
     if options.storage and cluster.kind == "local":  # the notebook sees the cluster's disk: check now
         check_writable(options.storage)
@@ -151,7 +161,8 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         handle = _resume_stored(name, spec, datasets)
     elif existing is None:
         # datasets as an argument, not inside the pickled spec: Ray Client maps their object refs
-        handle = supervisor_actor().options(**supervisor_options(name)).remote(spec_bytes, datasets)
+        handle = supervisor_actor().options(**supervisor_options(name, packages_to_hold(options.runtime_env))).remote(
+            spec_bytes, datasets)
         try:
             _wait_for_supervisor(handle, name)
         except RunExistsError:
@@ -163,6 +174,21 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         block_until_done(run, launched=True)
         run.raise_if_failed()
     return run
+
+
+def with_uploaded_paths(options: RunOptions) -> RunOptions:
+    """``options`` whose runtime_env names, instead of the notebook machine's folders, their copies uploaded
+    to the cluster (see _ray_compat.upload_local_paths)."""
+    from nbtrain._ray_compat import upload_local_paths
+
+    if not local_paths(options.runtime_env):
+        return options
+    try:
+        return dataclasses.replace(options, runtime_env=upload_local_paths(options.runtime_env or {}))
+    except (OSError, ValueError) as exc:
+        msg = (f"runtime_env: its working_dir or py_modules could not be sent to the cluster: {exc}. Exclude large "
+               "files with runtime_env['excludes'], or put them in storage the cluster reads.")
+        raise NbtrainError(msg) from None
 
 
 def _name_taken(name: str, address: str) -> str:
@@ -180,7 +206,8 @@ def _resume_stored(name: str, spec: RunSpec, datasets: dict[str, Any] | None) ->
     launch_id = ray.get(StoredRunHandle(name).summary.remote(), timeout=POLL_TIMEOUT_S).get("launch")
     spec = dataclasses.replace(spec, launch_id=launch_id or spec.launch_id)
     spec_bytes = _pickled(spec)
-    handle = supervisor_actor().options(**supervisor_options(name)).remote(spec_bytes, datasets)
+    handle = supervisor_actor().options(**supervisor_options(name, packages_to_hold(spec.options.runtime_env))).remote(
+        spec_bytes, datasets)
     _wait_for_supervisor(handle, name)
     state = ray.get(handle.resume.remote(spec_bytes, datasets), timeout=POLL_TIMEOUT_S)
     # a run whose supervisor vanished mid-run is taken up (restarted) by the new one at once

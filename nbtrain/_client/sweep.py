@@ -14,7 +14,7 @@ from typing import Any
 
 from nbtrain import _code_origin as code_origin
 from nbtrain._client import connection, warm
-from nbtrain._client.launch import _owner, attach, check_resources
+from nbtrain._client.launch import _owner, attach, check_resources, with_uploaded_paths
 from nbtrain._client.run import Run
 from nbtrain._client.serialization import dumps_checked
 from nbtrain._client.stored import on_head
@@ -22,6 +22,7 @@ from nbtrain._cluster.names import NAMESPACE, sweep_actor_name
 from nbtrain._cluster.spec import RunSpec, SweepSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError, RunExistsError, RunNotFoundError, SweepFailedError
 from nbtrain._options import RunOptions
+from nbtrain._runtime_env import packages_to_hold
 from nbtrain._sweep_options import SweepOptions
 
 POLL_TIMEOUT_S = 30.0
@@ -232,7 +233,7 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     _check_scheduler(options.scheduler)
     datasets = run_options.pop("datasets", None)
     try:
-        run = RunOptions(**run_options, workers=options.workers_per_trial, datasets=datasets)
+        run = with_uploaded_paths(RunOptions(**run_options, workers=options.workers_per_trial, datasets=datasets))
     except TypeError as exc:
         msg = f"tune() got an option it does not know: {exc}. Sweep options and run options are listed in " \
               f"help(nbtrain.tune) and help(nbtrain.launch)."
@@ -253,7 +254,8 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     if _find_handle(name) is not None or name in stored_sweep_names():
         raise RunExistsError(f"A sweep named {name!r} already exists on {cluster.address}. Pick another name, "
                              f"or attach to it with nbtrain.attach_sweep({name!r}).")
-    handle = ray.remote(SweepSupervisor).options(**sweep_supervisor_options(name)).remote(
+    holds = packages_to_hold(run.runtime_env)
+    handle = ray.remote(SweepSupervisor).options(**sweep_supervisor_options(name, holds)).remote(
         code_origin.dumps(spec), datasets)
     sweep = Sweep(name, handle, cluster.address)
     try:

@@ -98,9 +98,8 @@ def _from_run_config(run_config: Any) -> dict[str, Any]:
     failure = run_config.failure_config
     if failure is not None and failure.max_failures:
         options["max_failures"] = UNLIMITED_FAILURES if failure.max_failures < 0 else int(failure.max_failures)
-    env = (run_config.worker_runtime_env or {}).get("env_vars") if hasattr(run_config, "worker_runtime_env") else None
-    if env:
-        options["env"] = dict(env)
+    if runtime_env := getattr(run_config, "worker_runtime_env", None):
+        options["runtime_env"] = dict(runtime_env)  # checked by RunOptions as launch(runtime_env=) is
     if getattr(run_config, "callbacks", None):
         msg = ("RunConfig(callbacks=...) is not run by nbtrain: its dashboard shows every rank's metrics live. "
                "Remove the callbacks, or log from the training function.")

@@ -26,6 +26,7 @@ class RunSpec:
     fn_bytes: bytes
     fn_takes_config: bool
     modules: tuple[str, ...] = ()     # the notebook's own modules sent with the function (name@hash)
+    notes: tuple[str, ...] = ()       # what launch() decided for the user; one event each when the run is created
     owner: dict[str, Any] = dataclasses.field(default_factory=dict)  # notebook path, host, pid
     created: float = dataclasses.field(default_factory=time.time)
     # Which launch the run's stored files belong to: a supervisor takes up only its own launch's files.

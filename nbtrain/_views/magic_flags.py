@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -99,6 +100,8 @@ def _values(args: Any, user_ns: dict[str, Any], fields: list[Any]) -> dict[str, 
             value = {key: raw for key, raw in _pairs(value, flag)}
         elif value is not None and kind == "variables":
             value = {key: _variable(user_ns, raw, flag) for key, raw in _pairs(value, flag)}
+        elif value is not None and kind == "json":
+            value = _json_or_variable(user_ns, value, flag)
         values[field.name] = value
     return values
 
@@ -124,6 +127,20 @@ def _pairs(pairs: list[str], flag: str) -> list[tuple[str, str]]:
             raise UsageError(msg)
         found.append((key, raw))
     return found
+
+
+def _json_or_variable(user_ns: dict[str, Any], text: str, flag: str) -> Any:
+    text = text.strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":  # IPython's argument split keeps quotes
+        text = text[1:-1]
+    if not text.lstrip().startswith("{"):
+        return _variable(user_ns, text, flag)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        msg = (f"{flag} expects a JSON object in quotes, like {flag} '{{\"pip\": [\"timm\"]}}', or the name of a "
+               f"notebook dict; {text!r} is not JSON ({exc}).")
+        raise UsageError(msg) from None
 
 
 def _variable(user_ns: dict[str, Any], name: str, flag: str) -> Any:

@@ -264,7 +264,8 @@ class TrainingSession:
         if getattr(device, "type", "cpu") == "cuda":
             import torch
 
-            beat["gpu_mem_mb"] = torch.cuda.memory_allocated(device) / 2**20
+            if torch.cuda.is_initialized():  # never the heartbeat's job to start CUDA
+                beat["gpu_mem_mb"] = torch.cuda.memory_allocated(device) / 2**20
         return beat
 
     def flush(self, state: str, wait: bool = False) -> None:

@@ -104,8 +104,12 @@ class TrainWorker:
         os.environ.update(_torchrun_environment(payload))
         torch.set_num_threads(max(1, int(payload.cpus_per_worker)))
         device = torch.device(payload.device_name)
-        if device.type == "cuda":
+        if device.type == "cuda" and torch.cuda.is_available():
             torch.cuda.set_device(device)
+        elif device.type == "cuda":  # Ray gave a GPU (perhaps a custom resource) that this torch cannot use
+            print(f"nbtrain: Ray gave this rank GPU(s) {payload.cuda_visible_devices}, but torch sees no CUDA "
+                  f"device; code using {device} will fail. Install a CUDA build of torch on the cluster, or set "
+                  "gpus_per_worker=0.", file=sys.stderr)
         context = TrainContext(
             rank=rank, world_size=payload.world_size, local_rank=payload.local_rank,
             local_world_size=payload.local_world_size, node_rank=payload.node_rank,

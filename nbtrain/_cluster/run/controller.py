@@ -96,6 +96,8 @@ class RunController:
         if not saved:
             self.persist()
             self.feed.event("state", f"run {self.spec.name} created", self.attempt)
+            for note in self.spec.notes:
+                self.feed.event("note", note, self.attempt)
             return
         self.feed.replay()
         self.attempt, self.failures, self.error = saved["attempt"], saved["failures"], saved["error"]

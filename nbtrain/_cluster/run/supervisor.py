@@ -70,19 +70,20 @@ def supervisor_actor() -> Any:
     return ray.remote(concurrency_groups={READERS: READER_THREADS})(RunSupervisor)
 
 
-def supervisor_options(run_name: str) -> dict[str, Any]:
+def supervisor_options(run_name: str, holds: dict[str, Any] | None = None) -> dict[str, Any]:
     """Ray actor options of a run's supervisor (the kernel starts it with these).
 
     Its runtime env marks its processes as supervisors' own: Ray gives the spare process kept
     for the next supervisor (see spare_process) to a supervisor only, never to a task; the
-    spare imports this module as it starts.
+    spare imports this module as it starts. ``holds``: the run's uploaded folders
+    (:func:`~nbtrain._runtime_env.packages_to_hold`), kept on the cluster as long as the supervisor lives.
     """
     return {
         "name": actor_name(run_name), "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": -1,
         "max_task_retries": 0, "max_concurrency": 64, "num_cpus": 0,
         "resources": on_head_node(),
         "runtime_env": {"env_vars": {"NBTRAIN_PROCESS": "run supervisor",
-                                     **preload_env(f"{__name__}.{_imported.__name__}")}},
+                                     **preload_env(f"{__name__}.{_imported.__name__}")}, **(holds or {})},
     }
 
 

@@ -28,6 +28,7 @@ from nbtrain._cluster.run.rank_layout import layout_ranks
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.warm.warm_pool import shape_of
+from nbtrain._runtime_env import for_ranks
 from nbtrain._states import WorkerState
 
 WORKER_START_TIMEOUT_S = 180.0
@@ -54,6 +55,7 @@ class WorkerGroup:
         self.actors: list[Any] = []
         self.relays: dict[str, Any] = {}  # node id -> its push relay
         self._pool: Any = None             # the warm pool the actors were leased from, if any
+        self._leased_gpus: list[list[str]] = []  # by rank: the GPU ids of its bundle, for leased workers
         self._succeeded = False            # every rank's run() returned: warm workers go back to the pool
         self._group: Any = None
         self._refs: list[Any] = []
@@ -103,13 +105,13 @@ class WorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
                 name=worker_name(self.spec.name, self.attempt, rank), namespace=NAMESPACE,
                 # made by the supervisor, they would inherit its runtime env (see supervisor_options)
-                runtime_env={"env_vars": {**(options.env or {}), "NBTRAIN_PROCESS": "rank"}},
+                runtime_env=for_ranks(options.runtime_env, options.env),
             ).remote() for rank in range(self.world_size)]
         places: list[dict[str, Any]] = self._wait(
             [actor.where.remote() for actor in self.actors], WORKER_START_TIMEOUT_S, stop_requested,
             lambda: Failure(None, "startup", f"the workers did not start within {WORKER_START_TIMEOUT_S:.0f} s"))
         if self._pool is not None:
-            for rank, gpu_ids in enumerate(self._bundle_gpus(stop_requested)):
+            for rank, gpu_ids in enumerate(self._leased_gpus):
                 places[rank]["gpu_ids"] = gpu_ids  # a leased worker reserves no GPU: its bundle's
                 self._pool.note_pid.remote(self.actors[rank], places[rank]["pid"])
         return places
@@ -121,7 +123,13 @@ class WorkerGroup:
         try:
             pool = ray.get_actor(self.spec.warm_pool, namespace=NAMESPACE)
             nodes = _bundle_nodes(self._group, self.world_size)
-            lent = self._wait(pool.lease.remote(self.spec.name, shape_of(options), nodes, options.warm_idle_s),
+            self._leased_gpus = self._bundle_gpus(stop_requested)
+            layout = layout_ranks([{"node_id": node, "gpu_ids": ids} for node, ids in zip(nodes, self._leased_gpus)],
+                                  options.gpus_per_worker)
+            views = [(entry["cuda_visible_devices"], entry["device_name"]) if options.gpus_per_worker else None
+                     for entry in layout]
+            bundles = list(zip(nodes, views))
+            lent = self._wait(pool.lease.remote(self.spec.name, shape_of(options), bundles, options.warm_idle_s),
                               WORKER_START_TIMEOUT_S, stop_requested,
                               lambda: Failure(None, "startup", "the warm pool did not answer"))
         except (ValueError, StartFailed, ray.exceptions.RayError):

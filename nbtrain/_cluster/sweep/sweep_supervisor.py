@@ -37,10 +37,11 @@ TRIAL_STOP_WAIT_S = 60.0  # a trial's run, stopped at the end of the sweep: unti
 TRIAL_STATES = ("pending", "running", "succeeded", "stopped", "failed")
 
 
-def sweep_supervisor_options(sweep_name: str) -> dict[str, Any]:
+def sweep_supervisor_options(sweep_name: str, holds: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``holds``: the trials' uploaded folders, kept on the cluster while the sweep lives (see supervisor_options)."""
     return {"name": sweep_actor_name(sweep_name), "namespace": NAMESPACE, "lifetime": "detached",
             "max_restarts": 0, "max_concurrency": 64, "num_cpus": 0,
-            "resources": on_head_node()}
+            "resources": on_head_node(), **({"runtime_env": holds} if holds else {})}
 
 
 def make_scheduler(options: Any) -> Any:

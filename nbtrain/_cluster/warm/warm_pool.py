@@ -4,9 +4,10 @@ A rank's process costs seconds to start (a Python process, ``import torch``, the
 allocator, CUDA on a GPU). People change one line and run the cell again, so the
 workers of a run that ended well wait, idle, for the next run from the same
 notebook session whose workers have the same shape (CPUs and GPUs per worker,
-``env``), on the same nodes. A relaunch takes as many as it has ranks instead of
-starting new ones: a run with fewer ranks leaves the others idle, one with more
-starts only the missing ones.
+``env`` and ``runtime_env``), on the same nodes, and — on GPUs — the same GPU
+ids. A relaunch takes as many as it has ranks instead of starting new ones: a
+run with fewer ranks leaves the others idle, one with more starts only the
+missing ones.
 
 Who owns what, and why:
 
@@ -23,6 +24,12 @@ Who owns what, and why:
   restarts); so the pool is detached, and when its anchor dies it ends its idle
   workers at once and exits once the last run it lent workers to has given
   them back.
+* A worker's GPUs are fixed by its first run that had any: CUDA reads
+  ``CUDA_VISIBLE_DEVICES`` once, when the process first touches it, and ignores
+  later changes. So a worker remembers the CUDA view of that run (the visible
+  GPU ids and its device index among them) and is lent again only to a rank
+  whose bundle gives the same view (on the same node); a relaunch whose bundles
+  got other GPUs gets new workers, never another run's GPU.
 * Idle workers end after the ``warm_idle_s`` of the run that used them last,
   on ``release()`` (``nbtrain.release_warm()``), or when a run whose workers have
   another shape leases from the pool. Only workers whose ``run()`` returned come back; a
@@ -32,14 +39,16 @@ Who owns what, and why:
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nbtrain._cluster.rank.worker import TrainWorker
+from nbtrain._runtime_env import environment_key, for_ranks
 
 if TYPE_CHECKING:
     from nbtrain._options import RunOptions
@@ -48,18 +57,29 @@ WATCH_INTERVAL_S = 1.0
 ANCHOR_PING_TIMEOUT_S = 10.0
 ALIVE_CHECK_S = 30.0  # a worker still starting (prestarted) answers once torch is imported; a dead one at once
 
-Shape = tuple[float, float, tuple[tuple[str, str], ...]]  # CPUs and GPUs per worker, env
+class Shape(NamedTuple):
+    """What a warm worker must match to be reused by a run's rank (besides its node and GPU ids)."""
+
+    cpus: float
+    gpus: float
+    env: tuple[tuple[str, str], ...]
+    runtime_env: str  # environment_key() of the run's runtime_env
 
 
 def shape_of(options: RunOptions) -> Shape:
-    """What a warm worker must match to be reused by a run with these options (one of its ranks)."""
-    return float(options.cpus_per_worker), float(options.gpus_per_worker), tuple(sorted((options.env or {}).items()))
+    """The shape of the workers of a run with these options."""
+    return Shape(float(options.cpus_per_worker), float(options.gpus_per_worker),
+                 tuple(sorted((options.env or {}).items())), environment_key(options.runtime_env))
 
 
 def describe_shape(shape: Shape) -> str:
-    cpus, gpus, env = shape
-    text = f"{cpus:g} CPU, {gpus:g} GPU"
-    return text + (f", env {', '.join(key for key, _ in env)}" if env else "")
+    text = f"{shape.cpus:g} CPU, {shape.gpus:g} GPU"
+    text += f", env {', '.join(key for key, _ in shape.env)}" if shape.env else ""
+    return text + (f", runtime_env {shape.runtime_env}" if shape.runtime_env != environment_key(None) else "")
+
+
+CudaView = tuple[str, str]  # what CUDA shows a rank: CUDA_VISIBLE_DEVICES, and its device ("cuda:1")
+Bundle = tuple[str, CudaView | None]  # where a rank runs: its node, and its CUDA view (None: no GPU)
 
 
 @dataclasses.dataclass
@@ -68,6 +88,7 @@ class _Worker:
     shape: Shape
     node_id: str
     pid: int
+    cuda_view: CudaView | None = None     # fixed by its first run with GPUs
     leased_by: str | None = None          # the run using it; None while idle
     idle_since: float = 0.0
     idle_s: float = 0.0
@@ -84,9 +105,10 @@ class WarmPool:
         threading.Thread(target=self._watch, name="nbtrain-warm-watch", daemon=True).start()
 
     # ------------------------------------------------------------------ called by a run's worker group
-    def lease(self, run_name: str, shape: Shape, nodes: list[str], idle_s: float) -> list[Any]:
-        """One worker per rank (``nodes[rank]`` is the node of its bundle): an idle one of this shape on
-        that node, else a new one. Returns their handles, by rank. Idle ones of this shape left over
+    def lease(self, run_name: str, shape: Shape, bundles: list[Bundle], idle_s: float) -> list[Any]:
+        """One worker per rank (``bundles[rank]`` is the node and CUDA view of its bundle): an idle one of this
+        shape on that node with that CUDA view (or one that never had a GPU), else a new one. Returns their
+        handles, by rank. Idle ones of this shape left over
         (the run has fewer ranks than the last) stay idle for the next run.
 
         Idle workers of another shape are ended (the session moved on); workers this run leased before
@@ -102,17 +124,19 @@ class WarmPool:
         alive = self._alive(idle)
         chosen: list[_Worker | None] = []
         with self._lock:
-            for node_id in nodes:
+            for node_id, view in bundles:
                 match = next((w for w in alive if w.node_id == node_id and w.leased_by is None
-                              and w in self._workers), None)
+                              and w.cuda_view in (None, view) and w in self._workers), None)
                 if match is not None:
                     match.leased_by = run_name
+                    match.cuda_view = view or match.cuda_view
                 chosen.append(match)
             self._end([w for w in idle if w not in alive])
         lent = []
         for rank, worker in enumerate(chosen):
             if worker is None:
-                worker = self._start(shape, nodes[rank], run_name, idle_s)
+                worker = self._start(shape, bundles[rank][0], run_name, idle_s)
+                worker.cuda_view = bundles[rank][1]
             worker.idle_s = idle_s
             lent.append(worker.handle)
         return lent
@@ -164,11 +188,10 @@ class WarmPool:
 
     # ------------------------------------------------------------------ inside
     def _start(self, shape: Shape, node_id: str, run_name: str | None, idle_s: float) -> _Worker:
-        _cpus, _gpus, env = shape
         handle = ray.remote(TrainWorker).options(
             num_cpus=0, num_gpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            runtime_env={"env_vars": dict(env)} if env else None,
+            runtime_env=for_ranks(json.loads(shape.runtime_env), dict(shape.env)),
         ).remote()
         worker = _Worker(handle, shape, node_id, pid=0, leased_by=run_name, idle_since=time.monotonic(),
                          idle_s=idle_s)

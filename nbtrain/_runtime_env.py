@@ -1,0 +1,89 @@
+"""The ranks' Ray runtime environment: the ``runtime_env=`` run option, checked in the notebook and
+applied on the cluster.
+
+Most notebooks need none: the notebook's own modules travel with the function (see
+:mod:`nbtrain._shipping`) and ``env=`` sets variables. ``runtime_env=`` is Ray's own dict for the
+rest — a package the cluster lacks (``pip``/``uv``), a folder of data files (``working_dir``), a
+container image — given to every rank's process as Ray gives it to an actor. It is checked before
+anything starts (Ray's own checks, plus unknown keys, which Ray would pass on silently to a plugin
+that does not exist), and warm workers are reused only by a run with the same environment
+(:func:`environment_key` is part of a warm worker's shape).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nbtrain._exceptions import InvalidOptionError
+
+RANK_PROCESS_VARIABLE = "NBTRAIN_PROCESS"  # = "rank": how nbtrain code in a process knows it is a rank's
+
+
+def check_runtime_env(runtime_env: Any, env: dict[str, str] | None) -> None:
+    """Refuse, naming the key and what to write instead, a ``runtime_env`` Ray would refuse later (or ignore)."""
+    if runtime_env is None:
+        return
+    if not isinstance(runtime_env, dict) or not all(isinstance(key, str) for key in runtime_env):
+        raise InvalidOptionError(_problem(f"a dict with text keys, like {{'pip': ['timm']}}, got {runtime_env!r:.200}"))
+    from ray.runtime_env import RuntimeEnv
+
+    public = sorted(key for key in RuntimeEnv.known_fields if not key.startswith("_"))
+    unknown = sorted(set(runtime_env) - set(public))
+    if unknown:
+        raise InvalidOptionError(_problem(f"Ray's runtime_env keys ({', '.join(public)}); {', '.join(unknown)} "
+                                          "is not one"))
+    try:
+        RuntimeEnv(**runtime_env)
+    except (TypeError, ValueError) as exc:
+        raise InvalidOptionError(_problem(f"what Ray accepts: {exc}")) from None
+    variables = runtime_env.get("env_vars") or {}
+    clashing = sorted(key for key in variables if key in (env or {}) and env and env[key] != variables[key])
+    if clashing:
+        raise InvalidOptionError(_problem(f"one value for each variable: env= and runtime_env['env_vars'] both set "
+                                          f"{', '.join(clashing)} differently; set it in one of them"))
+    if RANK_PROCESS_VARIABLE in variables:
+        raise InvalidOptionError(_problem(f"without {RANK_PROCESS_VARIABLE} in env_vars (nbtrain sets it)"))
+
+
+def for_ranks(runtime_env: dict[str, Any] | None, env: dict[str, str] | None) -> dict[str, Any]:
+    """The runtime environment a rank's actor is created with: the user's, with ``env=`` and nbtrain's own
+    variable added to its ``env_vars``."""
+    given = dict(runtime_env or {})
+    given["env_vars"] = {**(given.get("env_vars") or {}), **(env or {}), RANK_PROCESS_VARIABLE: "rank"}
+    return given
+
+
+def environment_key(runtime_env: dict[str, Any] | None) -> str:
+    """One text for one environment (sorted JSON), so that warm workers are matched on it."""
+    return json.dumps(runtime_env or {}, sort_keys=True, default=repr)
+
+
+def local_paths(runtime_env: dict[str, Any] | None) -> bool:
+    """Whether it names folders or files of the notebook's machine, which must be uploaded before the
+    cluster (perhaps another machine) can use them."""
+    if not runtime_env:
+        return False
+    places = [runtime_env.get("working_dir"), *(runtime_env.get("py_modules") or [])]
+    return any(place is not None and not (isinstance(place, str) and "://" in place) for place in places)
+
+
+def _problem(expected: str) -> str:
+    return f"runtime_env (--runtime-env) must be {expected}. The magic takes JSON or the name of a notebook dict."
+
+
+def packages_to_hold(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
+    """The uploaded folders (``gcs://`` URIs) of ``runtime_env``, for the run's supervisor to be created with.
+
+    Ray deletes an uploaded package once no live process's environment names it; the ranks come and
+    go (restarts, elastic resizes), the supervisor lives as long as the run, so it holds them. It runs in
+    them too (current directory, ``sys.path``), which nbtrain's own code does not notice.
+    """
+    held: dict[str, Any] = {}
+    given = runtime_env or {}
+    if isinstance(given.get("working_dir"), str) and given["working_dir"].startswith("gcs://"):
+        held["working_dir"] = given["working_dir"]
+    modules = [uri for uri in given.get("py_modules") or [] if isinstance(uri, str) and uri.startswith("gcs://")]
+    if modules:
+        held["py_modules"] = modules
+    return held
