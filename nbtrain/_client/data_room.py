@@ -26,10 +26,8 @@ SMALLEST_RANK_SHARE = 0.05  # below this a rank's reservation is a rounding erro
 
 
 def leave_room_for_data(options: RunOptions, cluster_cpus: float) -> tuple[RunOptions, str | None]:
-    """``options`` with ranks that leave Ray Data a CPU on a cluster of ``cluster_cpus``, and the note that
-    says what changed (``None`` when nothing had to)."""
-    if not options.datasets:
-        return options, None
+    """``options`` of a run with ``datasets=``, with ranks that leave Ray Data a CPU on a cluster of
+    ``cluster_cpus``, and the note that says what changed (``None`` when nothing had to)."""
     workers = options.max_workers
     reserved = workers * options.cpus_per_worker
     if reserved <= cluster_cpus - DATA_CPUS + 1e-9:

@@ -123,9 +123,7 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     cluster = connection.current()
     notes: tuple[str, ...] = ()
     if datasets:
-        options, note = data_room.leave_room_for_data(dataclasses.replace(options, datasets=datasets),
-                                                      data_room.cluster_cpus())
-        options = dataclasses.replace(options, datasets=None)
+        options, note = data_room.leave_room_for_data(options, data_room.cluster_cpus())
         notes = (note,) if note else ()
     options = with_uploaded_paths(options)
     spec = RunSpec(options=options, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=owner, modules=modules,
