@@ -27,7 +27,7 @@ def _wait_for(condition, timeout: float, what: str) -> None:
 
 @ray.remote(num_cpus=0)
 def _standing_request() -> list[dict]:
-    from nbtrain._cluster.elastic.sizing import standing_request
+    from nbtrain._ray_compat import standing_request
 
     return standing_request()
 

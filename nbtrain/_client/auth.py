@@ -9,8 +9,9 @@ own client-side token support reads ``RAY_AUTH_MODE`` once, when ``ray`` is
 first imported, so leaning on it meant editing ``os.environ`` before anything
 imported ray. The header per connection works whatever was imported first,
 needs no environment variable or file, and sends each cluster only its own
-token. ``_metadata`` is a private argument of ``ray.init``;
-``tests/test_import_order.py`` pins it against the installed Ray.
+token. ``_metadata`` is a private argument of ``ray.init``
+(:func:`nbtrain._ray_compat.init_with_metadata`); ``tests/test_import_order.py`` pins it
+against the installed Ray.
 
 Which token. The header goes in plain gRPC, so whoever listens at an address reads
 it: :func:`resolve_token` gives an address only a token meant for it. A token the
@@ -47,6 +48,7 @@ from nbtrain._client.local import local_cluster
 from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import port_is_open
 from nbtrain._paths import nbtrain_home, private_dir, read_json, write_json_atomic
+from nbtrain._ray_compat import kernel_ray_lacks_token, ping_client_server
 
 PREFLIGHT_TIMEOUT_S = 3.0
 
@@ -146,22 +148,8 @@ def check_kernel_ray(address: str) -> None:
     Ray reads ``RAY_AUTH_MODE`` at import; with it on, every Ray channel asks Ray's
     own token loader first, and that raises when it finds no token.
     """
-    from ray._raylet import (  # type: ignore[attr-defined]  # compiled; its stub lacks these
-        AuthenticationMode,
-        AuthenticationTokenLoader,
-        get_authentication_mode,
-    )
-    from ray.exceptions import AuthenticationError
-
-    if get_authentication_mode() != AuthenticationMode.TOKEN:
+    if not kernel_ray_lacks_token():
         return
-    loader = AuthenticationTokenLoader.instance()
-    loader.reset_cache()  # the loader keeps what it read first; the user may have set a token since
-    try:
-        if loader.has_token():
-            return
-    except AuthenticationError:
-        pass
     msg = (f"Cannot connect to {address}: Ray in this kernel has token authentication on "
            f"(RAY_AUTH_MODE=token in the kernel's environment) but no token of its own, so it refuses "
            f"every connection before nbtrain can send the cluster's token. Remove RAY_AUTH_MODE from the "
@@ -189,14 +177,9 @@ def preflight(address: str, host: str, port: int, token: str | None, *, source: 
                f"port-forward lets this machine reach {host}:{port}.")
         raise ConnectionFailedError(msg)
     import grpc
-    from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
 
-    # A plain channel, not Ray's: Ray's adds its own token when this kernel's Ray has token mode on.
-    channel = grpc.insecure_channel(f"{host}:{port}")
     try:
-        stub = ray_client_pb2_grpc.RayletDriverStub(channel)
-        stub.ClusterInfo(ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING),
-                         timeout=PREFLIGHT_TIMEOUT_S * 2, metadata=grpc_metadata(token))
+        ping_client_server(host, port, grpc_metadata(token), PREFLIGHT_TIMEOUT_S * 2)
     except grpc.RpcError as exc:
         code = exc.code()
         if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -218,5 +201,3 @@ def preflight(address: str, host: str, port: int, token: str | None, *, source: 
                    f"({code.name}). Check the port: it must be the head's Ray Client port "
                    f"(--ray-client-server-port, 10001 by default), not the GCS or dashboard port.")
             raise ConnectionFailedError(msg) from None
-    finally:
-        channel.close()

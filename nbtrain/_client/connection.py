@@ -25,7 +25,7 @@ from nbtrain._client import auth
 from nbtrain._client.local import local_cluster, local_head
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
-from nbtrain._ray_compat import is_head_node
+from nbtrain._ray_compat import init_with_metadata, is_head_node, turn_off_auto_init
 from nbtrain._registry import record_connection
 from nbtrain._version import TESTED_RAY_MINORS, __version__
 
@@ -154,13 +154,13 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
     auth.check_kernel_ray(address)
     import ray
 
-    _never_start_ray_implicitly()
+    turn_off_auto_init()  # a Ray call while disconnected raises from now on, never starts a Ray here
     say(f"Connecting to {address}…")
     began = time.monotonic()
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:
-            context = ray.init(address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR",
-                               _metadata=auth.grpc_metadata(resolved.value))
+            context = init_with_metadata(address, auth.grpc_metadata(resolved.value), namespace=NAMESPACE,
+                                         log_to_driver=False, logging_level="ERROR")
             break
         except Exception as exc:  # noqa: BLE001 - Ray Client raises several types here
             error = _explain_connect_error(address, exc, local.temp_dir if local else None)
@@ -199,21 +199,6 @@ def session_anchor() -> Any:
     """The connected session's :class:`~nbtrain._cluster.warm.session_anchor.SessionAnchor` (a handle)."""
     current()
     return _current_anchor
-
-
-def _never_start_ray_implicitly() -> None:
-    """Turn off Ray's auto-init in this process: a Ray call made while not connected raises.
-
-    Without this, a call reaching Ray after :func:`disconnect` (a dashboard's follower
-    thread, a cell run against a dropped connection) makes Ray start a private cluster
-    inside the kernel: with Ray's defaults (not loopback-only, no token), ignored by the
-    sidebar, and killing the kernel with it when it goes. Once nbtrain manages the
-    connection, "not connected" must be an error that says so, never a new cluster.
-    ``RAY_ENABLE_AUTO_CONNECT=0`` does the same but is read when Ray is imported.
-    """
-    from ray._private import auto_init_hook
-
-    auto_init_hook.enable_auto_connect = False
 
 
 def _default_progress(message: str) -> None:

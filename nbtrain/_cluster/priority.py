@@ -19,6 +19,8 @@ import os
 
 import psutil
 
+from nbtrain._ray_compat import driver_pid
+
 BOOKKEEPING_NICENESS = 10
 
 # Processes of the embedded cluster's head that do bookkeeping only. Not here: the
@@ -84,11 +86,6 @@ def lower_session_server_priority() -> None:
     """
     import ray
 
-    try:
-        job_id = ray.get_runtime_context().get_job_id()
-        jobs = ray._private.state.jobs()
-    except Exception:  # noqa: BLE001 - a convenience; never fail a connection over it
-        return
-    for job in jobs:
-        if job["JobID"] == job_id and job["DriverPid"]:
-            lower_priority(job["DriverPid"])
+    pid = driver_pid(ray.get_runtime_context().get_job_id())  # None, said once, when Ray cannot tell
+    if pid is not None:
+        lower_priority(pid)

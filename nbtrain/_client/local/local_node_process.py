@@ -5,7 +5,7 @@ Why not ``ray start --address``: with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
 cluster, and with it set to 1 it rewrites the head's address 127.0.0.1 to the
 machine's network address and cannot reach the loopback head. So this does
 what ``ray start --address --block`` does for a worker node, through the same
-``ray._private.node.Node`` (private, pinned by ``tests/test_multi_node.py``),
+``ray._private.node.Node`` (:func:`nbtrain._ray_compat.start_worker_node`),
 with the variable left at 0: the node's raylet, object store and agents bind
 127.0.0.1, and it uses the head's token. It says "Ray runtime started" once
 up, and on SIGTERM ends its processes (its raylet leaves the cluster: to a run
@@ -31,25 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ports = json.loads(args.ports)
 
-    import ray._private.node
-    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
-    from ray._private.parameter import RayParams
+    from nbtrain._ray_compat import start_worker_node, stop_node
 
-    params = RayParams(
-        node_ip_address="127.0.0.1", gcs_address=args.gcs_address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-        min_worker_port=0, max_worker_port=0, node_manager_port=ports["node_manager"],
-        object_manager_port=ports["object_manager"], dashboard_agent_listen_port=ports["dashboard_agent_listen"],
-        metrics_agent_port=ports["metrics_agent"], metrics_export_port=ports["metrics_export"],
-        runtime_env_agent_port=ports["runtime_env_agent"], include_log_monitor=False,
-    )
-    ensure_token_if_auth_enabled(None, create_token_if_missing=False)
-    node = ray._private.node.Node(params, head=False, shutdown_at_exit=True, spawn_reaper=True)
+    node = start_worker_node(args.gcs_address, args.num_cpus, args.num_gpus, ports)
     print("Ray runtime started.", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
-    node.kill_all_processes(check_alive=False, allow_graceful=True)
+    stop_node(node)
     return 0
 
 

@@ -12,7 +12,6 @@ supervisor's decisions and its events, so what the user reads is what was decide
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -22,6 +21,8 @@ import ray
 
 from nbtrain._exceptions import NbtrainError
 from nbtrain._options import RunOptions
+from nbtrain._ray_compat import drain_node as ray_drain_node
+from nbtrain._ray_compat import free_resources_outside, standing_request
 
 RESOURCES_FREED_S = 5.0  # how long Ray may take to mark a lost node dead after its workers' errors
 
@@ -49,14 +50,7 @@ def scaling(options: RunOptions, world_size: int) -> tuple[float, float]:
 def room_for(options: RunOptions, held: int = 0, leaving: set[str] | None = None) -> int:
     """How many of this run's bundles the cluster could place now, counting the ``held`` ones it has
     and not the free resources of ``leaving`` nodes (draining: nothing new goes there)."""
-    free: dict[str, float] = {}
-    if leaving:
-        for node_id, resources in ray._private.state.available_resources_per_node().items():
-            if node_id not in leaving:
-                for key, amount in resources.items():
-                    free[key] = free.get(key, 0.0) + amount
-    else:
-        free = ray.available_resources()
+    free = free_resources_outside(leaving) if leaving else ray.available_resources()
     by_cpu = math.floor(free.get("CPU", 0.0) / options.cpus_per_worker + 1e-9)
     by_gpu = math.floor(free.get("GPU", 0.0) / options.gpus_per_worker + 1e-9) if options.gpus_per_worker \
         else by_cpu
@@ -84,24 +78,9 @@ def room_after_shutdown(options: RunOptions) -> int:
 def drain_node(node_id: str, deadline_s: float) -> None:
     """Tell Ray that ``node_id`` is about to go (a preemption notice): it schedules nothing new there, its
     resources leave the cluster's free ones, and the node exits once idle or at the deadline."""
-    from ray.core.generated import autoscaler_pb2
-
-    gcs = ray._private.worker.global_worker.gcs_client
-    accepted, why = gcs.drain_node(node_id, autoscaler_pb2.DrainNodeReason.DRAIN_NODE_REASON_PREEMPTION,
-                                   "nbtrain: run.drain()", int((time.time() + deadline_s) * 1000))
+    accepted, why = ray_drain_node(node_id, "nbtrain: run.drain()", deadline_s)
     if not accepted:
         raise NbtrainError(f"Ray refused to drain node {node_id[:6]}: {why}")
-
-
-def draining_nodes() -> set[str]:
-    """The nodes Ray reports as draining (a preemption notice from the cloud, the autoscaler, or a raylet
-    told to stop): where available, from each node's state snapshot."""
-    from ray.core.generated import gcs_pb2
-
-    gcs = ray._private.worker.global_worker.gcs_client
-    draining = gcs_pb2.NodeSnapshot.State.Value("DRAINING")
-    return {node_id.hex() for node_id, info in gcs.get_all_node_info().items()
-            if info.state == gcs_pb2.GcsNodeInfo.ALIVE and info.state_snapshot.state == draining}
 
 
 def bundle(options: RunOptions) -> dict[str, float]:
@@ -123,26 +102,6 @@ def ask_autoscaler(options: RunOptions, size: int) -> list[dict[str, float]]:
     asked = [bundle(options)] * options.max_workers
     request_resources(bundles=asked)
     return asked
-
-
-def standing_request() -> list[dict[str, float]]:
-    """The cluster's standing ``request_resources`` bundles, where the cluster's autoscaler reads them:
-    autoscaler v2 from the GCS's resource constraints, v1 from a key of the GCS's internal KV store."""
-    from ray.autoscaler.v2.utils import is_autoscaler_v2
-
-    if not is_autoscaler_v2():
-        from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        stored = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
-        return [dict(bundle) for bundle in json.loads(stored)] if stored else []
-    from ray.autoscaler.v2.sdk import get_cluster_resource_state
-
-    state = get_cluster_resource_state(ray._private.worker.global_worker.gcs_client)
-    return [dict(by_count.request.resources_bundle)
-            for constraint in state.cluster_resource_constraints
-            for by_count in constraint.resource_requests
-            for _ in range(by_count.count)]
 
 
 def withdraw_request(asked: list[dict[str, float]]) -> None:

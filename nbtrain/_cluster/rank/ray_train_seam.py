@@ -16,8 +16,8 @@ them from the rank's :class:`~nbtrain._cluster.rank.session.TrainingSession`:
 - ``get_context()`` gives the rank's world size and ranks; ``get_dataset_shard(name)``
   the rank's shard of ``datasets=``; the collectives go over nbtrain's process group.
 
-The seam is internal to Ray, so it is tested against the Ray versions in
-:data:`TESTED_RAY_MINORS`; on another Ray each of these calls raises an error
+The seam is internal to Ray (:mod:`nbtrain._ray_compat.ray_train`), so it is tested
+against the Ray versions in :data:`TESTED_RAY_MINORS`; on another Ray each of these calls raises an error
 that says so instead of misbehaving. This module is imported on the workers only
 (it imports ``ray.train.torch``, so that code reaching it as an attribute works).
 """
@@ -30,14 +30,13 @@ from typing import Any
 import ray
 import ray.train
 import ray.train.torch  # functions reach ray.train.torch as an attribute of ray.train
-from ray.train.v2._internal.execution.train_fn_utils import TrainFnUtils, set_train_fn_utils
-from ray.train.v2.api.context import LocalTrainContext
 
 from nbtrain._cluster.rank.session import TrainingSession
 from nbtrain._cluster.rank.worker_api import checkpoint_to_resume, get_dataset_shard, store_checkpoint
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.run_storage import checkpoint_files, pack_directory
 from nbtrain._exceptions import NbtrainError
+from nbtrain._ray_compat.ray_train import LocalTrainContext, TrainFnUtils, set_train_fn_utils
 from nbtrain._version import TESTED_RAY_MINORS
 
 

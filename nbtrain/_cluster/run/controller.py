@@ -25,6 +25,7 @@ from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage.run_storage import RunStorage
 from nbtrain._exceptions import NbtrainError
+from nbtrain._ray_compat import draining_nodes
 from nbtrain._states import RunState, check_transition
 
 DRAIN_LOOK_S = 1.0  # how often an elastic attempt looks for its ranks' nodes draining
@@ -63,6 +64,7 @@ class RunController:
         self._growth: sizing.GrowthWatch | None = None
         self._drained: set[str] = set()             # nodes drained with run.drain(): leaving, whatever Ray says
         self._next_drain_look = 0.0
+        self._said_unreadable = False               # said once that Ray's node state cannot be read
         self._asked: list[dict[str, float]] = []  # this run's standing request to the autoscaler (elastic runs)
 
     # ------------------------------------------------------------------ the state machine
@@ -314,7 +316,7 @@ class RunController:
         if growth is None or time.monotonic() < self._next_drain_look:
             return
         self._next_drain_look = time.monotonic() + DRAIN_LOOK_S
-        leaving = self._drained | sizing.draining_nodes()
+        leaving = self._leaving()
         workers = self.table.snapshot()
         going = [w for w in workers if w.get("node_id") in leaving]
         if not going:
@@ -329,12 +331,23 @@ class RunController:
         self.feed.event("resize", f"node {nodes} draining: ranks {', '.join(str(w['rank']) for w in going)} "
                                   f"leave at the next checkpoint ({growth.size} → {target} ranks)", self.attempt)
 
+    def _leaving(self) -> set[str]:
+        """The nodes this attempt's ranks must leave: drained with ``run.drain()``, or draining as Ray says.
+        Where Ray's node state cannot be read, only the former: the run keeps its size, and says so once."""
+        draining = draining_nodes()
+        if draining.unreadable and not self._said_unreadable:
+            self._said_unreadable = True
+            self.feed.event("resize", f"cannot read which nodes Ray is draining ({draining.unreadable}); the run "
+                                      f"keeps its size: ranks on a node that goes are lost with it (and the run "
+                                      f"shrinks then), and run.drain(node) still moves them first", self.attempt)
+        return self._drained | draining.nodes
+
     def _grow_check(self) -> Resize | None:
         """An elastic run with room to grow asks its ranks for a checkpoint, and ends the attempt at it."""
         growth = self._growth
         if growth is None:
             return None
-        target = growth.look(self.checkpoint, lambda: self._drained | sizing.draining_nodes())
+        target = growth.look(self.checkpoint, self._leaving)
         if target is not None:
             self.feed.event("resize", f"room for {target} ranks (now {growth.size}): growing at the next checkpoint",
                             self.attempt)

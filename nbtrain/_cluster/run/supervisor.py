@@ -46,10 +46,10 @@ from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.run_storage import RunStorage, prune_checkpoints
-from nbtrain._cluster.warm.spare_process import preload_env, prestart_for_this_job
+from nbtrain._cluster.warm.spare_process import prestart_for_this_job
 from nbtrain._exceptions import NbtrainError, RunExistsError, StorageError
 from nbtrain._paths import read_json, storage_root
-from nbtrain._ray_compat import on_head_node
+from nbtrain._ray_compat import on_head_node, worker_setup_hook_env
 from nbtrain._states import RunState
 
 # A supervisor that finds its run already ended (Ray restarted it, or launch(resume=True) brought it
@@ -83,7 +83,7 @@ def supervisor_options(run_name: str, holds: dict[str, Any] | None = None) -> di
         "max_task_retries": 0, "max_concurrency": 64, "num_cpus": 0,
         "resources": on_head_node(),
         "runtime_env": {"env_vars": {"NBTRAIN_PROCESS": "run supervisor",
-                                     **preload_env(f"{__name__}.{_imported.__name__}")}, **(holds or {})},
+                                     **worker_setup_hook_env(f"{__name__}.{_imported.__name__}")}, **(holds or {})},
     }
 
 

@@ -48,6 +48,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nbtrain._cluster.rank.worker import TrainWorker
+from nbtrain._ray_compat import actor_key
 from nbtrain._runtime_env import environment_key, for_ranks
 
 if TYPE_CHECKING:
@@ -158,12 +159,12 @@ class WarmPool:
 
     def give_back(self, run_name: str, handles: list[Any]) -> None:
         """The run ended: ``handles`` (workers whose ``run()`` returned) idle; its others are ended."""
-        keep = {handle._actor_id for handle in handles}
+        keep = {actor_key(handle) for handle in handles}
         with self._lock:
             mine = [w for w in self._workers if w.leased_by == run_name]
             now = time.monotonic()
             for worker in mine:
-                if worker.handle._actor_id in keep and not self._closing:
+                if actor_key(worker.handle) in keep and not self._closing:
                     worker.leased_by = None
                     worker.idle_since = now
                     worker.handle.tidy.remote()  # now, while idle, not as the next run starts
@@ -203,7 +204,7 @@ class WarmPool:
         """The worker group tells the pid it saw in ``where()`` (for ``describe``)."""
         with self._lock:
             for worker in self._workers:
-                if worker.handle._actor_id == handle._actor_id:
+                if actor_key(worker.handle) == actor_key(handle):
                     worker.pid = pid
 
     def _alive(self, workers: list[_Worker]) -> list[_Worker]:

@@ -1,37 +1,20 @@
-"""Ray's internals that nbtrain leans on, declared here once each (the rest still live where they are
-used; moving them all here is issue 36's first item).
-
-The head node: Ray gives it the custom resource ``node:__internal_head__``, which is how nbtrain pins
-the run's bookkeeping (supervisors, sweep supervisors, the warm pool, reads of stored runs) to the head
-and tells the head apart in ``ray.nodes()``. Used in every process.
-"""
+"""Uploading the notebook machine's folders named by a run's ``runtime_env`` (``working_dir``, ``py_modules``)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-HEAD_NODE_RESOURCE = "node:__internal_head__"
-
-
-def on_head_node() -> dict[str, float]:
-    """Ray ``resources=`` that place an actor or task on the head node (a sliver: it takes no slot)."""
-    return {HEAD_NODE_RESOURCE: 0.001}
-
-
-def is_head_node(node: dict[str, Any]) -> bool:
-    """Whether an entry of ``ray.nodes()`` is the head node."""
-    return HEAD_NODE_RESOURCE in node.get("Resources", {})
-
 
 def upload_local_paths(runtime_env: dict[str, Any]) -> dict[str, Any]:
     """``runtime_env`` with its local ``working_dir`` and ``py_modules`` uploaded to the cluster (``gcs://`` URIs
     in their place), so that ranks on any node — and a cluster on another machine — find them.
 
-    Private: Ray uploads local paths itself only for a Ray Client session's own ``ray.init(runtime_env=)``;
-    the ranks' actors are created by the run's supervisor on the cluster, where the notebook's paths do
-    not exist. No public API does this from a client. If it fails, ``launch()`` raises before anything
-    starts, naming the path (Ray's message says which file or size limit).
+    Ray's upload of a runtime env's folders (``ray._private.runtime_env``). Public instead: none — Ray
+    uploads local paths itself only for a Ray Client session's own ``ray.init(runtime_env=)``, and the
+    ranks' actors are created by the run's supervisor on the cluster, where the notebook's paths do not
+    exist. Degrades: a failed upload refuses the launch before anything starts (``launch()`` names the
+    folder and what to do; Ray's message says which file or size limit).
     """
     import logging
 

@@ -1,0 +1,161 @@
+"""Ray's private and internal APIs are used in one place, ``nbtrain/_ray_compat/``, and a probe of them that
+fails never fails a run: it says why, once.
+
+The walk reads every module but the compatibility package with ``ast`` and names file:line for an
+import of Ray's internals, a private name reached from ``ray`` (``ray._private.state``), a private
+attribute of a Ray object nbtrain once read (``handle._actor_id``, ``worker.gcs_client``), or
+``ray.init``'s private ``_metadata=``. None of these tests starts Ray.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from pathlib import Path
+
+import pytest
+
+import nbtrain._ray_compat as compat
+from nbtrain._ray_compat import cluster_state
+
+pytestmark = pytest.mark.quick
+
+PACKAGE = Path(__file__).resolve().parent.parent / "nbtrain"
+COMPAT = PACKAGE / "_ray_compat"
+INTERNAL_MODULES = ("ray._private", "ray._raylet", "ray.train.v2._internal", "ray.core.generated",
+                    "ray.experimental.internal_kv")
+PRIVATE_ATTRIBUTES = {"_actor_id", "gcs_client", "global_worker"}  # of Ray objects, whatever their name here
+PRIVATE_KEYWORDS = {"_metadata"}  # ray.init(address, _metadata=...)
+
+
+def _internal(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in INTERNAL_MODULES)
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an attribute chain starts from (``ray`` in ``ray._private.state.jobs``)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def violations(source: str, filename: str) -> list[str]:
+    """Each use of a Ray internal in ``source``, as ``filename:line: what``."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        what = None
+        if isinstance(node, ast.Import):
+            what = next((f"imports {a.name}" for a in node.names if _internal(a.name)), None)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            what = next((f"imports {name}" for name in names if _internal(name)), None)
+        elif isinstance(node, ast.Attribute):
+            if node.attr in PRIVATE_ATTRIBUTES:
+                what = f"reads .{node.attr}"
+            elif _private(node.attr) and _root(node) == "ray":
+                what = f"reads ray...{node.attr}"
+        elif isinstance(node, ast.Call):
+            what = next((f"passes {k.arg}=" for k in node.keywords if k.arg in PRIVATE_KEYWORDS), None)
+        if what:
+            found.append(f"{filename}:{node.lineno}: {what}")
+    return found
+
+
+def test_nothing_outside_the_compat_package_uses_a_ray_internal():
+    modules = [path for path in PACKAGE.rglob("*.py") if COMPAT not in path.parents]
+    assert len(modules) > 80, "the walk found too few modules"
+    found = [v for path in sorted(modules)
+             for v in violations(path.read_text(), str(path.relative_to(PACKAGE.parent)))]
+    assert found == [], "move these into nbtrain/_ray_compat/ (one entry each):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("line", [
+    "import ray._private.node",
+    "from ray._raylet import AuthenticationMode",
+    "from ray._private import auto_init_hook",
+    "from ray.core.generated import gcs_pb2",
+    "from ray.experimental.internal_kv import _internal_kv_get",
+    "from ray.train.v2._internal.execution.train_fn_utils import TrainFnUtils",
+    "jobs = ray._private.state.jobs()",
+    "same = a._actor_id == b._actor_id",
+    "gcs = worker.gcs_client",
+    "ray.init(address, _metadata=[('authorization', 'Bearer x')])",
+])
+def test_the_walk_finds_each_kind_of_use(line):
+    found = violations(line, "example.py")
+    assert found and all(v.startswith("example.py:1: ") for v in found), (line, found)
+
+
+def test_public_ray_passes_the_walk():
+    source = "import ray\nfrom ray.util.state import list_jobs\nray.init(address, namespace='x')\nh.__eq__(g)\n"
+    assert violations(source, "example.py") == []
+
+
+def test_the_compat_docstring_lists_every_entry():
+    doc = compat.__doc__ or ""
+    missing = [name for name in compat.__all__ if name != "say_once" and f"``{name}``" not in doc]
+    assert missing == [], f"add these to nbtrain/_ray_compat/__init__.py's list: {missing}"
+
+
+def test_every_entry_says_what_it_prefers_and_what_degrades():
+    for name in compat.__all__:
+        entry = getattr(compat, name)
+        if isinstance(entry, types.FunctionType) and entry.__module__ != "nbtrain._ray_compat.notice":
+            doc = entry.__doc__ or ""
+            assert "Public instead" in doc or "as for" in doc, f"{name}: which public API does it prefer?"
+            assert "Degrades" in doc, f"{name}: what degrades when it fails?"
+
+
+def _fail(*_: object) -> frozenset[str]:
+    raise AttributeError("'GcsNodeInfo' object has no attribute 'state_snapshot'")
+
+
+def test_draining_nodes_that_cannot_be_read_are_none_and_say_why(monkeypatch):
+    monkeypatch.setattr(cluster_state, "_draining_from_node_table", _fail)
+    monkeypatch.setattr(cluster_state, "_draining_from_autoscaler_status", _fail)
+    draining = compat.draining_nodes()
+    assert draining.nodes == frozenset()
+    assert "state_snapshot" in draining.unreadable
+
+
+def test_draining_nodes_fall_back_to_the_autoscaler_status(monkeypatch):
+    monkeypatch.setattr(cluster_state, "_draining_from_node_table", _fail)
+    monkeypatch.setattr(cluster_state, "_draining_from_autoscaler_status", lambda: frozenset({"abc123"}))
+    assert compat.draining_nodes() == compat.Draining(frozenset({"abc123"}))
+
+
+class _Feed:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def event(self, kind: str, message: str, attempt: int) -> None:
+        self.events.append((kind, message))
+
+
+class _Table:
+    def snapshot(self) -> list[dict[str, object]]:
+        return [{"rank": 0, "node_id": "n1", "node": "n1"}, {"rank": 1, "node_id": "n2", "node": "n2"}]
+
+
+def test_an_elastic_run_that_cannot_read_node_state_keeps_its_size_and_says_so_once(monkeypatch):
+    from nbtrain._cluster.elastic.sizing import GrowthWatch
+    from nbtrain._cluster.run import controller
+    from nbtrain._options import RunOptions
+
+    monkeypatch.setattr(controller, "draining_nodes", lambda: compat.Draining(frozenset(), "RpcError: gone"))
+    run = controller.RunController.__new__(controller.RunController)  # the parts _drain_check reads, no Ray
+    options = RunOptions(workers=(1, 2))
+    run.spec = types.SimpleNamespace(options=options)
+    run.feed, run.table, run.attempt, run.checkpoint = _Feed(), _Table(), 1, None
+    run._growth = GrowthWatch(options, 2)
+    run._drained, run._said_unreadable = set(), False
+    for _ in range(3):
+        run._next_drain_look = 0.0
+        run._drain_check()
+    assert run._growth.target is None, "the run keeps its size"
+    assert [kind for kind, _ in run.feed.events] == ["resize"]
+    assert "cannot read which nodes Ray is draining (RpcError: gone)" in run.feed.events[0][1]
