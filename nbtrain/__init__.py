@@ -31,6 +31,7 @@ from nbtrain._client.torch_trainer import TorchTrainer
 from nbtrain._client.warm import release_warm
 from nbtrain._cluster.rank.data_loading import prepare_loader
 from nbtrain._cluster.rank.session import TrainContext
+from nbtrain._cluster.rank.steering import on_command
 from nbtrain._cluster.rank.worker_api import (
     backward,
     checkpoint_requested,
@@ -41,6 +42,7 @@ from nbtrain._cluster.rank.worker_api import (
     prepare_optimizer,
     report,
     save_checkpoint,
+    steerable,
 )
 from nbtrain._exceptions import (
     ConnectionFailedError,
@@ -91,6 +93,7 @@ __all__ = [
     "get_dataset_shard",
     "launch",
     "load_checkpoint",
+    "on_command",
     "prepare_loader",
     "prepare_model",
     "prepare_optimizer",
@@ -98,6 +101,7 @@ __all__ = [
     "report",
     "runs",
     "save_checkpoint",
+    "steerable",
     "sweeps",
     "tune",
 ]

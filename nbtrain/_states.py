@@ -58,6 +58,7 @@ class WorkerState(str, enum.Enum):
     STARTING = "starting"
     RUNNING = "running"
     STALLED = "stalled"     # alive, but no progress for longer than stall_timeout
+    PAUSED = "paused"       # held at a step by run.pause() until run.resume() (never counted as stalled)
     FINISHED = "finished"
     FAILED = "failed"       # the training function raised on this rank
     DEAD = "dead"           # the process died (killed, OOM, node lost)

@@ -26,7 +26,7 @@ import cloudpickle
 
 from nbtrain import _registry
 from nbtrain._client.checkpoint_files import load_in_notebook, local_checkpoint_dir
-from nbtrain._client.cluster_nodes import worker_node_id
+from nbtrain._client.run_control import RunControl
 from nbtrain._client.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
 from nbtrain._cluster.names import find_supervisor, wait_until_name_free
 from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
@@ -40,7 +40,7 @@ FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of 
 SUPERVISOR_RESTART_GRACE_S = 60.0
 
 
-class Run:
+class Run(RunControl):
     """A training run on the cluster. Get one from :func:`launch` or :func:`attach`.
 
     Reading ``state``, ``metrics``, ``workers`` or ``logs()`` fetches what is new
@@ -352,30 +352,6 @@ class Run:
         summary = self._cached_summary
         if summary.get("state") == RunState.FAILED:
             raise RunFailedError(f"Run {self.name!r} failed.\n{summary.get('error')}")
-
-    def stop(self, timeout: float = 30.0) -> RunState:
-        """Stop the run: workers are killed and their resources freed before this returns."""
-        import ray
-
-        try:
-            self._call("stop", timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            msg = f"Run {self.name!r} did not stop within {timeout:g} s; its supervisor may be stuck."
-            raise NbtrainError(msg) from None
-        return self.state
-
-    def drain(self, node: str, deadline_s: float = 120.0) -> str:
-        """Give the run notice that ``node`` (its Ray id, or its first 6+ characters) is about to go, as a
-        spot instance's preemption notice: Ray places nothing new there (it exits once idle, or after
-        ``deadline_s``), the ranks see ``nbtrain.checkpoint_requested()`` turn true and save, and the
-        elastic run goes on from that checkpoint without the node. Returns what was done."""
-        node_id = worker_node_id(node, "run.drain(node=...)")
-        if self.state.is_terminal:
-            raise NbtrainError(f"run.drain(): run {self.name!r} has ended ({self.state}); there is nothing to move.")
-        done, said = self._call("drain", node_id, float(deadline_s), timeout=READ_TIMEOUT_S)
-        if not done:
-            raise NbtrainError(said)
-        return str(said)
 
     def load_checkpoint(self, *, weights_only: bool = True) -> Any | None:
         """The run's latest checkpoint in the notebook (``None`` if none was saved).

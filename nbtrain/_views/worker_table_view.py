@@ -68,7 +68,7 @@ def worker_row(worker: dict[str, Any], late: bool, text: dict[str, str]) -> str:
     age = worker.get("heartbeat_age_s")
     if state in ("running", "starting") and age is not None and age > 10:
         state = f"no heartbeat {age:.0f}s"
-    colour = {"failed": "#d62728", "dead": "#d62728", "stalled": "#ff7f0e",
+    colour = {"failed": "#d62728", "dead": "#d62728", "stalled": "#ff7f0e", "paused": "#9467bd",
               "finished": "#2ca02c"}.get(worker.get("state", ""), "inherit")
     if state.startswith("no heartbeat"):
         colour = "#ff7f0e"

@@ -49,6 +49,7 @@ class PreparedLoader:
             set_epoch = getattr(sampler, "set_epoch", None)
             if set_epoch is not None:
                 set_epoch(self._epoch)
+        session.steering.at_epoch_start(self._epoch)  # run.stop(after="epoch") holds the rank here
         session.epoch = self._epoch
         device = session.context.device
         handed: float | None = None  # when the last batch was handed to the training step

@@ -44,3 +44,4 @@ class WorkerPayload:
     lr_scale: float           # prepare_optimizer's learning rate factor (likewise)
     gns: bool                 # measure the gradient noise scale (see gradient_noise)
     adaptive_batch: tuple[int, int] | None  # per-rank batch bounds (see adaptive_batch)
+    commands: list[dict[str, Any]]  # the run's commands so far (see steering): changes a new attempt re-applies

@@ -23,6 +23,7 @@ import psutil
 
 from nbtrain._cluster.elastic.gradient_noise import NoiseScale
 from nbtrain._cluster.feed.relay_link import Pending, RayPush, RelayLink, open_link
+from nbtrain._cluster.rank.steering import RankSteering
 from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0
@@ -34,7 +35,6 @@ MAX_PUSH_ROWS = 20_000
 MAX_PUSH_LOGS = 20_000
 MAX_WAITING_ROWS = 200_000  # rows a rank keeps for the supervisor while it does not answer (~100 MB)
 MAX_WAITING_LOGS = 20_000   # log chunks likewise
-CHECKPOINT_QUESTION_S = 1.0  # how often an elastic run's rank asks whether a checkpoint is wanted (to resize)
 # Every row's own keys besides ``step`` (which report(step=) sets): a metric of one of these
 # names is kept as ``user_<name>``, so it can neither overwrite them nor be lost.
 ROW_KEYS = ("rank", "attempt", "time")
@@ -93,7 +93,7 @@ class TrainingSession:
                  storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
                  relay: Any = None, precision: str | None = None, elastic: bool = False,
                  batch_scale: float = 1.0, lr_scale: float = 1.0, gns: bool = False,
-                 adaptive_batch: tuple[int, int] | None = None) -> None:
+                 adaptive_batch: tuple[int, int] | None = None, commands: list[dict[str, Any]] | None = None) -> None:
         self.context = context
         # the gradient noise scale, fed by prepare_model's DDP hook; None when not asked for
         self.noise = NoiseScale() if gns else None
@@ -103,10 +103,8 @@ class TrainingSession:
         self.optimizers: list[Any] = []       # those prepare_optimizer gave back (their lr follows lr_gain)
         self.batch_scale = batch_scale  # prepare_loader's and prepare_optimizer's factors (elastic runs)
         self.lr_scale = lr_scale
-        self.elastic = elastic  # asks the supervisor about once a second whether it wants a checkpoint
-        self.checkpoint_requested = False  # what nbtrain.checkpoint_requested() says
-        self._asking: Any = None  # the ref of that question until answered
-        self._next_ask = 0.0
+        self.elastic = elastic
+        self.checkpoint_requested = False  # an elastic run's resize wants one (see steering's poll)
         self.precision = precision  # the run's precision option: prepare_model's default
         self.grad_scaler: Any = None  # a torch GradScaler once a 16-mixed model was prepared
         self.supervisor = supervisor
@@ -142,6 +140,7 @@ class TrainingSession:
         self._waiting_rows: list[dict[str, Any]] = []
         self._waiting_logs: list[tuple[str, float, str]] = []
         self._renamed: set[str] = set()
+        self.steering = RankSteering(self, commands or [])  # the notebook's commands to this live run
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -213,10 +212,9 @@ class TrainingSession:
                         if not self._settled(PUSH_ORDER_WAIT_S) or self._unsent is not None:
                             break  # slow or failed: the next tick carries on
                         self.flush(state="running")
-                    if self.elastic:
-                        self._ask_about_checkpoint()
+                    self.steering.poll()
                 except Exception:  # noqa: BLE001 - the supervisor may be restarting; retry next tick
-                    self._asking = None
+                    self.steering.lost_question()
 
     def land_reported(self) -> None:
         """Send what this rank reported so far and wait until the supervisor has it (or the push in flight
@@ -231,20 +229,6 @@ class TrainingSession:
                 self._send("running")
                 self._send_the_rest("running")
 
-    def _ask_about_checkpoint(self) -> None:
-        """Keep :attr:`checkpoint_requested` current without ever waiting on the supervisor's answer."""
-        import ray
-
-        if self._asking is not None:
-            ready, _ = ray.wait([self._asking], timeout=0)
-            if not ready:
-                return
-            ref, self._asking = self._asking, None
-            self.checkpoint_requested = bool(ray.get(ref))
-        if time.monotonic() >= self._next_ask:
-            self._next_ask = time.monotonic() + CHECKPOINT_QUESTION_S
-            self._asking = self.supervisor.checkpoint_wanted.remote(self.context.attempt)
-
     def _heartbeat(self, state: str) -> dict[str, Any]:
         now = time.time()
         mark_time, mark_samples = self._rate_mark
@@ -255,8 +239,8 @@ class TrainingSession:
             self._rss_mb = self._process.memory_info().rss / 2**20  # a /proc read: not on every tick's push
         beat: dict[str, Any] = {
             "time": now, "step": self.current_step(),
-            "epoch": self.epoch, "state": state, "last_progress": self.last_progress,
-            "rss_mb": self._rss_mb,
+            "epoch": self.epoch, "state": "paused" if self.steering.paused_at is not None else state,
+            "last_progress": self.last_progress, "rss_mb": self._rss_mb, **self.steering.beat(),
         }
         if rate is not None:
             beat["samples_per_s"] = rate

@@ -129,8 +129,21 @@ def prepare_optimizer(optimizer: Any) -> Any:
         optimizer._nbtrain_lr_scaled = True
     if session.adaptive_batch is not None and optimizer not in session.optimizers:
         session.optimizers.append(optimizer)  # its learning rate follows the batch size (see adaptive_batch)
+    session.steering.steer(optimizer)  # run.adjust() and the dashboard's controls reach it
     scaler = session.grad_scaler
     return optimizer if scaler is None else parallel.ScaledOptimizer(optimizer, scaler)
+
+
+def steerable(optimizer: Any) -> Any:
+    """``optimizer``, steerable from the notebook (``run.adjust(lr=...)``, pause, checkpoint now, commands),
+    for code that does not call :func:`prepare_optimizer`; returns it unchanged otherwise.
+
+    The change is applied by a step pre-hook of the optimizer, before the update of the step
+    the run's supervisor chose, on every rank alike. Example::
+
+        optimizer = nbtrain.steerable(torch.optim.SGD(model.parameters(), lr=0.1))
+    """
+    return current_session().steering.steer(optimizer)
 
 
 def backward(loss: Any) -> None:
@@ -146,10 +159,12 @@ def checkpoint_requested() -> bool:
         if nbtrain.checkpoint_requested():
             nbtrain.save_checkpoint({"model": model.state_dict(), "step": step})
 
-    Without the check the resize waits for the function's next checkpoint. Always False in a
-    run of fixed size. Costs an attribute read: the answer is fetched in the background.
+    Without the check the resize waits for the function's next checkpoint. It also turns true
+    when the notebook asks for one (``run.checkpoint_now()``, the dashboard's button), until the next
+    save. Costs two attribute reads: the answer is fetched in the background.
     """
-    return current_session().checkpoint_requested
+    session = current_session()
+    return session.checkpoint_requested or session.steering.checkpoint_wanted
 
 
 def save_checkpoint(obj: Any, *, sharded: bool = False) -> None:
@@ -181,6 +196,7 @@ def save_checkpoint(obj: Any, *, sharded: bool = False) -> None:
     import torch
 
     session = current_session()
+    session.steering.saved_checkpoint()
     session.land_reported()
     if sharded:
         ctx = session.context

@@ -20,6 +20,7 @@ from nbtrain._cluster.elastic import sizing
 from nbtrain._cluster.feed.feed import RunFeed, nan_keys
 from nbtrain._cluster.run import failure_policy
 from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Resize, Restart, Stopped, Succeeded
+from nbtrain._cluster.run.steering import RunSteering
 from nbtrain._cluster.run.worker_group import StartFailed, StopRequested, WorkerGroup, remove_leftover_group
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
@@ -56,6 +57,7 @@ class RunController:
         self.results: list[bytes] | None = None
         self.checkpoint: dict[str, Any] | None = None
         self.resume_from: dict[str, Any] | None = None  # the checkpoint the current attempt started from
+        self.steering = RunSteering(lambda kind, message: self.feed.event(kind, message, self.attempt), self.persist)
         self.started = time.time()
         self.ended: float | None = None
         self.stop_requested = False
@@ -89,7 +91,7 @@ class RunController:
         self._storage.save_state({
             "launch": self._launch_id, "state": self.state.value, "attempt": self.attempt, "failures": self.failures,
             "error": self.error, "checkpoint": self.checkpoint, "started": self.started,
-            "ended": self.ended, "stop_requested": self.stop_requested,
+            "ended": self.ended, "stop_requested": self.stop_requested, "commands": self.steering.all(),
         })
 
     def recover(self) -> None:
@@ -105,6 +107,7 @@ class RunController:
         self.attempt, self.failures, self.error = saved["attempt"], saved["failures"], saved["error"]
         self.checkpoint, self.started, self.ended = saved["checkpoint"], saved["started"], saved["ended"]
         self.stop_requested = saved.get("stop_requested", False)
+        self.steering = RunSteering(self.steering.record, self.persist, saved.get("commands"))
         self.state = RunState(saved["state"])  # as recorded: this is where the machine stood
         if self.state.is_terminal:
             return
@@ -276,7 +279,7 @@ class RunController:
             self._ask_autoscaler(self.world_size)
         try:
             group = WorkerGroup.start(self.spec, self.attempt, self.world_size, self._supervisor, self.datasets,
-                                      self.table,
+                                      self.table, self.steering.all(),
                                       self._stop.is_set, lambda: self.transition(RunState.STARTING))
         except StopRequested:
             return Stopped()
@@ -305,6 +308,11 @@ class RunController:
             self.feed.event("stall", message, self.attempt)
             if options.on_stall in ("fail", "restart"):
                 return Failed([Failure(rank, "stalled", message, retriable=options.on_stall == "restart")])
+        held = [w.get("held_after_epoch") for w in self.table.snapshot() if w["state"] in ("running", "stalled")]
+        if held and None not in held:
+            self.feed.event("state", f"every rank finished epoch {held[0]}: stopping, as run.stop(after='epoch') "
+                                     "asked", self.attempt)
+            return Stopped()
         for rank, quiet in self.table.newly_recovered():
             self.feed.event("stall", f"Rank {rank} made progress again after {quiet:.0f} s without.", self.attempt)
         self._drain_check()

@@ -223,9 +223,39 @@ class RunSupervisor:
         except NbtrainError as refused:
             return False, str(refused)
 
-    def checkpoint_wanted(self, attempt: int) -> bool:
-        """Asked by the ranks of an elastic run about once a second (``nbtrain.checkpoint_requested()``)."""
-        return self._run.checkpoint_wanted(attempt)
+    def control(self, attempt: int, seen: int) -> tuple[bool, list[dict[str, Any]]]:
+        """Asked by every rank a few times a second: whether a checkpoint is wanted (an elastic run about to
+        resize), and the notebook's commands after the ``seen``-th (see steering)."""
+        return self._run.checkpoint_wanted(attempt), self._run.steering.since(seen)
+
+    def command_applied(self, command_id: int, rank: int, step: int, before: dict[str, Any] | None,
+                        when: float) -> None:
+        self._run.steering.applied(command_id, rank, step, before, when, self._run.world_size)
+
+    def command_result(self, command_id: int, rank: int, ok: bool, value: Any) -> None:
+        self._run.steering.result(command_id, rank, ok, value)
+
+    # ------------------------------------------------------------------ steering (the notebook's commands)
+    def steer(self, kind: str, args: dict[str, Any]) -> tuple[bool, Any]:
+        """A command from the notebook: (True, the command with its step) or (False, why it was refused)."""
+        with self._feed.lock:
+            state = self._run.state
+            ranks = self._table.snapshot()
+        if state.is_terminal:
+            return False, f"it has ended ({state.value}); only a live run can be steered."
+        try:
+            return True, self._run.steering.issue(kind, args, ranks, live=state == RunState.RUNNING)
+        except ValueError as refused:
+            return False, str(refused)
+
+    @ray.method(concurrency_group=READERS)
+    def command_results(self, command_id: int, ranks: int, wait_s: float) -> dict[int, tuple[bool, Any]]:
+        return self._run.steering.results(command_id, ranks, wait_s)
+
+    @ray.method(concurrency_group=READERS)
+    def command_applied_yet(self, command_id: int, wait_s: float) -> dict[str, Any]:
+        """The command once rank 0 applied it (waiting up to ``wait_s``), else as it stands."""
+        return self._run.steering.when_applied(command_id, wait_s)
 
     def latest_checkpoint(self) -> Found | None:
         with self._feed.lock:
@@ -287,6 +317,9 @@ class RunSupervisor:
             "total_steps": options.total_steps, "total_epochs": options.total_epochs,
             "step": min([w.get("step", 0) for w in workers] or [0]), "owner": run.spec.owner,
             "latest": dict(self._feed.latest), "launch": run.spec.launch_id,
+            "paused_at": min((w["paused_at"] for w in workers if w.get("paused_at") is not None), default=None),
+            "hyper": next((w["hyper"] for w in sorted(workers, key=lambda w: w["rank"]) if w.get("hyper")), None),
+            "changes": run.steering.changes(),
         }
 
     def config(self) -> bytes:

@@ -63,7 +63,8 @@ class WorkerGroup:
 
     @classmethod
     def start(cls, spec: RunSpec, attempt: int, world_size: int, supervisor: Any, datasets: dict[str, Any] | None,
-              table: WorkerTable, stop_requested: Callable[[], bool], on_placed: Callable[[], None]) -> WorkerGroup:
+              table: WorkerTable, commands: list[dict[str, Any]], stop_requested: Callable[[], bool],
+              on_placed: Callable[[], None]) -> WorkerGroup:
         """Place, start and launch ``world_size`` ranks; raises :class:`StartFailed` or :class:`StopRequested`
         after removing whatever it had started."""
         group = cls(spec, attempt, world_size)
@@ -72,7 +73,7 @@ class WorkerGroup:
             on_placed()
             places = group._start_actors(stop_requested)
             group._start_relays(places, supervisor)
-            payloads = group._payloads(places, supervisor, datasets)
+            payloads = group._payloads(places, supervisor, datasets, commands)
             table.add_group(places, [p.device_name for p in payloads], attempt)
             group._refs = [actor.run.remote(payload) for actor, payload in zip(group.actors, payloads)]
         except BaseException:
@@ -163,7 +164,7 @@ class WorkerGroup:
                 ).remote(supervisor, count)
 
     def _payloads(self, places: list[dict[str, Any]], supervisor: Any,
-                  datasets: dict[str, Any] | None) -> list[WorkerPayload]:
+                  datasets: dict[str, Any] | None, commands: list[dict[str, Any]]) -> list[WorkerPayload]:
         options = self.spec.options
         layout = layout_ranks(places, options.gpus_per_worker)
         batch_scale, lr_scale = scaling(options, self.world_size)
@@ -181,7 +182,7 @@ class WorkerGroup:
             master_addr=places[0]["node_ip"], master_port=places[0]["port"],
             collective_timeout_s=options.collective_timeout_s, fn_bytes=self.spec.fn_bytes,
             fn_takes_config=self.spec.fn_takes_config, cpus_per_worker=options.cpus_per_worker,
-            datasets={name: split[rank] for name, split in shards.items()}, **layout[rank],
+            datasets={name: split[rank] for name, split in shards.items()}, commands=commands, **layout[rank],
         ) for rank in range(len(places))]
 
     def _wait(self, refs: Any, timeout: float, stop_requested: Callable[[], bool],

@@ -13,7 +13,7 @@ from typing import Any
 
 from nbtrain._states import WorkerState
 
-_LIVE = (WorkerState.STARTING, WorkerState.RUNNING, WorkerState.STALLED)
+_LIVE = (WorkerState.STARTING, WorkerState.RUNNING, WorkerState.STALLED, WorkerState.PAUSED)
 
 
 class WorkerTable:
@@ -62,10 +62,14 @@ class WorkerTable:
             if worker.get("batch_size_known") and samples_rate is not None:
                 worker["samples_per_s"] = samples_rate
             self._rate_steps(worker, beat)
+            worker.pop("paused_at", None)  # a beat says it only while the rank is paused
             worker.update(beat)
             worker["last_heartbeat"] = beat["time"]
-            if state == "running" and worker["state"] == WorkerState.STARTING:
+            if state == "running" and worker["state"] in (WorkerState.STARTING, WorkerState.PAUSED):
                 worker["state"] = WorkerState.RUNNING
+            elif state == "paused" and worker["state"] in (WorkerState.RUNNING, WorkerState.STALLED):
+                worker["state"] = WorkerState.PAUSED
+                worker["stalled_at_progress"] = None
             stalled_at = worker.get("stalled_at_progress")
             # a stalled rank still sends heartbeats: only progress ends its stall
             if worker["state"] == WorkerState.STALLED and stalled_at is not None \

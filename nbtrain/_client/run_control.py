@@ -1,0 +1,210 @@
+"""Acting on a live run from the notebook: stop it, move it off a node, and steer it — change its optimizer's
+settings, pause it, checkpoint it now, send the ranks a command — at the same step on every rank.
+
+:class:`RunControl` is the part of :class:`~nbtrain._client.run.Run` that writes; every method asks the
+run's supervisor, which decides the step (see :mod:`nbtrain._cluster.run.steering`) and keeps each
+change in the run's history (``run.changes``, ``run.config_at(step)``, the curves' markers).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from nbtrain._client.cluster_nodes import worker_node_id
+from nbtrain._client.stored import READ_TIMEOUT_S
+from nbtrain._cluster.commands import (
+    ADJUST,
+    AS_SOON_AS_BACK,
+    CHECKPOINT,
+    PAUSE,
+    RESUME,
+    STOP_AFTER_EPOCH,
+    USER,
+)
+from nbtrain._exceptions import InvalidOptionError, NbtrainError
+from nbtrain._states import RunState
+
+APPLIED_WAIT_S = 30.0   # adjust(wait=True) and the like wait this long for rank 0 to apply the change
+_UNSET: Any = object()
+
+
+class RunControl:
+    """Mixed into :class:`~nbtrain._client.run.Run`."""
+
+    name: str
+
+    if TYPE_CHECKING:
+        def _call(self, method: str, *args: Any, timeout: float = ...) -> Any: ...
+        @property
+        def state(self) -> RunState: ...
+        @property
+        def _cached_summary(self) -> dict[str, Any]: ...
+        def _fresh_summary(self) -> dict[str, Any]: ...
+        @property
+        def config(self) -> dict[str, Any]: ...
+
+    def stop(self, timeout: float = 30.0, *, after: str | None = None) -> RunState:
+        """Stop the run: workers are killed and their resources freed before this returns.
+
+        ``after="epoch"``: let every rank finish the epoch it is in, then stop (at the start of the next
+        epoch of a ``prepare_loader`` loader, or Lightning's / Hugging Face's epoch end); returns at once.
+        """
+        import ray
+
+        if after is not None:
+            if after != "epoch":
+                raise InvalidOptionError(f"run.stop(after=...) takes 'epoch', not {after!r}.")
+            self._steer(STOP_AFTER_EPOCH, {}, "stopped after its epoch")
+            return self.state
+        try:
+            self._call("stop", timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            msg = f"Run {self.name!r} did not stop within {timeout:g} s; its supervisor may be stuck."
+            raise NbtrainError(msg) from None
+        return self.state
+
+    def drain(self, node: str, deadline_s: float = 120.0) -> str:
+        """Give the run notice that ``node`` (its Ray id, or its first 6+ characters) is about to go, as a
+        spot instance's preemption notice: Ray places nothing new there (it exits once idle, or after
+        ``deadline_s``), the ranks see ``nbtrain.checkpoint_requested()`` turn true and save, and the
+        elastic run goes on from that checkpoint without the node. Returns what was done."""
+        node_id = worker_node_id(node, "run.drain(node=...)")
+        if self.state.is_terminal:
+            raise NbtrainError(f"run.drain(): run {self.name!r} has ended ({self.state}); there is nothing to move.")
+        done, said = self._call("drain", node_id, float(deadline_s), timeout=READ_TIMEOUT_S)
+        if not done:
+            raise NbtrainError(said)
+        return str(said)
+
+    # ------------------------------------------------------------------ steering
+    def adjust(self, *, lr: float | None = None, weight_decay: float | None = None, momentum: float | None = None,
+               betas: tuple[float, float] | None = None, grad_clip: float | None = _UNSET,
+               group: int | None = None, wait: bool = False) -> int | None:
+        """Change the optimizer's settings of the live run, on every rank before the same step's update.
+
+        Returns the step at which it takes effect (``None`` when no rank runs now: a restarting run
+        applies it at its next attempt's first step). ``group``: one param group (0-based) instead of
+        all. ``grad_clip``: clip gradients to this norm before each update (``None`` turns it off).
+        ``wait=True`` returns once rank 0 applied it, with the step it did.
+
+        With an LR scheduler on the optimizer, the schedule goes on from the new value: its base
+        rates are scaled by the same factor. Every change is kept in the run's history
+        (``run.changes``), drawn on the curves, and re-applied by an attempt restarted after a
+        failure. The code must give nbtrain its optimizer (``prepare_optimizer`` or ``steerable``,
+        or the Lightning / Hugging Face integrations); otherwise this says what to call. Example::
+
+            run.adjust(lr=run.config_at(run.summary()["step"])["lr"] / 10)
+        """
+        settings: dict[str, Any] = {}
+        for key, value in (("lr", lr), ("weight_decay", weight_decay), ("momentum", momentum)):
+            if value is not None:
+                settings[key] = _number(key, value, lambda v: v >= 0)
+        if betas is not None:
+            if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+                raise InvalidOptionError(f"adjust(betas=...) must be a pair like (0.9, 0.999), got {betas!r}.")
+            settings["betas"] = [_number("betas", b, lambda v: 0 <= v < 1) for b in betas]
+        if grad_clip is not _UNSET:
+            settings["grad_clip"] = None if grad_clip is None else _number("grad_clip", grad_clip, lambda v: v > 0)
+        if not settings:
+            raise InvalidOptionError("adjust() needs a setting to change: lr, weight_decay, momentum, betas or "
+                                     "grad_clip.")
+        if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group < 0):
+            raise InvalidOptionError(f"adjust(group=...) is a param group's index (0, 1, ...), not {group!r}.")
+        command = self._steer(ADJUST, {**settings, "group": group}, "adjusted")
+        return self._step_of(command, wait)
+
+    def pause(self, *, wait: bool = False) -> int | None:
+        """Hold every rank at the same step, before its update, until :meth:`resume`; the run keeps its workers
+        and resources, and the stall timeout does not count the time paused. Returns the step."""
+        return self._step_of(self._steer(PAUSE, {}, "paused"), wait)
+
+    def resume(self) -> None:
+        """Let a paused run go on (or call off a pause not reached yet)."""
+        self._steer(RESUME, {}, "resumed")
+
+    def checkpoint_now(self, *, wait: bool = False) -> int | None:
+        """Ask for a checkpoint at the next step: ``nbtrain.checkpoint_requested()`` turns true on every rank
+        until the code saves (Lightning and Hugging Face integrations save on their own). Returns the step."""
+        return self._step_of(self._steer(CHECKPOINT, {}, "checkpointed"), wait)
+
+    def send(self, command: str, /, *, ranks: str = "0", timeout: float = 60.0, **payload: Any) -> Any:
+        """Run the ranks' ``@nbtrain.on_command(command)`` handler with ``payload`` on every rank at the same
+        step (after its update), and return rank 0's answer (``ranks="all"``: a list, by rank).
+
+        Example, on the ranks::
+
+            @nbtrain.on_command("eval")
+            def evaluate(batches=10):
+                return validate(model, batches)
+
+        and in the notebook: ``run.send("eval", batches=20)``.
+        """
+        if not isinstance(command, str) or not command:
+            raise InvalidOptionError("run.send(command, ...): the command is a name, like 'eval'.")
+        if ranks not in ("0", "all"):
+            raise InvalidOptionError(f"run.send(..., ranks=...) is '0' or 'all', not {ranks!r}.")
+        issued = self._steer(USER, {"name": command, "payload": payload}, f"sent {command!r}")
+        world = int(self._cached_summary.get("world_size") or 1)
+        answers = self._call("command_results", issued["id"], world if ranks == "all" else 1, float(timeout),
+                             timeout=timeout + READ_TIMEOUT_S)
+        wanted = range(world) if ranks == "all" else [0]
+        missing = [rank for rank in wanted if rank not in answers]
+        if missing:
+            raise NbtrainError(f"Run {self.name!r}: no answer to {command!r} from rank(s) {missing} within "
+                               f"{timeout:g} s (a rank may be paused, slow, or past its last step).")
+        failed = [answers[rank][1] for rank in wanted if not answers[rank][0]]
+        if failed:
+            raise NbtrainError("\n".join(failed))
+        values = [answers[rank][1] for rank in wanted]
+        return values if ranks == "all" else values[0]
+
+    @property
+    def changes(self) -> list[dict[str, Any]]:
+        """Every change made to the live run, in order: ``step`` (where it applied; ``None`` while pending),
+        ``kind``, ``args``, ``before`` (rank 0's values just before) and ``description``
+        (``"lr 0.1 → 0.01 at step 1200"``)."""
+        return [{"step": change.get("applied_step"), "kind": change["kind"], "args": change["args"],
+                 "before": change.get("before"), "description": change["description"]}
+                for change in self._fresh_summary().get("changes") or []]
+
+    def config_at(self, step: int) -> dict[str, Any]:
+        """The run's ``config`` with the optimizer settings in force at ``step`` (the changes applied up to
+        it; each value as rank 0's first param group had it, ``grad_clip`` included once set)."""
+        effective = dict(self.config)
+        for change in self.changes:
+            if change["kind"] != ADJUST or change["step"] is None:
+                continue
+            for key, value in change["args"].items():
+                if key == "group":
+                    continue
+                if change["step"] <= step:
+                    effective[key] = value
+                elif key not in effective and change["before"] and change["before"].get(key):
+                    effective[key] = change["before"][key][0]
+        return effective
+
+    def _steer(self, kind: str, args: dict[str, Any], verb: str) -> dict[str, Any]:
+        done, answer = self._call("steer", kind, args, timeout=READ_TIMEOUT_S)
+        if not done:
+            raise NbtrainError(f"Run {self.name!r} cannot be {verb}: {answer}")
+        return dict(answer)
+
+    def _step_of(self, command: dict[str, Any], wait: bool) -> int | None:
+        if wait:
+            deadline = time.monotonic() + APPLIED_WAIT_S
+            while command.get("applied_step") is None and time.monotonic() < deadline:
+                command = self._call("command_applied_yet", command["id"], 5.0, timeout=5.0 + READ_TIMEOUT_S)
+            if command.get("applied_step") is None:
+                raise NbtrainError(f"Run {self.name!r}: rank 0 did not apply the change within "
+                                   f"{APPLIED_WAIT_S:g} s (is it paused, or between attempts?).")
+            return int(command["applied_step"])
+        step = int(command["at_step"])
+        return None if step == AS_SOON_AS_BACK else step
+
+
+def _number(name: str, value: Any, good: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not good(value):
+        raise InvalidOptionError(f"adjust({name}=...) must be a finite number in range, got {value!r}.")
+    return float(value)

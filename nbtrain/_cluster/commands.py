@@ -1,0 +1,69 @@
+"""What the notebook can tell a live run's ranks, declared once for the notebook, the supervisor and the ranks.
+
+A command is issued by the notebook (``run.adjust(lr=0.01)``, a click on the dashboard), numbered
+and given the step at which it takes effect by the run's supervisor, and applied by every rank at
+that step — before that step's optimizer update, so that DDP replicas stay identical. See
+:mod:`nbtrain._cluster.run.steering` (the supervisor's side) and :mod:`nbtrain._cluster.rank.steering`
+(the ranks').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# The optimizer settings a live run can change, as torch's param groups name them; ``grad_clip`` is
+# nbtrain's own (the max norm it clips gradients to before each update; None: no clipping).
+ADJUSTABLE = ("lr", "weight_decay", "momentum", "betas", "grad_clip")
+
+ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER = (
+    "adjust", "pause", "resume", "checkpoint", "stop_after_epoch", "user")
+KINDS = (ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER)
+
+AS_SOON_AS_BACK = -1  # at_step of a command issued while no rank runs: the next attempt's first step
+
+
+@dataclasses.dataclass
+class Command:
+    """One command of a run, in the order issued (``id`` from 1)."""
+
+    id: int
+    kind: str
+    args: dict[str, Any]
+    at_step: int                      # the step before whose optimizer update every rank applies it
+    issued: float                     # time.time() at the supervisor
+    applied_step: int | None = None   # the step at which rank 0 applied it, once it did
+    applied: float | None = None      # when (rank 0's clock)
+    before: dict[str, Any] | None = None  # ADJUST: rank 0's values just before (per param group lists)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def describe(command: dict[str, Any]) -> str:
+    """The change as the curves' marker and the events say it: ``lr 0.1 → 0.01 at step 1200``."""
+    args, step = command["args"], command.get("applied_step", command["at_step"])
+    where = f" at step {step}" if step is not None and step >= 0 else " as the ranks come back"
+    if command["kind"] == ADJUST:
+        before = command.get("before") or {}
+        parts = []
+        for key, value in args.items():
+            if key == "group":
+                continue
+            old = before.get(key)
+            shown_old = _short(old[0] if isinstance(old, list) and len(set(map(repr, old))) == 1 else old)
+            parts.append(f"{key} {shown_old} → {_short(value)}" if old is not None else f"{key} → {_short(value)}")
+        group = f" (param group {args['group']})" if args.get("group") is not None else ""
+        return ", ".join(parts) + group + where
+    if command["kind"] == USER:
+        return f"command {args['name']!r}" + where
+    return {PAUSE: "paused", RESUME: "resumed", CHECKPOINT: "checkpoint asked",
+            STOP_AFTER_EPOCH: f"stop after epoch {args.get('epoch')}"}[command["kind"]] + where
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_short(item) for item in value) + ")"
+    return repr(value) if isinstance(value, str) else str(value)

@@ -1,0 +1,298 @@
+"""A rank's part in steering a live run: it learns the notebook's commands and applies them at their step.
+
+The flusher thread asks the supervisor for new commands every :data:`CONTROL_POLL_S` (one cheap
+call, never waited for: the answer is read on a later tick). Each command carries the step at which
+it takes effect; a torch optimizer step pre-hook — registered by ``prepare_optimizer``,
+``nbtrain.steerable`` or the Lightning / Hugging Face integrations — applies what is due before that
+step's update, on every rank at the same step, so DDP replicas stay identical. With nothing pending
+the hook is one truth test of a list. User commands (``@nbtrain.on_command``) run in the step
+post-hook, after the update, when the model is consistent.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nbtrain._cluster.commands import (
+    ADJUST,
+    AS_SOON_AS_BACK,
+    CHECKPOINT,
+    PAUSE,
+    RESUME,
+    STOP_AFTER_EPOCH,
+    USER,
+)
+
+CONTROL_POLL_S = 0.1   # how often a rank asks for new commands (and, elastic runs, whether a checkpoint is wanted)
+PAUSE_CHECK_S = 0.5    # a paused rank looks again this often (a resume wakes it at once)
+OPTIMIZER_KEYS = ("lr", "weight_decay", "momentum", "betas")
+
+_handlers: dict[str, Callable[..., Any]] = {}  # @on_command registrations in this process
+
+
+def on_command(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn`` as this rank's handler of the command ``name`` sent by ``run.send(name, **payload)``."""
+    if not isinstance(name, str) or not name:
+        raise TypeError("on_command(name): name must be a non-empty string, e.g. @nbtrain.on_command('eval')")
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _handlers[name] = fn
+        return fn
+    return register
+
+
+class RankSteering:
+    """The commands one rank knows, applied by the optimizers' step hooks; made by its session."""
+
+    def __init__(self, session: Any, known: list[dict[str, Any]]) -> None:
+        self.session = session
+        self.pending: list[dict[str, Any]] = []   # not yet applied, by (at_step, id): the hooks' fast path
+        self.seen = 0                              # the last command id learnt
+        self.optimizers: list[Any] = []
+        self.updates = 0                           # optimizer updates this attempt (a step for loops that count none)
+        self.grad_clip: float | None = None
+        self.paused_at: int | None = None
+        self.checkpoint_wanted = False
+        self.stop_after_epoch: int | None = None
+        self.held_after_epoch: int | None = None   # this rank finished that epoch and waits for the run's stop
+        self.epochs_counted = False                 # a prepared loader or an integration counts epochs
+        self._resumed = threading.Event()
+        self._beat_mark = (0, time.monotonic())
+        self._rate: float | None = None            # steps per second, smoothed over heartbeats
+        self._lock = threading.Lock()
+        self._asking: Any = None
+        self._next_ask = 0.0
+        self._replaying = True
+        self.learn([c for c in known if c["kind"] == ADJUST])  # a new attempt: the changes made so far
+        self._replaying = False
+
+    # ------------------------------------------------------------------ the flusher's thread
+    def poll(self) -> None:
+        """Take the answer to the last question if it came, and ask again when it is time; never waits."""
+        import ray
+
+        session = self.session
+        if self._asking is not None:
+            ready, _ = ray.wait([self._asking], timeout=0)
+            if not ready:
+                return
+            ref, self._asking = self._asking, None
+            checkpoint, commands = ray.get(ref)
+            session.checkpoint_requested = bool(checkpoint)
+            self.learn(commands)
+        if time.monotonic() >= self._next_ask:
+            self._next_ask = time.monotonic() + CONTROL_POLL_S
+            self._asking = session.supervisor.control.remote(session.context.attempt, self.seen)
+
+    def lost_question(self) -> None:
+        """The supervisor did not answer (restarting): ask again next tick."""
+        self._asking = None
+
+    def learn(self, commands: list[dict[str, Any]]) -> None:
+        with self._lock:
+            pending = list(self.pending)
+            for command in commands:
+                if command["id"] <= self.seen:
+                    continue
+                self.seen = command["id"]
+                if command["kind"] == RESUME:
+                    pending = [c for c in pending if c["kind"] != PAUSE]  # a pause not reached yet is off
+                    self._resumed.set()
+                elif command["kind"] == STOP_AFTER_EPOCH:
+                    self.stop_after_epoch = int(command["args"]["epoch"])
+                else:
+                    if self._replaying and command.get("applied_step") is not None:
+                        command = {**command, "at_step": command["applied_step"]}
+                    pending.append(command)
+            pending.sort(key=lambda c: (c["at_step"], c["id"]))
+            self.pending = pending  # one reference swap: the training thread reads either list whole
+
+    # ------------------------------------------------------------------ the training thread
+    def steer(self, optimizer: Any) -> Any:
+        """Hook ``optimizer`` (once): due commands are applied before each of its updates."""
+        if getattr(optimizer, "_nbtrain_steered", False):
+            return optimizer
+        optimizer.register_step_pre_hook(self._before_update)
+        optimizer.register_step_post_hook(self._after_update)
+        optimizer._nbtrain_steered = True
+        self.optimizers.append(optimizer)
+        return optimizer
+
+    def step(self) -> int:
+        """The step being taken, as the run's rows will number it: the loader's batch count, else the one after
+        the last reported step, else the update count (one past the updates made)."""
+        session = self.session
+        if session.uses_loader:
+            return int(session.step)
+        return int(session.last_step) + 1 if session.report_calls else self.updates + 1
+
+    def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.pending:
+            self._apply_due(optimizer, user=False)
+        if self.grad_clip is not None:
+            import torch
+
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+
+    def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if optimizer is self.optimizers[0]:
+            self.updates += 1
+        if self.pending:
+            self._apply_due(optimizer, user=True)
+
+    def _apply_due(self, optimizer: Any, user: bool) -> None:
+        step = self.step()
+        for command in list(self.pending):
+            if command["at_step"] > step and command["at_step"] != AS_SOON_AS_BACK:
+                break
+            if (command["kind"] == USER) != user:
+                continue
+            with self._lock:
+                self.pending = [c for c in self.pending if c["id"] != command["id"]]
+            self._apply(command, step)
+
+    def _apply(self, command: dict[str, Any], step: int) -> None:
+        kind, args = command["kind"], command["args"]
+        before = self.values() if kind == ADJUST else None
+        if kind == ADJUST:
+            self._adjust(args)
+        elif kind == CHECKPOINT:
+            self.checkpoint_wanted = True
+        elif kind == USER:
+            self._run_handler(command)
+        if kind != USER and not self._replaying:  # every rank says where: the supervisor checks they agree
+            self.session.supervisor.command_applied.remote(command["id"], self.session.context.rank, step, before,
+                                                           time.time())
+        if kind == PAUSE:
+            self._hold(step)
+
+    def _adjust(self, args: dict[str, Any]) -> None:
+        group_index = args.get("group")
+        for key, value in args.items():
+            if key == "grad_clip":
+                self.grad_clip = None if value is None else float(value)
+            elif key != "group":
+                for optimizer in self.optimizers:
+                    for index, group in enumerate(optimizer.param_groups):
+                        if group_index is None or index == group_index:
+                            _set(optimizer, group, key, value)
+
+    def _hold(self, step: int) -> None:
+        """Every rank waits here, at the same step, until the notebook resumes the run (its resources stay)."""
+        self.paused_at = step
+        self._resumed.clear()
+        try:
+            while not self._resumed.wait(PAUSE_CHECK_S):
+                pass
+        finally:
+            self.paused_at = None
+            self.session.last_progress = time.time()  # the time paused is not a stall
+
+    def _run_handler(self, command: dict[str, Any]) -> None:
+        name, payload = command["args"]["name"], command["args"].get("payload") or {}
+        handler = _handlers.get(name)
+        rank = self.session.context.rank
+        if handler is None:
+            ok, value = False, (f"Rank {rank} has no handler for {name!r}: decorate one with "
+                                f"@nbtrain.on_command({name!r}) in the training function.")
+        else:
+            try:
+                ok, value = True, handler(**payload)
+            except Exception as exc:  # noqa: BLE001 - the notebook gets it; training goes on
+                ok, value = False, f"Rank {rank}: {name!r} raised {type(exc).__name__}: {exc}"
+        try:
+            self.session.supervisor.command_result.remote(command["id"], rank, ok, value)
+        except Exception as exc:  # noqa: BLE001 - a value that cannot be sent
+            self.session.supervisor.command_result.remote(command["id"], rank, False,
+                                                          f"Rank {rank}: its answer could not be sent: {exc}")
+
+    def at_epoch_start(self, epoch: int) -> None:
+        """Called as a prepared loader (or an integration) begins ``epoch``: past the epoch ``run.stop(after=
+        "epoch")`` named, the rank holds here and says so; the supervisor stops the run once every rank does."""
+        if self.stop_after_epoch is None or epoch <= self.stop_after_epoch:
+            return
+        self.held_after_epoch = self.stop_after_epoch
+        never = threading.Event()
+        while not never.wait(PAUSE_CHECK_S):  # the run's stop ends this process
+            pass
+
+    def saved_checkpoint(self) -> None:
+        self.checkpoint_wanted = False
+
+    # ------------------------------------------------------------------ what the heartbeat says
+    def values(self) -> dict[str, list[Any]]:
+        """The adjustable settings now, per param group of every steered optimizer (betas as lists)."""
+        found: dict[str, list[Any]] = {}
+        groups = [group for optimizer in self.optimizers for group in optimizer.param_groups]
+        for key in OPTIMIZER_KEYS:
+            if groups and all(key in group for group in groups):
+                found[key] = [list(group[key]) if key == "betas" else group[key] for group in groups]
+        if self.optimizers:
+            found["grad_clip"] = [self.grad_clip]
+        return found
+
+    def beat(self) -> dict[str, Any]:
+        """What the heartbeat carries for steering: the step being taken and the rate of steps (measured here,
+        on the flusher's thread, from one beat to the next), so the supervisor can pick a step ahead."""
+        step, now = self.step(), time.monotonic()
+        last_step, last_time = self._beat_mark
+        if now - last_time >= 0.05 and step >= last_step:
+            rate = (step - last_step) / (now - last_time)
+            self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
+        self._beat_mark = (step, now)
+        beat: dict[str, Any] = {"steer_step": step, "steer_rate": self._rate}
+        if self.optimizers:
+            beat["hyper"] = self.values()
+        if self.paused_at is not None:
+            beat["paused_at"] = self.paused_at
+        if self.held_after_epoch is not None:
+            beat["held_after_epoch"] = self.held_after_epoch
+        if self.epochs_counted or self.session.uses_loader:
+            beat["epochs_counted"] = True
+        return beat
+
+
+def _set(optimizer: Any, group: dict[str, Any], key: str, value: Any) -> None:
+    if key == "lr":
+        old = group["lr"]
+        group["lr"] = float(value)
+        if old:
+            _rescale_schedules(optimizer, group, float(value) / old)
+    elif key == "betas":
+        group["betas"] = (float(value[0]), float(value[1]))
+    else:
+        group[key] = float(value)
+
+
+def _rescale_schedules(optimizer: Any, group: dict[str, Any], factor: float) -> None:
+    """An LR scheduler computes the next rates from its base values: scaled too, the schedule goes on from the
+    new value. Schedulers keep no link from the optimizer, so they are found among its referrers (only
+    when a change is applied: nothing on the step)."""
+    from torch.optim.lr_scheduler import LRScheduler
+
+    index = optimizer.param_groups.index(group)
+    if "initial_lr" in group:
+        group["initial_lr"] *= factor
+    for scheduler in _schedulers_of(optimizer, LRScheduler):
+        base = getattr(scheduler, "base_lrs", None)
+        if isinstance(base, list) and index < len(base):
+            base[index] *= factor
+        last = getattr(scheduler, "_last_lr", None)
+        if isinstance(last, list) and index < len(last):
+            last[index] = group["lr"]
+
+
+def _schedulers_of(optimizer: Any, kind: type) -> list[Any]:
+    found = []
+    for referrer in gc.get_referrers(optimizer):
+        if isinstance(referrer, kind):
+            found.append(referrer)
+        elif isinstance(referrer, dict):
+            found.extend(owner for owner in gc.get_referrers(referrer)
+                         if isinstance(owner, kind) and getattr(owner, "__dict__", None) is referrer)
+    return found

@@ -1,0 +1,159 @@
+"""Steering a live run from the notebook: a change applied at the same step on every rank, pause and resume,
+checkpoint now, a user command, stop after the epoch — on the session's loopback cluster, real DDP (gloo).
+
+Each rank reports, every step, its learning rate and the sum of its model's parameters: DDP keeps the
+replicas identical only if every rank applies a change before the same step's update, which those
+sums show.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import nbtrain
+from nbtrain._exceptions import NbtrainError
+
+from _helpers import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def steered_loop(config):
+    """Epochs of 20 batches (prepare_loader), one SGD step each, 0.05 s a step; until stopped."""
+    import torch
+
+    torch.manual_seed(0)
+    model = nbtrain.prepare_model(torch.nn.Linear(4, 1))
+    optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5))
+    data = torch.utils.data.TensorDataset(torch.randn(160, 4), torch.randn(160, 1))
+    loader = nbtrain.prepare_loader(torch.utils.data.DataLoader(data, batch_size=4))
+
+    @nbtrain.on_command("where")
+    def where(extra=0):
+        return {"rank": nbtrain.get_context().rank, "extra": extra}
+
+    for _epoch in range(10_000):
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            if nbtrain.checkpoint_requested():
+                nbtrain.save_checkpoint({"model": model.state_dict()})
+            total = float(sum(p.detach().sum() for p in model.parameters()))
+            nbtrain.report(lr=optimizer.param_groups[0]["lr"], params=total)
+            time.sleep(config["step_time"])
+
+
+def _rows_by_step(run):
+    by_step: dict[int, dict[int, dict]] = {}
+    for row in run.metrics:
+        by_step.setdefault(row["step"], {})[row["rank"]] = row
+    return by_step
+
+
+def _reached(run, step: int) -> bool:
+    run.refresh()
+    return min((w.get("step") or 0) for w in run.workers) >= step if run.workers else False
+
+
+def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
+    run = nbtrain.launch(steered_loop, name="steering-live", workers=2, config={"step_time": 0.05},
+                         stall_timeout_s=2.0)
+    try:
+        wait_for(lambda: _reached(run, 5), timeout=120, message="the run to take 5 steps")
+
+        applied = run.adjust(lr=0.01, momentum=0.0, wait=True)
+        wait_for(lambda: _reached(run, applied + 2), timeout=60, message="steps past the change")
+        rows = _rows_by_step(run)
+        for step, ranks in rows.items():
+            if len(ranks) == 2 and step < applied + 2:
+                assert ranks[0]["params"] == ranks[1]["params"], f"replicas differ at step {step}"
+                assert ranks[0]["lr"] == ranks[1]["lr"] == (0.1 if step < applied else 0.01), step
+        [change] = run.changes
+        assert change["step"] == applied and change["before"]["lr"] == [0.1]
+        assert change["description"] == f"lr 0.1 → 0.01, momentum 0.5 → 0 at step {applied}"
+        assert run.config_at(applied - 1)["lr"] == 0.1 and run.config_at(applied)["lr"] == 0.01
+        assert any(e["kind"] == "change" and e["message"] == change["description"] for e in run.events)
+
+        assert run.send("where", extra=3) == {"rank": 0, "extra": 3}
+        assert run.send("where", ranks="all") == [{"rank": 0, "extra": 0}, {"rank": 1, "extra": 0}]
+        with pytest.raises(NbtrainError, match="Rank 0 has no handler for 'nowhere'"):
+            run.send("nowhere", timeout=20)
+
+        asked = run.checkpoint_now(wait=True)
+        wait_for(lambda: (run.summary().get("checkpoint") or {}).get("step", -1) >= asked, timeout=60,
+                 message="the checkpoint asked for")
+
+        paused_at = run.pause(wait=True)
+        wait_for(lambda: run.summary()["paused_at"] == paused_at and
+                 {w["state"] for w in run.workers} == {"paused"}, timeout=30, message="both ranks paused")
+        time.sleep(3.0)  # the pause must outlast stall_timeout_s (2 s): a duration under test, not a wait for state
+        assert max(w["step"] for w in run.workers) == paused_at
+        with pytest.raises(NbtrainError, match="paused already"):
+            run.pause()
+        run.resume()
+        wait_for(lambda: _reached(run, paused_at + 3), timeout=60, message="the run to go on after resume()")
+        assert not [e for e in run.events if e["kind"] == "stall"]
+
+        run.stop(after="epoch")
+        assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.STOPPED
+        last = max(row["step"] for row in run.metrics)
+        assert last % 20 == 0, f"stopped at step {last}, not at an epoch's end"
+        assert "as run.stop(after='epoch') asked" in " ".join(e["message"] for e in run.events)
+        with pytest.raises(NbtrainError, match="it has ended \\(stopped\\)"):
+            run.adjust(lr=1.0)
+    finally:
+        if not run.state.is_terminal:
+            run.stop()
+
+
+def no_optimizer_given(config):
+    import torch
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    for step in range(2000):
+        optimizer.step()
+        nbtrain.report(step=step + 1)
+        time.sleep(0.05)
+
+
+def test_adjusting_a_run_that_gives_no_optimizer_says_what_to_call(cluster):
+    run = nbtrain.launch(no_optimizer_given, name="steering-no-optimizer", workers=1)
+    try:
+        wait_for(lambda: _reached(run, 3), timeout=120, message="the run to take steps")
+        with pytest.raises(NbtrainError, match="gives nbtrain no optimizer to adjust. Call "
+                                               "nbtrain.prepare_optimizer\\(optimizer\\)"):
+            run.adjust(lr=0.01)
+        with pytest.raises(NbtrainError, match="count no epochs"):
+            run.stop(after="epoch")
+    finally:
+        run.stop()
+
+
+def fails_once_after_the_change(config):
+    """Attempt 0's rank 1 raises at step 30 (after the change); attempt 1 runs 40 steps from the start."""
+    import torch
+
+    model = nbtrain.prepare_model(torch.nn.Linear(2, 1))
+    optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for step in range(1, 41):
+        optimizer.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        nbtrain.report(step=step, lr=optimizer.param_groups[0]["lr"])
+        if nbtrain.get_context().attempt == 0 and nbtrain.get_context().rank == 1 and step == 30:
+            raise RuntimeError("made to fail once")
+        time.sleep(0.1 if nbtrain.get_context().attempt == 0 else 0.0)
+
+
+def test_a_restarted_attempt_applies_the_changes_at_the_same_steps(cluster):
+    run = nbtrain.launch(fails_once_after_the_change, name="steering-restart", workers=2, max_failures=1)
+    wait_for(lambda: _reached(run, 3), timeout=120, message="the first attempt to take steps")
+    applied = run.adjust(lr=0.05, wait=True)
+    assert applied < 30
+    assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
+    second = [row for row in run.metrics if row["attempt"] == 1]
+    assert {row["lr"] for row in second if row["step"] < applied} == {0.1}
+    assert {row["lr"] for row in second if row["step"] >= applied} == {0.05}
