@@ -20,10 +20,16 @@ push). Where they write:
 each; rows received in the last second before a supervisor crash may be missing
 from these writers (the run's own history has them). A writer that fails is
 reported once as a run event and switched off; training goes on.
+
+Closing (the run ended) writes what was pushed before it began; rows pushed after that, and rows
+still waiting when the writers have not finished within ``CLOSE_WAIT_S``, are counted and said in
+one run event. The writers' thread closes them after its last batch, so a writer is never closed
+while it still writes.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import queue
 import threading
@@ -34,12 +40,23 @@ from typing import Any
 from nbtrain._paths import private_dir
 
 WRITE_INTERVAL_S = 1.0
+CLOSE_WAIT_S = 60.0  # how long closing waits for the writers to finish what was pushed before it
 ROW_KEYS = ("rank", "step", "attempt", "time")
 MLFLOW_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
 
 
+class _State(enum.Enum):
+    OPEN = "open"          # rows are queued for the writers
+    CLOSING = "closing"    # close() waits for the writers; new rows are dropped and counted
+    CLOSED = "closed"      # close() returned; new rows are dropped, counted, and said once
+
+
 class MetricLoggers:
-    """The writers of one run; ``write(rows)`` is cheap (a queue), the writing happens on a thread."""
+    """The writers of one run; ``write(rows)`` is cheap (a queue), the writing happens on a thread.
+
+    Thread-safe: ``write`` may race ``close``; every row given to ``write`` ends up ``written`` or
+    ``dropped`` (said as a run event through ``on_error``).
+    """
 
     def __init__(self, kinds: tuple[str, ...] | list[str] | str, run_name: str, run_dir: Path, logger_dir: Path,
                  config: dict[str, Any], env: dict[str, str], on_error: Callable[[str], None]) -> None:
@@ -47,6 +64,16 @@ class MetricLoggers:
         self._queue: queue.Queue[list[dict[str, Any]] | None] = queue.Queue()
         self._writers: dict[str, Any] = {}
         self.where: dict[str, str] = {}
+        self._lock = threading.Lock()  # the state and the row counts below
+        self._state = _State.OPEN
+        self._final_state = ""   # the run's, for the writers' close (MLflow's run status)
+        self._queued = 0         # rows put on the queue while open
+        self._written = 0        # rows the thread handed to the writers
+        self._in_flight = 0      # rows the thread is handing to the writers now
+        self._late = 0           # rows pushed once closing began
+        self._abandoned = 0      # rows the thread dropped because close stopped waiting for it
+        self._gave_up = False    # close stopped waiting: the thread drops what it has not begun
+        self._said_closed = False
         for kind in [kinds] if isinstance(kinds, str) else kinds:
             try:
                 writer = _TensorBoard(logger_dir, run_name) if kind == "tensorboard" else \
@@ -63,16 +90,73 @@ class MetricLoggers:
         self._thread = threading.Thread(target=self._loop, name="nbtrain-metric-loggers", daemon=True)
         self._thread.start()
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` began: rows written now are dropped."""
+        return self._state is not _State.OPEN
+
+    @property
+    def written(self) -> int:
+        """Rows handed to the writers so far."""
+        return self._written
+
+    @property
+    def dropped(self) -> int:
+        """Rows dropped so far: pushed after closing began, or left waiting when close stopped waiting."""
+        with self._lock:
+            return self._late + self._abandoned
+
     def write(self, rows: list[dict[str, Any]]) -> None:
-        if rows and self._writers:
-            self._queue.put(rows)
+        if not rows or not self._writers:
+            return
+        with self._lock:
+            state = self._state
+            if state is _State.OPEN:
+                self._queue.put(rows)
+                self._queued += len(rows)
+                return
+            self._late += len(rows)
+            say = state is _State.CLOSED and not self._said_closed
+            self._said_closed = self._said_closed or say
+        if say:
+            self._on_error(f"{self._kinds()}: {len(rows)} rows arrived after the loggers closed with the run and "
+                           f"were not written (the run's history has them); later ones are dropped too")
 
     def close(self, state: str) -> None:
-        """Write what is queued, end the writers (MLflow: the run's final status); waits for it."""
-        self._queue.put(None)
-        self._thread.join(timeout=60)
-        for kind, writer in list(self._writers.items()):
-            self._guard(kind, writer.close, state)
+        """Write what was pushed before this call and end the writers (MLflow: the run's final ``state``).
+
+        Waits up to ``CLOSE_WAIT_S`` for the writers; says in one run event how many rows were not written.
+        """
+        with self._lock:
+            if self._state is not _State.OPEN:
+                return
+            self._state = _State.CLOSING
+            self._final_state = state
+            self._queue.put(None)  # after every queued row: the thread writes them, then closes the writers
+        self._thread.join(timeout=CLOSE_WAIT_S)
+        with self._lock:
+            self._state = _State.CLOSED
+            self._gave_up = True  # a no-op once the thread finished; else it drops what it has not begun
+            late, in_flight = self._late, self._in_flight
+            waiting = self._queued - self._written - self._abandoned - in_flight
+        if late or waiting or in_flight:
+            self._on_error(self._not_written(late, waiting, in_flight))
+
+    def _not_written(self, late: int, waiting: int, in_flight: int) -> str:
+        why = []
+        if late:
+            why.append(f"{late} arrived after the loggers began closing with the run")
+        if waiting:
+            why.append(f"{waiting} were still waiting when the writers had not finished after {CLOSE_WAIT_S:g} s")
+        said = f"{self._kinds()}: {late + waiting} rows were not written ({'; '.join(why)}); " if late or waiting \
+            else f"{self._kinds()}: "
+        if in_flight:
+            said += (f"the writers, still busy after {CLOSE_WAIT_S:g} s, go on with the {in_flight} rows they hold "
+                     f"and are closed when done; ")
+        return said + "the run's history has every row"
+
+    def _kinds(self) -> str:
+        return ", ".join(self.where) or "loggers"
 
     def _loop(self) -> None:
         done = False
@@ -89,8 +173,21 @@ class MetricLoggers:
             except queue.Empty:
                 pass
             if batch:
-                for kind, writer in list(self._writers.items()):
-                    self._guard(kind, writer.write, batch)
+                self._write(batch)
+        for kind, writer in list(self._writers.items()):  # here, not in close(): nothing else uses them now
+            self._guard(kind, writer.close, self._final_state)
+
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        with self._lock:
+            if self._gave_up:
+                self._abandoned += len(batch)
+                return
+            self._in_flight = len(batch)
+        for kind, writer in list(self._writers.items()):
+            self._guard(kind, writer.write, batch)
+        with self._lock:
+            self._written += len(batch)
+            self._in_flight = 0
 
     def _guard(self, kind: str, action: Callable[..., None], *args: Any) -> None:
         try:

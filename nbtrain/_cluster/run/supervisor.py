@@ -127,6 +127,7 @@ class RunSupervisor:
         self._run = RunController(spec, datasets, self._feed, storage, self._table, self._handle,
                                   on_end=self._retire, before_transition=self._open_or_close_loggers)
         self._loggers: MetricLoggers | None = None
+        self._loggers_lock = threading.Lock()
         if set_aside is not None:
             self._feed.event("storage", f"{storage.dir} held the files of an earlier run named {spec.name!r} "
                                         f"that is no longer on the cluster; they were moved to {set_aside}.", 0)
@@ -170,13 +171,18 @@ class RunSupervisor:
         ray.kill(self._handle, no_restart=True)
 
     def _open_or_close_loggers(self, new: RunState) -> None:
-        """Loggers are open while the run is live: ended with its final state before anyone sees it."""
-        if new.is_terminal:
-            loggers, self._loggers = self._loggers, None
-            if loggers is not None:
-                loggers.close(new.value)
-        elif self._loggers is None:
-            self._loggers = _start_loggers(self._run.spec, self._storage.dir, self._feed)
+        """Loggers are open while the run is live: ended with its final state before anyone sees it.
+
+        Closed loggers stay in place until a resume opens new ones, so that a push racing the
+        close reaches them and its rows are written or counted as dropped, never lost unsaid.
+        """
+        with self._loggers_lock:  # the control thread's transitions and a user's resume
+            loggers = self._loggers
+            if new.is_terminal:
+                if loggers is not None:
+                    loggers.close(new.value)
+            elif loggers is None or loggers.closed:
+                self._loggers = _start_loggers(self._run.spec, self._storage.dir, self._feed)
 
     def _may_retire(self) -> bool:
         return self._run.state.is_terminal and not self._deleted and not self._retired
@@ -188,8 +194,9 @@ class RunSupervisor:
         nan_rows = self._feed.accept(rank, attempt, seq, rows, logs)
         if nan_rows is None:  # a push seen before
             return
-        if self._loggers is not None:
-            self._loggers.write(rows)
+        loggers = self._loggers  # read once: a close meanwhile is MetricLoggers' to account for
+        if loggers is not None:
+            loggers.write(rows)
         self._table.beat(rank, attempt, beat)
         if nan_rows:
             self._run.note_nan_rows(nan_rows)
