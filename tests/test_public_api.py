@@ -18,8 +18,8 @@ EXPECTED_ALL = [
     "NotSerializableError", "ResourcesUnavailableError", "Run", "RunExistsError", "RunFailedError", "RunNotFoundError",
     "RunState", "StorageError", "Sweep", "SweepFailedError", "TorchTrainer", "TrainContext", "Trial",
     "VersionMismatchError", "WorkerState", "attach", "attach_sweep", "backward", "checkpoint_requested", "connect",
-    "disconnect", "get_context", "get_dataset_shard", "launch", "load_checkpoint", "on_command", "prepare_loader", "prepare_model",
-    "prepare_optimizer", "release_warm", "report", "runs", "save_checkpoint", "steerable", "sweeps",
+    "disconnect", "get_context", "get_dataset_shard", "launch", "load_checkpoint", "on_command", "prepare_loader",
+    "prepare_model", "prepare_optimizer", "release_warm", "report", "runs", "save_checkpoint", "steerable", "sweeps",
     "tune",
 ]
 

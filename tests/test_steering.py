@@ -123,8 +123,8 @@ def test_adjusting_a_run_that_gives_no_optimizer_says_what_to_call(cluster):
     run = nbtrain.launch(no_optimizer_given, name="steering-no-optimizer", workers=1)
     try:
         wait_for(lambda: _reached(run, 3), timeout=120, message="the run to take steps")
-        with pytest.raises(NbtrainError, match="gives nbtrain no optimizer to adjust. Call "
-                                               "nbtrain.prepare_optimizer\\(optimizer\\)"):
+        with pytest.raises(NbtrainError, match=r"gives nbtrain no optimizer to adjust\. Call "
+                                               r"nbtrain\.prepare_optimizer\(optimizer\)"):
             run.adjust(lr=0.01)
         with pytest.raises(NbtrainError, match="count no epochs"):
             run.stop(after="epoch")
@@ -133,27 +133,33 @@ def test_adjusting_a_run_that_gives_no_optimizer_says_what_to_call(cluster):
 
 
 def fails_once_after_the_change(config):
-    """Attempt 0's rank 1 raises at step 30 (after the change); attempt 1 runs 40 steps from the start."""
+    """The first attempt steps until its learning rate was changed, and 3 steps more; then rank 1 raises.
+    The second runs 200 steps from the start, at full speed."""
     import torch
 
     model = nbtrain.prepare_model(torch.nn.Linear(2, 1))
     optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    for step in range(1, 41):
+    first = nbtrain.get_context().attempt == 1  # attempts count from 1
+    changed_at = None
+    for step in range(1, 2001 if first else 201):
         optimizer.zero_grad()
         model(torch.ones(1, 2)).sum().backward()
         optimizer.step()
-        nbtrain.report(step=step, lr=optimizer.param_groups[0]["lr"])
-        if nbtrain.get_context().attempt == 0 and nbtrain.get_context().rank == 1 and step == 30:
-            raise RuntimeError("made to fail once")
-        time.sleep(0.1 if nbtrain.get_context().attempt == 0 else 0.0)
+        lr = optimizer.param_groups[0]["lr"]
+        nbtrain.report(step=step, lr=lr)
+        if first:
+            changed_at = changed_at or (step if lr != 0.1 else None)
+            if changed_at and step == changed_at + 3 and nbtrain.get_context().rank == 1:
+                raise RuntimeError("made to fail once")
+            time.sleep(0.1)
 
 
 def test_a_restarted_attempt_applies_the_changes_at_the_same_steps(cluster):
     run = nbtrain.launch(fails_once_after_the_change, name="steering-restart", workers=2, max_failures=1)
     wait_for(lambda: _reached(run, 3), timeout=120, message="the first attempt to take steps")
     applied = run.adjust(lr=0.05, wait=True)
-    assert applied < 30
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
-    second = [row for row in run.metrics if row["attempt"] == 1]
+    second = [row for row in run.metrics if row["attempt"] == 2]
+    assert len(second) == 400
     assert {row["lr"] for row in second if row["step"] < applied} == {0.1}
     assert {row["lr"] for row in second if row["step"] >= applied} == {0.05}

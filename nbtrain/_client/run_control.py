@@ -147,9 +147,8 @@ class RunControl:
             raise InvalidOptionError(f"run.send(..., ranks=...) is '0' or 'all', not {ranks!r}.")
         issued = self._steer(USER, {"name": command, "payload": payload}, f"sent {command!r}")
         world = int(self._cached_summary.get("world_size") or 1)
-        answers = self._call("command_results", issued["id"], world if ranks == "all" else 1, float(timeout),
-                             timeout=timeout + READ_TIMEOUT_S)
-        wanted = range(world) if ranks == "all" else [0]
+        wanted = list(range(world)) if ranks == "all" else [0]
+        answers = self._call("command_results", issued["id"], wanted, float(timeout), timeout=timeout + READ_TIMEOUT_S)
         missing = [rank for rank in wanted if rank not in answers]
         if missing:
             raise NbtrainError(f"Run {self.name!r}: no answer to {command!r} from rank(s) {missing} within "

@@ -148,9 +148,11 @@ class TrainingSession:
         sys.stdout = _LogTee(self, "stdout", sys.stdout)
         sys.stderr = _LogTee(self, "stderr", sys.stderr)
         self._thread.start()
+        self.steering.start()
 
     def close(self, state: str) -> None:
         self._stop.set()
+        self.steering.stop()
         self._thread.join(timeout=PUSH_ORDER_WAIT_S + 5)
         if self._saved_stdio is not None:
             sys.stdout, sys.stderr = self._saved_stdio
@@ -212,9 +214,8 @@ class TrainingSession:
                         if not self._settled(PUSH_ORDER_WAIT_S) or self._unsent is not None:
                             break  # slow or failed: the next tick carries on
                         self.flush(state="running")
-                    self.steering.poll()
                 except Exception:  # noqa: BLE001 - the supervisor may be restarting; retry next tick
-                    self.steering.lost_question()
+                    pass
 
     def land_reported(self) -> None:
         """Send what this rank reported so far and wait until the supervisor has it (or the push in flight

@@ -1,7 +1,7 @@
 """A rank's part in steering a live run: it learns the notebook's commands and applies them at their step.
 
-The flusher thread asks the supervisor for new commands every :data:`CONTROL_POLL_S` (one cheap
-call, never waited for: the answer is read on a later tick). Each command carries the step at which
+A thread of its own waits on the supervisor for new commands (a long poll, answered the moment one is
+issued). Each command carries the step at which
 it takes effect; a torch optimizer step pre-hook — registered by ``prepare_optimizer``,
 ``nbtrain.steerable`` or the Lightning / Hugging Face integrations — applies what is due before that
 step's update, on every rank at the same step, so DDP replicas stay identical. With nothing pending
@@ -27,7 +27,9 @@ from nbtrain._cluster.commands import (
     USER,
 )
 
-CONTROL_POLL_S = 0.1   # how often a rank asks for new commands (and, elastic runs, whether a checkpoint is wanted)
+CONTROL_WAIT_S = 1.0   # a rank's question for new commands waits this long for one (elastic runs: also a checkpoint)
+CALL_TIMEOUT_S = 10.0
+RETRY_S = 1.0
 PAUSE_CHECK_S = 0.5    # a paused rank looks again this often (a resume wakes it at once)
 OPTIMIZER_KEYS = ("lr", "weight_decay", "momentum", "betas")
 
@@ -64,33 +66,33 @@ class RankSteering:
         self._beat_mark = (0, time.monotonic())
         self._rate: float | None = None            # steps per second, smoothed over heartbeats
         self._lock = threading.Lock()
-        self._asking: Any = None
-        self._next_ask = 0.0
+        self._stopped = threading.Event()
         self._replaying = True
         self.learn([c for c in known if c["kind"] == ADJUST])  # a new attempt: the changes made so far
         self._replaying = False
 
-    # ------------------------------------------------------------------ the flusher's thread
-    def poll(self) -> None:
-        """Take the answer to the last question if it came, and ask again when it is time; never waits."""
+    # ------------------------------------------------------------------ its own thread
+    def start(self) -> None:
+        threading.Thread(target=self._listen, name="nbtrain-steering", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _listen(self) -> None:
+        """Wait on the supervisor for new commands (a long poll answered as soon as one is issued, else after
+        ``CONTROL_WAIT_S``): a command reaches every rank within milliseconds, whatever the pushes do."""
         import ray
 
         session = self.session
-        if self._asking is not None:
-            ready, _ = ray.wait([self._asking], timeout=0)
-            if not ready:
-                return
-            ref, self._asking = self._asking, None
-            checkpoint, commands = ray.get(ref)
+        while not self._stopped.is_set():
+            try:
+                checkpoint, commands = ray.get(session.supervisor.control.remote(
+                    session.context.attempt, self.seen, CONTROL_WAIT_S), timeout=CONTROL_WAIT_S + CALL_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - the supervisor restarting: ask again shortly
+                self._stopped.wait(RETRY_S)
+                continue
             session.checkpoint_requested = bool(checkpoint)
             self.learn(commands)
-        if time.monotonic() >= self._next_ask:
-            self._next_ask = time.monotonic() + CONTROL_POLL_S
-            self._asking = session.supervisor.control.remote(session.context.attempt, self.seen)
-
-    def lost_question(self) -> None:
-        """The supervisor did not answer (restarting): ask again next tick."""
-        self._asking = None
 
     def learn(self, commands: list[dict[str, Any]]) -> None:
         with self._lock:

@@ -2,8 +2,8 @@
 keeps them in the run's history, and hands them to the ranks (see :mod:`nbtrain._cluster.commands`).
 
 The step: every rank must apply a change at the same step, so the supervisor picks one a little ahead
-of the furthest rank — far enough that each rank's next poll (every ``CONTROL_POLL_S``) brings the
-command before it gets there: :data:`LEAD_S` of steps at the run's current rate, and at least
+of the furthest rank — far enough that the command reaches each rank (each holds a standing question, answered at once)
+before it gets there: :data:`LEAD_S` of steps at the run's current rate, and at least
 :data:`MIN_LEAD_STEPS`. Every rank says at which step it applied it; if they disagree (a rank was held
 up longer than the lead), the run's events say so. The ranks measure their rate of steps themselves,
 on each heartbeat, so the lead is right from the first seconds of a run. A command issued while no rank runs (a restart)
@@ -70,6 +70,7 @@ class RunSteering:
             command = Command(id=len(self.commands) + 1, kind=kind, args=args, at_step=_step_ahead(running),
                               issued=time.time())
             self.commands.append(command)
+            self._changed.notify_all()
         self._persist()
         return command.as_dict()
 
@@ -100,8 +101,12 @@ class RunSteering:
         return False
 
     # ------------------------------------------------------------------ the ranks ask and answer
-    def since(self, seen: int) -> list[dict[str, Any]]:
+    def since(self, seen: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
+        """The commands after the ``seen``-th, waiting up to ``wait_s`` for one."""
+        deadline = time.monotonic() + wait_s
         with self._changed:
+            while len(self.commands) <= seen and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
             return [command.as_dict() for command in self.commands[seen:]]
 
     def all(self) -> list[dict[str, Any]]:
@@ -136,11 +141,12 @@ class RunSteering:
                 command.applied = time.time()
             self._changed.notify_all()
 
-    def results(self, command_id: int, ranks: int, wait_s: float) -> dict[int, tuple[bool, Any]]:
-        """The answers of a user command's ranks so far, waiting up to ``wait_s`` for all ``ranks``."""
+    def results(self, command_id: int, ranks: list[int], wait_s: float) -> dict[int, tuple[bool, Any]]:
+        """The answers of a user command's ranks so far, waiting up to ``wait_s`` for those of ``ranks``."""
         deadline = time.monotonic() + wait_s
         with self._changed:
-            while len(self._results.get(command_id, {})) < ranks and (left := deadline - time.monotonic()) > 0:
+            while not set(ranks) <= set(self._results.get(command_id, {})) \
+                    and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
             return dict(self._results.get(command_id, {}))
 

@@ -182,6 +182,11 @@ class StoredRun:
         del timeout
         return str(self.summary()["state"])
 
+    def steer(self, kind: str, args: dict[str, Any]) -> tuple[bool, str]:
+        """Nothing to steer: a stored run has ended (the notebook raises this as the refusal)."""
+        del kind, args
+        return False, f"it has ended ({self.summary()['state']}); only a live run can be steered."
+
     def delete(self) -> str:
         delete_files(self.name, self.dir)
         return "deleted"

@@ -61,13 +61,15 @@ Found = tuple[dict[str, Any], bytes | None, str | None]  # a checkpoint: its met
 
 READERS = "readers"  # the concurrency group of notebook-facing long polls
 READER_THREADS = 16
+RANKS = "ranks"  # the concurrency group of the ranks' standing questions (one thread each while it waits)
+RANK_THREADS = 256
 
 def supervisor_actor() -> Any:
     """RunSupervisor as a Ray actor class (start it with :func:`supervisor_options`). The notebooks'
     long polls wait in threads of their own: however many dashboards follow the run, the ranks'
     pushes (and stop, checkpoints) keep the default group's threads. Ray takes concurrency groups
     only here, not in ``.options()``."""
-    return ray.remote(concurrency_groups={READERS: READER_THREADS})(RunSupervisor)
+    return ray.remote(concurrency_groups={READERS: READER_THREADS, RANKS: RANK_THREADS})(RunSupervisor)
 
 
 def supervisor_options(run_name: str, holds: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -230,10 +232,12 @@ class RunSupervisor:
         except NbtrainError as refused:
             return False, str(refused)
 
-    def control(self, attempt: int, seen: int) -> tuple[bool, list[dict[str, Any]]]:
-        """Asked by every rank a few times a second: whether a checkpoint is wanted (an elastic run about to
-        resize), and the notebook's commands after the ``seen``-th (see steering)."""
-        return self._run.checkpoint_wanted(attempt), self._run.steering.since(seen)
+    @ray.method(concurrency_group=RANKS)
+    def control(self, attempt: int, seen: int, wait_s: float) -> tuple[bool, list[dict[str, Any]]]:
+        """Each rank's standing question (see rank/steering): the notebook's commands after the ``seen``-th,
+        as soon as there are any (else after ``wait_s``), and whether a checkpoint is wanted (elastic)."""
+        commands = self._run.steering.since(seen, wait_s)
+        return self._run.checkpoint_wanted(attempt), commands
 
     def command_applied(self, command_id: int, rank: int, step: int, before: dict[str, Any] | None,
                         when: float) -> None:
@@ -256,7 +260,7 @@ class RunSupervisor:
             return False, str(refused)
 
     @ray.method(concurrency_group=READERS)
-    def command_results(self, command_id: int, ranks: int, wait_s: float) -> dict[int, tuple[bool, Any]]:
+    def command_results(self, command_id: int, ranks: list[int], wait_s: float) -> dict[int, tuple[bool, Any]]:
         return self._run.steering.results(command_id, ranks, wait_s)
 
     @ray.method(concurrency_group=READERS)
