@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nbtrain._cluster.rank.session import current_session
 from nbtrain._cluster.rank.worker_api import report, store_checkpoint
 from nbtrain._cluster.storage.run_storage import pack_directory
 
@@ -44,7 +45,22 @@ class NbtrainCallback(TrainerCallback):
         if numbers:
             report(step=state.global_step, **numbers)
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        """The notebook may steer the Trainer's optimizer (``run.adjust``, pause, commands)."""
+        steering = current_session().steering
+        steering.epochs_counted = True
+        if optimizer is not None:  # Accelerate wraps it; the hooks go on the torch optimizer inside
+            steering.steer(getattr(optimizer, "optimizer", optimizer))
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        current_session().steering.at_epoch_start(int(state.epoch or 0))  # run.stop(after="epoch")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if current_session().steering.checkpoint_wanted:  # run.checkpoint_now(): the Trainer saves now
+            control.should_save = True
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        current_session().steering.saved_checkpoint()
         if not state.is_world_process_zero:
             return
         saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"

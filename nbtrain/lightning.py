@@ -156,13 +156,33 @@ class NbtrainLogger(Logger):
 
 
 class NbtrainCheckpoint(pl.Callback):
-    """Saves a Lightning checkpoint with the run after every training epoch (on every rank: FSDP gathers)."""
+    """Saves a Lightning checkpoint with the run after every training epoch (on every rank: FSDP gathers), and
+    between batches when the notebook asks (``run.checkpoint_now()``); lets the notebook steer the Trainer's
+    optimizers (``run.adjust``, pause, commands) and stop after the epoch (``run.stop(after="epoch")``)."""
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        steering = current_session().steering
+        steering.epochs_counted = True
+        for optimizer in trainer.optimizers:
+            steering.steer(optimizer)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        current_session().steering.at_epoch_start(trainer.current_epoch)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if current_session().steering.checkpoint_wanted:  # the same step on every rank: the collective is safe
+            self._save(trainer)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._save(trainer)
+
+    @staticmethod
+    def _save(trainer: Any) -> None:
         with tempfile.TemporaryDirectory(prefix="nbtrain-lightning-") as directory:
             trainer.save_checkpoint(os.path.join(directory, CHECKPOINT_NAME))  # a collective; rank 0 writes
             if trainer.global_rank == 0:
                 store_checkpoint(pack_directory(directory), "directory")
+        current_session().steering.saved_checkpoint()
 
 
 def resume_path() -> str | None:

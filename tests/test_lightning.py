@@ -121,3 +121,45 @@ def test_lightning_fsdp_strategy_trains_and_checkpoints_a_full_model(cluster):
     assert {r["rank"] for r in run.metrics if "train_loss" in r} == {0, 1}
     restored = Regressor.load_from_checkpoint(run.checkpoint_dir() / "checkpoint.ckpt")
     assert restored.layer.weight.shape == (1, 8)  # the full (unsharded) parameters
+
+
+class SteeredRegressor(Regressor):
+    """Logs its optimizer's learning rate and the sum of its parameters every step, slowly enough to be steered."""
+
+    def training_step(self, batch, batch_idx):
+        import time
+
+        loss = super().training_step(batch, batch_idx)
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        self.log("params", float(sum(p.detach().double().sum() for p in self.parameters())))
+        time.sleep(0.05)
+        return loss
+
+
+def test_a_lightning_run_is_steered_and_stopped_after_its_epoch(cluster):
+    from _helpers import wait_for
+
+    def train():
+        nbtrain.lightning.trainer(max_epochs=1000).fit(SteeredRegressor(), loader())
+
+    run = nbtrain.launch(train, workers=2, name="lightning-steered")
+    try:
+        wait_for(lambda: run.refresh() is not None and len(run.metrics) >= 10, timeout=180,
+                 message="the Lightning run to take steps")
+        applied = run.adjust(lr=0.01, wait=True)
+        run.stop(after="epoch")
+        assert run.wait(timeout=180, raise_on_failure=False) == nbtrain.RunState.STOPPED
+    finally:
+        if not run.state.is_terminal:
+            run.stop()
+    by_step: dict[int, dict[int, dict]] = {}
+    for row in run.metrics:
+        if "lr" in row:
+            by_step.setdefault(row["step"], {})[row["rank"]] = row
+    assert {step for step, ranks in by_step.items() if len(ranks) == 2} == set(by_step)
+    for step, ranks in by_step.items():
+        assert ranks[0]["params"] == ranks[1]["params"], f"replicas differ at step {step}"
+        assert ranks[0]["lr"] == ranks[1]["lr"]
+    assert {round(ranks[0]["lr"], 6) for ranks in by_step.values()} == {0.05, 0.01}  # logged as float32
+    assert max(by_step) % 4 == 3, "stopped at the end of an epoch (4 steps per rank)"
+    assert run.changes[0]["step"] == applied

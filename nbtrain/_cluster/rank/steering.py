@@ -217,6 +217,7 @@ class RankSteering:
         """Called as a prepared loader (or an integration) begins ``epoch``: past the epoch ``run.stop(after=
         "epoch")`` named, the rank holds here and says so; the supervisor stops the run once every rank does."""
         if self.stop_after_epoch is None or epoch <= self.stop_after_epoch:
+            self.session.epoch = epoch
             return
         self.held_after_epoch = self.stop_after_epoch
         never = threading.Event()
