@@ -43,6 +43,7 @@ class RunRecord(TypedDict, total=False):
     progress: Progress
     latest: dict[str, Any]     # the last value of each metric
     error: str | None          # first line of the run's error
+    paused_at: int | None      # the step every rank is held at by run.pause(), while it is
 
 
 class ClusterRecord(TypedDict, total=False):
@@ -102,6 +103,7 @@ def record_from_summary(summary: dict[str, Any], address: str) -> RunRecord:
         "workers": _count(summary.get("world_size")), "attempt": _count(summary.get("attempt")),
         "progress": progress, "latest": _latest(summary.get("latest")),
         "error": (error if isinstance(error, str) else "").split("\n")[0] or None,
+        "paused_at": summary["paused_at"] if is_whole(summary.get("paused_at")) else None,
     }
 
 

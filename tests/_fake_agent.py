@@ -12,7 +12,7 @@ A cluster is reachable when one of those files names its address. Then
 ``runs --json --address A`` answers what the real command prints
 (``{"address", "cluster", "runs"}``) and ``stop NAME --address A`` marks that
 run stopped on the fake cluster. Otherwise both fail with a connection error.
-``stop crash*`` makes the agent die.
+``pause`` / ``resume NAME --address A`` set or clear its ``paused_at`` (7). ``stop crash*`` makes the agent die.
 """
 
 import json
@@ -58,11 +58,19 @@ def answer(argv):
     if name not in runs:
         return False, f"nbtrain: No run named {name!r} on {address}. Runs there: {', '.join(runs) or 'none'}."
     path = os.path.join(cluster_dir, f"{name}.json")
-    run = {**runs[name], "state": "stopped", "ended": time.time()}
+    if argv[0] in ("pause", "resume"):
+        paused = runs[name].get("paused_at") is not None
+        if paused == (argv[0] == "pause"):
+            return False, f"nbtrain: Run {name!r} cannot be {argv[0]}d: it is {'' if paused else 'not '}paused."
+        run = {**runs[name], "paused_at": 7 if argv[0] == "pause" else None}
+        said = f"Run {name!r} pauses at step 7." if argv[0] == "pause" else f"Run {name!r} resumed."
+    else:
+        run = {**runs[name], "state": "stopped", "ended": time.time()}
+        said = f"Run {name!r} stopped."
     with open(path + ".tmp", "w") as f:
         json.dump(run, f)
     os.replace(path + ".tmp", path)
-    return True, f"Run {name!r} stopped."
+    return True, said
 
 
 for line in sys.stdin:

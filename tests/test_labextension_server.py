@@ -270,6 +270,22 @@ def test_stop_runs_nbtrain_stop_and_the_list_shows_it(lab: JupyterLab, fake_clus
     assert ["stop", "alpha", "--address", address] in calls(fake_cluster.dir.parent)
 
 
+def test_pause_and_resume_run_the_tool_and_answer_with_the_run(lab: JupyterLab, fake_cluster: FakeCluster,
+                                                                address: str) -> None:
+    launch("paused", address)
+    fake_cluster.says("paused", address)
+    wait_for(run_shows(lab, "paused", state="running"))
+
+    status, run = lab.request("POST", "nbtrain/api/runs/paused/pause")
+    assert (status, run["paused_at"]) == (200, 7)
+    status, refused = lab.request("POST", "nbtrain/api/runs/paused/pause")
+    assert status == 409 and "cannot be paused: it is paused" in refused["message"]
+    status, run = lab.request("POST", "nbtrain/api/runs/paused/resume")
+    assert (status, run["paused_at"]) == (200, None)
+    assert ["pause", "paused", "--address", address] in calls(fake_cluster.dir.parent)
+    assert ["resume", "paused", "--address", address] in calls(fake_cluster.dir.parent)
+
+
 def test_stop_failure_shows_the_tools_message(lab: JupyterLab, registry: Path, address: str) -> None:
     launch("far", address)  # nothing answers at its address
 

@@ -3,7 +3,8 @@
 ``launch()`` records the run once; the server's ``python -m nbtrain agent``
 reports what the cluster says of it (no notebook writes anything after the
 launch). The sidebar shows the run, its progress grows, the status bar counts
-it, and the sidebar's Stop button stops it for real, through the same agent.
+it, its Pause button holds every rank at one step and Resume lets them go on, and
+the sidebar's Stop button stops it for real, through the same agent.
 """
 
 from __future__ import annotations
@@ -53,6 +54,16 @@ def test_sidebar_follows_and_stops_a_real_run(page, lab):
         second = int(label.inner_text().split()[1].split("/")[0])
         assert second > first
         page.screenshot(path=str(ARTIFACTS / "sidebar-live.png"), full_page=True)
+        row.locator(".jp-nbtrain-pause").click()  # every rank holds at one step; the row says which
+        expect(row.locator(".jp-nbtrain-badge")).to_contain_text("paused at step", timeout=60_000)
+        paused_at = nbtrain.attach("sidebar-live").summary()["paused_at"]
+        assert paused_at is not None and row.locator(".jp-nbtrain-badge").inner_text() == f"paused at step {paused_at}"
+        expect(row.locator(".jp-nbtrain-pause")).to_have_text("Resume")
+        page.screenshot(path=str(ARTIFACTS / "sidebar-paused.png"), full_page=True)
+        row.locator(".jp-nbtrain-pause").click()
+        expect(row.locator(".jp-nbtrain-badge")).to_have_text("running", timeout=60_000)
+        assert nbtrain.attach("sidebar-live").summary()["paused_at"] is None
+
         row.locator(".jp-nbtrain-stop").click()
         page.locator(".jp-Dialog").get_by_role("button", name="Stop run").click()
         clicked = time.monotonic()

@@ -8,6 +8,7 @@ sums show.
 
 from __future__ import annotations
 
+import html
 import time
 
 import pytest
@@ -163,3 +164,36 @@ def test_a_restarted_attempt_applies_the_changes_at_the_same_steps(cluster):
     assert len(second) == 400
     assert {row["lr"] for row in second if row["step"] < applied} == {0.1}
     assert {row["lr"] for row in second if row["step"] >= applied} == {0.05}
+
+
+def test_the_dashboards_controls_steer_the_run_and_mark_the_curves(cluster):
+    from nbtrain._views.dashboard import WidgetDashboard
+
+    run = nbtrain.launch(steered_loop, name="steering-dashboard", workers=2, config={"step_time": 0.05})
+    try:
+        wait_for(lambda: _reached(run, 5), timeout=120, message="the run to take 5 steps")
+        dashboard = WidgetDashboard(run)
+        dashboard.update()
+        controls = dashboard.controls
+        assert controls.fields["lr"].value == "0.1" and controls.fields["lr"].layout.display is None
+        assert controls.fields["momentum"].value == "0.5" and controls.fields["betas"].layout.display == "none"
+
+        controls.fields["lr"].value = "0.02"  # as typed in the field: the run is adjusted
+        wait_for(lambda: [c for c in run.changes if c["step"] is not None], timeout=30, message="the change applied")
+        dashboard.update()
+        assert controls.fields["lr"].value == "0.02"
+        _shapes, labels = dashboard._resize_marks()
+        assert [label["text"] for label in labels] == ["lr 0.1 → 0.02"]
+
+        controls.pause_button.click()
+        wait_for(lambda: run.summary()["paused_at"] is not None, timeout=30, message="the run paused")
+        dashboard.update()
+        assert f"paused at step {run.summary()['paused_at']}" in dashboard.header.value
+        assert controls.pause_button.description == "Resume"
+        controls.pause_button.click()
+        wait_for(lambda: run.summary()["paused_at"] is None, timeout=30, message="the run resumed")
+
+        controls.fields["lr"].value = "fast"
+        assert "lr: 'fast' is not a number; nothing was changed." in html.unescape(dashboard.notice.value)
+    finally:
+        run.stop()

@@ -39,6 +39,8 @@ export interface IRun {
   stale: boolean;
   /** Added by the server when a stop was requested through it. */
   stop?: IStopRequest | null;
+  /** The step every rank is held at by a pause, while the run is paused; else null. */
+  paused_at?: number | null;
   /**
    * The cell "Open dashboard" runs (`%ray_connect '…'` / `%ray_attach '…'`), built by the
    * server from a checked name and address; null for a record that cannot be shown.
@@ -148,6 +150,13 @@ export function listRuns(): Promise<IRunList> {
 export async function getCluster(): Promise<ICluster | null> {
   const body = await request<{ cluster: ICluster | null }>('cluster');
   return body.cluster;
+}
+
+/** Pause or resume a live run; answers once the cluster has it (or with its refusal). */
+export function steerRun(name: string, verb: 'pause' | 'resume'): Promise<IRun> {
+  return request<IRun>(`runs/${encodeURIComponent(name)}/${verb}`, {
+    method: 'POST'
+  });
 }
 
 export function stopRun(name: string): Promise<IRun> {

@@ -6,7 +6,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette, showErrorMessage } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
@@ -36,6 +36,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
         void app.commands
           .execute(CommandIDs.stopRun, { name: run.name })
           .catch(console.error),
+      onPause: (run, verb) =>
+        model
+          .steer(run.name, verb)
+          .catch(error =>
+            showErrorMessage(
+              `Could not ${verb} run "${run.name}"`,
+              (error as Error).message
+            )
+          ),
       onOpen: run =>
         void app.commands
           .execute(CommandIDs.openRun, { name: run.name })

@@ -9,7 +9,15 @@
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { ICluster, IRun, ISweep, getCluster, listRuns, stopRun } from './api';
+import {
+  ICluster,
+  IRun,
+  ISweep,
+  getCluster,
+  listRuns,
+  steerRun,
+  stopRun
+} from './api';
 
 const FAST_MS = 1500;
 const SLOW_MS = 10000;
@@ -80,6 +88,14 @@ export class RunsModel {
 
   refresh(): Promise<void> {
     return this._poll.refresh();
+  }
+
+  async steer(name: string, verb: 'pause' | 'resume'): Promise<void> {
+    try {
+      await steerRun(name, verb);
+    } finally {
+      await this.refresh();
+    }
   }
 
   async stop(name: string): Promise<void> {

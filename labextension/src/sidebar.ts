@@ -28,6 +28,7 @@ const NO_RUNS =
 export interface ISidebarOptions {
   model: RunsModel;
   onStop: (run: IRun) => void;
+  onPause: (run: IRun, verb: 'pause' | 'resume') => Promise<void>;
   onOpen: (run: IRun) => void;
 }
 
@@ -202,13 +203,22 @@ class RunRow {
         options.onStop(this._run);
       }
     });
+    this._pause.addEventListener('click', () => {
+      if (this._run) {
+        const verb = this._run.paused_at !== null && this._run.paused_at !== undefined ? 'resume' : 'pause';
+        this._pause.disabled = true;
+        void options.onPause(this._run, verb).finally(() => {
+          this._pause.disabled = false;
+        });
+      }
+    });
     this._open.addEventListener('click', () => {
       if (this._run) {
         options.onOpen(this._run);
       }
     });
     const actions = el('div', 'jp-nbtrain-run-actions');
-    actions.append(this._stop, this._open);
+    actions.append(this._pause, this._stop, this._open);
 
     this.node.append(this._top, this._progress, this._metrics, this._message, actions);
   }
@@ -219,7 +229,10 @@ class RunRow {
     this.node.classList.toggle('jp-mod-malformed', Boolean(run.malformed));
     this._top.hidden = false;
     this._progress.hidden = Boolean(run.malformed);
-    const state = run.stale ? `${run.state}?` : run.state;
+    const paused =
+      run.state === 'running' && run.paused_at !== null && run.paused_at !== undefined;
+    const shown = paused ? `paused at step ${run.paused_at}` : run.state;
+    const state = run.stale ? `${shown}?` : shown;
     this.node.dataset.runName = run.name;
     this.node.dataset.state = run.state;
     this._name.textContent = run.name;
@@ -259,6 +272,11 @@ class RunRow {
 
     this._stop.disabled = run.terminal || run.stop?.status === 'stopping';
     this._stop.hidden = run.terminal;
+    this._pause.hidden = run.terminal || run.stale || run.state !== 'running';
+    this._pause.textContent = paused ? 'Resume' : 'Pause';
+    this._pause.title = paused
+      ? 'Let every rank go on'
+      : 'Hold every rank at the same step (its workers stay reserved)';
     this._open.hidden = false;
     this._open.disabled = !run.notebook && !run.attach_cell;
     this._open.title = run.notebook
@@ -286,6 +304,7 @@ class RunRow {
     this._message.hidden = false;
     this._message.classList.add('jp-mod-error');
     this._stop.hidden = true;
+    this._pause.hidden = true;
     this._open.hidden = true;
   }
 
@@ -304,6 +323,7 @@ class RunRow {
   private _metrics = el('div', 'jp-nbtrain-metrics');
   private _message = el('div', 'jp-nbtrain-message');
   private _stop = button('Stop', 'jp-nbtrain-stop jp-mod-warn');
+  private _pause = button('Pause', 'jp-nbtrain-pause');
   private _open = button('Open dashboard', 'jp-nbtrain-open');
 }
 

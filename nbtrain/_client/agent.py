@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import IO
 
 _MESSAGE_CHARS = 4000
-_COMMANDS = ("runs", "stop")
+_COMMANDS = ("runs", "stop", "pause", "resume")
 
 
 def serve(requests: IO[str], run_command: Callable[[list[str]], int]) -> int:

@@ -7,6 +7,7 @@
     nbtrain cluster remove-node [--pid PID]               end an added node (the newest), as a lost node would end
     nbtrain runs [--json] [--address ADDR]               runs and sweeps on the cluster (what the lab sidebar shows)
     nbtrain stop NAME [--address ADDR]                    stop a run
+    nbtrain pause NAME [--address ADDR]                   hold a run's ranks at the same step; resume NAME goes on
     nbtrain lab [NOTEBOOK] [JUPYTER OPTIONS]              JupyterLab on 127.0.0.1 + the local cluster
     nbtrain agent                                         the above as JSON lines on stdin (for the lab server)
 """
@@ -27,6 +28,7 @@ from nbtrain._client.local import added_nodes, local_cluster, local_nodes
 
 if TYPE_CHECKING:
     from nbtrain._client.connection import Cluster
+    from nbtrain._client.run import Run
     from nbtrain._registry import ClusterRecord, RunRecord
 
 
@@ -184,19 +186,35 @@ def _warm_summary() -> dict[str, Any]:
     return {"idle": len(idle), "busy": len(workers) - len(idle), "next_exit_s": min(idle) if idle else None}
 
 
-def cmd_stop(args: argparse.Namespace) -> int:
+def _attached(args: argparse.Namespace, verb: str) -> Run:
     from nbtrain._client.launch import attach
     from nbtrain._exceptions import NbtrainError
 
     address = _address_for(args.name, args.address)
     if address is None:  # connecting without one would start a local cluster, where the run is not
         msg = (f"The registry does not say which cluster runs {args.name!r}; "
-               f"give it: nbtrain stop {args.name} --address ray://HOST:PORT (or set $RAY_ADDRESS).")
+               f"give it: nbtrain {verb} {args.name} --address ray://HOST:PORT (or set $RAY_ADDRESS).")
         raise NbtrainError(msg)
     _connect(address)
-    run = attach(args.name)
-    state = run.stop()
+    return attach(args.name)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    state = _attached(args, "stop").stop()
     print(f"Run {args.name!r} {state.value}.")
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    step = _attached(args, "pause").pause()
+    print(f"Run {args.name!r} pauses at step {step}." if step is not None else
+          f"Run {args.name!r} pauses as its ranks come back.")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    _attached(args, "resume").resume()
+    print(f"Run {args.name!r} resumed.")
     return 0
 
 
@@ -292,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("name")
     stop.add_argument("--address", default=None)
     stop.set_defaults(func=cmd_stop)
+    for verb, func, what in (("pause", cmd_pause, "hold a run's ranks at the same step (resources stay)"),
+                             ("resume", cmd_resume, "let a paused run go on")):
+        steer = sub.add_parser(verb, help=what)
+        steer.add_argument("name")
+        steer.add_argument("--address", default=None)
+        steer.set_defaults(func=func)
     lab = sub.add_parser("lab", help="JupyterLab on 127.0.0.1 with the local cluster (or $RAY_ADDRESS)",
                          description="Every argument goes to `jupyter lab` as is: a notebook, --port 9999, ...")
     lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, metavar="JUPYTER ARGS")

@@ -173,6 +173,14 @@ class CommandRunner:
         while len(self._stops) > self.settings.max_stop_history:
             self._stops.pop(next(iter(self._stops)))
 
+    async def steer(self, run: dict[str, Any], verb: str) -> tuple[bool, str]:
+        """``nbtrain pause|resume NAME --address A`` by the agent, then a fresh list: (done, what the tool said)."""
+        ok, output = await self._agent.call([verb, run["name"], "--address", run["address"]],
+                                            self.settings.command_timeout)
+        if ok:
+            await self.refresh(run["address"])
+        return ok, output.strip().splitlines()[-1] if output.strip() else f"nbtrain {verb} failed without a message"
+
     def _annotate(self, run: dict[str, Any]) -> dict[str, Any]:
         """Attach what this server knows about a stop it was asked for."""
         record = self._stops.get(run["name"])

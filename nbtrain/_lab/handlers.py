@@ -5,6 +5,8 @@
 ``GET  runs/<name>``        one run (404 if unknown)
 ``POST runs/<name>/stop``   202; the agent runs ``nbtrain stop <name> --address
                             <its cluster>`` in the background (409 if it ended)
+``POST runs/<name>/pause``  200 once the agent ran ``nbtrain pause <name> --address ...``
+``POST runs/<name>/resume`` (the run as listed now), 409 with the tool's message
 ``GET  cluster``            ``{"cluster": {...} | null}``
 ==========================  =======================================================
 
@@ -76,6 +78,23 @@ class StopRunHandler(_BaseHandler):
         self.finish(_json.dumps(self.commands.request_stop(run)))
 
 
+class SteerRunHandler(_BaseHandler):
+    """``POST runs/<name>/pause`` and ``.../resume``: the agent runs ``nbtrain pause|resume NAME --address A`` and
+    the answer comes when it is done (a few seconds): 200 with the run as the list now shows it, or 409 with the
+    tool's words (not running, already paused...)."""
+
+    @web.authenticated
+    async def post(self, name: str, verb: str) -> None:
+        run = self.find_run(name)
+        if run["malformed"] or run["terminal"] or not isinstance(run.get("address"), str):
+            raise web.HTTPError(409, f"Run {run['name']!r} cannot be {verb}d from here ({run['state']}); "
+                                     f"from a notebook: nbtrain.attach({run['name']!r}).{verb}().")
+        ok, said = await self.commands.steer(run, verb)
+        if not ok:
+            raise web.HTTPError(409, said)
+        self.finish(_json.dumps(self.commands.run(run["name"]) or run))
+
+
 class ClusterHandler(_BaseHandler):
     @web.authenticated
     def get(self) -> None:
@@ -91,6 +110,7 @@ def setup_handlers(web_app: web.Application, commands: CommandRunner) -> None:
             (url_path_join(api, "runs") + "/?", RunsHandler),
             (url_path_join(api, "runs", _NAME) + "/?", RunHandler),
             (url_path_join(api, "runs", _NAME, "stop") + "/?", StopRunHandler),
+            (url_path_join(api, "runs", _NAME, r"(?P<verb>pause|resume)") + "/?", SteerRunHandler),
             (url_path_join(api, "cluster") + "/?", ClusterHandler),
         ],
     )

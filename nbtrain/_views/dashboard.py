@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from nbtrain._states import RunState
+from nbtrain._views.control_row import ControlRow, change_marks
 from nbtrain._views.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
 from nbtrain._views.history import MetricHistory, take_new_rows
 from nbtrain._views.static_plot import COLOURS, svg_chart
@@ -139,9 +140,10 @@ class WidgetDashboard(Follower):
         self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger",
                                     tooltip="Stop the run: all workers are stopped and their resources freed")
         self.stop_button.on_click(self._on_stop)
+        self.controls = ControlRow(run, self.note_problem, self.stop_button)
         self.widget = w.VBox([
             self.header, w.HBox([self.progress, self.progress_label]), self.notice, self.rank_row, self.figure_box,
-            self.worker_summary, self.pager, self.worker_table, self.logs, self.stop_button,
+            self.worker_summary, self.pager, self.worker_table, self.logs, self.controls.widget,
         ])
         self.widget.add_class("nbtrain-dashboard")
         self._log_text: dict[int, str] = {}
@@ -169,8 +171,8 @@ class WidgetDashboard(Follower):
             self.note_problem(f"Stop failed: {exc}")
         self.stop_button.description = "Stopped"
 
-    def note_problem(self, message: str) -> None:
-        self.notice.value = f'<span style="color:#d62728">{html.escape(message)}</span>'
+    def note_problem(self, message: str, colour: str = "#d62728") -> None:
+        self.notice.value = f'<span style="color:{colour}">{html.escape(message)}</span>'
 
     def _on_ranks(self, change: dict[str, Any]) -> None:
         try:
@@ -212,6 +214,7 @@ class WidgetDashboard(Follower):
                 return False
             self._drawn_at, self._undrawn = now, False
             self._draw_header(summary)
+            self.controls.update(summary)
             last_draw = terminal and not self._finished
             if last_draw:  # what stays on the page: new figures holding the whole picture from their start,
                 self._close_figures()  # whatever the live figures' page views made of the stream of updates
@@ -350,7 +353,8 @@ class WidgetDashboard(Follower):
                                "y1": 1, "line": {"dash": "dash", "width": 1, "color": "#ff7f0e"}})
                 labels.append({"x": step, "xref": "x", "yref": "paper", "y": 1, "yanchor": "bottom",
                                "text": said[attempt], "showarrow": False, "font": {"size": 9, "color": "#ff7f0e"}})
-        return tuple(shapes), tuple(labels)
+        changed_shapes, changed_labels = change_marks(self._summary.get("changes") or [])
+        return tuple(shapes + changed_shapes), tuple(labels + changed_labels)
 
     def _draw_workers(self, summary: dict[str, Any]) -> None:
         workers = sorted(summary.get("workers") or [], key=lambda worker: worker["rank"])

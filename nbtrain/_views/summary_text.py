@@ -76,4 +76,6 @@ def state_label(summary: dict[str, Any]) -> str:
     if state == "restarting" or (state in ("pending", "starting") and (summary.get("attempt") or 1) > 1):
         return f"restarting (attempt {summary.get('attempt', 1) + (1 if state == 'restarting' else 0)}" \
                f"/{summary.get('max_failures', 0) + 1})"
+    if state == "running" and summary.get("paused_at") is not None:
+        return f"paused at step {summary['paused_at']}"
     return state

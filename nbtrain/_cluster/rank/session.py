@@ -168,6 +168,8 @@ class TrainingSession:
 
     # -- hot path --------------------------------------------------------
     def report(self, metrics: dict[str, Any]) -> None:
+        if self.steering.pending:
+            self.steering.at_report()
         step = metrics.pop("step", None)
         self.report_calls += 1
         if step is None:

@@ -134,7 +134,7 @@ class RankSteering:
 
     def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.pending:
-            self._apply_due(optimizer, user=False)
+            self._apply_due(user=False)
         if self.grad_clip is not None:
             import torch
 
@@ -145,14 +145,20 @@ class RankSteering:
         if optimizer is self.optimizers[0]:
             self.updates += 1
         if self.pending:
-            self._apply_due(optimizer, user=True)
+            self._apply_due(user=True)
 
-    def _apply_due(self, optimizer: Any, user: bool) -> None:
+    def at_report(self) -> None:
+        """``nbtrain.report()`` with commands pending: a loop that gives nbtrain no optimizer can still be paused,
+        checkpointed and sent commands (at its reports; changing an optimizer needs the optimizer)."""
+        self._apply_due(user=False, adjust=False)
+        self._apply_due(user=True)
+
+    def _apply_due(self, user: bool, adjust: bool = True) -> None:
         step = self.step()
         for command in list(self.pending):
             if command["at_step"] > step and command["at_step"] != AS_SOON_AS_BACK:
                 break
-            if (command["kind"] == USER) != user:
+            if (command["kind"] == USER) != user or (command["kind"] == ADJUST and not adjust):
                 continue
             with self._lock:
                 self.pending = [c for c in self.pending if c["id"] != command["id"]]

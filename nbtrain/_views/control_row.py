@@ -1,0 +1,128 @@
+"""The live dashboard's control row: the run's optimizer settings, each with an input to change it, Pause /
+Resume, Checkpoint now and Stop — the buttons of :class:`~nbtrain._client.run_control.RunControl` — and the
+markers each change leaves on the curves.
+
+Clicks call the same ``run.adjust()`` / ``run.pause()`` a cell would, on a thread of their own (a click never
+waits on the cluster in the kernel's widget handler); what happened, or why not, shows in the dashboard's notice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from nbtrain._cluster.commands import ADJUSTABLE
+
+CHANGE_COLOUR = "#2ca02c"
+FIELD_WIDTH = "150px"
+
+
+class ControlRow:
+    """The widgets of one dashboard's controls; ``update(summary)`` shows the run as it stands."""
+
+    def __init__(self, run: Any, say: Callable[..., None], stop_button: Any) -> None:
+        import ipywidgets as w
+
+        self.run = run
+        self._say = say
+        self._shown: dict[str, str] = {}   # what each field last showed: a field the user edits is left alone
+        self.fields = {key: w.Text(description=key, layout=w.Layout(width=FIELD_WIDTH, display="none"),
+                                   style={"description_width": "initial"}, continuous_update=False)
+                       for key in ADJUSTABLE}
+        for key, field in self.fields.items():
+            field.observe(lambda change, key=key: self._on_edit(key, change), names="value")
+        self.pause_button = w.Button(description="Pause", icon="pause", layout=w.Layout(width="auto"),
+                                     tooltip="Hold every rank at the same step (resources stay reserved)")
+        self.checkpoint_button = w.Button(description="Checkpoint now", icon="save", layout=w.Layout(width="auto"),
+                                          tooltip="Ask the ranks for a checkpoint at the next step")
+        self.pause_button.on_click(lambda _b: self._act(self._pause_or_resume))
+        self.checkpoint_button.on_click(lambda _b: self._act(self.run.checkpoint_now, "checkpoint asked"))
+        self.widget = w.HBox([*self.fields.values(), self.pause_button, self.checkpoint_button, stop_button],
+                             layout=w.Layout(flex_flow="row wrap", align_items="center"))
+        self.widget.add_class("nbtrain-controls")
+
+    def update(self, summary: dict[str, Any]) -> None:
+        live = summary.get("state") in ("running", "starting", "restarting", "pending")
+        hyper = summary.get("hyper") or {}
+        for key, field in self.fields.items():
+            values = hyper.get(key)
+            field.layout.display = None if values is not None and live else "none"
+            if values is None:
+                continue
+            text = _shown(values)
+            if self._shown.get(key) != text:  # changed on the cluster: show it (an edit in progress is lost)
+                self._shown[key] = text
+                field.value = text
+                field.tooltip = f"{key} per param group: {text}" if len(values) > 1 else key
+        paused = summary.get("paused_at") is not None
+        self.pause_button.description, self.pause_button.icon = ("Resume", "play") if paused else ("Pause", "pause")
+        self.pause_button.disabled = self.checkpoint_button.disabled = not live
+        self.pause_button.layout.display = self.checkpoint_button.layout.display = None if live else "none"
+
+    def _on_edit(self, key: str, change: dict[str, Any]) -> None:
+        text = str(change["new"]).strip()
+        if text == self._shown.get(key):
+            return
+        try:
+            value: Any = None if text.lower() in ("", "none", "off") and key == "grad_clip" else _parse(key, text)
+        except ValueError:
+            self._say(f"{key}: {text!r} is not a number{' pair' if key == 'betas' else ''}; nothing was changed.")
+            return
+        self._act(lambda: self.run.adjust(**{key: value}), f"{key} → {text} asked")
+
+    def _pause_or_resume(self) -> Any:
+        if self.pause_button.description == "Resume":
+            return self.run.resume()
+        return self.run.pause()
+
+    def _act(self, action: Callable[[], Any], said: str = "") -> None:
+        def go() -> None:
+            try:
+                result = action()
+            except Exception as exc:  # noqa: BLE001 - the refusal says what to do: shown, never raised in a handler
+                self._say(str(exc))
+                return
+            if said:
+                self._say(said + (f" (step {result})" if isinstance(result, int) else ""), colour=CHANGE_COLOUR)
+        threading.Thread(target=go, name="nbtrain-control", daemon=True).start()
+
+
+def change_marks(changes: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A dotted line at each applied change's step, labelled with it ("lr 0.1 → 0.01")."""
+    shapes, labels = [], []
+    for change in changes:
+        step = change.get("applied_step")
+        if step is None or change["kind"] not in ("adjust", "pause", "checkpoint"):
+            continue
+        text = change["description"].rsplit(" at step ", 1)[0]
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
+                       "line": {"dash": "dot", "width": 1, "color": CHANGE_COLOUR}})
+        labels.append({"x": step, "xref": "x", "yref": "paper", "y": 0.92, "yanchor": "bottom", "text": text,
+                       "showarrow": False, "font": {"size": 9, "color": CHANGE_COLOUR}})
+    return shapes, labels
+
+
+def _shown(values: list[Any]) -> str:
+    distinct = []
+    for value in values:
+        if value not in distinct:
+            distinct.append(value)
+    return "; ".join(_one(value) for value in distinct)
+
+
+def _one(value: Any) -> str:
+    if value is None:
+        return "off"
+    if isinstance(value, list):
+        return ", ".join(f"{item:g}" for item in value)
+    return f"{value:g}"
+
+
+def _parse(key: str, text: str) -> Any:
+    if key == "betas":
+        parts = [float(part) for part in text.replace("(", "").replace(")", "").split(",")]
+        if len(parts) != 2:
+            raise ValueError(text)
+        return tuple(parts)
+    return float(text)
