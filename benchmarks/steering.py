@@ -1,0 +1,105 @@
+"""What steering a live run costs: on the step when nothing is pending, and from the call to the change applied.
+
+    python benchmarks/steering.py            # ~1 min
+
+1. **The step, nothing pending** (no cluster): ``optimizer.step()`` of a small SGD (one 4→1 linear layer, so
+   the hooks' share is as large as it can be) with and without nbtrain's step hooks, 200 000 steps,
+   interleaved, best of 7 rounds; the difference per step. The hooks are a pre-hook and a post-hook
+   that each test whether anything is pending.
+2. **Latency** (its own loopback cluster, 4 CPUs): a 2-rank DDP run at 10 steps/s; ``run.adjust(lr=...)``
+   20 times, each ``wait=True`` (returns when rank 0 applied it). Call → applied, p50 and p95, and how many
+   steps ahead of the furthest rank the supervisor put each change.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+STEPS = 200_000
+ROUNDS = 7
+CHANGES = 20
+
+
+def hook_cost() -> tuple[float, float]:
+    import torch
+
+    from nbtrain._cluster.rank.steering import RankSteering
+
+    torch.set_num_threads(1)
+    session = SimpleNamespace(uses_loader=False, report_calls=0, last_step=0, step=0,
+                              context=SimpleNamespace(rank=0))
+
+    def seconds_per_step(steered: bool) -> float:
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(1, 4)).sum().backward()
+        if steered:
+            RankSteering(session, []).steer(optimizer)
+        started = time.perf_counter()
+        for _ in range(STEPS):
+            optimizer.step()
+        return (time.perf_counter() - started) / STEPS
+
+    plain, steered = [], []
+    for _ in range(ROUNDS):
+        plain.append(seconds_per_step(False))
+        steered.append(seconds_per_step(True))
+    return min(plain), min(steered)
+
+
+def steered(config):
+    import time as _time
+
+    import torch
+
+    import nbtrain
+
+    model = nbtrain.prepare_model(torch.nn.Linear(4, 1))
+    optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for step in range(1, 100_000):
+        optimizer.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+        nbtrain.report(step=step)
+        _time.sleep(0.1)
+
+
+def latency() -> tuple[list[float], list[int]]:
+    import nbtrain
+    from _own_cluster import own_cluster
+
+    with own_cluster("nbtrain-bench-steering-", 4):
+        run = nbtrain.launch(steered, workers=2, name="bench-steering")
+        while len(run.metrics) < 40:
+            run.refresh(wait_s=1.0)
+        took, ahead = [], []
+        for index in range(CHANGES):
+            furthest = max(w.get("steer_step") or 0 for w in run.workers)
+            started = time.perf_counter()
+            applied = run.adjust(lr=0.1 / (index + 2), wait=True)
+            took.append(time.perf_counter() - started)
+            ahead.append((applied or 0) - furthest)
+        run.stop()
+    return took, ahead
+
+
+def main() -> None:
+    plain, hooked = hook_cost()
+    print(f"optimizer.step(), {STEPS} steps, best of {ROUNDS}: plain {plain * 1e6:.2f} µs, with nbtrain's "
+          f"steering hooks {hooked * 1e6:.2f} µs: +{(hooked - plain) * 1e9:.0f} ns per step")
+    took, ahead = latency()
+    took.sort()
+    print(f"run.adjust(lr=..., wait=True) at 10 steps/s, {CHANGES} changes: call → applied p50 "
+          f"{statistics.median(took):.2f} s, p95 {took[int(0.95 * (len(took) - 1))]:.2f} s; "
+          f"the change's step was {statistics.median(ahead):.0f} steps ahead of the furthest rank (median)")
+
+
+if __name__ == "__main__":
+    main()
