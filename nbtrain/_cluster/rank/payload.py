@@ -44,3 +44,5 @@ class WorkerPayload:
     lr_scale: float           # prepare_optimizer's learning rate factor (likewise)
     gns: bool                 # measure the gradient noise scale (see gradient_noise)
     adaptive_batch: tuple[int, int] | None  # per-rank batch bounds (see adaptive_batch)
+    debug_capture_mb: float = 4.0  # a failing rank's post-mortem size cap; 0: none (see post_mortem)
+    step_timing: bool = True       # split step time into data wait, compute, communication (see step_timing)
