@@ -119,7 +119,8 @@ class TrainWorker:
                                   payload.weights_only, payload.datasets, relay=payload.relay,
                                   precision=payload.precision, elastic=payload.elastic,
                                   batch_scale=payload.batch_scale, lr_scale=payload.lr_scale,
-                                  gns=payload.gns, adaptive_batch=payload.adaptive_batch)
+                                  gns=payload.gns, adaptive_batch=payload.adaptive_batch,
+                                  step_timing=payload.step_timing)
         set_session(session)
         ray_train_on_import.watch()
         session.start()
