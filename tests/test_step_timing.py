@@ -128,3 +128,23 @@ def test_the_step_clock_splits_each_step_and_leaves_out_the_time_between_epochs(
     assert 19 < window["step_ms"] < 40, window  # 3 steps of ~20 ms, not the 0.2 s pause
     assert abs(window["data_ms"] - 10 / 3) < 0.5 and abs(window["comm_ms"] - 5) < 0.5  # the 1st wait is no step's
     assert abs(sum(window[k] for k in ("data_ms", "comm_ms", "compute_ms")) - window["step_ms"]) < 1e-6
+
+
+@pytest.mark.quick
+def test_the_worker_table_shows_the_split_and_the_flagged_straggler():
+    from nbtrain._views.step_time_plot import debug_hint
+    from nbtrain._views.worker_table_view import stragglers, worker_table
+
+    workers = [{"rank": 0, "state": "running", "step": 50, "step_ms": 42.0, "data_ms": 1.0, "compute_ms": 2.0,
+                "comm_ms": 39.0, "cpu_percent": 35.0, "rss_mb": 700.0},
+               {"rank": 1, "state": "running", "step": 50, "step_ms": 42.0, "data_ms": 40.0, "compute_ms": 2.0,
+                "comm_ms": 0.0, "cpu_percent": 5.0, "rss_mb": 710.0, "straggler": True}]
+    assert stragglers(workers) == [1]  # flagged by the supervisor, though not behind in steps
+    table = worker_table(workers, set(stragglers(workers)), {})
+    assert '<td class="nbtrain-worker-split">1 · 2 · 39</td><td>35%</td>' in table
+    assert 'title="straggler: its own step time stays well above the median"' in table
+    failed = {"state": "failed", "failures": [
+        {"rank": 0, "kind": "raised", "attempt": 1, "secondary": True},
+        {"rank": 1, "kind": "raised", "attempt": 1, "secondary": False}]}
+    assert "<code>%ray_debug cifar --rank 1</code>" in debug_hint("cifar", failed)
+    assert debug_hint("cifar", {"state": "failed", "failures": [{"rank": 1, "kind": "died", "attempt": 1}]}) == ""
