@@ -43,6 +43,7 @@ class RunRecord(TypedDict, total=False):
     progress: Progress
     latest: dict[str, Any]     # the last value of each metric
     error: str | None          # first line of the run's error
+    stragglers: list[int]      # ranks its supervisor flags as stragglers now (from the cluster's answers only)
 
 
 class ClusterRecord(TypedDict, total=False):
@@ -102,6 +103,8 @@ def record_from_summary(summary: dict[str, Any], address: str) -> RunRecord:
         "workers": _count(summary.get("world_size")), "attempt": _count(summary.get("attempt")),
         "progress": progress, "latest": _latest(summary.get("latest")),
         "error": (error if isinstance(error, str) else "").split("\n")[0] or None,
+        "stragglers": sorted(w["rank"] for w in summary.get("workers") or []
+                             if isinstance(w, dict) and w.get("straggler") and is_whole(w.get("rank"))),
     }
 
 
