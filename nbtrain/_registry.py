@@ -104,7 +104,8 @@ def record_from_summary(summary: dict[str, Any], address: str) -> RunRecord:
         "progress": progress, "latest": _latest(summary.get("latest")),
         "error": (error if isinstance(error, str) else "").split("\n")[0] or None,
         "stragglers": sorted(w["rank"] for w in summary.get("workers") or []
-                             if isinstance(w, dict) and w.get("straggler") and is_whole(w.get("rank"))),
+                             if isinstance(w, dict) and w.get("straggler") and w.get("state") == "running"
+                             and is_whole(w.get("rank"))),
     }
 
 

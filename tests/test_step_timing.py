@@ -148,3 +148,23 @@ def test_the_worker_table_shows_the_split_and_the_flagged_straggler():
         {"rank": 1, "kind": "raised", "attempt": 1, "secondary": False}]}
     assert "<code>%ray_debug cifar --rank 1</code>" in debug_hint("cifar", failed)
     assert debug_hint("cifar", {"state": "failed", "failures": [{"rank": 1, "kind": "died", "attempt": 1}]}) == ""
+
+
+@pytest.mark.quick
+def test_the_sidebar_is_served_the_live_stragglers():
+    from nbtrain import _json
+    from nbtrain._lab.record_checks import record_problem
+    from nbtrain._lab.run_list import ClusterAnswers, served_runs
+    from nbtrain._registry import record_from_summary
+
+    address = "ray://127.0.0.1:10001"
+    summary = {"name": "slow", "state": "running", "now": 100.0, "started": 1.0, "workers": [
+        {"rank": 0, "state": "running"}, {"rank": 1, "state": "running", "straggler": True},
+        {"rank": 2, "state": "finished", "straggler": True}]}
+    record = record_from_summary(summary, address)
+    assert record["stragglers"] == [1]
+    answers = ClusterAnswers()
+    answers.store(address, _json.dumps({"address": address, "runs": [record]}), received=100.0)
+    (served,) = served_runs([], answers, now=100.0, stale_after=60.0)
+    assert served["stragglers"] == [1] and not served["malformed"]
+    assert record_problem({**record, "stragglers": ["1"]}) == "its 'stragglers' is not a list of ranks"
