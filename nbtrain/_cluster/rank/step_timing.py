@@ -86,7 +86,8 @@ def time_communication(model: Any, timing: StepTimes | None) -> None:
         return
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    inner: dict[str, Any] = {"state": None, "hook": default_hooks.allreduce_hook}
+    group = model.process_group  # DDP's own (a ddp_kwargs process_group, else the world): the default hook's
+    inner: dict[str, Any] = {"state": group, "hook": default_hooks.allreduce_hook}
     backward = _Backward(timing)
 
     def timed_allreduce(_state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses annotations but its own
@@ -105,7 +106,7 @@ def time_communication(model: Any, timing: StepTimes | None) -> None:
 
         hooks = {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
                  dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}
-        inner.update(state=None, hook=hooks[kind])
+        inner.update(state=group, hook=hooks[kind])
 
     model.register_comm_hook = register_comm_hook
     model._register_builtin_comm_hook = register_builtin_comm_hook
