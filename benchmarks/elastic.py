@@ -56,7 +56,7 @@ def resize_fn(config: dict[str, Any]) -> None:
 
 
 def cnn_fn(config: dict[str, Any]) -> None:
-    """The benchmark's CNN under DDP on synthetic CIFAR-shaped data; reports each step's wall time."""
+    """The benchmark's CNN under DDP on synthetic CIFAR-shaped data; reports each step's wall and CPU time."""
     import torch
 
     import nbtrain
@@ -69,7 +69,7 @@ def cnn_fn(config: dict[str, Any]) -> None:
     loader = nbtrain.prepare_loader(torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(images, labels), batch_size=workload.BATCH_SIZE, shuffle=True))
     loss_fn = torch.nn.CrossEntropyLoss()
-    last = time.perf_counter()
+    last, last_cpu = time.perf_counter(), time.process_time()
     step = 0
     while step < config["steps"]:
         for x, y in loader:
@@ -77,9 +77,9 @@ def cnn_fn(config: dict[str, Any]) -> None:
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
-            now = time.perf_counter()
-            nbtrain.report(loss=loss.item(), step_s=now - last, world=ctx.world_size)
-            last, step = now, step + 1
+            now, cpu = time.perf_counter(), time.process_time()  # CPU: the rank's every thread
+            nbtrain.report(loss=loss.item(), step_s=now - last, cpu_s=cpu - last_cpu, world=ctx.world_size)
+            last, last_cpu, step = now, cpu, step + 1
             if step >= config["steps"]:
                 break
 

@@ -139,6 +139,17 @@ class RunOptions:
         "per second (from gns and measured step times; Pollux's rule), scaling prepare_optimizer's learning rate "
         "(AdaScale's gain)", "--adaptive-batch", parse=lambda text: _parse_range(text, "batch sizes"),
         metavar="MIN:MAX")
+    debug_capture_mb: float = option(
+        4.0, "MB a failing rank may keep of its frames' local values for %ray_debug / run.debug() (values past it "
+        "are kept as their repr, tensors always as shape, dtype, device and statistics); 0 keeps no post-mortem",
+        "--debug-capture-mb", parse=float, metavar="MB")
+    step_timing: bool = option(
+        True, "time each rank's steps into data wait, compute and gradient communication (the worker table, "
+        "the step-time plot, straggler events)", "--step-timing", kind="flag")
+    straggler_window_s: float = option(
+        10.0, "seconds a rank's own step time (without waiting for the others) must stay above 1.25x the ranks' "
+        "median before it is flagged as a straggler, and below it before the flag is cleared",
+        "--straggler-window", parse=float, metavar="SECONDS", tuning=True)
     feed_relay: str = option("auto", "gather each node's metric pushes into one call to the supervisor per flush; "
                              "auto: on nodes holding 2+ ranks of runs of 16+ ranks", "--feed-relay",
                              choices=FEED_RELAY_CHOICES, tuning=True)
@@ -180,10 +191,12 @@ class RunOptions:
             if getattr(self, name) is not None:
                 _check_whole(name, getattr(self, name), minimum=1)
         for name in ("placement_timeout_s", "collective_timeout_s", "stall_timeout_s", "warm_idle_s",
-                     "resize_interval_s"):
+                     "resize_interval_s", "straggler_window_s"):
             _check_number(name, getattr(self, name), "a positive number of seconds", lambda v: v > 0)
         _check_number("flush_interval_s", self.flush_interval_s, "between 0.01 and 10 seconds",
                       lambda v: 0.01 <= v <= 10)
+        _check_number("debug_capture_mb", self.debug_capture_mb, "between 0 and 1024 MB (0 keeps no post-mortem)",
+                      lambda v: 0 <= v <= 1024)
         _check_choice("on_stall", self.on_stall, ON_STALL_CHOICES)
         _check_choice("placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES)
         _check_choice("feed_relay", self.feed_relay, FEED_RELAY_CHOICES)
@@ -203,7 +216,8 @@ class RunOptions:
         if self.storage is not None:
             _check_storage(self.storage)
             object.__setattr__(self, "storage", normalise(self.storage))  # file:///x is the path /x
-        for name in ("wait", "resume", "stop_on_nan", "checkpoint_weights_only", "warm", "gns"):
+        for name in ("wait", "resume", "stop_on_nan", "checkpoint_weights_only", "warm", "gns",
+                     "step_timing"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidOptionError(_problem(name, "True or False", getattr(self, name)))
 

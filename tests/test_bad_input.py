@@ -89,6 +89,11 @@ BAD = [
     ("resume", 1, "True or False, got 1"),
     ("stop_on_nan", None, "True or False, got None"),
     ("checkpoint_weights_only", "no", "True or False, got 'no'"),
+    ("runtime_env", ["pip"], "a dict with text keys, like {'pip': ['timm']}, got ['pip']"),
+    ("runtime_env", {"pip": 3}, "what Ray accepts: runtime_env['pip'] must be of type str or List[str]"),
+    ("debug_capture_mb", -1, "between 0 and 1024 MB (0 keeps no post-mortem), got -1"),
+    ("step_timing", "yes", "True or False, got 'yes'"),
+    ("straggler_window_s", 0, "a positive number of seconds, got 0"),
 ]
 
 

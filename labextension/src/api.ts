@@ -35,6 +35,8 @@ export interface IRun {
   } | null;
   latest: Record<string, unknown> | null;
   error: string | null;
+  /** Ranks the run's supervisor flags as stragglers now (their own step time stays well above the median). */
+  stragglers?: number[] | null;
   /** A live run whose cluster has not answered for a while: the state shown is the last one known. */
   stale: boolean;
   /** Added by the server when a stop was requested through it. */

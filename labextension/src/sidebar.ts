@@ -191,7 +191,7 @@ class RunRow {
   readonly node = el('li', 'jp-nbtrain-run');
 
   constructor(options: ISidebarOptions) {
-    this._top.append(this._name, this._badge, this._elapsed);
+    this._top.append(this._name, this._badge, this._straggler, this._elapsed);
 
     const bar = el('div', 'jp-nbtrain-progress');
     bar.appendChild(this._fill);
@@ -247,6 +247,15 @@ class RunRow {
       : `Attempt ${run.attempt ?? 1}, ${run.workers ?? '?'} workers`;
     this.setElapsed(elapsed);
 
+    const late = !run.terminal && run.stragglers ? run.stragglers : [];
+    this._straggler.hidden = late.length === 0;
+    this._straggler.textContent = late.length
+      ? `straggler${late.length > 1 ? 's' : ''}: rank${late.length > 1 ? 's' : ''} ${late.join(', ')}`
+      : '';
+    this._straggler.title =
+      'Own step time (data wait + compute) stays above 1.25x the median of the ranks; ' +
+      'the other ranks wait for it. The dashboard shows where its time goes.';
+
     const fraction = progressFraction(run);
     this._fill.style.width = `${Math.round((fraction ?? 0) * 1000) / 10}%`;
     this._fill.className = `jp-nbtrain-progress-fill jp-nbtrain-state-${run.state}`;
@@ -295,6 +304,7 @@ class RunRow {
     this._name.textContent = name;
     this._badge.textContent = 'unknown';
     this._badge.className = 'jp-nbtrain-badge jp-nbtrain-state-unknown';
+    this._straggler.hidden = true;
     this._elapsed.textContent = '';
     this._progress.hidden = true;
     this._metrics.hidden = true;
@@ -317,6 +327,7 @@ class RunRow {
   private _progress = el('div', 'jp-nbtrain-progress-row');
   private _name = el('span', 'jp-nbtrain-run-name');
   private _badge = el('span', 'jp-nbtrain-badge');
+  private _straggler = el('span', 'jp-nbtrain-badge jp-nbtrain-straggler');
   private _elapsed = el('span', 'jp-nbtrain-elapsed');
   private _fill = el('div', 'jp-nbtrain-progress-fill');
   private _progressLabel = el('span', 'jp-nbtrain-progress-label');

@@ -70,6 +70,9 @@ def launch(
     resize_interval_s: float = 10.0,
     gns: bool = False,
     adaptive_batch: tuple[int, int] | None = None,
+    debug_capture_mb: float = 4.0,
+    step_timing: bool = True,
+    straggler_window_s: float = 10.0,
     flush_interval_s: float = 0.1,
     feed_relay: str = "auto",
     warm: bool = True,
@@ -120,14 +123,15 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     owner = _owner()
     # everything that can be checked here is, before the cluster is asked anything
     fn_bytes, modules = dumps_checked(train_fn)
+    spec = RunSpec(options=options, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=owner, modules=modules)
+    spec_bytes = _pickled(spec)
     cluster = connection.current()
-    notes: tuple[str, ...] = ()
-    if datasets:
+    if datasets:  # on a small cluster the ranks leave Ray Data a CPU (see data_room)
         options, note = data_room.leave_room_for_data(options, data_room.cluster_cpus())
-        notes = (note,) if note else ()
-    options = with_uploaded_paths(options)
-    spec = RunSpec(options=options, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=owner, modules=modules,
-                   notes=notes)
+        spec = dataclasses.replace(spec, options=options, notes=(note,) if note else ())
+    if (uploaded := with_uploaded_paths(options)) is not options:
+        options = uploaded
+        spec = dataclasses.replace(spec, options=options)
     spec_bytes = _pickled(spec)
     check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
     if options.storage and cluster.kind == "local":  # the notebook sees the cluster's disk: check now

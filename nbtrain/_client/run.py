@@ -9,9 +9,8 @@ Memory stays bounded however long the run: the Run holds the most recent
 ``run.metrics``, ``run.metrics_frame()`` and ``run.logs()`` fetch older ones from
 the cluster, page by page, only when asked.
 
-While the run goes on, its supervisor answers; once it has ended and the
-supervisor has exited, a short-lived task reads the run's files instead
-(:mod:`nbtrain._client.stored`), with the same cursors: the switch is invisible.
+While the run goes on, its supervisor answers; once it has ended and the supervisor has exited, a
+short-lived task reads its files (:mod:`nbtrain._client.stored`), same cursors: the switch is invisible.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import cloudpickle
 from nbtrain import _registry
 from nbtrain._client.checkpoint_files import load_in_notebook, local_checkpoint_dir
 from nbtrain._client.run_control import RunControl
+from nbtrain._client.run_debugging import RunDebugging
 from nbtrain._client.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
 from nbtrain._cluster.names import find_supervisor, wait_until_name_free
 from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
@@ -40,7 +40,7 @@ FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of 
 SUPERVISOR_RESTART_GRACE_S = 60.0
 
 
-class Run(RunControl):
+class Run(RunControl, RunDebugging):
     """A training run on the cluster. Get one from :func:`launch` or :func:`attach`.
 
     Reading ``state``, ``metrics``, ``workers`` or ``logs()`` fetches what is new

@@ -61,6 +61,10 @@ def record_problem(run: dict[str, Any]) -> str | None:
     for key in _OBJECT_FIELDS:
         if run.get(key) is not None and not isinstance(run[key], dict):
             return f"its {key!r} is not an object"
+    stragglers = run.get("stragglers")
+    if stragglers is not None and (not isinstance(stragglers, list) or not all(
+            isinstance(rank, int) and not isinstance(rank, bool) for rank in stragglers)):
+        return "its 'stragglers' is not a list of ranks"
     progress = run.get("progress") or {}
     if any(progress.get(key) is not None and not _is_number(progress[key])
            for key in ("step", "total_steps", "fraction")):

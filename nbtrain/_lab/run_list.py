@@ -35,7 +35,8 @@ from nbtrain._lab.record_checks import (
 from nbtrain._registry import ClusterRecord, RunRecord, is_terminal, number
 
 # What the agent's answer overrides in a registry record (the rest is the run's identity).
-OBSERVED_RUN_FIELDS = ("state", "attempt", "progress", "latest", "error", "ended", "updated", "workers", "paused_at")
+OBSERVED_RUN_FIELDS = ("state", "attempt", "progress", "latest", "error", "ended", "updated", "workers", "paused_at",
+                       "stragglers")
 OBSERVED_CLUSTER_FIELDS = ("nodes", "resources", "warm", "updated")
 
 

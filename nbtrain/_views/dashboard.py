@@ -28,6 +28,7 @@ from nbtrain._views.control_row import ControlRow, change_marks
 from nbtrain._views.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
 from nbtrain._views.history import MetricHistory, take_new_rows
 from nbtrain._views.static_plot import COLOURS, svg_chart
+from nbtrain._views.step_time_plot import StepTimePlot, debug_hint
 from nbtrain._views.summary_text import (
     STATE_COLOURS,
     config_text,
@@ -134,6 +135,8 @@ class WidgetDashboard(Follower):
         self.page_next.on_click(lambda _button: self._turn_page(1))
         self.pager = w.HBox([self.page_previous, self.page_label, self.page_next], layout=w.Layout(display="none"))
         self.worker_table = w.HTML()
+        self.step_times = StepTimePlot()
+        self.debug_hint = w.HTML()
         self.notice = w.HTML()
         self.log_panes: dict[int, Any] = {}
         self.logs = w.Accordion(children=[], selected_index=None)
@@ -143,7 +146,8 @@ class WidgetDashboard(Follower):
         self.controls = ControlRow(run, self.note_problem, self.stop_button)
         self.widget = w.VBox([
             self.header, w.HBox([self.progress, self.progress_label]), self.notice, self.rank_row, self.figure_box,
-            self.worker_summary, self.pager, self.worker_table, self.logs, self.controls.widget,
+            self.worker_summary, self.pager, self.worker_table, self.step_times.widget, self.debug_hint, self.logs,
+            self.controls.widget,
         ])
         self.widget.add_class("nbtrain-dashboard")
         self._log_text: dict[int, str] = {}
@@ -373,6 +377,8 @@ class WidgetDashboard(Follower):
             shown = workers
             self.worker_summary.value = ""
         self.worker_table.value = worker_table(shown, late, self.history.text)
+        self.step_times.draw(shown)
+        self.debug_hint.value = debug_hint(self.run.name, summary)
 
     def _draw_logs(self, summary: dict[str, Any]) -> None:
         import ipywidgets as w
@@ -434,6 +440,7 @@ class WidgetDashboard(Follower):
         error = summary.get("error")
         body = (f'<div class="nbtrain-summary"><p style="color:{STATE_COLOURS.get(state, "#000")}">'
                 f"{html.escape(text)}</p>{''.join(charts)}"
+                + debug_hint(self.run.name, summary)
                 + (f'<pre style="color:#d62728">{html.escape(error)}</pre>' if error else "") + "</div>")
         if self._static_handle is not None:
             self._static_handle.update(HTML(body))

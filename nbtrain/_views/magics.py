@@ -372,7 +372,10 @@ def _print_now(message: str) -> None:
 
 
 def register(ipython: Any) -> None:
+    from nbtrain._views.debug_magics import DebugMagics
+
     ipython.register_magics(NbtrainMagics)
+    ipython.register_magics(DebugMagics)
 
 
 

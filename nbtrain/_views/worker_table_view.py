@@ -17,7 +17,9 @@ STRAGGLER_LAG_SHARE = 0.05   # ...and this share of the median step, whichever i
 RANK_HINT = ('<span style="opacity:0.7">lines of their own, besides the mean and the min–max band across '
              "ranks</span>")
 HEADER = ("<thead><tr><th>rank</th><th>node</th><th>pid</th><th>device</th><th>state</th><th>step</th>"
-          "<th>speed</th><th>memory</th><th>heartbeat</th><th>text metrics</th></tr></thead>")
+          "<th>speed</th><th title=\"milliseconds per step: waiting for data / computing / waiting for the gradient "
+          "all-reduce\">ms/step data · compute · comm</th><th>CPU</th><th>memory</th><th>heartbeat</th>"
+          "<th>text metrics</th></tr></thead>")
 
 
 def throughput(worker: dict[str, Any]) -> str:
@@ -31,14 +33,23 @@ def throughput(worker: dict[str, Any]) -> str:
 
 
 def stragglers(workers: list[dict[str, Any]]) -> list[int]:
-    """Running ranks whose step lags the running ranks' median step by more than
+    """Running ranks the run's supervisor flags (their own step time stays well above the median; see
+    ``_cluster/run/stragglers``), and those whose step lags the running ranks' median step by more than
     ``STRAGGLER_MIN_LAG`` steps and ``STRAGGLER_LAG_SHARE`` of the median."""
     running = [w for w in workers if w.get("state") == "running" and w.get("step") is not None]
+    flagged = {int(w["rank"]) for w in running if w.get("straggler")}
     if len(running) < 2:
-        return []
+        return sorted(flagged)
     median = float(np.median([w["step"] for w in running]))
     threshold = max(STRAGGLER_MIN_LAG, STRAGGLER_LAG_SHARE * median)
-    return sorted(int(w["rank"]) for w in running if median - w["step"] > threshold)
+    return sorted(flagged | {int(w["rank"]) for w in running if median - w["step"] > threshold})
+
+
+def step_split(worker: dict[str, Any]) -> str:
+    """``data · compute · comm`` in ms per step (the rank's last timed second), a dash before the first."""
+    if worker.get("step_ms") is None:
+        return "–"
+    return " · ".join(f"{worker.get(key) or 0:.0f}" for key in ("data_ms", "compute_ms", "comm_ms"))
 
 
 def parse_ranks(text: str) -> list[int]:
@@ -75,14 +86,19 @@ def worker_row(worker: dict[str, Any], late: bool, text: dict[str, str]) -> str:
     memory = f"{worker['rss_mb']:.0f} MB" if worker.get("rss_mb") else "–"
     if worker.get("gpu_mem_mb") is not None:
         memory += f" / GPU {worker['gpu_mem_mb']:.0f} MB"
-    mark = (' class="nbtrain-straggler" style="background:#fff3e0" title="straggler: behind the median step"'
-            if late else "")
+    if worker.get("gpu_util") is not None:
+        memory += f" ({worker['gpu_util']:.0f}% busy)"
+    why = ("its own step time stays well above the median" if worker.get("straggler")
+           else "behind the median step")
+    mark = (f' class="nbtrain-straggler" style="background:#fff3e0" title="straggler: {why}"' if late else "")
+    cpu = f"{worker['cpu_percent']:.0f}%" if worker.get("cpu_percent") is not None else "–"
     return (f'<tr data-rank="{worker["rank"]}"{mark}><td>{worker["rank"]}</td>'
             f'<td>{html.escape(str(worker.get("node")))}</td>'
             f'<td>{worker.get("pid")}</td><td>{html.escape(str(worker.get("device")))}</td>'
             f'<td style="color:{colour}" class="nbtrain-worker-state">{html.escape(state)}</td>'
             f'<td class="nbtrain-worker-step">{worker.get("step", 0)}</td>'
-            f'<td class="nbtrain-worker-rate">{throughput(worker)}</td><td>{memory}</td>'
+            f'<td class="nbtrain-worker-rate">{throughput(worker)}</td>'
+            f'<td class="nbtrain-worker-split">{step_split(worker)}</td><td>{cpu}</td><td>{memory}</td>'
             f'<td>{"–" if age is None else f"{age:.1f}s ago"}</td>'
             f'<td class="nbtrain-worker-text">{text_metrics(text)}</td></tr>')
 

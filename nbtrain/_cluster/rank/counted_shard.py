@@ -1,4 +1,5 @@
-"""A rank's Ray Dataset shard whose batches count toward its samples/s, as ``prepare_loader``'s do.
+"""A rank's Ray Dataset shard whose batches count toward its samples/s, as ``prepare_loader``'s do,
+and whose waits for a batch count as the step's data wait (see :mod:`.step_timing`).
 
 Without it the worker table could only show steps/s for runs that read a
 Ray Dataset: the rank never learns how many samples a step took.
@@ -6,25 +7,40 @@ Ray Dataset: the rank never learns how many samples a step took.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from nbtrain._cluster.rank.step_timing import StepTimes
+
+_END = object()
+
 
 class CountedShard:
-    """Wraps ``ray.data.DataIterator``: every batch it yields is passed to ``on_batch`` first;
-    everything else is the iterator's own."""
+    """Wraps ``ray.data.DataIterator``: every batch it yields is passed to ``on_batch`` first, and the
+    time its iterator took to give it to ``timing``; everything else is the iterator's own."""
 
-    def __init__(self, shard: Any, on_batch: Callable[[Any], None]) -> None:
+    def __init__(self, shard: Any, on_batch: Callable[[Any], None], timing: StepTimes | None = None) -> None:
         self._shard = shard
         self._on_batch = on_batch
+        self._timing = timing
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._shard, name)
 
     def _counted(self, batches: Any) -> Iterator[Any]:
-        for batch in batches:
+        batches = iter(batches)
+        while True:
+            asked = time.perf_counter()
+            batch = next(batches, _END)
+            if batch is _END:
+                break
+            if self._timing is not None:
+                self._timing.batch(time.perf_counter() - asked)
             self._on_batch(batch)
             yield batch
+        if self._timing is not None:
+            self._timing.pause()
 
     def iter_batches(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
         return self._counted(self._shard.iter_batches(*args, **kwargs))

@@ -19,6 +19,8 @@ from nbtrain._cluster.elastic import adaptive_batch, gradient_noise
 from nbtrain._cluster.rank.session import current_session
 from nbtrain._cluster.rank.sharded_sampling import RankShare
 
+_END = object()  # the loader's iterator is done
+
 
 class PreparedLoader:
     """A DataLoader that shards with DistributedSampler, moves batches to the device,
@@ -51,15 +53,26 @@ class PreparedLoader:
                 set_epoch(self._epoch)
         session.steering.at_epoch_start(self._epoch)  # run.stop(after="epoch") holds the rank here
         session.epoch = self._epoch
-        device = session.context.device
+        device, timing = session.context.device, session.timing
         handed: float | None = None  # when the last batch was handed to the training step
-        for batch in self._loader:
-            if handed is not None:
+        batches = iter(self._loader)
+        while True:
+            asked = time.perf_counter()
+            batch = next(batches, _END)
+            if batch is _END:
+                break
+            if handed is not None:  # the step, its wait for this batch included
                 self._timed[0] += time.perf_counter() - handed
                 self._timed[1] += 1
             session.on_batch(batch_size_of(batch))
-            yield _to_device(batch, device) if self._move else batch
+            if self._move:
+                batch = _to_device(batch, device)
+            if timing is not None:  # waiting for the batch, its move to the device included (see step_timing)
+                timing.batch(time.perf_counter() - asked)
+            yield batch
             handed = time.perf_counter()
+        if timing is not None:
+            timing.pause()
         self._epoch += 1
 
     def _adapt(self, session: Any) -> None:

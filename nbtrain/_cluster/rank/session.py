@@ -19,11 +19,11 @@ import threading
 import time
 from typing import Any
 
-import psutil
-
 from nbtrain._cluster.elastic.gradient_noise import NoiseScale
 from nbtrain._cluster.feed.relay_link import Pending, RayPush, RelayLink, open_link
+from nbtrain._cluster.rank.resources import Resources
 from nbtrain._cluster.rank.steering import RankSteering
+from nbtrain._cluster.rank.step_timing import StepTimes
 from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0
@@ -93,8 +93,10 @@ class TrainingSession:
                  storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
                  relay: Any = None, precision: str | None = None, elastic: bool = False,
                  batch_scale: float = 1.0, lr_scale: float = 1.0, gns: bool = False,
-                 adaptive_batch: tuple[int, int] | None = None, commands: list[dict[str, Any]] | None = None) -> None:
+                 adaptive_batch: tuple[int, int] | None = None, step_timing: bool = True,
+                 commands: list[dict[str, Any]] | None = None) -> None:
         self.context = context
+        self.timing = StepTimes() if step_timing else None  # data wait / compute / communication (step_timing)
         # the gradient noise scale, fed by prepare_model's DDP hook; None when not asked for
         self.noise = NoiseScale() if gns else None
         self.adaptive_batch = adaptive_batch  # per-rank batch bounds for prepare_loader (see adaptive_batch)
@@ -125,9 +127,9 @@ class TrainingSession:
         self.samples = 0
         self.last_progress = time.time()
         self.seq = 0
-        self._process = psutil.Process()
+        self._resources = Resources()
         self._rate_mark = (time.time(), 0)
-        self._rss_mb = self._process.memory_info().rss / 2**20  # read again with the rate, once a second
+        self._usage = self._resources.sample(context.device)  # read again with the rate, once a second
         self._stop = threading.Event()
         self._flushing = threading.Lock()  # the flusher's ticks and land_reported() take turns
         self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
@@ -235,24 +237,15 @@ class TrainingSession:
     def _heartbeat(self, state: str) -> dict[str, Any]:
         now = time.time()
         mark_time, mark_samples = self._rate_mark
-        rate = None
-        if now - mark_time >= 1.0:
-            rate = (self.samples - mark_samples) / (now - mark_time)
+        beat: dict[str, Any] = {"time": now, "step": self.current_step(), "epoch": self.epoch,
+                                "state": "paused" if self.steering.paused_at is not None else state,
+                                "last_progress": self.last_progress, **self.steering.beat()}
+        if now - mark_time >= 1.0:  # /proc reads and averages: not on every tick's push
+            beat["samples_per_s"] = (self.samples - mark_samples) / (now - mark_time)
             self._rate_mark = (now, self.samples)
-            self._rss_mb = self._process.memory_info().rss / 2**20  # a /proc read: not on every tick's push
-        beat: dict[str, Any] = {
-            "time": now, "step": self.current_step(),
-            "epoch": self.epoch, "state": "paused" if self.steering.paused_at is not None else state,
-            "last_progress": self.last_progress, "rss_mb": self._rss_mb, **self.steering.beat(),
-        }
-        if rate is not None:
-            beat["samples_per_s"] = rate
-        device = self.context.device
-        if getattr(device, "type", "cpu") == "cuda":
-            import torch
-
-            if torch.cuda.is_initialized():  # never the heartbeat's job to start CUDA
-                beat["gpu_mem_mb"] = torch.cuda.memory_allocated(device) / 2**20
+            self._usage = self._resources.sample(self.context.device)
+            beat.update(self.timing.window() if self.timing is not None else {})
+        beat.update(self._usage)
         return beat
 
     def flush(self, state: str, wait: bool = False) -> None:

@@ -30,7 +30,7 @@ import cloudpickle
 import ray
 
 from nbtrain import _shipping as shipping
-from nbtrain._cluster.rank import ray_train_on_import
+from nbtrain._cluster.rank import post_mortem, ray_train_on_import
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.session import TrainContext, TrainingSession, set_session
 from nbtrain._net import free_port
@@ -120,7 +120,7 @@ class TrainWorker:
                                   precision=payload.precision, elastic=payload.elastic,
                                   batch_scale=payload.batch_scale, lr_scale=payload.lr_scale,
                                   gns=payload.gns, adaptive_batch=payload.adaptive_batch,
-                                  commands=payload.commands)
+                                  step_timing=payload.step_timing, commands=payload.commands)
         set_session(session)
         ray_train_on_import.watch()
         session.start()
@@ -130,8 +130,10 @@ class TrainWorker:
             result = fn(context.config) if payload.fn_takes_config else fn()
             outcome: dict[str, Any] = {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
-            text = "".join(traceback.format_exception(type(exc), exc, _from_user_code(exc.__traceback__)))
+            user_code = _from_user_code(exc.__traceback__)
+            text = "".join(traceback.format_exception(type(exc), exc, user_code))
             sys.stderr.write(text)
+            post_mortem.keep(exc, user_code, payload.supervisor, rank, payload.attempt, payload.debug_capture_mb)
             outcome = {
                 "ok": False, "rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000],
                 "traceback": text, "step": session.current_step(),

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from nbtrain._cluster.elastic import gradient_noise
-from nbtrain._cluster.rank import parallel, sharded_checkpoint
+from nbtrain._cluster.rank import parallel, sharded_checkpoint, step_timing
 from nbtrain._cluster.rank.counted_shard import CountedShard
 from nbtrain._cluster.rank.data_loading import batch_size_of
 from nbtrain._cluster.rank.session import TrainContext, current_session
@@ -95,6 +95,7 @@ def prepare_model(model: Any, *, strategy: str | None = "ddp", precision: str | 
     ctx = session.context
     model = parallel.distribute(model, ctx.device, ctx.world_size, strategy, auto_wrap_policy,
                                 dict(fsdp_kwargs or {}), ddp_kwargs)
+    step_timing.time_communication(model, session.timing)  # before gns's hook, which then runs inside it
     if session.noise is not None:
         _measure_noise(model, session)
     if precision is not None:
@@ -294,7 +295,8 @@ def get_dataset_shard(name: str = "train") -> Any:
     """
     session = current_session()
     try:
-        return CountedShard(session.datasets[name], lambda batch: session.on_batch(batch_size_of(batch)))
+        return CountedShard(session.datasets[name], lambda batch: session.on_batch(batch_size_of(batch)),
+                            session.timing)
     except KeyError:
         known = ", ".join(sorted(session.datasets)) or "none"
         msg = f"No dataset named {name!r} was passed to launch(datasets=...); this run has: {known}."

@@ -21,6 +21,7 @@ from nbtrain._cluster.feed.feed import RunFeed, nan_keys
 from nbtrain._cluster.run import failure_policy
 from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Resize, Restart, Stopped, Succeeded
 from nbtrain._cluster.run.steering import RunSteering
+from nbtrain._cluster.run.stragglers import StragglerWatch
 from nbtrain._cluster.run.worker_group import StartFailed, StopRequested, WorkerGroup, remove_leftover_group
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
@@ -68,6 +69,7 @@ class RunController:
         self._next_drain_look = 0.0
         self._said_unreadable = False               # said once that Ray's node state cannot be read
         self._asked: list[dict[str, float]] = []  # this run's standing request to the autoscaler (elastic runs)
+        self._stragglers = StragglerWatch(spec.options.straggler_window_s)
 
     # ------------------------------------------------------------------ the state machine
     def transition(self, new: RunState, why: str = "", *, resume: bool = False) -> None:
@@ -315,6 +317,10 @@ class RunController:
             return Stopped()
         for rank, quiet in self.table.newly_recovered():
             self.feed.event("stall", f"Rank {rank} made progress again after {quiet:.0f} s without.", self.attempt)
+        if options.step_timing:
+            for rank, flagged, message in self._stragglers.look(self.table.snapshot(), self.attempt):
+                self.table.note(rank, straggler=flagged)
+                self.feed.event("straggler", message, self.attempt)
         self._drain_check()
         return self._grow_check()
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from nbtrain._cluster.feed.feed import RunFeed
 from nbtrain._cluster.names import NAMESPACE, actor_name
-from nbtrain._cluster.storage import storage_uri
+from nbtrain._cluster.storage import post_mortems, storage_uri
 from nbtrain._cluster.storage.run_storage import RunStorage
 from nbtrain._exceptions import StorageError
 from nbtrain._paths import private_opener, read_json, run_index_dir, storage_root, write_json_atomic
@@ -176,6 +176,10 @@ class StoredRun:
             return checkpoint, None, path
         with open(path, "rb") as handle:
             return checkpoint, handle.read(), None
+
+    def post_mortem(self, attempt: int, rank: int) -> bytes | None:
+        """A failing rank's post-mortem (``%ray_debug``), as the supervisor kept it."""
+        return post_mortems.read(self.dir, attempt, rank)
 
     def stop(self, timeout: float = 20.0) -> str:
         """Nothing to stop: a stored run has ended."""

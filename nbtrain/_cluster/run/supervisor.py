@@ -44,7 +44,7 @@ from nbtrain._cluster.run.controller import RunController
 from nbtrain._cluster.run.stored_run import delete_files, index_path, record_in_index, write_final
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
-from nbtrain._cluster.storage import storage_uri
+from nbtrain._cluster.storage import post_mortems, storage_uri
 from nbtrain._cluster.storage.run_storage import RunStorage, prune_checkpoints
 from nbtrain._cluster.warm.spare_process import prestart_for_this_job
 from nbtrain._exceptions import NbtrainError, RunExistsError, StorageError
@@ -223,6 +223,13 @@ class RunSupervisor:
                 prune_checkpoints(path, keep=resumed_from)
             except (OSError, StorageError) as exc:  # the new checkpoint is recorded: only old ones stay behind
                 self._feed.event("storage", f"older checkpoints could not be deleted: {exc}", self._run.attempt)
+
+    def keep_post_mortem(self, attempt: int, rank: int, data: bytes) -> None:
+        """A failing rank's post-mortem for ``%ray_debug``, kept in the run's storage (before its failure is known)."""
+        post_mortems.write(self._storage.dir, attempt, rank, data)
+
+    def post_mortem(self, attempt: int, rank: int) -> bytes | None:
+        return post_mortems.read(self._storage.dir, attempt, rank)
 
     def drain(self, node_id: str, deadline_s: float) -> tuple[bool, str]:
         """``run.drain(node)``: the node is about to go; the run checkpoints and goes on without it.

@@ -173,7 +173,8 @@ class WorkerGroup:
         return [WorkerPayload(
             rank=rank, world_size=self.world_size, elastic=options.elastic, batch_scale=batch_scale,
             lr_scale=lr_scale, attempt=self.attempt, gns=options.gns or options.adaptive_batch is not None,
-            adaptive_batch=options.adaptive_batch,
+            adaptive_batch=options.adaptive_batch, debug_capture_mb=options.debug_capture_mb,
+            step_timing=options.step_timing,
             run_name=self.spec.name,
             config=dict(options.config or {}), supervisor=supervisor,
             relay=self.relays.get(places[rank]["node_id"]), flush_interval_s=options.flush_interval_s,

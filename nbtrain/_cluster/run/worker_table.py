@@ -101,6 +101,13 @@ class WorkerTable:
             worker["state"] = state
             return dict(worker)
 
+    def note(self, rank: int, **fields: Any) -> None:
+        """Set fields of one rank's row (``straggler``, by the controller's straggler watch)."""
+        with self._lock:
+            worker = self._rows.get(rank)
+            if worker is not None:
+                worker.update(fields)
+
     def stop_live(self) -> None:
         with self._lock:
             for worker in self._rows.values():
