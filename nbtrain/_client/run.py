@@ -27,6 +27,7 @@ from nbtrain import _registry
 from nbtrain._client.checkpoint_files import load_in_notebook, local_checkpoint_dir
 from nbtrain._client.run_control import RunControl
 from nbtrain._client.run_debugging import RunDebugging
+from nbtrain._client.run_inspection import RunInspection
 from nbtrain._client.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
 from nbtrain._cluster.names import find_supervisor, wait_until_name_free
 from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
@@ -40,7 +41,7 @@ FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of 
 SUPERVISOR_RESTART_GRACE_S = 60.0
 
 
-class Run(RunControl, RunDebugging):
+class Run(RunControl, RunDebugging, RunInspection):
     """A training run on the cluster. Get one from :func:`launch` or :func:`attach`.
 
     Reading ``state``, ``metrics``, ``workers`` or ``logs()`` fetches what is new

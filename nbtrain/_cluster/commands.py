@@ -2,7 +2,10 @@
 
 A command is issued by the notebook (``run.adjust(lr=0.01)``, a click on the dashboard), numbered
 and given the step at which it takes effect by the run's supervisor, and applied by every rank at
-that step — before that step's optimizer update, so that DDP replicas stay identical. See
+that step — before that step's optimizer update, so that DDP replicas stay identical. Two kinds
+look rather than change: ``stacks`` is answered by each rank the moment it learns it (not at a step:
+a stuck rank takes none), and ``profile`` runs torch.profiler on the chosen ranks for a number of
+steps; neither is one of the run's changes (``run.changes``), and a new attempt does neither again. See
 :mod:`nbtrain._cluster.run.steering` (the supervisor's side) and :mod:`nbtrain._cluster.rank.steering`
 (the ranks').
 """
@@ -16,9 +19,11 @@ from typing import Any
 # nbtrain's own (the max norm it clips gradients to before each update; None: no clipping).
 ADJUSTABLE = ("lr", "weight_decay", "momentum", "betas", "grad_clip")
 
-ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER = (
-    "adjust", "pause", "resume", "checkpoint", "stop_after_epoch", "user")
-KINDS = (ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER)
+ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE = (
+    "adjust", "pause", "resume", "checkpoint", "stop_after_epoch", "user", "stacks", "profile")
+KINDS = (ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE)
+NOT_CHANGES = (USER, STACKS, PROFILE)  # answered to the notebook; not in run.changes, not re-applied
+MAX_PROFILE_STEPS = 1000
 
 AS_SOON_AS_BACK = -1  # at_step of a command issued while no rank runs: the next attempt's first step
 
@@ -57,6 +62,10 @@ def describe(command: dict[str, Any]) -> str:
         return ", ".join(parts) + group + where
     if command["kind"] == USER:
         return f"command {args['name']!r}" + where
+    if command["kind"] == STACKS:
+        return "stacks asked"
+    if command["kind"] == PROFILE:
+        return f"profile of {args['steps']} steps on rank(s) {args['ranks']}" + where
     return {PAUSE: "paused", RESUME: "resumed", CHECKPOINT: "checkpoint asked",
             STOP_AFTER_EPOCH: f"stop after epoch {args.get('epoch')}"}[command["kind"]] + where
 
@@ -67,3 +76,14 @@ def _short(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "(" + ", ".join(_short(item) for item in value) + ")"
     return repr(value) if isinstance(value, str) else str(value)
+
+
+def where_rank_is(rank: int, answer: tuple[bool, Any] | None, wait_s: float) -> str:
+    """One rank's answer to a ``stacks`` command in one line, for the stall's event and the notebook."""
+    if answer is None:
+        return (f"rank {rank} did not answer within {wait_s:g} s (its process is gone, or stuck in C code that "
+                "holds Python's GIL)")
+    ok, value = answer
+    if not ok:
+        return f"rank {rank}: {value}"
+    return f"rank {rank} {value['verdict']}"

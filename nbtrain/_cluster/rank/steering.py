@@ -6,7 +6,9 @@ it takes effect; a torch optimizer step pre-hook — registered by ``prepare_opt
 ``nbtrain.steerable`` or the Lightning / Hugging Face integrations — applies what is due before that
 step's update, on every rank at the same step, so DDP replicas stay identical. With nothing pending
 the hook is one truth test of a list. User commands (``@nbtrain.on_command``) run in the step
-post-hook, after the update, when the model is consistent.
+post-hook, after the update, when the model is consistent, and so does a profile (:mod:`.profiling`),
+which stays in the pending list, one step ahead, until its last step. ``stacks`` is answered on the
+listener's thread as soon as it is learnt (:mod:`.stacks`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from nbtrain._cluster.commands import (
     AS_SOON_AS_BACK,
     CHECKPOINT,
     PAUSE,
+    PROFILE,
     RESUME,
+    STACKS,
     STOP_AFTER_EPOCH,
     USER,
 )
+from nbtrain._cluster.rank import stacks
+from nbtrain._cluster.rank.profiling import StepProfile
 
 CONTROL_WAIT_S = 1.0   # a rank's question for new commands waits this long for one (elastic runs: also a checkpoint)
 CALL_TIMEOUT_S = 10.0
@@ -67,6 +73,11 @@ class RankSteering:
         self._rate: float | None = None            # steps per second, smoothed over heartbeats
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self.training_thread = threading.get_ident()  # made by the session, on the thread that runs the function
+        self.profiling: StepProfile | None = None
+        # stacks and profiles an earlier attempt was asked for: not this one's to answer
+        self._earlier = {c["id"] for c in known if c["kind"] == STACKS or
+                         (c["kind"] == PROFILE and c["at_step"] != AS_SOON_AS_BACK)}
         self._replaying = True
         self.learn([c for c in known if c["kind"] == ADJUST])  # a new attempt: the changes made so far
         self._replaying = False
@@ -76,7 +87,12 @@ class RankSteering:
         threading.Thread(target=self._listen, name="nbtrain-steering", daemon=True).start()
 
     def stop(self) -> None:
+        """The attempt's function is over (on its thread): a profile in progress ends with the steps it has."""
         self._stopped.set()
+        profiling, self.profiling = self.profiling, None
+        if profiling is not None:
+            profiling.finish(self.session, f"the training function ended after {profiling.done} of "
+                                           f"{profiling.steps} steps", wait=True)
 
     def _listen(self) -> None:
         """Wait on the supervisor for new commands (a long poll answered as soon as one is issued, else after
@@ -95,13 +111,20 @@ class RankSteering:
             self.learn(commands)
 
     def learn(self, commands: list[dict[str, Any]]) -> None:
+        asked_now = []
+        rank = self.session.context.rank
         with self._lock:
             pending = list(self.pending)
             for command in commands:
                 if command["id"] <= self.seen:
                     continue
                 self.seen = command["id"]
-                if command["kind"] == RESUME:
+                if command["kind"] in (STACKS, PROFILE) and (
+                        command["id"] in self._earlier or rank not in command["args"]["ranks"]):
+                    continue
+                if command["kind"] == STACKS:
+                    asked_now.append(command)
+                elif command["kind"] == RESUME:
                     pending = [c for c in pending if c["kind"] != PAUSE]  # a pause not reached yet is off
                     self._resumed.set()
                 elif command["kind"] == STOP_AFTER_EPOCH:
@@ -112,6 +135,18 @@ class RankSteering:
                     pending.append(command)
             pending.sort(key=lambda c: (c["at_step"], c["id"]))
             self.pending = pending  # one reference swap: the training thread reads either list whole
+        for command in asked_now:  # here, on the listener's thread: a rank stuck in its step still answers
+            self._answer_stacks(command)
+
+    def _answer_stacks(self, command: dict[str, Any]) -> None:
+        timing = self.session.timing
+        value: Any
+        try:
+            ok, value = True, stacks.take_stacks(self.training_thread, paused_at=self.paused_at,
+                                                 allreduce_in_flight=bool(timing and timing.allreduce_in_flight))
+        except Exception as exc:  # noqa: BLE001 - the notebook gets why
+            ok, value = False, f"its stacks could not be taken: {type(exc).__name__}: {exc}"
+        self.session.supervisor.command_result.remote(command["id"], self.session.context.rank, ok, value)
 
     # ------------------------------------------------------------------ the training thread
     def steer(self, optimizer: Any) -> Any:
@@ -158,7 +193,7 @@ class RankSteering:
         for command in list(self.pending):
             if command["at_step"] > step and command["at_step"] != AS_SOON_AS_BACK:
                 break
-            if (command["kind"] == USER) != user or (command["kind"] == ADJUST and not adjust):
+            if (command["kind"] in (USER, PROFILE)) != user or (command["kind"] == ADJUST and not adjust):
                 continue
             with self._lock:
                 self.pending = [c for c in self.pending if c["id"] != command["id"]]
@@ -173,6 +208,9 @@ class RankSteering:
             self.checkpoint_wanted = True
         elif kind == USER:
             self._run_handler(command)
+        elif kind == PROFILE:
+            self._profile(command, step)
+            return
         if kind != USER and not self._replaying:  # every rank says where: the supervisor checks they agree
             self.session.supervisor.command_applied.remote(command["id"], self.session.context.rank, step, before,
                                                            time.time())
@@ -200,6 +238,33 @@ class RankSteering:
         finally:
             self.paused_at = None
             self.session.last_progress = time.time()  # the time paused is not a stall
+
+    def _profile(self, command: dict[str, Any], step: int) -> None:
+        """Start the profile, or count one more of its steps; until its last, it waits in ``pending`` for the
+        next step (so the hooks' fast path stays one test)."""
+        profiling = self.profiling
+        if profiling is None:
+            try:
+                self.profiling = StepProfile(command, self.session.context.device)
+            except Exception as exc:  # noqa: BLE001 - e.g. the code runs a profiler of its own: training goes on
+                self.session.supervisor.command_result.remote(
+                    command["id"], self.session.context.rank, False,
+                    f"Rank {self.session.context.rank} could not start torch.profiler: {type(exc).__name__}: {exc}")
+                return
+        elif profiling.command_id != command["id"]:
+            self.session.supervisor.command_result.remote(
+                command["id"], self.session.context.rank, False,
+                f"Rank {self.session.context.rank} is profiling already (profile {profiling.command_id}, "
+                f"{profiling.done} of {profiling.steps} steps done); ask again once it has answered.")
+            return
+        elif profiling.step():
+            self.profiling = None
+            profiling.finish(self.session)
+            return
+        with self._lock:
+            pending = [*self.pending, {**command, "at_step": step + 1}]
+            pending.sort(key=lambda c: (c["at_step"], c["id"]))
+            self.pending = pending
 
     def _run_handler(self, command: dict[str, Any]) -> None:
         name, payload = command["args"]["name"], command["args"].get("payload") or {}

@@ -37,6 +37,7 @@ class StepTimes:
         self.data_s = 0.0
         self.comm_s = 0.0
         self.by_backward = False  # a DDP hook counts the steps (else the batches do)
+        self.allreduce_in_flight = False  # the DDP hook's last bucket is handed over, its all-reduce not done
         self._last: float | None = None
         self._mark = (time.monotonic(), 0, 0.0, 0.0, 0.0)
 
@@ -127,6 +128,7 @@ class _Backward:
             self._pending += 1
             if last:
                 self._computed_at = time.perf_counter()
+                self._timing.allreduce_in_flight = True
 
     def completed(self, future: Any) -> Any:
         now = time.perf_counter()
@@ -135,6 +137,7 @@ class _Backward:
             self._done_at = max(self._done_at, now)
             if self._pending == 0 and self._computed_at is not None:
                 self._timing.comm_s += max(self._done_at - self._computed_at, 0.0)
+                self._timing.allreduce_in_flight = False
                 self._computed_at, self._done_at = None, 0.0
                 self._timing.tick()
         return future.value()

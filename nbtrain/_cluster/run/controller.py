@@ -18,7 +18,7 @@ from typing import Any
 
 from nbtrain._cluster.elastic import sizing
 from nbtrain._cluster.feed.feed import RunFeed, nan_keys
-from nbtrain._cluster.run import failure_policy
+from nbtrain._cluster.run import failure_policy, stall_stacks
 from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Resize, Restart, Stopped, Succeeded
 from nbtrain._cluster.run.steering import RunSteering
 from nbtrain._cluster.run.stragglers import StragglerWatch
@@ -304,11 +304,18 @@ class RunController:
             return Failed([Failure(None, "nan", "a reported metric became NaN and stop_on_nan is set",
                                    retriable=False)])
         options = self.spec.options
+        stalled = []
         for rank, quiet in self.table.newly_stalled(options.stall_timeout_s):
             message = (f"Rank {rank} made no progress for {quiet:.0f} s (stall_timeout={options.stall_timeout_s:g} s); "
                        f"it may be stuck in a collective or in data loading.")
             self.feed.event("stall", message, self.attempt)
-            if options.on_stall in ("fail", "restart"):
+            stalled.append((rank, message))
+        if stalled:  # where each rank is: an event next (a stall that ends the attempt waits for it first)
+            attempt, ends = self.attempt, options.on_stall in ("fail", "restart")
+            stall_stacks.ask(self.steering, self.table.snapshot(),
+                             lambda said: self.feed.event("stall", said, attempt), wait=ends)
+            if ends:
+                rank, message = stalled[0]
                 return Failed([Failure(rank, "stalled", message, retriable=options.on_stall == "restart")])
         held = [w.get("held_after_epoch") for w in self.table.snapshot() if w["state"] in ("running", "stalled")]
         if held and None not in held:

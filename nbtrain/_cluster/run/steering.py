@@ -24,10 +24,12 @@ from nbtrain._cluster.commands import (
     ADJUST,
     ADJUSTABLE,
     AS_SOON_AS_BACK,
+    NOT_CHANGES,
     PAUSE,
+    PROFILE,
     RESUME,
+    STACKS,
     STOP_AFTER_EPOCH,
-    USER,
     Command,
     describe,
 )
@@ -54,6 +56,8 @@ class RunSteering:
         if kind == ADJUST:
             self._check_adjust(args, ranks, live)
         running = [row for row in ranks if row.get("state") in ("running", "paused", "stalled")]
+        if kind in (STACKS, PROFILE):
+            args = {**args, "ranks": _asked_ranks(kind, args.get("ranks"), running)}
         paused = [row for row in running if row.get("paused_at") is not None]
         if kind == PAUSE and paused:
             raise ValueError(f"the run is paused already, at step {paused[0]['paused_at']}; resume it first.")
@@ -161,7 +165,22 @@ class RunSteering:
     def changes(self) -> list[dict[str, Any]]:
         """The commands applied (or waiting), for ``run.changes`` and the curves' markers."""
         return [{**command, "description": describe(command)} for command in self.all()
-                if command["kind"] != USER]
+                if command["kind"] not in NOT_CHANGES]
+
+
+def _asked_ranks(kind: str, asked: list[int] | None, running: list[dict[str, Any]]) -> list[int]:
+    """The ranks a ``stacks`` or ``profile`` command is for (None: every rank running), each one running."""
+    live = sorted(int(row["rank"]) for row in running)
+    what = "stacks" if kind == STACKS else "a profile"
+    if not live:
+        raise ValueError(f"no rank is running now, to take {what} of (it may be starting or restarting; ask "
+                         "again once its ranks run).")
+    if asked is None:
+        return live
+    missing = [rank for rank in asked if rank not in live]
+    if missing:
+        raise ValueError(f"rank(s) {missing} are not running; its running ranks are {live}.")
+    return sorted(set(asked))
 
 
 def _step_ahead(running: list[dict[str, Any]]) -> int:

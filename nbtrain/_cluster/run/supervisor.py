@@ -44,7 +44,7 @@ from nbtrain._cluster.run.controller import RunController
 from nbtrain._cluster.run.stored_run import delete_files, index_path, record_in_index, write_final
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
-from nbtrain._cluster.storage import post_mortems, storage_uri
+from nbtrain._cluster.storage import post_mortems, profiles, storage_uri
 from nbtrain._cluster.storage.run_storage import RunStorage, prune_checkpoints
 from nbtrain._cluster.warm.spare_process import prestart_for_this_job
 from nbtrain._exceptions import NbtrainError, RunExistsError, StorageError
@@ -230,6 +230,10 @@ class RunSupervisor:
 
     def post_mortem(self, attempt: int, rank: int) -> bytes | None:
         return post_mortems.read(self._storage.dir, attempt, rank)
+
+    def keep_profile(self, command_id: int, rank: int, data: bytes) -> str:
+        """A profiled rank's gzipped trace (``run.profile()``), kept in the run's directory; returns its path."""
+        return profiles.write(self._storage.dir, command_id, rank, data)
 
     def drain(self, node_id: str, deadline_s: float) -> tuple[bool, str]:
         """``run.drain(node)``: the node is about to go; the run checkpoints and goes on without it.

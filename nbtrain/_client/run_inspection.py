@@ -1,0 +1,105 @@
+"""Looking inside a live run: ``run.stacks()`` (where every rank is, now) and ``run.profile()`` (torch.profiler for
+the next few steps) — a mixin of :class:`~nbtrain.Run`.
+
+Both go the way of the run's other commands (:mod:`nbtrain._cluster.commands`): the supervisor numbers them and
+the ranks' steering listeners learn them at once. ``stacks`` is answered by each rank on that listener's
+thread, without pausing the rank; ``profile`` runs on the chosen ranks for the next ``steps`` optimizer steps
+(or reports). Neither changes the run, and asking what cannot be answered (a run that has ended, a rank it
+does not have, no steps) is one error line, with nothing sent to the ranks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from nbtrain._client.inspection_results import Profile, Stacks
+from nbtrain._client.stored import READ_TIMEOUT_S
+from nbtrain._cluster.commands import MAX_PROFILE_STEPS, PROFILE, STACKS
+from nbtrain._exceptions import InvalidOptionError, NbtrainError
+from nbtrain._states import RunState
+
+PROFILE_WAIT_S = 300.0
+
+
+class RunInspection:
+    """What :class:`~nbtrain.Run` gets from this module: :meth:`stacks` and :meth:`profile`."""
+
+    name: str
+
+    if TYPE_CHECKING:
+        def _call(self, method: str, *args: Any, timeout: float = ...) -> Any: ...
+        def _steer(self, kind: str, args: dict[str, Any], verb: str) -> dict[str, Any]: ...
+        def _fresh_summary(self) -> dict[str, Any]: ...
+
+    def stacks(self, *, ranks: list[int] | None = None, timeout: float = 10.0) -> Stacks:
+        """Every rank's Python stacks now, all its threads, taken from a side thread without pausing it.
+
+        Each rank comes with one line saying where its training thread is: *waits in a collective
+        (all_reduce) called from train.py:41*, or *is elsewhere: train.py:37 in load (time.sleep(5))*, or
+        paused. A rank that does not answer within ``timeout`` is named as such: its process is gone, or
+        it is stuck in C code that holds Python's GIL. Shows as a table in the notebook; ``print()`` it
+        for text. Example::
+
+            run.stacks()                   # every running rank
+            run.stacks(ranks=[3]).ranks[3]["threads"]
+        """
+        wanted = self._live_ranks("stacks", ranks)
+        _check_timeout("stacks", timeout)
+        issued = self._steer(STACKS, {"ranks": wanted}, "asked for its stacks")
+        asked = issued["args"]["ranks"]
+        answers = self._call("command_results", issued["id"], asked, float(timeout),
+                             timeout=timeout + READ_TIMEOUT_S)
+        return Stacks(self.name, asked, answers, timeout)
+
+    def profile(self, steps: int = 20, *, ranks: list[int] | None = None, timeout: float = PROFILE_WAIT_S) -> Profile:
+        """Run torch.profiler on ``ranks`` (default: rank 0) for the next ``steps`` steps and return the top
+        operators by self time per rank, with the Chrome trace's path (kept in the run's directory on the
+        head node) for TensorBoard's profiler plugin or ui.perfetto.dev. Blocks until every profiled rank
+        answered (at most ``timeout`` s). Not profiling costs nothing on the step. Example::
+
+            run.profile(steps=10)                 # rank 0
+            run.profile(steps=5, ranks=[0, 1]).trace_paths
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_PROFILE_STEPS:
+            raise InvalidOptionError(f"run.profile(steps=...) must be a whole number from 1 to {MAX_PROFILE_STEPS}, "
+                                     f"got {steps!r}.")
+        wanted = self._live_ranks("profile", [0] if ranks is None else ranks)
+        _check_timeout("profile", timeout)
+        issued = self._steer(PROFILE, {"steps": steps, "ranks": wanted}, "profiled")
+        asked = issued["args"]["ranks"]
+        answers = self._call("command_results", issued["id"], asked, float(timeout), timeout=timeout + READ_TIMEOUT_S)
+        missing = [rank for rank in asked if rank not in answers]
+        if missing:
+            raise NbtrainError(f"Run {self.name!r}: no profile from rank(s) {missing} within {timeout:g} s (a rank "
+                               f"may be paused, slow, or stopped stepping before {steps} steps); give a longer "
+                               "timeout, or fewer steps.")
+        failed = [answers[rank][1] for rank in asked if not answers[rank][0]]
+        if failed:
+            raise NbtrainError("\n".join(failed))
+        return Profile(self.name, steps, {rank: answers[rank][1] for rank in asked})
+
+    def _live_ranks(self, call: str, ranks: Any) -> list[int] | None:
+        """``ranks`` checked against the run (None stays None), or the one line that says why not."""
+        summary = self._fresh_summary()
+        state = RunState(summary["state"])
+        if state.is_terminal:
+            what = "stacks to take" if call == "stacks" else "steps to profile"
+            raise NbtrainError(f"run.{call}(): run {self.name!r} has ended ({state.value}); it has no {what} "
+                               f"(run.error and run.logs() say how it ended).")
+        if ranks is None:
+            return None
+        world = int(summary.get("world_size") or 1)
+        if isinstance(ranks, int) and not isinstance(ranks, bool):
+            ranks = [ranks]
+        if not isinstance(ranks, (list, tuple)) or not ranks or any(
+                isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world for rank in ranks):
+            raise InvalidOptionError(f"run.{call}(ranks=...) is a list of the run's ranks, 0 to {world - 1}; "
+                                     f"got {ranks!r}.")
+        return sorted(set(ranks))
+
+
+def _check_timeout(call: str, timeout: Any) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+        raise InvalidOptionError(f"run.{call}(timeout=...) is a number of seconds above 0 (at most 3600), "
+                                 f"got {timeout!r}.")
+

@@ -1,0 +1,124 @@
+"""Where every rank is, now: ``run.stacks()`` on a live run, and the stacks a stall takes on its own — on the
+session's loopback cluster, real DDP ranks (gloo).
+
+Rank 0 blocks in ``dist.all_reduce`` (rank 1 never joins it) while rank 1 sleeps in a loop of user code:
+the stacks must name both lines, and say which rank waits in a collective.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import nbtrain
+from nbtrain._client.inspection_results import Stacks
+from nbtrain._exceptions import InvalidOptionError, NbtrainError
+
+from _helpers import wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def blocked_and_sleeping(config):
+    """Rank 0 waits in an all-reduce that rank 1 never joins; rank 1 sleeps in a loop."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 0 waits here
+    while True:
+        time.sleep(0.2)  # rank 1 sleeps here
+
+
+def _line(marker: str) -> int:
+    lines, first = inspect.getsourcelines(blocked_and_sleeping)
+    return first + next(index for index, line in enumerate(lines) if marker in line)
+
+
+def _where(run) -> Stacks | None:
+    stacks = run.stacks(timeout=10)
+    kinds = {rank: answer["kind"] for rank, answer in stacks.ranks.items()}
+    return stacks if kinds == {0: "collective", 1: "elsewhere"} else None
+
+
+def test_stacks_say_which_rank_waits_in_a_collective_and_where_the_other_is(cluster):
+    run = nbtrain.launch(blocked_and_sleeping, name="stacks-live", workers=2, stall_timeout_s=4.0)
+    try:
+        wait_for(lambda: {w["state"] for w in run.workers} >= {"running"} and len(run.workers) == 2, timeout=120,
+                 message="both ranks running", describe=lambda: run.workers)
+        stacks = wait_for(lambda: _where(run), timeout=60, message="rank 0 in all_reduce, rank 1 asleep")
+        all_reduce, sleep = _line("rank 0 waits here"), _line("rank 1 sleeps here")
+        lines = stacks.verdicts()
+        assert lines[0].startswith("rank 0 waits in a collective (all_reduce) called from "
+                                   f"test_live_stacks.py:{all_reduce} in blocked_and_sleeping"), lines[0]
+        assert "dist.all_reduce(torch.ones(1))" in lines[0]
+        assert lines[1].startswith(f"rank 1 is elsewhere: test_live_stacks.py:{sleep} in blocked_and_sleeping "
+                                   "(time.sleep(0.2))"), lines[1]
+        # every thread, nbtrain's own marked as such; the training thread first
+        for rank in (0, 1):
+            threads = stacks.ranks[rank]["threads"]
+            assert threads[0]["whose"] == "training"
+            assert {"nbtrain-flush", "nbtrain-steering"} <= {t["name"] for t in threads if t["whose"] == "nbtrain"}
+        text, page = str(stacks), stacks._repr_html_()
+        assert f'test_live_stacks.py", line {all_reduce}, in blocked_and_sleeping' in text
+        assert "waits in a collective (all_reduce)" in page and "<details open>" in page
+        assert run.changes == []  # looking changes nothing
+
+        # the stall (4 s without progress) takes the stacks on its own, in an event after the stall's
+        said = wait_for(lambda: [e["message"] for e in run.events if e["message"].startswith("Stacks at the stall:")],
+                        timeout=60, message="the stall's stacks event", describe=lambda: run.events[-3:])
+        assert f"rank 0 waits in a collective (all_reduce) called from test_live_stacks.py:{all_reduce}" in said[0]
+        assert f"rank 1 is elsewhere: test_live_stacks.py:{sleep}" in said[0]
+        stall_events = [e for e in run.events if e["kind"] == "stall"]
+        assert stall_events[-1]["message"] == said[0]  # the last stall event: what the dashboard's notice shows
+
+        # bad input: one line each, nothing sent
+        commands = len(run._call("summary")["changes"])
+        with pytest.raises(InvalidOptionError, match=r"run.stacks\(ranks=...\) is a list of the run's ranks, 0 to 1; "
+                                                     r"got \[5\]"):
+            run.stacks(ranks=[5])
+        with pytest.raises(InvalidOptionError, match=r"run.stacks\(timeout=...\)"):
+            run.stacks(timeout=0)
+        assert len(run._call("summary")["changes"]) == commands
+    finally:
+        run.stop()
+    with pytest.raises(NbtrainError, match=r"run.stacks\(\): run 'stacks-live' has ended \(stopped\); it has no "
+                                           r"stacks to take"):
+        run.stacks()
+
+
+@pytest.mark.quick
+def test_a_rank_that_does_not_answer_is_named():
+    """A rank's answer that does not come within the timeout: named, with what that may mean (a unit of the
+    notebook's side: the answers as the supervisor gives them)."""
+    stacks = Stacks("r", [0, 1], {0: (True, {"kind": "elsewhere", "verdict": "is elsewhere: a.py:1 in f",
+                                             "threads": [], "pid": 1})}, 10)
+    assert stacks.verdicts()[1] == ("rank 1 did not answer within 10 s (its process is gone, or stuck in C code "
+                                    "that holds Python's GIL)")
+    assert list(stacks.missing) == [1]
+
+
+@pytest.mark.quick
+def test_a_backward_waiting_on_ddps_all_reduce_counts_as_a_collective():
+    """DDP's gradient all-reduce has no Python frame of its own: a backward whose last bucket is handed over and
+    not yet reduced (the step clock's hook says so) is a collective; a backward still computing is not."""
+    import os
+    import traceback
+
+    import torch
+
+    from nbtrain._cluster.rank.stacks import verdict
+
+    autograd = os.path.join(os.path.dirname(torch.__file__), "autograd", "__init__.py")
+    frames = [traceback.FrameSummary("/home/me/train.py", 12, "train", line="loss.backward()"),
+              traceback.FrameSummary(os.path.join(os.path.dirname(torch.__file__), "_tensor.py"), 600, "backward"),
+              traceback.FrameSummary(autograd, 300, "backward")]
+    assert verdict(frames, allreduce_in_flight=True) == (
+        "collective", "waits in a collective (DDP's gradient all_reduce in backward) called from train.py:12 in "
+                      "train (loss.backward())")
+    kind, line = verdict(frames)
+    assert kind == "elsewhere" and line.startswith("is elsewhere: train.py:12 in train (loss.backward()); innermost")
+    assert verdict(frames, paused_at=7)[0] == "paused"
