@@ -56,7 +56,7 @@ def test_stacks_say_which_rank_waits_in_a_collective_and_where_the_other_is(clus
                                    f"test_live_stacks.py:{all_reduce} in blocked_and_sleeping"), lines[0]
         assert "dist.all_reduce(torch.ones(1))" in lines[0]
         assert lines[1].startswith(f"rank 1 is elsewhere: test_live_stacks.py:{sleep} in blocked_and_sleeping "
-                                   "(time.sleep(0.2))"), lines[1]
+                                   "(time.sleep(0.2)"), lines[1]
         # every thread, nbtrain's own marked as such; the training thread first
         for rank in (0, 1):
             threads = stacks.ranks[rank]["threads"]

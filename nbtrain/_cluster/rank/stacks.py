@@ -98,8 +98,6 @@ def take_stacks(training_thread: int | None, *, paused_at: int | None = None,
     threads: list[dict[str, Any]] = []
     found = ("outside", "has no training thread now (between attempts)")
     for ident, frame in sys._current_frames().items():
-        if ident == threading.get_ident():
-            continue  # this listener, taking the stacks
         stack = traceback.extract_stack(frame)
         thread = names.get(ident)
         name = thread.name if thread is not None else f"thread {ident}"
