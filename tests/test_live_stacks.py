@@ -76,13 +76,13 @@ def test_stacks_say_which_rank_waits_in_a_collective_and_where_the_other_is(clus
         assert stall_events[-1]["message"] == said[0]  # the last stall event: what the dashboard's notice shows
 
         # bad input: one line each, nothing sent
-        commands = len(run._call("summary")["changes"])
+        sent = len(run._call("control", 0, 0, 0.0)[1])  # every command the run was sent
         with pytest.raises(InvalidOptionError, match=r"run.stacks\(ranks=...\) is a list of the run's ranks, 0 to 1; "
                                                      r"got \[5\]"):
             run.stacks(ranks=[5])
         with pytest.raises(InvalidOptionError, match=r"run.stacks\(timeout=...\)"):
             run.stacks(timeout=0)
-        assert len(run._call("summary")["changes"]) == commands
+        assert len(run._call("control", 0, 0, 0.0)[1]) == sent
     finally:
         run.stop()
     with pytest.raises(NbtrainError, match=r"run.stacks\(\): run 'stacks-live' has ended \(stopped\); it has no "

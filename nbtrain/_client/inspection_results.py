@@ -101,7 +101,7 @@ class Profile:
 
     def _heading(self, rank: int) -> str:
         answer = self.answers[rank]
-        step = f", {answer['step_ms']:.1f} ms per step" if answer.get("step_ms") else ""
+        step = f", {answer['step_ms']:.1f} ms per step with the profiler on" if answer.get("step_ms") else ""
         note = f" ({self.notes[rank]})" if rank in self.notes else ""
         return f"rank {rank}: {answer['steps']} steps on the {answer['device'].upper()}{step}{note}"
 

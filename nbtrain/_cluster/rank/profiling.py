@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from typing import Any
 
 MAX_TRACE_BYTES = 50 * 1024 * 1024  # gzipped; a bigger trace is not kept (the table still comes)
@@ -39,6 +40,8 @@ class StepProfile:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_gpu else [])
         self._profiler = profile(activities=activities, record_shapes=False)
         self._profiler.start()
+        self._began = time.perf_counter()
+        self._took = 0.0
 
     def step(self) -> bool:
         """One more step profiled; True once all of them are."""
@@ -48,6 +51,7 @@ class StepProfile:
 
     def finish(self, session: Any, note: str = "", wait: bool = False) -> None:
         """Stop, then hand the trace and the table over (on a thread of its own unless ``wait``)."""
+        self._took = time.perf_counter() - self._began
         self._profiler.stop()
         if wait:
             self._send(session, note)
@@ -60,7 +64,8 @@ class StepProfile:
         rank = session.context.rank
         value: Any
         try:
-            table, step_ms = top_operators(self._profiler, self.on_gpu)
+            table = top_operators(self._profiler, self.on_gpu)
+            step_ms = 1e3 * self._took / self.done if self.done else None
             data = _trace_bytes(self._profiler)
             answer: dict[str, Any] = {"table": table, "steps": self.done, "step_ms": step_ms, "note": note,
                                       "device": "cuda" if self.on_gpu else "cpu", "trace": None,
@@ -78,12 +83,9 @@ class StepProfile:
         session.supervisor.command_result.remote(self.command_id, rank, ok, value)
 
 
-def top_operators(profiler: Any, on_gpu: bool) -> tuple[list[dict[str, Any]], float | None]:
-    """The operators with the most self time (CPU, or the GPU's when profiled there), as rows; and the mean
-    time of a profiled step in ms (from torch.profiler's ``ProfilerStep#`` ranges), if it has them."""
-    averages = profiler.key_averages()
-    steps = [event for event in averages if event.key.startswith("ProfilerStep#")]
-    operators = [event for event in averages if not event.key.startswith("ProfilerStep#")]
+def top_operators(profiler: Any, on_gpu: bool) -> list[dict[str, Any]]:
+    """The operators with the most self time (CPU, or the GPU's when profiled there), as rows."""
+    operators = list(profiler.key_averages())
     total_cpu = sum(event.self_cpu_time_total for event in operators) or 1.0
     total_gpu = sum(_self_device(event) for event in operators) or 1.0
     key = _self_device if on_gpu else (lambda event: event.self_cpu_time_total)
@@ -96,8 +98,7 @@ def top_operators(profiler: Any, on_gpu: bool) -> tuple[list[dict[str, Any]], fl
             row["self_gpu_us"] = _self_device(event)
             row["self_gpu_pct"] = 100.0 * row["self_gpu_us"] / total_gpu
         rows.append(row)
-    step_ms = sum(event.cpu_time_total for event in steps) / len(steps) / 1e3 if steps else None
-    return rows, step_ms
+    return rows
 
 
 def _self_device(event: Any) -> float:

@@ -14,11 +14,13 @@ are ``torch.distributed``'s or DDP's (or its backward waits on DDP's gradient al
 
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 import sysconfig
 import threading
 import traceback
+import types
 from typing import Any
 
 NBTRAIN_THREADS = ("nbtrain-flush", "nbtrain-steering", "nbtrain-profile")
@@ -87,6 +89,27 @@ def verdict(frames: list[traceback.FrameSummary], *, paused_at: int | None = Non
     return "elsewhere", f"is elsewhere: {_where(caller)}{inner}"
 
 
+def _snapshot() -> dict[int, list[tuple[Any, int]]]:
+    """Each thread's (code, line) pairs, outermost first, as of one moment. The other threads go on running while
+    their frames are read, and a frame still running moves to its next line: so the pairs are read in one tight
+    loop (no source lines, no file reads) while the interpreter switches threads rarely."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        taken: dict[int, list[tuple[Any, int]]] = {}
+        for ident, top in sys._current_frames().items():
+            pairs = []
+            frame: types.FrameType | None = top
+            while frame is not None:
+                pairs.append((frame.f_code, frame.f_lineno))
+                frame = frame.f_back
+            pairs.reverse()
+            taken[ident] = pairs
+        return taken
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def take_stacks(training_thread: int | None, *, paused_at: int | None = None,
                 allreduce_in_flight: bool = False) -> dict[str, Any]:
     """Every thread of this process: name, whose it is (``training``, ``user``, ``nbtrain``, ``library``), its frames
@@ -97,8 +120,10 @@ def take_stacks(training_thread: int | None, *, paused_at: int | None = None,
     libraries = _libraries()
     threads: list[dict[str, Any]] = []
     found = ("outside", "has no training thread now (between attempts)")
-    for ident, frame in sys._current_frames().items():
-        stack = traceback.extract_stack(frame)
+    for ident, snapshot in _snapshot().items():
+        stack = traceback.StackSummary.from_list(
+            [(code.co_filename, lineno, code.co_name, linecache.getline(code.co_filename, lineno).strip())
+             for code, lineno in snapshot])
         thread = names.get(ident)
         name = thread.name if thread is not None else f"thread {ident}"
         if ident == training_thread:
