@@ -1,12 +1,18 @@
 """What steering a live run costs: on the step when nothing is pending, and from the call to the change applied.
 
-    python benchmarks/steering.py            # ~1 min
+    python benchmarks/steering.py            # ~2 min
+    python benchmarks/steering.py --step     # 1 and 2 only, no cluster (~1 min)
 
 1. **The step, nothing pending** (no cluster): ``optimizer.step()`` of a small SGD (one 4→1 linear layer, so
    the hooks' share is as large as it can be) with and without nbtrain's step hooks, 200 000 steps,
    interleaved, best of 7 rounds; the difference per step. The hooks are a pre-hook and a post-hook
    that each test whether anything is pending.
-2. **Latency** (its own loopback cluster, 4 CPUs): a 2-rank DDP run at 10 steps/s; ``run.adjust(lr=...)``
+2. **Not profiling costs nothing** (no cluster): a training step of a small MLP (64→256→256→10, batch 32: forward,
+   backward, SGD update) plain and with nbtrain's step hooks and nothing pending, blocks of 200 steps alternating,
+   the best of 40 blocks each: the hooks' share of the step in %, the case of every step of a run that is not
+   being profiled (``run.profile()`` lives in the hooks' pending list, so the hooks test nothing more). For
+   scale, the same step while torch.profiler runs (the steps ``run.profile()`` covers).
+3. **Latency** (its own loopback cluster, 4 CPUs): a 2-rank DDP run at 10 steps/s; ``run.adjust(lr=...)``
    20 times, each ``wait=True`` (returns when rank 0 applied it). Call → applied, p50 and p95, and how many
    steps ahead of the furthest rank the supervisor put each change.
 """
@@ -18,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -54,6 +61,55 @@ def hook_cost() -> tuple[float, float]:
     return min(plain), min(steered)
 
 
+MLP_BLOCKS, MLP_BLOCK = 40, 200
+
+
+def profiling_cost() -> tuple[float, float, float]:
+    """Seconds per training step of a small MLP: plain, with nbtrain's hooks (nothing pending), and profiled.
+    Blocks of steps of the two models alternate and the best block of each counts, so the machine's other load
+    (a shared 2-core box) moves both alike."""
+    import torch
+
+    from nbtrain._cluster.rank.profiling import StepProfile
+    from nbtrain._cluster.rank.steering import RankSteering
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    session = SimpleNamespace(uses_loader=False, report_calls=0, last_step=0, step=0,
+                              context=SimpleNamespace(rank=0))
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+
+    def trainer(steered: bool) -> tuple[Any, Any]:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                    torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        if steered:
+            RankSteering(session, []).steer(optimizer)
+        return model, optimizer
+
+    def seconds_per_step(model: Any, optimizer: Any, profile: Any = None) -> float:
+        started = time.perf_counter()
+        for _ in range(MLP_BLOCK):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            if profile is not None:
+                profile.step()
+        return (time.perf_counter() - started) / MLP_BLOCK
+
+    plain, hooked = trainer(False), trainer(True)
+    plain_s, hooked_s = [], []
+    for _ in range(MLP_BLOCKS):
+        plain_s.append(seconds_per_step(*plain))
+        hooked_s.append(seconds_per_step(*hooked))
+    profiled_s = []
+    for _ in range(3):
+        profile = StepProfile({"id": 1, "args": {"steps": MLP_BLOCK}}, torch.device("cpu"))
+        profiled_s.append(seconds_per_step(*hooked, profile=profile))
+        profile._profiler.stop()
+    return min(plain_s), min(hooked_s), min(profiled_s)
+
+
 def steered(config):
     import time as _time
 
@@ -73,6 +129,7 @@ def steered(config):
 
 def latency() -> tuple[list[float], list[int]]:
     import nbtrain
+
     from _own_cluster import own_cluster
 
     with own_cluster("nbtrain-bench-steering-", 4):
@@ -94,6 +151,13 @@ def main() -> None:
     plain, hooked = hook_cost()
     print(f"optimizer.step(), {STEPS} steps, best of {ROUNDS}: plain {plain * 1e6:.2f} µs, with nbtrain's "
           f"steering hooks {hooked * 1e6:.2f} µs: +{(hooked - plain) * 1e9:.0f} ns per step")
+    plain, hooked, profiled = profiling_cost()
+    print(f"a training step of a small MLP (64-256-256-10, batch 32), best of {MLP_BLOCKS} blocks of {MLP_BLOCK}: "
+          f"plain {plain * 1e6:.1f} µs, with nbtrain's hooks and no profile {hooked * 1e6:.1f} µs "
+          f"({(hooked - plain) / plain * 100:+.2f} %); while torch.profiler runs {profiled * 1e6:.1f} µs "
+          f"({(profiled - plain) / plain * 100:+.0f} %)")
+    if "--step" in sys.argv[1:]:
+        return
     took, ahead = latency()
     took.sort()
     print(f"run.adjust(lr=..., wait=True) at 10 steps/s, {CHANGES} changes: call → applied p50 "
