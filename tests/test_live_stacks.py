@@ -75,6 +75,16 @@ def test_stacks_say_which_rank_waits_in_a_collective_and_where_the_other_is(clus
         stall_events = [e for e in run.events if e["kind"] == "stall"]
         assert stall_events[-1]["message"] == said[0]  # the last stall event: what the dashboard's notice shows
 
+        # the dashboard's Stacks button shows the same, under its control row
+        from nbtrain._views.dashboard import WidgetDashboard
+
+        dashboard = WidgetDashboard(run)
+        dashboard.update()
+        dashboard.controls.stacks_button.click()
+        wait_for(lambda: "rank 1 is elsewhere" in dashboard.controls.answer.value, timeout=30,
+                 message="the stacks under the dashboard's controls")
+        assert "rank 0 waits in a collective (all_reduce)" in dashboard.controls.answer.value
+
         # bad input: one line each, nothing sent
         sent = len(run._call("control", 0, 0, 0.0)[1])  # every command the run was sent
         with pytest.raises(InvalidOptionError, match=r"run.stacks\(ranks=...\) is a list of the run's ranks, 0 to 1; "

@@ -78,6 +78,18 @@ def test_a_profile_of_5_steps_has_the_models_operators_and_a_trace_per_rank(clus
         assert "rank 0: 5 steps on the CPU" in text and "tensorboard --logdir" in text
         assert run.changes == []  # a profile changes nothing
 
+        # the dashboard's button: 10 steps of rank 0, the table under its control row
+        from nbtrain._views.dashboard import WidgetDashboard
+
+        dashboard = WidgetDashboard(run)
+        dashboard.update()
+        dashboard.controls.profile_button.click()
+        wait_for(lambda: "aten::" in dashboard.controls.answer.value, timeout=120,
+                 message="the profile's table under the dashboard's controls",
+                 describe=lambda: (dashboard.controls.answer.value, dashboard.notice.value))
+        assert "rank 0: 10 steps on the CPU" in dashboard.controls.answer.value
+        assert "profile-2/rank0.pt.trace.json.gz" in dashboard.controls.answer.value
+
         # bad input: one line each, nothing sent
         sent = len(run._call("control", 0, 0, 0.0)[1])
         with pytest.raises(InvalidOptionError, match=r"run.profile\(steps=...\) must be a whole number from 1 to "

@@ -1,9 +1,11 @@
 """The live dashboard's control row: the run's optimizer settings, each with an input to change it, Pause /
-Resume, Checkpoint now and Stop — the buttons of :class:`~nbtrain._client.run_control.RunControl` — and the
-markers each change leaves on the curves.
+Resume, Checkpoint now and Stop — the buttons of :class:`~nbtrain._client.run_control.RunControl` — Stacks and
+Profile 10 steps (:class:`~nbtrain._client.run_inspection.RunInspection`), and the markers each change leaves
+on the curves.
 
-Clicks call the same ``run.adjust()`` / ``run.pause()`` a cell would, on a thread of their own (a click never
-waits on the cluster in the kernel's widget handler); what happened, or why not, shows in the dashboard's notice.
+Clicks call the same ``run.adjust()`` / ``run.pause()`` / ``run.stacks()`` a cell would, on a thread of their own
+(a click never waits on the cluster in the kernel's widget handler); what happened, or why not, shows in the
+dashboard's notice, and the stacks or the profile's table in an area under the row.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from nbtrain._cluster.commands import ADJUSTABLE
 
 CHANGE_COLOUR = "#2ca02c"
 FIELD_WIDTH = "150px"
+PROFILE_STEPS = 10   # the Profile button's steps, on rank 0
+PROFILE_ROWS = 10    # operators shown under the row (run.profile() in a cell has them all)
 
 
 class ControlRow:
@@ -38,8 +42,21 @@ class ControlRow:
                                           tooltip="Ask the ranks for a checkpoint at the next step")
         self.pause_button.on_click(lambda _b: self._act(self._pause_or_resume))
         self.checkpoint_button.on_click(lambda _b: self._act(self.run.checkpoint_now, "checkpoint asked"))
-        self.widget = w.HBox([*self.fields.values(), self.pause_button, self.checkpoint_button, stop_button],
-                             layout=w.Layout(flex_flow="row wrap", align_items="center"))
+        self.stacks_button = w.Button(description="Stacks", icon="list", layout=w.Layout(width="auto"),
+                                      tooltip="Where every rank is now: its Python stacks, taken without pausing it")
+        self.profile_button = w.Button(description=f"Profile {PROFILE_STEPS} steps", icon="tachometer",
+                                       layout=w.Layout(width="auto"),
+                                       tooltip=f"torch.profiler on rank 0 for the next {PROFILE_STEPS} steps: "
+                                               "the top operators, and the trace's path")
+        self.answer = w.HTML()  # the stacks, or the profile's table
+        self.stacks_button.on_click(lambda _b: self._look(self.stacks_button, "taking every rank's stacks…",
+                                                          lambda: self.run.stacks().html(compact=True)))
+        self.profile_button.on_click(lambda _b: self._look(
+            self.profile_button, f"profiling rank 0 for the next {PROFILE_STEPS} steps…",
+            lambda: self.run.profile(steps=PROFILE_STEPS).html(top=PROFILE_ROWS)))
+        row = w.HBox([*self.fields.values(), self.pause_button, self.checkpoint_button, self.stacks_button,
+                      self.profile_button, stop_button], layout=w.Layout(flex_flow="row wrap", align_items="center"))
+        self.widget = w.VBox([row, self.answer])
         self.widget.add_class("nbtrain-controls")
 
     def update(self, summary: dict[str, Any]) -> None:
@@ -57,8 +74,9 @@ class ControlRow:
                 field.tooltip = f"{key} per param group: {text}" if len(values) > 1 else key
         paused = summary.get("paused_at") is not None
         self.pause_button.description, self.pause_button.icon = ("Resume", "play") if paused else ("Pause", "pause")
+        for button in (self.pause_button, self.checkpoint_button, self.stacks_button, self.profile_button):
+            button.layout.display = None if live else "none"
         self.pause_button.disabled = self.checkpoint_button.disabled = not live
-        self.pause_button.layout.display = self.checkpoint_button.layout.display = None if live else "none"
 
     def _on_edit(self, key: str, change: dict[str, Any]) -> None:
         text = str(change["new"]).strip()
@@ -85,6 +103,21 @@ class ControlRow:
                 return
             if said:
                 self._say(said + (f" (step {result})" if isinstance(result, int) else ""), colour=CHANGE_COLOUR)
+        threading.Thread(target=go, name="nbtrain-control", daemon=True).start()
+
+
+    def _look(self, button: Any, waiting: str, answer: Callable[[], str]) -> None:
+        """Stacks or a profile: shown under the row once they come (the button waits meanwhile)."""
+        def go() -> None:
+            button.disabled = True
+            self.answer.value = f"<i>{waiting}</i>"
+            try:
+                self.answer.value = answer()
+            except Exception as exc:  # noqa: BLE001 - the refusal says what to do: shown, never raised in a handler
+                self.answer.value = ""
+                self._say(str(exc))
+            finally:
+                button.disabled = False
         threading.Thread(target=go, name="nbtrain-control", daemon=True).start()
 
 
