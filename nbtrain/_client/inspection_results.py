@@ -135,7 +135,8 @@ class Profile:
             head = ["operator", "calls", "self CPU ms", "self CPU %", "CPU total ms"] + (
                 ["self GPU ms", "self GPU %"] if gpu else [])
             parts.append(f"<div><b>{html.escape(self._heading(rank))}</b></div><table><tr>"
-                         + "".join(f"<th {cell}>{name}</th>" for name in head) + "</tr>")
+                         + "".join(f"<th {cell if index else ''}>{name}</th>" for index, name in enumerate(head))
+                         + "</tr>")
             for row in rows[:top]:
                 values = [str(row["calls"]), f"{row['self_cpu_us'] / 1e3:.3f}", f"{row['self_cpu_pct']:.1f}",
                           f"{row['cpu_total_us'] / 1e3:.3f}"]
