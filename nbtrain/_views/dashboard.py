@@ -418,7 +418,8 @@ class WidgetDashboard(Follower):
             self.logs.set_title(ranks.index(min(failing)), f"rank {min(failing)} log — failed")
 
     def _draw_notice(self) -> None:
-        events = [e for e in self.run._cached_events() if e["kind"] in ("restart", "stall", "resize", "note") or
+        events = [e for e in self.run._cached_events()
+                  if e["kind"] in ("restart", "stall", "stacks", "resize", "note") or
                   (e["kind"] == "state" and e["message"].startswith("restarting"))]
         if events:
             last = events[-1]

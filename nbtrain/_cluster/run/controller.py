@@ -313,7 +313,7 @@ class RunController:
         if stalled:  # where each rank is: an event next (a stall that ends the attempt waits for it first)
             attempt, ends = self.attempt, options.on_stall in ("fail", "restart")
             stall_stacks.ask(self.steering, self.table.snapshot(),
-                             lambda said: self.feed.event("stall", said, attempt), wait=ends)
+                             lambda said: self.feed.event("stacks", said, attempt), wait=ends)
             if ends:
                 rank, message = stalled[0]
                 return Failed([Failure(rank, "stalled", message, retriable=options.on_stall == "restart")])

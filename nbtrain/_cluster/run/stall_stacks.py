@@ -2,10 +2,11 @@
 
 When a rank makes no progress for ``stall_timeout_s``, the controller asks every running rank for its
 stacks (a ``stacks`` command, answered by each rank's steering listener without pausing it) and the
-answers become one ``stall`` event: *Stacks at the stall: rank 0 waits in a collective (all_reduce)
-called from train.py:41 in step (dist.all_reduce(t)); rank 1 is elsewhere: train.py:37 in load
-(time.sleep(5))*. A run that goes on (``on_stall="warn"``) waits for them on a thread of its own;
-one that the stall ends waits for them first (at most :data:`WAIT_S`), before its ranks are stopped.
+answers become one ``stacks`` event, after the ``stall`` one (the dashboard's notice shows it):
+*Stacks at the stall: rank 0 waits in a collective (all_reduce) called from train.py:41 in step
+(dist.all_reduce(t)); rank 1 is elsewhere: train.py:37 in load (time.sleep(5))*. A run that goes on
+(``on_stall="warn"``) waits for them on a thread of its own; one that the stall ends waits for them
+first (at most :data:`WAIT_S`), before its ranks are stopped.
 """
 
 from __future__ import annotations
