@@ -132,3 +132,47 @@ def test_a_backward_waiting_on_ddps_all_reduce_counts_as_a_collective():
     kind, line = verdict(frames)
     assert kind == "elsewhere" and line.startswith("is elsewhere: train.py:12 in train (loss.backward()); innermost")
     assert verdict(frames, paused_at=7)[0] == "paused"
+
+
+class _Recorder:
+    """Stands in for the supervisor's handle: keeps what a rank sends with ``.remote``."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple] = []
+
+    def __getattr__(self, method: str):
+        recorder = self
+
+        class _Method:
+            @staticmethod
+            def remote(*args):
+                recorder.sent.append((method, *args))
+        return _Method
+
+
+@pytest.mark.quick
+def test_stacks_are_answered_as_soon_as_learnt_and_an_earlier_attempts_are_not():
+    """A ``stacks`` command is answered on the listener's thread as it is learnt, never waits in the hooks' pending
+    list; a new attempt does not answer (or profile) again what an earlier attempt was asked."""
+    from types import SimpleNamespace
+
+    from nbtrain._cluster.rank.steering import RankSteering
+
+    supervisor = _Recorder()
+    session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=1, attempt=2, device="cpu"),
+                              timing=None, uses_loader=False, report_calls=0, last_step=0, step=0)
+    earlier = [{"id": 1, "kind": "adjust", "args": {"lr": 0.1}, "at_step": 3, "applied_step": 3},
+               {"id": 2, "kind": "stacks", "args": {"ranks": [0, 1]}, "at_step": 5},
+               {"id": 3, "kind": "profile", "args": {"steps": 5, "ranks": [1]}, "at_step": 6}]
+    steering = RankSteering(session, earlier)
+    steering.learn(earlier)  # the listener's first answer: every command after the last change
+    assert supervisor.sent == [] and [c["id"] for c in steering.pending] == [1]
+
+    steering.learn([{"id": 4, "kind": "stacks", "args": {"ranks": [1]}, "at_step": 9},
+                    {"id": 5, "kind": "stacks", "args": {"ranks": [0]}, "at_step": 9}])
+    [(method, command_id, rank, ok, answer)] = supervisor.sent
+    assert (method, command_id, rank, ok) == ("command_result", 4, 1, True)
+    # the training thread is this one (it made the steering), here in this test: its line is the call above
+    assert answer["kind"] == "elsewhere" and "test_live_stacks.py" in answer["verdict"], answer["verdict"]
+    assert answer["threads"][0]["whose"] == "training"
+    assert [c["id"] for c in steering.pending] == [1]
