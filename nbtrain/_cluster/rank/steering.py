@@ -62,7 +62,9 @@ class RankSteering:
         self.stop_after_epoch: int | None = None
         self.held_after_epoch: int | None = None   # this rank finished that epoch and waits for the run's stop
         self.epochs_counted = False                 # a prepared loader or an integration counts epochs
-        self._resumed = threading.Event()
+        self._resumed = threading.Event()          # set while no pause holds (cleared by a pause, set by resume)
+        self._resumed.set()
+        self._poked = threading.Event()            # a command came: a paused rank looks at it
         self._beat_mark = (0, time.monotonic())
         self._rate: float | None = None            # steps per second, smoothed over heartbeats
         self._lock = threading.Lock()
@@ -104,6 +106,9 @@ class RankSteering:
                 if command["kind"] == RESUME:
                     pending = [c for c in pending if c["kind"] != PAUSE]  # a pause not reached yet is off
                     self._resumed.set()
+                elif command["kind"] == PAUSE:
+                    self._resumed.clear()
+                    pending.append(command)
                 elif command["kind"] == STOP_AFTER_EPOCH:
                     self.stop_after_epoch = int(command["args"]["epoch"])
                 else:
@@ -112,6 +117,7 @@ class RankSteering:
                     pending.append(command)
             pending.sort(key=lambda c: (c["at_step"], c["id"]))
             self.pending = pending  # one reference swap: the training thread reads either list whole
+        self._poked.set()  # a paused rank looks at once
 
     # ------------------------------------------------------------------ the training thread
     def steer(self, optimizer: Any) -> Any:
@@ -191,12 +197,16 @@ class RankSteering:
                             _set(optimizer, group, key, value)
 
     def _hold(self, step: int) -> None:
-        """Every rank waits here, at the same step, until the notebook resumes the run (its resources stay)."""
+        """Every rank waits here, at the same step, until the notebook resumes the run (its resources stay).
+        Commands sent meanwhile are due at this step (see the supervisor's steering): they run here."""
         self.paused_at = step
-        self._resumed.clear()
         try:
-            while not self._resumed.wait(PAUSE_CHECK_S):
-                pass
+            while not self._resumed.is_set():
+                self._poked.wait(PAUSE_CHECK_S)
+                self._poked.clear()
+                if self.pending and not self._resumed.is_set():
+                    self._apply_due(user=False)
+                    self._apply_due(user=True)
         finally:
             self.paused_at = None
             self.session.last_progress = time.time()  # the time paused is not a stall

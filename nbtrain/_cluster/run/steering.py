@@ -167,6 +167,9 @@ class RunSteering:
 def _step_ahead(running: list[dict[str, Any]]) -> int:
     if not running:
         return AS_SOON_AS_BACK
+    paused = {int(row["paused_at"]) for row in running if row.get("paused_at") is not None}
+    if len(paused) == 1 and all(row.get("paused_at") is not None for row in running):  # held at one step
+        return paused.pop()  # every rank holds there: the command is due there
     furthest = max(int(row.get("steer_step") or 0) for row in running)
     rate = max(float(row.get("steer_rate") or row.get("steps_per_s") or 0.0) for row in running)
     return furthest + max(MIN_LEAD_STEPS, math.ceil(rate * LEAD_S))
