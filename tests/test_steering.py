@@ -197,3 +197,43 @@ def test_the_dashboards_controls_steer_the_run_and_mark_the_curves(cluster):
         assert "lr: 'fast' is not a number; nothing was changed." in html.unescape(dashboard.notice.value)
     finally:
         run.stop()
+
+
+def counts_from_its_checkpoint(config):
+    """Starts at the checkpoint's step (0 without one), reports `scale * step` for 30 steps, checkpointing each 10."""
+    import torch
+
+    found = nbtrain.load_checkpoint()
+    start = int(found["step"]) if found else 0
+    for step in range(start + 1, start + 31):
+        nbtrain.report(step=step, value=config["scale"] * step)
+        if step % 10 == 0:
+            nbtrain.save_checkpoint({"step": torch.tensor(step)})
+        time.sleep(config.get("step_time", 0.0))
+
+
+def test_a_fork_starts_at_its_parents_checkpoint_and_compares_with_it(cluster):
+    from nbtrain._views.compare import compare
+
+    parent = nbtrain.launch(counts_from_its_checkpoint, name="steering-parent", workers=1, config={"scale": 1.0})
+    assert parent.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
+    with pytest.raises(NbtrainError, match="keeps no checkpoint at or before step 5 .it keeps the last 2: steps 20, 30"):
+        parent.fork(step=5)
+    child = parent.fork(step=25, config={"scale": 2.0, "step_time": 0.1}, name="steering-child")
+    wait_for(lambda: child.refresh() is not None and child.metrics, timeout=120, message="the fork's first row")
+    first = min(row["step"] for row in child.metrics)
+    assert first == 21, "the fork starts after its parent's checkpoint at step 20 (the latest at or before 25)"
+    assert child.summary()["parent"] == {"run": "steering-parent", "step": 20}
+    assert "forked from steering-parent at step 20 with scale=2.0, step_time=0.1" in [e["message"] for e in child.events]
+
+    comparison = compare([parent, "steering-child"], metric="value")  # one live, one ended
+    curves = comparison.curves()
+    assert curves["steering-parent"][0][:2] == [1.0, 2.0] and curves["steering-child"][0][0] == 21.0
+    table = {row["run"]: row for row in comparison.table()}
+    assert table["steering-child"]["forked from"] == "steering-parent @ 20"
+    assert (table["steering-parent"]["scale"], table["steering-child"]["scale"]) == (1.0, 2.0)
+    assert table["steering-parent"]["final value"] == 30.0
+    assert child.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
+    assert compare(["steering-child"], metric="value").table()[0]["final value"] == 100.0
+    with pytest.raises(nbtrain.RunNotFoundError, match="no-such-run"):
+        compare(["steering-parent", "no-such-run"])

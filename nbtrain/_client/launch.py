@@ -178,6 +178,24 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     return run
 
 
+def start_new(spec: RunSpec) -> Run:
+    """A new run from a spec made elsewhere (``run.fork()``): its supervisor started as ``launch()`` starts one."""
+    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
+
+    cluster = connection.current()
+    options, name = spec.options, spec.name
+    check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
+    if find_supervisor(name) is not None or name in stored_names():
+        raise RunExistsError(_name_taken(name, cluster.address))
+    spec = dataclasses.replace(spec, warm_pool=warm.pool_for(options))
+    handle = supervisor_actor().options(**supervisor_options(name, packages_to_hold(options.runtime_env))).remote(
+        _pickled(spec), None)
+    _wait_for_supervisor(handle, name)
+    _registry.record_launch(name, cluster.address, notebook=spec.owner.get("notebook"), workers=options.max_workers,
+                            total_steps=options.total_steps)
+    return Run(name, handle, cluster.address)
+
+
 def with_uploaded_paths(options: RunOptions) -> RunOptions:
     """``options`` whose runtime_env names, instead of the notebook machine's folders, their copies uploaded
     to the cluster (see _ray_compat.upload_local_paths)."""

@@ -78,6 +78,22 @@ class RunControl:
             raise NbtrainError(said)
         return str(said)
 
+    def fork(self, *, step: int | None = None, config: dict[str, Any] | None = None, name: str | None = None,
+             train_fn: Any = None, **options: Any) -> Any:
+        """A new run that starts from this run's checkpoint — its latest, or the latest kept at or before
+        ``step`` — with ``config`` changed (and any other run option, e.g. ``workers=4``). Returns its
+        :class:`Run`. The same training function, unless ``train_fn`` is given; its ranks'
+        ``nbtrain.load_checkpoint()`` returns the parent's checkpoint. The new run records its parent
+        and the step (its dashboard header and the sidebar show them). Works on live and ended runs.
+        Example::
+
+            child = run.fork(config={"lr": 0.01}, name="lower-lr")
+            nbtrain.compare([run, child], metric="loss")
+        """
+        from nbtrain._client.forking import fork
+
+        return fork(self, step=step, config=config, name=name, train_fn=train_fn, options=options)
+
     # ------------------------------------------------------------------ steering
     def adjust(self, *, lr: float | None = None, weight_decay: float | None = None, momentum: float | None = None,
                betas: tuple[float, float] | None = None, grad_clip: float | None = _UNSET,

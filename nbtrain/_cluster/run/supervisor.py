@@ -45,7 +45,7 @@ from nbtrain._cluster.run.stored_run import delete_files, index_path, record_in_
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import post_mortems, storage_uri
-from nbtrain._cluster.storage.run_storage import RunStorage, prune_checkpoints
+from nbtrain._cluster.storage.run_storage import RunStorage, checkpoint_for_fork, prune_checkpoints
 from nbtrain._cluster.warm.spare_process import prestart_for_this_job
 from nbtrain._exceptions import NbtrainError, RunExistsError, StorageError
 from nbtrain._paths import read_json, storage_root
@@ -118,6 +118,7 @@ class RunSupervisor:
         _refuse_a_name_taken(spec)
         set_aside = _set_aside_earlier_run(spec)
         storage = open_storage(spec)
+        storage.save_spec(spec_bytes)
         remote = storage_uri.remote_storage(spec.options.storage)
         record_in_index(spec.name, storage.dir, spec.launch_id, remote and storage_uri.join(remote, spec.name))
         self._storage = storage
@@ -275,6 +276,12 @@ class RunSupervisor:
         """The command once rank 0 applied it (waiting up to ``wait_s``), else as it stands."""
         return self._run.steering.when_applied(command_id, wait_s)
 
+    def fork_source(self, step: int | None) -> tuple[bytes, tuple[dict[str, Any], bytes] | str]:
+        """``run.fork()``: the launch's spec, and the checkpoint to start from (or why there is none)."""
+        with self._feed.lock:
+            checkpoint = self._run.checkpoint
+        return cloudpickle.dumps(self._run.spec), checkpoint_for_fork(checkpoint, step)
+
     def latest_checkpoint(self) -> Found | None:
         with self._feed.lock:
             checkpoint = self._run.checkpoint
@@ -328,7 +335,7 @@ class RunSupervisor:
             "max_failures": options.max_failures, "workers": workers, "error": run.error,
             "failures": list(run.failures), "checkpoint": run.checkpoint, "started": run.started,
             "ended": run.ended, "now": time.time(), "config_summary": run.spec.config_summary,
-            "modules": list(run.spec.modules),
+            "modules": list(run.spec.modules), "parent": run.spec.parent,
             "world_size": run.world_size or options.max_workers,
             "workers_range": [options.min_workers, options.max_workers],
             "gpus_per_worker": options.gpus_per_worker, "cpus_per_worker": options.cpus_per_worker,
