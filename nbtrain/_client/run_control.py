@@ -97,7 +97,7 @@ class RunControl:
     # ------------------------------------------------------------------ steering
     def adjust(self, *, lr: float | None = None, weight_decay: float | None = None, momentum: float | None = None,
                betas: tuple[float, float] | None = None, grad_clip: float | None = _UNSET,
-               group: int | None = None, wait: bool = False) -> int | None:
+               group: int | None = None, wait: bool = False, **others: Any) -> int | None:
         """Change the optimizer's settings of the live run, on every rank before the same step's update.
 
         Returns the step at which it takes effect (``None`` when no rank runs now: a restarting run
@@ -113,6 +113,9 @@ class RunControl:
 
             run.adjust(lr=run.config_at(run.summary()["step"])["lr"] / 10)
         """
+        if others:
+            raise InvalidOptionError(f"adjust() cannot change {', '.join(sorted(others))}: it changes lr, "
+                                     "weight_decay, momentum, betas and grad_clip (per param group with group=).")
         settings: dict[str, Any] = {}
         for key, value in (("lr", lr), ("weight_decay", weight_decay), ("momentum", momentum)):
             if value is not None:

@@ -120,8 +120,10 @@ class RankSteering:
         self._poked.set()  # a paused rank looks at once
 
     # ------------------------------------------------------------------ the training thread
-    def steer(self, optimizer: Any) -> Any:
-        """Hook ``optimizer`` (once): due commands are applied before each of its updates."""
+    def steer(self, optimizer: Any, schedulers: tuple[Any, ...] = ()) -> Any:
+        """Hook ``optimizer`` (once): due commands are applied before each of its updates. ``schedulers``: LR
+        schedulers of it that hold it through a wrapper (Accelerate's), where it cannot find them itself."""
+        optimizer._nbtrain_schedulers = [*getattr(optimizer, "_nbtrain_schedulers", []), *schedulers]
         if getattr(optimizer, "_nbtrain_steered", False):
             return optimizer
         optimizer.register_step_pre_hook(self._before_update)
@@ -297,7 +299,8 @@ def _rescale_schedules(optimizer: Any, group: dict[str, Any], factor: float) -> 
     index = optimizer.param_groups.index(group)
     if "initial_lr" in group:
         group["initial_lr"] *= factor
-    for scheduler in _schedulers_of(optimizer, LRScheduler):
+    known = getattr(optimizer, "_nbtrain_schedulers", [])
+    for scheduler in [*known, *(found for found in _schedulers_of(optimizer, LRScheduler) if found not in known)]:
         base = getattr(scheduler, "base_lrs", None)
         if isinstance(base, list) and index < len(base):
             base[index] *= factor
