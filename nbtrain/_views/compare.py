@@ -47,6 +47,7 @@ class Comparison:
     def __init__(self, runs: list[Any], metric: str, x: str) -> None:
         self.runs, self.metric, self.x = runs, metric, x
         self._widget: Any = None
+        self._static: Any = None   # the display that holds the static picture once every run has ended
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ the data
@@ -88,12 +89,26 @@ class Comparison:
 
     # ------------------------------------------------------------------ showing it
     def _ipython_display_(self) -> None:
-        from IPython.display import display
+        from IPython.display import HTML, display
 
         self._build()
         display(self._widget)
-        if not self._all_ended():
+        self._static = display(HTML(""), display_id=True)
+        if self._all_ended():
+            self._leave_static()
+        else:
             threading.Thread(target=self._follow, name="nbtrain-compare", daemon=True).start()
+
+    def _leave_static(self) -> None:
+        """What stays in the saved notebook (and the docs' tutorials) once every run has ended: a picture."""
+        from IPython.display import HTML
+
+        from nbtrain._views.static_plot import svg_chart
+
+        chart = svg_chart(f"{self.metric} by {self.x}", self.curves(), width=640, height=300)
+        if self._static is not None:
+            self._static.update(HTML(f'<div class="nbtrain-compare-summary">{chart}'
+                                     f'{_html_table(self.table())}</div>'))
 
     def __repr__(self) -> str:
         lines = [f"compare({[run.name for run in self.runs]}, metric={self.metric!r}, x={self.x!r})"]
@@ -136,6 +151,7 @@ class Comparison:
                 return
             if self._all_ended():
                 self._draw()
+                self._leave_static()
                 return
 
     def _all_ended(self) -> bool:
