@@ -73,6 +73,7 @@ def steered(config):
 
 def latency() -> tuple[list[float], list[int]]:
     import nbtrain
+
     from _own_cluster import own_cluster
 
     with own_cluster("nbtrain-bench-steering-", 4):

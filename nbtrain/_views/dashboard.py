@@ -35,6 +35,7 @@ from nbtrain._views.summary_text import (
     elapsed,
     fmt_duration,
     indeterminate_bar,
+    parent_note,
     progress_fraction,
     state_label,
 )
@@ -247,7 +248,7 @@ class WidgetDashboard(Follower):
                              f'<span class="nbtrain-elapsed">{fmt_duration(elapsed(summary))}</span> · '
                              f'{summary.get("world_size")} workers'
                              + self._straggler_note(summary)
-                             + _parent_note(summary.get("parent"))
+                             + parent_note(summary.get("parent"))
                              + (f' · <code class="nbtrain-config">{html.escape(config)}</code>{whole}'
                                 if config else "")
                              + (' · <span class="nbtrain-modules" title="the notebook\'s own modules, sent with the '
@@ -445,9 +446,3 @@ class WidgetDashboard(Follower):
                 + (f'<pre style="color:#d62728">{html.escape(error)}</pre>' if error else "") + "</div>")
         if self._static_handle is not None:
             self._static_handle.update(HTML(body))
-
-
-def _parent_note(parent: dict[str, Any] | None) -> str:
-    if not parent:
-        return ""
-    return f' · <span class="nbtrain-parent">forked from {html.escape(parent["run"])} at step {parent["step"]}</span>'
