@@ -240,7 +240,10 @@ def errors_rst() -> list[str]:
         bases = [base.__name__ for base in cls.__bases__ if base is not object]
         ref = f":exc:`nbtrain.{cls.__name__}`" if public else code(f"{cls.__module__}.{cls.__name__}")
         lines += [f"{ref} (a {', '.join(code(base) for base in bases)})", ""]
-        lines += [literal_roles(inspect.cleandoc(cls.__doc__ or "")), ""]
+        cause, _, remedy = literal_roles(inspect.cleandoc(cls.__doc__ or "")).partition("What to do:")
+        lines += [cause.strip(), ""]
+        if remedy:
+            lines += ["**What to do:** " + remedy.strip(), ""]
     return lines
 
 
