@@ -20,7 +20,7 @@ from nbtrain._version import __version__  # noqa: E402
 
 project = "nbtrain"
 author = "the nbtrain authors"
-copyright = "the nbtrain authors"  # noqa: A001 (Sphinx's name)
+copyright = "the nbtrain authors"
 release = version = __version__
 
 extensions = [

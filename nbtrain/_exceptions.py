@@ -89,7 +89,7 @@ class VersionMismatchError(NbtrainError):
 class ResourcesUnavailableError(NbtrainError):
     """The run asks for more CPUs/GPUs/workers than the cluster has.
 
-    Raised at launch, before anything starts, when ``workers`` × ``cpus_per_worker`` /
+    Raised at launch, before anything starts, when ``workers`` times ``cpus_per_worker`` /
     ``gpus_per_worker`` (the minimum, for an elastic run) exceeds the whole cluster, or
     leaves no CPU for the run's Ray ``datasets``. (Ranks that fit the cluster but not what
     other runs leave free wait ``placement_timeout_s``, then the run fails saying so.)

@@ -93,8 +93,8 @@ def run_options_rst() -> list[str]:
     tuning = [field for field in _options.fields() if _options.info(field).tuning]
     header = ["option (``launch()``)", "flag (``%%ray_train``)", "default", "kind", "what it does"]
     lines = list_table(header, _option_rows(usual, _options.info, _options.magic_default_of), "15 20 12 8 45")
-    lines += [".. rubric:: Tuning options", "", escape(_options.TUNING_NOTE[0].upper() + _options.TUNING_NOTE[1:]) + ".",
-              ""]
+    note = _options.TUNING_NOTE
+    lines += [".. rubric:: Tuning options", "", escape(note[0].upper() + note[1:]) + ".", ""]
     lines += list_table(header, _option_rows(tuning, _options.info, _options.magic_default_of), "15 20 12 8 45")
     return lines
 
