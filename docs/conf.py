@@ -34,6 +34,7 @@ extensions = [
 ]
 
 root_doc = "index"
+smartquotes = False  # --flags and "quotes" stay as typed (they are copied into notebooks and terminals)
 exclude_patterns = ["_build", "_executed", "Thumbs.db", ".DS_Store", "**.ipynb_checkpoints"]
 templates_path: list[str] = []
 

@@ -129,7 +129,10 @@ def _argument_rows(parser: argparse.ArgumentParser, skip: set[str]) -> list[list
         name = ", ".join(code(flag) for flag in action.option_strings) or code(action.metavar or action.dest)
         default = "" if action.default in (None, False, argparse.SUPPRESS) or not action.option_strings \
             else code(repr(action.default))
-        rows.append([name, default, escape(action.help or "")])
+        help_text = escape(action.help or "")
+        if action.choices and not isinstance(action, argparse._SubParsersAction):
+            help_text += ("; " if help_text else "") + "one of " + ", ".join(code(choice) for choice in action.choices)
+        rows.append([name, default, help_text])
     return rows
 
 
@@ -270,7 +273,8 @@ def _directive(generate: Callable[[], list[str]]) -> type[SphinxDirective]:
             for module in SOURCES:  # an edit there rebuilds the page
                 self.env.note_dependency(str(self.env.srcdir.parent / "nbtrain" / module))
             container = nodes.container()
-            nested_parse_with_titles(self.state, StringList(generate(), source=self.name), container)
+            lines = [piece for line in generate() for piece in line.split("\n")]  # docstrings come as one string
+            nested_parse_with_titles(self.state, StringList(lines, source=self.name), container)
             return container.children
 
     return Generated

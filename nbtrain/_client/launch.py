@@ -95,7 +95,7 @@ def launch(
             Every other keyword is a run option, listed below.
 
     Returns:
-        The :class:`Run`, started (with ``wait=True``: ended).
+        The :class:`Run`, started (ended, with ``wait=True``).
 
     Raises:
         InvalidOptionError: an option has a wrong type or value (nothing was started).

@@ -209,7 +209,7 @@ def tune(
         train_fn: the training function, run on every rank of every trial.
 
     Returns:
-        The :class:`Sweep`, started (with ``wait=True``: ended).
+        The :class:`Sweep`, started (ended, with ``wait=True``).
 
     Raises:
         InvalidOptionError: a sweep or run option is wrong, or one the sweep sets itself was given.
@@ -345,7 +345,7 @@ def sweeps() -> list[dict[str, Any]]:
     """Every sweep on the connected cluster: name, state, trials, metric, best value.
 
     Returns:
-        One dict per sweep: ``name``, ``state``, ``trials`` (how many), ``metric``, ``best``,
+        One dict per sweep, with ``name``, ``state``, ``trials`` (how many), ``metric``, ``best``,
         ``started``, ``ended``.
 
     Raises:

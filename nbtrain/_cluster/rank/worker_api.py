@@ -108,7 +108,7 @@ def prepare_model(model: Any, *, strategy: str | None = "ddp", precision: str | 
         **ddp_kwargs: DDP: keywords for ``DistributedDataParallel``.
 
     Returns:
-        The model to train: DDP-wrapped, sharded, or moved, with the forward under autocast.
+        The model to train (DDP-wrapped, sharded, or moved), its forward under autocast.
 
     Raises:
         NbtrainError: called outside a training function (in the notebook: use the ``Run``).
