@@ -130,3 +130,13 @@ def test_the_site_builds(tmp_path: Path):
     for module in PUBLIC_MODULES:
         for name in importlib.import_module(module).__all__:
             assert f'id="{module}.{name}"' in api, f"{module}.{name} has no entry in the built API reference"
+
+
+@pytest.mark.quick
+def test_every_guide_with_code_says_which_tutorial_or_test_runs_it():
+    """The guides' code needs a cluster, so the site does not execute it: each guide with Python code names
+    the tutorial (executed by tests/test_notebooks.py) or the test that runs the same calls."""
+    untested = [page.name for page in sorted(DOCS.glob("*.md"))
+                if "```python" in page.read_text()
+                and not re.search(r"notebooks/\d\d_\w+\.ipynb|tests/test_\w+\.py", page.read_text())]
+    assert not untested, f"say which tutorial or test runs the code of {untested}"
