@@ -111,6 +111,21 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     only, so it works whether or not ``ray`` was imported first, and changes no
     environment variable. Needs Ray >= 2.54 in the notebook and on the cluster.
 
+    Args:
+        address: ``ray://host:port``; ``None`` for ``$RAY_ADDRESS`` or the embedded cluster.
+        token: the cluster's token (prefer ``$RAY_AUTH_TOKEN`` or a kept one in notebooks).
+        num_cpus: CPUs of the embedded cluster when this call starts it (default: the machine's).
+        num_gpus: GPUs of the embedded cluster when this call starts it.
+        progress: called with each progress message (default: printed to stderr).
+        timeout: seconds to wait for the cluster.
+
+    Returns:
+        The connected :class:`Cluster`.
+
+    Raises:
+        ConnectionFailedError: the address cannot be reached, or it refused the token.
+        VersionMismatchError: the notebook and the cluster run different Ray, Python or nbtrain.
+
     Example::
 
         cluster = nbtrain.connect()                      # local
@@ -186,7 +201,14 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
 
 
 def disconnect() -> None:
-    """Drop the connection. Runs keep going on the cluster; ``attach()`` gets them back."""
+    """Drop the connection. Runs keep going on the cluster; ``attach()`` gets them back.
+
+    This session's warm workers exit. Calling it while not connected does nothing.
+
+    Example::
+
+        nbtrain.disconnect()
+    """
     global _current, _current_token, _current_anchor
     import ray
 

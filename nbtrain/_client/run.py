@@ -265,7 +265,7 @@ class Run(RunControl, RunDebugging):
     @property
     def workers(self) -> list[dict[str, Any]]:
         """One dict per rank: node, pid, device, state, step, samples/s, memory, heartbeat age, and
-        ``malloc_tuned`` (whether the rank keeps freed memory for its next step; see README)."""
+        ``malloc_tuned`` (whether the rank keeps freed memory for its next step; see the performance guide)."""
         return list(self._fresh_summary()["workers"])
 
     @property

@@ -202,7 +202,20 @@ def tune(
     ``space`` maps config keys to Ray Tune distributions (merged over ``config=``);
     one iteration is one report of ``metric`` by rank 0. Every other keyword is a
     run option (``config``, ``cpus_per_worker``, ``max_failures``, ``storage``,
-    ``precision``…) applied to each trial.
+    ``precision``…) applied to each trial. The sweep options are listed in the options
+    reference (and ``%%ray_tune --help``).
+
+    Args:
+        train_fn: the training function, run on every rank of every trial.
+
+    Returns:
+        The :class:`Sweep`, started (ended, with ``wait=True``).
+
+    Raises:
+        InvalidOptionError: a sweep or run option is wrong, or one the sweep sets itself was given.
+        RunExistsError: a sweep of that ``name`` exists.
+        NotConnectedError: no ``connect()`` first.
+        SweepFailedError: with ``wait=True``, the sweep failed.
 
     Example::
 
@@ -306,7 +319,22 @@ def stored_sweep_names() -> list[str]:
 
 
 def attach_sweep(name: str) -> Sweep:
-    """The sweep ``name`` (from another kernel, or before a restart), with every trial's history."""
+    """The sweep ``name`` (from another kernel, or before a restart), with every trial's history.
+
+    Args:
+        name: the sweep's name, as ``sweeps()`` lists it.
+
+    Returns:
+        The :class:`Sweep`.
+
+    Raises:
+        RunNotFoundError: the connected cluster has no sweep of that name.
+        NotConnectedError: no ``connect()`` first.
+
+    Example::
+
+        sweep = nbtrain.attach_sweep("lr-sweep"); sweep.dashboard()
+    """
     cluster = connection.current()
     sweep = Sweep(name, _find_handle(name), cluster.address)
     sweep.refresh()
@@ -314,7 +342,19 @@ def attach_sweep(name: str) -> Sweep:
 
 
 def sweeps() -> list[dict[str, Any]]:
-    """Every sweep on the connected cluster: name, state, trials, metric, best value."""
+    """Every sweep on the connected cluster: name, state, trials, metric, best value.
+
+    Returns:
+        One dict per sweep, with ``name``, ``state``, ``trials`` (how many), ``metric``, ``best``,
+        ``started``, ``ended``.
+
+    Raises:
+        NotConnectedError: no ``connect()`` first.
+
+    Example::
+
+        [s["name"] for s in nbtrain.sweeps()]
+    """
     import ray
 
     connection.current()
