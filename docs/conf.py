@@ -61,6 +61,8 @@ nitpick_ignore_regex = [(r"py:.*", r"(?!nbtrain\b).*")]
 nitpick_ignore = [
     # prepare_loader() returns this private wrapper of the user's DataLoader; its docstring says what it does
     ("py:class", "nbtrain._cluster.rank.data_loading.PreparedLoader"),
+    # compare() returns this; its methods (curves, table, close) are listed under compare
+    ("py:class", "nbtrain._views.compare.Comparison"),
 ]
 
 # --- HTML
