@@ -37,7 +37,15 @@ Progress = Callable[[str], None]
 
 @dataclasses.dataclass
 class Cluster:
-    """The connected cluster. ``kind`` is ``"local"`` for the embedded cluster."""
+    """The connected cluster, from :func:`connect`: its ``address`` (``ray://host:port``), ``kind``
+    (``"local"`` for the embedded cluster, else ``"remote"``), and the ``ray_version`` and ``python_version``
+    it runs. Its methods ask Ray now, so they need the connection to be live.
+
+    Example::
+
+        cluster = nbtrain.connect()
+        cluster.resources()["CPU"]     # (used, total)
+    """
 
     address: str
     kind: str
@@ -45,7 +53,16 @@ class Cluster:
     python_version: str
 
     def resources(self) -> dict[str, tuple[float, float]]:
-        """``{"CPU": (used, total), "GPU": (used, total), ...}`` right now."""
+        """What the cluster has and what is in use right now, e.g. to size a launch's ``workers``.
+
+        Returns:
+            ``{"CPU": (used, total), "GPU": (used, total), "memory": (used, total)}``, each key only when
+            the cluster has that resource (memory in bytes).
+
+        Example::
+
+            used, total = cluster.resources()["CPU"]
+        """
         import ray
 
         total = ray.cluster_resources()
@@ -54,6 +71,15 @@ class Cluster:
                 if key in total}
 
     def nodes(self) -> list[dict[str, Any]]:
+        """Every node Ray knows of, live or dead, e.g. to name one to :meth:`Run.drain`.
+
+        Returns:
+            One dict per node, with ``node_id`` (Ray's), ``address``, ``alive``, ``cpus``, ``gpus`` and ``head``.
+
+        Example::
+
+            [n["node_id"][:6] for n in cluster.nodes() if n["alive"] and not n["head"]]
+        """
         import ray
 
         return [{"node_id": n["NodeID"], "address": n["NodeManagerAddress"], "alive": n["Alive"],
@@ -62,6 +88,11 @@ class Cluster:
                 for n in ray.nodes()]
 
     def describe(self) -> str:
+        """One line for people: the address, the kind, how many nodes are live, CPUs and GPUs in use.
+
+        Returns:
+            E.g. ``"ray://127.0.0.1:10001 (local): 1 node(s), CPU 2/8 used"``.
+        """
         res = self.resources()
         alive = [n for n in self.nodes() if n["alive"]]
         parts = [f"{key} {used:g}/{total:g} used" for key, (used, total) in res.items() if key != "memory"]

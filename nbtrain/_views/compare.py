@@ -22,9 +22,24 @@ X_CHOICES = ("step", "time")
 
 
 def compare(runs: Iterable[Any], metric: str = "loss", *, x: str = "step") -> Comparison:
-    """Draw ``runs`` (``Run`` objects or run names) on one plot of ``metric`` (each run's mean over its ranks),
-    ``x="step"`` or ``"time"`` (seconds since each run started), with a table of how their configs differ
-    and each run's final ``metric``. Follows live runs. Example::
+    """Draw several runs on one plot of ``metric`` (each run's mean over its ranks), with a table of how
+    their configs differ and each run's final ``metric``: to see what a fork or a changed setting did.
+    Shown in a notebook, it follows live runs until they end.
+
+    Args:
+        runs: :class:`Run` objects or run names.
+        metric: the metric to plot, as the runs report it.
+        x: ``"step"``, or ``"time"`` (seconds since each run's first report).
+
+    Returns:
+        The comparison, which shows itself in a notebook; its ``curves()`` and ``table()`` are the data.
+
+    Raises:
+        InvalidOptionError: no runs, or ``metric`` or ``x`` is not one it takes.
+        RunNotFoundError: a name is not a run on the connected cluster.
+        NotConnectedError: a name was given without ``connect()`` first.
+
+    Example::
 
         child = run.fork(config={"lr": 0.01})
         nbtrain.compare([run, child], metric="loss")
@@ -52,7 +67,18 @@ class Comparison:
 
     # ------------------------------------------------------------------ the data
     def curves(self) -> dict[str, tuple[list[float], list[float]]]:
-        """Each run's (x, mean of the metric over its ranks), forked runs from their fork step."""
+        """The plotted data: each run's metric by step or time, averaged over its ranks.
+
+        A forked run starts at its fork step, so it continues its parent's curve.
+
+        Returns:
+            ``{run name: (xs, ys)}``; ``xs`` are steps, or seconds since the run's first report with
+            ``x="time"``; a run that has not reported the metric has two empty lists.
+
+        Example::
+
+            xs, ys = nbtrain.compare([run, child]).curves()[child.name]
+        """
         found = {}
         for run in self.runs:
             by_step: dict[int, list[tuple[float, float]]] = {}
@@ -70,7 +96,17 @@ class Comparison:
         return found
 
     def table(self) -> list[dict[str, Any]]:
-        """One row per run: state, parent, the config values that differ between the runs, the final metric."""
+        """The table under the plot: how the runs differ and how they did.
+
+        Returns:
+            One dict per run, with ``run``, ``state``, ``forked from`` (``"<parent> @ <step>"`` or ``""``), each
+            config value that differs between the runs, and ``final <metric>`` and ``best <metric>`` (the
+            lowest; ``None`` before any report).
+
+        Example::
+
+            pandas.DataFrame(nbtrain.compare(["lr-0.1", "lr-0.01"]).table())
+        """
         configs = {run.name: dict(run.config) for run in self.runs}
         keys = sorted({key for config in configs.values() for key in config})
         differing = [key for key in keys if len({repr(config.get(key)) for config in configs.values()}) > 1]
@@ -117,7 +153,7 @@ class Comparison:
         return "\n".join(lines)
 
     def close(self) -> None:
-        """Stop following the runs."""
+        """Stop following the live runs: the plot and the table keep what they show now. The runs go on."""
         self._stop.set()
 
     def _build(self) -> None:
