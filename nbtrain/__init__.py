@@ -60,6 +60,7 @@ from nbtrain._exceptions import (
 )
 from nbtrain._states import RunState, WorkerState
 from nbtrain._version import __version__ as __version__
+from nbtrain._views.compare import compare
 
 __all__ = [
     "Cluster",
@@ -87,6 +88,7 @@ __all__ = [
     "attach_sweep",
     "backward",
     "checkpoint_requested",
+    "compare",
     "connect",
     "disconnect",
     "get_context",

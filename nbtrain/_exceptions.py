@@ -22,7 +22,11 @@ from __future__ import annotations
 
 
 class NbtrainError(Exception):
-    """Root of nbtrain's errors: ``except nbtrain.NbtrainError`` catches them all."""
+    """Root of nbtrain's errors: ``except nbtrain.NbtrainError`` catches them all.
+
+    Every message says what happened, which rank or object caused it, and what to do next.
+    What to do: read the message; the classes below say more about each kind.
+    """
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -36,44 +40,119 @@ class NbtrainError(Exception):
 
 
 class ConnectionFailedError(NbtrainError):
-    """The cluster address cannot be reached, or it refused the connection."""
+    """The cluster address cannot be reached, or it refused the connection.
+
+    Raised by ``connect()`` / ``%ray_connect`` (and by ``nbtrain cluster`` for the embedded
+    cluster) when the host does not resolve, nothing listens on the port, the port is not a
+    Ray Client server (the GCS or dashboard port was given), the cluster rejected or needs a
+    token, or the embedded cluster could not start.
+    What to do: follow the message: check the ``ray://host:10001`` address and the tunnel
+    or port-forward to it, pass the cluster's token (``--token-file``, ``$RAY_AUTH_TOKEN``;
+    ``ray get-auth-token`` on the head prints it), or ``nbtrain cluster stop`` and connect again.
+    """
 
 
 class InvalidOptionError(NbtrainError, ValueError):
-    """A launch option (keyword or ``%%ray_train`` flag) has the wrong type or value; nothing was started."""
+    """A launch option (keyword or ``%%ray_train`` flag) has the wrong type or value; nothing was started.
+
+    Raised by ``launch()``, ``tune()``, the magics and the launch panel before anything is
+    sent to the cluster; the message names the option, its flag, what it must be and what
+    it got. It is also a ``ValueError``.
+    What to do: fix that option (the options reference lists each one's values).
+    """
 
 
 class StorageError(NbtrainError):
-    """A run's storage directory (``storage=`` or nbtrain's home on the head node) cannot be written."""
+    """A run's storage directory (``storage=`` or nbtrain's home on the head node) cannot be written.
+
+    Raised at launch when the cluster cannot create or write ``storage=`` (a path not
+    shared by every node, no permission, a URI whose credentials the cluster lacks), and by
+    ``run.delete()`` when some of a run's files could not be deleted.
+    What to do: give a directory every node can write, or a URI whose credentials the
+    notebook and every node have (pass them to the ranks with ``env=``); after a failed
+    delete, remove the directory the message names by hand.
+    """
 
 
 class VersionMismatchError(NbtrainError):
-    """The notebook's Ray or Python version differs from the cluster's."""
+    """The notebook's Ray or Python version differs from the cluster's.
+
+    Raised by ``connect()`` when the notebook and the cluster run different Ray, Python or
+    nbtrain versions, a Ray nbtrain is not tested with, or (embedded cluster) another
+    environment's head.
+    What to do: install the versions the message names (it gives the ``pip`` command) on
+    the side that differs, or ``nbtrain cluster stop`` and connect again from this
+    environment.
+    """
 
 
 class ResourcesUnavailableError(NbtrainError):
-    """The run asks for more CPUs/GPUs/workers than the cluster has."""
+    """The run asks for more CPUs/GPUs/workers than the cluster has.
+
+    Raised at launch, before anything starts, when ``workers`` times ``cpus_per_worker`` /
+    ``gpus_per_worker`` (the minimum, for an elastic run) exceeds the whole cluster, or
+    leaves no CPU for the run's Ray ``datasets``. (Ranks that fit the cluster but not what
+    other runs leave free wait ``placement_timeout_s``, then the run fails saying so.)
+    What to do: ask for fewer or smaller workers, add nodes, or stop runs you no longer
+    need (``%ray_status``).
+    """
 
 
 class NotSerializableError(NbtrainError):
-    """A value the training function needs cannot be pickled and sent to workers."""
+    """A value the training function needs cannot be pickled and sent to workers.
+
+    Raised at launch, before any rank starts, naming the value and the chain that reaches
+    it (``train`` → ``model`` → ``_lock``): an open file, a lock, a socket, a CUDA context, a
+    live Ray object, or a module too big (over 100 MB) or compiled to ship by value.
+    What to do: create that value inside the training function instead of capturing it
+    from the notebook, or install the module on the cluster.
+    """
 
 
 class RunNotFoundError(NbtrainError):
-    """No run of that name exists on the connected cluster."""
+    """No run of that name exists on the connected cluster.
+
+    Raised by ``attach()``, ``%ray_attach``, ``%ray_stop``, ``attach_sweep()`` and
+    ``launch(resume=True)`` for a name the cluster does not know (or a deleted run).
+    What to do: check the name with ``nbtrain.runs()`` or ``%ray_status``, and that you are
+    connected to the cluster the run was launched on.
+    """
 
 
 class RunExistsError(NbtrainError):
-    """A run of that name already exists on the cluster."""
+    """A run of that name already exists on the cluster.
+
+    Raised by ``launch()`` and ``tune()`` when ``name=`` is taken by a live or ended run.
+    What to do: choose another name, continue the ended run with ``resume=True``
+    (``--resume``), or ``attach(name).delete()`` it to start afresh.
+    """
 
 
 class NotConnectedError(NbtrainError):
-    """The operation needs a cluster connection; call ``nbtrain.connect()``."""
+    """The operation needs a cluster connection; call ``nbtrain.connect()``.
+
+    Raised by ``launch()``, ``attach()``, ``runs()`` and the magics before ``connect()``
+    (or after ``disconnect()``).
+    What to do: ``nbtrain.connect()`` or ``%ray_connect`` first.
+    """
 
 
 class RunFailedError(NbtrainError):
-    """The run ended failed; the message lists every failing rank with its traceback."""
+    """The run ended failed; the message lists every failing rank with its traceback.
+
+    Raised by ``run.wait()``, ``run.raise_if_failed()`` and ``launch(wait=True)`` when a
+    rank raised or its process died and no restart was left (``max_failures``).
+    What to do: fix the code the traceback points at (``%ray_debug`` / ``run.debug()`` shows
+    the failing rank's variables) and launch again; ``max_failures=K`` with checkpoints
+    lets a run survive a lost worker.
+    """
 
 
 class SweepFailedError(NbtrainError):
-    """A sweep as a whole failed (a failed trial does not fail its sweep; see ``sweep.trials``)."""
+    """A sweep as a whole failed (a failed trial does not fail its sweep; see ``sweep.trials``).
+
+    Raised by ``sweep.wait()`` and ``sweep.raise_if_failed()`` when the sweep itself failed,
+    e.g. rank 0 never reported the sweep's ``metric``, or Ray Tune raised.
+    What to do: follow the message (it names the metric and what was reported), fix the
+    training function or the sweep's options, and start the sweep again.
+    """

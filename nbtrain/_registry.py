@@ -44,6 +44,7 @@ class RunRecord(TypedDict, total=False):
     latest: dict[str, Any]     # the last value of each metric
     error: str | None          # first line of the run's error
     paused_at: int | None      # the step every rank is held at by run.pause(), while it is
+    parent: str | None         # run.fork(): "<parent run> at step <N>"
     stragglers: list[int]      # ranks its supervisor flags as stragglers now (from the cluster's answers only)
 
 
@@ -105,10 +106,17 @@ def record_from_summary(summary: dict[str, Any], address: str) -> RunRecord:
         "progress": progress, "latest": _latest(summary.get("latest")),
         "error": (error if isinstance(error, str) else "").split("\n")[0] or None,
         "paused_at": summary["paused_at"] if is_whole(summary.get("paused_at")) else None,
+        "parent": _parent(summary.get("parent")),
         "stragglers": sorted(w["rank"] for w in summary.get("workers") or []
                              if isinstance(w, dict) and w.get("straggler") and w.get("state") == "running"
                              and is_whole(w.get("rank"))),
     }
+
+
+def _parent(parent: Any) -> str | None:
+    if isinstance(parent, dict) and isinstance(parent.get("run"), str) and is_whole(parent.get("step")):
+        return f"{parent['run']} at step {parent['step']}"
+    return None
 
 
 def forget_run(name: str, address: str, home: Path | None = None) -> None:

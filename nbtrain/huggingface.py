@@ -45,12 +45,13 @@ class NbtrainCallback(TrainerCallback):
         if numbers:
             report(step=state.global_step, **numbers)
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, lr_scheduler: Any = None,
+                       **kwargs: Any) -> None:
         """The notebook may steer the Trainer's optimizer (``run.adjust``, pause, commands)."""
         steering = current_session().steering
         steering.epochs_counted = True
         if optimizer is not None:  # Accelerate wraps it; the hooks go on the torch optimizer inside
-            steering.steer(getattr(optimizer, "optimizer", optimizer))
+            steering.steer(getattr(optimizer, "optimizer", optimizer), (lr_scheduler,) if lr_scheduler else ())
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         current_session().steering.at_epoch_start(int(state.epoch or 0))  # run.stop(after="epoch")

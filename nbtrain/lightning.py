@@ -186,8 +186,18 @@ class NbtrainCheckpoint(pl.Callback):
 
 
 def resume_path() -> str | None:
-    """The Lightning checkpoint this attempt started from as a local file, for ``trainer.fit(..., ckpt_path=...)``;
-    else None."""
+    """The Lightning checkpoint this attempt started from as a local file, for ``trainer.fit(..., ckpt_path=...)``.
+
+    Returns:
+        The ``checkpoint.ckpt`` path, or ``None`` on a fresh start.
+
+    Raises:
+        NbtrainError: called outside a training function.
+
+    Example::
+
+        trainer.fit(model, datamodule=dm, ckpt_path=nbtrain.lightning.resume_path())
+    """
     from nbtrain._cluster.storage.run_storage import unpack_directory
 
     found = checkpoint_to_resume()
@@ -199,7 +209,18 @@ def resume_path() -> str | None:
 
 
 def trainer_defaults(device: Any) -> dict[str, Any]:
-    """The Trainer arguments :func:`trainer` sets unless given: one device per rank (the rank's), no bar."""
+    """The Trainer arguments :func:`trainer` sets unless given: one device per rank (the rank's), no bar.
+
+    Args:
+        device: the rank's ``torch.device`` (``nbtrain.get_context().device``).
+
+    Returns:
+        ``Trainer`` keyword arguments.
+
+    Example::
+
+        nbtrain.lightning.trainer_defaults(nbtrain.get_context().device)["accelerator"]   # "cpu"
+    """
     return {
         "accelerator": "gpu" if device.type == "cuda" else "cpu", "devices": 1, "num_nodes": 1,
         "enable_progress_bar": False, "log_every_n_steps": 1, "enable_checkpointing": False,
@@ -213,6 +234,22 @@ def trainer(*, strategy: Any = "ddp", precision: Any = RUN_PRECISION, **trainer_
     ``strategy``: ``"ddp"``, ``"fsdp"`` or a strategy object of your own. ``precision``:
     any Lightning precision (``"bf16-mixed"``, ``"16-mixed"``, ``"32-true"``...); by
     default the run's ``precision`` option.
+
+    Args:
+        strategy: ``"ddp"``, ``"fsdp"`` or a Lightning strategy object.
+        precision: a Lightning precision, or the run's option.
+        **trainer_kwargs: any other ``lightning.Trainer`` argument.
+
+    Returns:
+        A ``lightning.Trainer`` on nbtrain's process group, logging and checkpointing with the run.
+
+    Raises:
+        NbtrainError: called outside a training function, or an unknown ``strategy`` name.
+
+    Example::
+
+        trainer = nbtrain.lightning.trainer(max_epochs=3, precision="bf16-mixed")
+        trainer.fit(model, datamodule=dm)
     """
     session = current_session()
     if precision == RUN_PRECISION:

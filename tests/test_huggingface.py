@@ -57,3 +57,39 @@ def test_a_transformers_trainer_streams_every_rank_and_keeps_its_checkpoint(clus
     assert (files / "config.json").exists()
     restored = transformers.BertForSequenceClassification.from_pretrained(files)
     assert float(sum(p.double().sum() for p in restored.parameters())) == pytest.approx(rank0["checksum"], rel=1e-6)
+
+
+class Slowly(transformers.TrainerCallback):
+    """0.1 s per step, so that the notebook has time to steer the run."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import time
+
+        time.sleep(0.1)
+
+
+def test_a_transformers_trainer_takes_an_adjust_on_both_ranks(cluster, tmp_path):
+    from _helpers import wait_for
+
+    def train(config):
+        torch.manual_seed(0)
+        model = transformers.BertForSequenceClassification(tiny_bert_config())
+        args = transformers.TrainingArguments(
+            output_dir=config["output_dir"], per_device_train_batch_size=8, max_steps=60, logging_steps=1,
+            save_strategy="no", learning_rate=5e-3, lr_scheduler_type="constant", report_to=[], use_cpu=True,
+            disable_tqdm=True)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Sentences(),
+                                       callbacks=[nbtrain.huggingface.NbtrainCallback(), Slowly()])
+        trainer.train()
+        return float(sum(p.double().sum() for p in model.parameters()))
+
+    run = nbtrain.launch(train, config={"output_dir": str(tmp_path / "hf")}, workers=2, name="hf-steered")
+    wait_for(lambda: run.refresh() is not None and len(run.metrics) >= 6, timeout=180, message="logged steps")
+    applied = run.adjust(lr=1e-3, wait=True)
+    assert run.wait(timeout=300) == nbtrain.RunState.SUCCEEDED
+    rank0, rank1 = run.result
+    assert rank0 == pytest.approx(rank1, abs=1e-9), "the replicas differ after the change"
+    for rank in (0, 1):
+        rates = {r["step"]: r["learning_rate"] for r in run.metrics if r["rank"] == rank and "learning_rate" in r}
+        assert {round(rate, 9) for step, rate in rates.items() if step > applied} == {1e-3}
+        assert {round(rate, 9) for step, rate in rates.items() if step < applied - 1} == {5e-3}

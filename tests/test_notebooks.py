@@ -10,7 +10,8 @@ their own (``NBTRAIN_HOME``), so the first notebook's ``%ray_connect`` starts th
 exactly as the README's first command does, and the next ones find it. They run one after the other,
 as a user works through the tutorials: a notebook's two ranks take the whole cluster.
 A failing cell fails its notebook's test with the cell's error and traceback; the executed notebook
-is kept under pytest's tmp directory.
+is kept under pytest's tmp directory. A notebook that ran well is also copied to ``docs/_executed/``
+(ignored by git), where the documentation build finds the outputs it shows (``docs/_ext/nbtrain_tutorials.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +30,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+EXECUTED_FOR_DOCS = NOTEBOOKS_DIR.parent / "docs" / "_executed"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 CELL_TIMEOUT_S = 420
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -44,6 +47,7 @@ SMALL: dict[str, dict[str, object]] = {
     "07_serve.ipynb": {"num_samples": 2, "epochs": 2, "num_train": 256},
     "08_lightning.ipynb": {"epochs": 2, "num_train": 1024, "batch_size": 64},
     "09_elastic.ipynb": {"steps": 250, "step_time": 0.05},
+    "10_steer_and_compare.ipynb": {"batches": 10, "step_time": 0.05},
     "11_debug_and_profile.ipynb": {"steps": 12, "straggler_seconds": 15, "straggler_window_s": 2.0},
 }
 
@@ -141,3 +145,5 @@ def test_notebook_runs_top_to_bottom(path: Path, users_home: Path, tmp_path: Pat
         print(f"\n[notebook] {path.name}: {executed.seconds:.1f} s")
     if (failure := executed.failure()) is not None:
         pytest.fail(failure, pytrace=False)
+    EXECUTED_FOR_DOCS.mkdir(exist_ok=True)
+    shutil.copyfile(executed.output, EXECUTED_FOR_DOCS / path.name)

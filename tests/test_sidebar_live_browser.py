@@ -4,7 +4,8 @@
 reports what the cluster says of it (no notebook writes anything after the
 launch). The sidebar shows the run, its progress grows, the status bar counts
 it, its Pause button holds every rank at one step and Resume lets them go on, and
-the sidebar's Stop button stops it for real, through the same agent.
+the sidebar's Stop button stops it for real, through the same agent; two runs checked
+in the sidebar are compared in a notebook cell.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def lab(cluster, tmp_path_factory):
     server = start_jupyterlab(root, server_config={"NbtrainServer": {"refresh_interval": refresh}})
     yield server
     server.stop()
+
+
+def _short_run(config):
+    for step in range(1, 11):
+        nbtrain.report(step=step, loss=2.0 / step)
 
 
 def test_sidebar_follows_and_stops_a_real_run(page, lab):
@@ -72,6 +78,21 @@ def test_sidebar_follows_and_stops_a_real_run(page, lab):
         print(*[line for line in lab.log().splitlines() if "nbtrain:" in line], sep="\n", file=sys.stderr)
         assert nbtrain.attach("sidebar-live").state == nbtrain.RunState.STOPPED
         page.screenshot(path=str(ARTIFACTS / "sidebar-stopped.png"), full_page=True)
+
+        other = nbtrain.launch(_short_run, name="sidebar-other", workers=1)  # a second run to compare with
+        assert other.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
+        other_row = page.locator('#nbtrain-sidebar li[data-run-name="sidebar-other"]')
+        expect(other_row.locator(".jp-nbtrain-badge")).to_have_text("succeeded", timeout=60_000)
+        compare = page.locator("#nbtrain-sidebar .jp-nbtrain-compare")
+        expect(compare).to_be_disabled()
+        row.locator(".jp-nbtrain-select").check()
+        other_row.locator(".jp-nbtrain-select").check()
+        expect(compare).to_have_text("Compare 2 runs")
+        compare.click()  # a cell that compares them goes into the notebook and runs
+        summary = page.locator(".nbtrain-compare-summary")
+        expect(summary).to_contain_text("sidebar-other", timeout=120_000)
+        expect(summary).to_contain_text("sidebar-live")
+        page.screenshot(path=str(ARTIFACTS / "sidebar-compare.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "sidebar-live-failure.png"), full_page=True)
         print(*[line for line in lab.log().splitlines() if "nbtrain" in line], sep="\n", file=sys.stderr)

@@ -92,11 +92,14 @@ def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
                  {w["state"] for w in run.workers} == {"paused"}, timeout=30, message="both ranks paused")
         time.sleep(3.0)  # the pause must outlast stall_timeout_s (2 s): a duration under test, not a wait for state
         assert max(w["step"] for w in run.workers) == paused_at
-        with pytest.raises(NbtrainError, match="paused already"):
+        with pytest.raises(NbtrainError, match="paused already \\(or about to be\\)"):
             run.pause()
         run.resume()
         wait_for(lambda: _reached(run, paused_at + 3), timeout=60, message="the run to go on after resume()")
         assert not [e for e in run.events if e["kind"] == "stall"]
+        for rank in (0, 1):  # no step lost or repeated across the pause
+            steps = [row["step"] for row in run.metrics if row["rank"] == rank]
+            assert steps == list(range(1, len(steps) + 1)), rank
 
         run.stop(after="epoch")
         assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.STOPPED
@@ -105,6 +108,10 @@ def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
         assert "as run.stop(after='epoch') asked" in " ".join(e["message"] for e in run.events)
         with pytest.raises(NbtrainError, match="it has ended \\(stopped\\)"):
             run.adjust(lr=1.0)
+        with pytest.raises(nbtrain.InvalidOptionError, match="adjust\\(\\) cannot change learning_rate"):
+            run.adjust(learning_rate=1.0)
+        with pytest.raises(nbtrain.InvalidOptionError, match="must be a finite number in range, got nan"):
+            run.adjust(lr=float("nan"))
     finally:
         if not run.state.is_terminal:
             run.stop()
@@ -134,7 +141,7 @@ def test_adjusting_a_run_that_gives_no_optimizer_says_what_to_call(cluster):
 
 
 def fails_once_after_the_change(config):
-    """The first attempt steps until its learning rate was changed, and 3 steps more; then rank 1 raises.
+    """The first attempt steps until its learning rate was changed, and 3 steps more; then rank 1 is killed.
     The second runs 200 steps from the start, at full speed."""
     import torch
 
@@ -151,7 +158,10 @@ def fails_once_after_the_change(config):
         if first:
             changed_at = changed_at or (step if lr != 0.1 else None)
             if changed_at and step == changed_at + 3 and nbtrain.get_context().rank == 1:
-                raise RuntimeError("made to fail once")
+                import os
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL)  # the rank's process dies, as on a lost node
             time.sleep(0.1)
 
 
@@ -197,3 +207,45 @@ def test_the_dashboards_controls_steer_the_run_and_mark_the_curves(cluster):
         assert "lr: 'fast' is not a number; nothing was changed." in html.unescape(dashboard.notice.value)
     finally:
         run.stop()
+
+
+def counts_from_its_checkpoint(config):
+    """Starts at the checkpoint's step (0 without one), reports `scale * step` for 30 steps, checkpointing each 10."""
+    import torch
+
+    found = nbtrain.load_checkpoint()
+    start = int(found["step"]) if found else 0
+    for step in range(start + 1, start + 31):
+        nbtrain.report(step=step, value=config["scale"] * step)
+        if step % 10 == 0:
+            nbtrain.save_checkpoint({"step": torch.tensor(step)})
+        time.sleep(config.get("step_time", 0.0))
+
+
+def test_a_fork_starts_at_its_parents_checkpoint_and_compares_with_it(cluster):
+    from nbtrain._views.compare import compare
+
+    parent = nbtrain.launch(counts_from_its_checkpoint, name="steering-parent", workers=1, config={"scale": 1.0})
+    assert parent.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
+    with pytest.raises(NbtrainError, match=r"keeps no checkpoint at or before step 5 \(it keeps the last 2: "
+                                           r"steps 20, 30\)"):
+        parent.fork(step=5)
+    child = parent.fork(step=25, config={"scale": 2.0, "step_time": 0.1}, name="steering-child")
+    wait_for(lambda: child.refresh() is not None and child.metrics, timeout=120, message="the fork's first row")
+    first = min(row["step"] for row in child.metrics)
+    assert first == 21, "the fork starts after its parent's checkpoint at step 20 (the latest at or before 25)"
+    assert child.summary()["parent"] == {"run": "steering-parent", "step": 20}
+    said = "forked from steering-parent at step 20 with scale=2.0, step_time=0.1"
+    assert said in [e["message"] for e in child.events]
+
+    comparison = compare([parent, "steering-child"], metric="value")  # one live, one ended
+    curves = comparison.curves()
+    assert curves["steering-parent"][0][:2] == [1.0, 2.0] and curves["steering-child"][0][0] == 21.0
+    table = {row["run"]: row for row in comparison.table()}
+    assert table["steering-child"]["forked from"] == "steering-parent @ 20"
+    assert (table["steering-parent"]["scale"], table["steering-child"]["scale"]) == (1.0, 2.0)
+    assert table["steering-parent"]["final value"] == 30.0
+    assert child.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
+    assert compare(["steering-child"], metric="value").table()[0]["final value"] == 100.0
+    with pytest.raises(nbtrain.RunNotFoundError, match="no-such-run"):
+        compare(["steering-parent", "no-such-run"])

@@ -124,6 +124,9 @@ def test_stopping_a_trial_and_the_sweep_from_the_notebook_frees_their_runs(clust
                          max_concurrent=2, name="stopped-sweep")
     first = wait_for(lambda: next((t for t in sweep.trials if t.iterations >= 2), None), 120,
                      message="a trial's second report")
+    held = first.run.pause(wait=True)  # a trial is a run: it is steered as one
+    first.run.resume()
+    assert (first.run.changes[0]["kind"], first.run.changes[0]["step"]) == ("pause", held)
     first.stop()
     stopped = wait_for(lambda: next((t for t in sweep.trials if t.index == first.index and t.state == "stopped"),
                                     None), 20, message="the trial to stop")

@@ -43,6 +43,8 @@ export interface IRun {
   stop?: IStopRequest | null;
   /** The step every rank is held at by a pause, while the run is paused; else null. */
   paused_at?: number | null;
+  /** `run.fork()`: "<parent run> at step <N>"; else null. */
+  parent?: string | null;
   /**
    * The cell "Open dashboard" runs (`%ray_connect '…'` / `%ray_attach '…'`), built by the
    * server from a checked name and address; null for a record that cannot be shown.

@@ -27,6 +27,7 @@ export namespace CommandIDs {
   export const openSidebar = 'nbtrain:open-sidebar';
   export const stopRun = 'nbtrain:stop-run';
   export const openRun = 'nbtrain:open-run';
+  export const compareRuns = 'nbtrain:compare-runs';
 }
 
 export const SIDEBAR_ID = 'nbtrain-sidebar';
@@ -162,6 +163,29 @@ export function addCommands(options: ICommandsOptions): void {
           { autoClose: 10000 }
         );
       }
+    }
+  });
+
+  commands.addCommand(CommandIDs.compareRuns, {
+    label: 'Compare runs',
+    execute: async args => {
+      const names = (args.names as string[] | undefined) ?? [];
+      const runs = model.runs.filter(r => names.includes(r.name) && r.attach_cell);
+      if (runs.length < 2) {
+        return;
+      }
+      // A cell, not a panel: it stays in the notebook with its picture, follows live runs through
+      // the kernel's own connection, and the metric or the x axis is one edit away.
+      const connect = (runs[0].attach_cell ?? '').split('\n')[0];
+      const quoted = runs.map(r => JSON.stringify(r.name)).join(', ');
+      const panel = await activeNotebook(app, notebooks);
+      await insertCell(
+        app,
+        panel,
+        `${loadExtLine(panel)}${connect.startsWith('%ray_connect') ? connect + '\n' : ''}` +
+          `import nbtrain\nnbtrain.compare([${quoted}], metric="loss")`,
+        true
+      );
     }
   });
 

@@ -48,6 +48,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
       onOpen: run =>
         void app.commands
           .execute(CommandIDs.openRun, { name: run.name })
+          .catch(console.error),
+      onCompare: runs =>
+        void app.commands
+          .execute(CommandIDs.compareRuns, { names: runs.map(run => run.name) })
           .catch(console.error)
     });
     sidebar.id = SIDEBAR_ID;

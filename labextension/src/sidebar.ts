@@ -30,6 +30,8 @@ export interface ISidebarOptions {
   onStop: (run: IRun) => void;
   onPause: (run: IRun, verb: 'pause' | 'resume') => Promise<void>;
   onOpen: (run: IRun) => void;
+  /** Several runs chosen with their checkboxes: their names, to compare in a notebook cell. */
+  onCompare: (runs: IRun[]) => void;
 }
 
 export class RaySidebar extends Widget {
@@ -56,7 +58,14 @@ export class RaySidebar extends Widget {
     this._runsHeading = el('h3', 'jp-nbtrain-section-title', 'Runs');
     this._list = el('ul', 'jp-nbtrain-run-list');
     this._empty = el('p', 'jp-nbtrain-empty', NO_RUNS);
-    runsSection.append(this._runsHeading, this._list, this._empty);
+    this._compare.title = 'Draw the checked runs on one plot, in a cell of the active notebook';
+    this._compare.addEventListener('click', () => {
+      const chosen = this._model.runs.filter(run => this._checked.has(run.name));
+      if (chosen.length >= 2) {
+        options.onCompare(chosen);
+      }
+    });
+    runsSection.append(this._runsHeading, this._compare, this._list, this._empty);
     this.node.appendChild(runsSection);
 
     this._errorNode = el('p', 'jp-nbtrain-error');
@@ -96,7 +105,20 @@ export class RaySidebar extends Widget {
     // A trial's run is listed under its sweep, not here.
     const trials = SweepList.trialRuns(sweeps);
     const runs = this._model.runs.filter(run => !trials.has(run.name));
-    syncRows(this._list, this._rows, runs, run => run.name, () => new RunRow(this._options), (row, run) => {
+    for (const name of [...this._checked]) {
+      if (!runs.some(run => run.name === name)) {
+        this._checked.delete(name);
+      }
+    }
+    const checked = (name: string, on: boolean): void => {
+      if (on) {
+        this._checked.add(name);
+      } else {
+        this._checked.delete(name);
+      }
+      this._renderCompare();
+    };
+    syncRows(this._list, this._rows, runs, run => run.name, () => new RunRow(this._options, checked), (row, run) => {
       try {
         row.update(run, this._model.elapsed(run));
       } catch (error) {
@@ -105,6 +127,7 @@ export class RaySidebar extends Widget {
       }
     });
 
+    this._renderCompare();
     const running = runs.filter(isRunning).length;
     this._runsHeading.textContent = runs.length
       ? `Runs (${running} running, ${runs.length} total)`
@@ -178,6 +201,15 @@ export class RaySidebar extends Widget {
   private _options: ISidebarOptions;
   private _clusterNode: HTMLElement;
   private _sweeps: SweepList;
+  private _renderCompare(): void {
+    this._compare.disabled = this._checked.size < 2;
+    this._compare.textContent = this._checked.size
+      ? `Compare ${this._checked.size} runs`
+      : 'Compare (check 2+ runs)';
+  }
+
+  private _checked = new Set<string>();
+  private _compare = button('Compare (check 2+ runs)', 'jp-nbtrain-compare');
   private _runsHeading: HTMLElement;
   private _list: HTMLElement;
   private _empty: HTMLElement;
@@ -190,8 +222,16 @@ export class RaySidebar extends Widget {
 class RunRow {
   readonly node = el('li', 'jp-nbtrain-run');
 
-  constructor(options: ISidebarOptions) {
-    this._top.append(this._name, this._badge, this._straggler, this._elapsed);
+  constructor(options: ISidebarOptions, checked: (name: string, on: boolean) => void) {
+    this._select.type = 'checkbox';
+    this._select.className = 'jp-nbtrain-select';
+    this._select.title = 'Choose this run to compare';
+    this._select.addEventListener('change', () => {
+      if (this._run) {
+        checked(this._run.name, this._select.checked);
+      }
+    });
+    this._top.append(this._select, this._name, this._badge, this._straggler, this._elapsed);
 
     const bar = el('div', 'jp-nbtrain-progress');
     bar.appendChild(this._fill);
@@ -236,9 +276,10 @@ class RunRow {
     this.node.dataset.runName = run.name;
     this.node.dataset.state = run.state;
     this._name.textContent = run.name;
-    this._name.title = run.notebook
-      ? `${run.name} — from ${run.notebook}`
-      : run.name;
+    this._name.title =
+      (run.notebook ? `${run.name} — from ${run.notebook}` : run.name) +
+      (run.parent ? ` (forked from ${run.parent})` : '');
+    this._select.hidden = Boolean(run.malformed);
     this._badge.textContent = state;
     this._badge.className = `jp-nbtrain-badge jp-nbtrain-state-${run.state}`;
     this._badge.title = run.stale
@@ -324,10 +365,11 @@ class RunRow {
 
   private _run: IRun | null = null;
   private _top = el('div', 'jp-nbtrain-run-top');
+  private _select = document.createElement('input');
   private _progress = el('div', 'jp-nbtrain-progress-row');
   private _name = el('span', 'jp-nbtrain-run-name');
   private _badge = el('span', 'jp-nbtrain-badge');
-  private _straggler = el('span', 'jp-nbtrain-badge jp-nbtrain-straggler');
+  private _straggler = el('span', 'jp-nbtrain-straggler');  // not a -badge: that is the state's
   private _elapsed = el('span', 'jp-nbtrain-elapsed');
   private _fill = el('div', 'jp-nbtrain-progress-fill');
   private _progressLabel = el('span', 'jp-nbtrain-progress-label');

@@ -37,7 +37,15 @@ Progress = Callable[[str], None]
 
 @dataclasses.dataclass
 class Cluster:
-    """The connected cluster. ``kind`` is ``"local"`` for the embedded cluster."""
+    """The connected cluster, from :func:`connect`: its ``address`` (``ray://host:port``), ``kind``
+    (``"local"`` for the embedded cluster, else ``"remote"``), and the ``ray_version`` and ``python_version``
+    it runs. Its methods ask Ray now, so they need the connection to be live.
+
+    Example::
+
+        cluster = nbtrain.connect()
+        cluster.resources()["CPU"]     # (used, total)
+    """
 
     address: str
     kind: str
@@ -45,7 +53,16 @@ class Cluster:
     python_version: str
 
     def resources(self) -> dict[str, tuple[float, float]]:
-        """``{"CPU": (used, total), "GPU": (used, total), ...}`` right now."""
+        """What the cluster has and what is in use right now, e.g. to size a launch's ``workers``.
+
+        Returns:
+            ``{"CPU": (used, total), "GPU": (used, total), "memory": (used, total)}``, each key only when
+            the cluster has that resource (memory in bytes).
+
+        Example::
+
+            used, total = cluster.resources()["CPU"]
+        """
         import ray
 
         total = ray.cluster_resources()
@@ -54,6 +71,15 @@ class Cluster:
                 if key in total}
 
     def nodes(self) -> list[dict[str, Any]]:
+        """Every node Ray knows of, live or dead, e.g. to name one to :meth:`Run.drain`.
+
+        Returns:
+            One dict per node, with ``node_id`` (Ray's), ``address``, ``alive``, ``cpus``, ``gpus`` and ``head``.
+
+        Example::
+
+            [n["node_id"][:6] for n in cluster.nodes() if n["alive"] and not n["head"]]
+        """
         import ray
 
         return [{"node_id": n["NodeID"], "address": n["NodeManagerAddress"], "alive": n["Alive"],
@@ -62,6 +88,11 @@ class Cluster:
                 for n in ray.nodes()]
 
     def describe(self) -> str:
+        """One line for people: the address, the kind, how many nodes are live, CPUs and GPUs in use.
+
+        Returns:
+            E.g. ``"ray://127.0.0.1:10001 (local): 1 node(s), CPU 2/8 used"``.
+        """
         res = self.resources()
         alive = [n for n in self.nodes() if n["alive"]]
         parts = [f"{key} {used:g}/{total:g} used" for key, (used, total) in res.items() if key != "memory"]
@@ -110,6 +141,21 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     a cluster never receives another's token. The token goes with this connection
     only, so it works whether or not ``ray`` was imported first, and changes no
     environment variable. Needs Ray >= 2.54 in the notebook and on the cluster.
+
+    Args:
+        address: ``ray://host:port``; ``None`` for ``$RAY_ADDRESS`` or the embedded cluster.
+        token: the cluster's token (prefer ``$RAY_AUTH_TOKEN`` or a kept one in notebooks).
+        num_cpus: CPUs of the embedded cluster when this call starts it (default: the machine's).
+        num_gpus: GPUs of the embedded cluster when this call starts it.
+        progress: called with each progress message (default: printed to stderr).
+        timeout: seconds to wait for the cluster.
+
+    Returns:
+        The connected :class:`Cluster`.
+
+    Raises:
+        ConnectionFailedError: the address cannot be reached, or it refused the token.
+        VersionMismatchError: the notebook and the cluster run different Ray, Python or nbtrain.
 
     Example::
 
@@ -186,7 +232,14 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
 
 
 def disconnect() -> None:
-    """Drop the connection. Runs keep going on the cluster; ``attach()`` gets them back."""
+    """Drop the connection. Runs keep going on the cluster; ``attach()`` gets them back.
+
+    This session's warm workers exit. Calling it while not connected does nothing.
+
+    Example::
+
+        nbtrain.disconnect()
+    """
     global _current, _current_token, _current_anchor
     import ray
 

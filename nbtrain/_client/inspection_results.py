@@ -92,6 +92,7 @@ class Profile:
         self.notes = {rank: answer["note"] for rank, answer in answers.items() if answer.get("note")}
 
     def how_to_open(self) -> str:
+        """Where the traces are, and which tools open them."""
         paths = [path for path in self.trace_paths.values() if path]
         if not paths:
             return "No trace was kept."
@@ -127,6 +128,7 @@ class Profile:
         return self.html()
 
     def html(self, top: int | None = None) -> str:
+        """A table per rank (its ``top`` operators; default all of them), its trace's path, and how to open it."""
         parts = [f"<div class='nbtrain-profile'><b>Profile of run {html.escape(self.run)}</b>: top operators by "
                  "self time"]
         cell = "style='text-align:right;padding:0 6px'"

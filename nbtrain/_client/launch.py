@@ -90,6 +90,23 @@ def launch(
     With ``wait=True`` the call blocks until the run ends; Ctrl-C (the kernel's
     interrupt) then stops the run and says so.
 
+    Args:
+        train_fn: the training function, run on every rank; it takes ``config`` or nothing.
+            Every other keyword is a run option, listed below.
+
+    Returns:
+        The :class:`Run`, started (ended, with ``wait=True``).
+
+    Raises:
+        InvalidOptionError: an option has a wrong type or value (nothing was started).
+        NotConnectedError: no ``connect()`` first.
+        NotSerializableError: something ``train_fn`` uses cannot be sent to the ranks.
+        ResourcesUnavailableError: the cluster cannot hold the workers at all.
+        RunExistsError: ``name`` is taken (``resume=True`` continues that run).
+        RunNotFoundError: ``resume=True`` names no existing run.
+        StorageError: the cluster cannot write ``storage=``.
+        RunFailedError: with ``wait=True``, the run failed.
+
     Example::
 
         def train(config):
@@ -176,6 +193,24 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         block_until_done(run, launched=True)
         run.raise_if_failed()
     return run
+
+
+def start_new(spec: RunSpec) -> Run:
+    """A new run from a spec made elsewhere (``run.fork()``): its supervisor started as ``launch()`` starts one."""
+    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
+
+    cluster = connection.current()
+    options, name = spec.options, spec.name
+    check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
+    if find_supervisor(name) is not None or name in stored_names():
+        raise RunExistsError(_name_taken(name, cluster.address))
+    spec = dataclasses.replace(spec, warm_pool=warm.pool_for(options))
+    handle = supervisor_actor().options(**supervisor_options(name, packages_to_hold(options.runtime_env))).remote(
+        _pickled(spec), None)
+    _wait_for_supervisor(handle, name)
+    _registry.record_launch(name, cluster.address, notebook=spec.owner.get("notebook"), workers=options.max_workers,
+                            total_steps=options.total_steps)
+    return Run(name, handle, cluster.address)
 
 
 def with_uploaded_paths(options: RunOptions) -> RunOptions:
@@ -356,6 +391,16 @@ def _owner() -> dict[str, Any]:
 def attach(name: str) -> Run:
     """A :class:`Run` for a run started elsewhere (another kernel, before a restart), with its whole history.
 
+    Args:
+        name: the run's name, as ``runs()`` lists it.
+
+    Returns:
+        The :class:`Run`, live or ended.
+
+    Raises:
+        RunNotFoundError: the connected cluster has no run of that name (the message lists those it has).
+        NotConnectedError: no ``connect()`` first.
+
     Example::
 
         run = nbtrain.attach("cifar")
@@ -373,7 +418,19 @@ def attach(name: str) -> Run:
 
 
 def runs() -> list[dict[str, Any]]:
-    """Every run on the connected cluster: name, state, attempt, step, workers, started, owner."""
+    """Every run on the connected cluster: name, state, attempt, step, workers, started, owner.
+
+    Returns:
+        One dict per run (``name``, ``state``, ``attempt``, ``step``, ``total_steps``, ``world_size``,
+        ``started``, ``ended``, ``owner``, ``error``), live and ended runs alike.
+
+    Raises:
+        NotConnectedError: no ``connect()`` first.
+
+    Example::
+
+        [r["name"] for r in nbtrain.runs() if r["state"] == "running"]
+    """
     return [{key: summary.get(key) for key in ("name", "state", "attempt", "step", "total_steps", "world_size",
                                                "started", "ended", "owner", "error")}
             for summary in run_summaries()]

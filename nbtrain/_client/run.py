@@ -18,17 +18,16 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
 from nbtrain import _registry
-from nbtrain._client.checkpoint_files import load_in_notebook, local_checkpoint_dir
 from nbtrain._client.run_control import RunControl
 from nbtrain._client.run_debugging import RunDebugging
+from nbtrain._client.run_files import RunFiles
 from nbtrain._client.run_inspection import RunInspection
-from nbtrain._client.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
+from nbtrain._client.stored import StoredRunHandle, find_stored
 from nbtrain._cluster.names import find_supervisor, wait_until_name_free
 from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
 from nbtrain._states import RunState
@@ -37,15 +36,24 @@ POLL_TIMEOUT_S = 15.0
 ROW_WINDOW = 50_000   # metric rows kept in the notebook (~25 MB); older ones are fetched when asked
 LOG_WINDOW = 20_000   # log chunks kept likewise
 PAGE_ROWS = 50_000    # rows per poll when fetching a long history
-FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of supervisor memory at most
 SUPERVISOR_RESTART_GRACE_S = 60.0
 
 
-class Run(RunControl, RunDebugging, RunInspection):
+class Run(RunControl, RunFiles, RunDebugging, RunInspection):
     """A training run on the cluster. Get one from :func:`launch` or :func:`attach`.
 
     Reading ``state``, ``metrics``, ``workers`` or ``logs()`` fetches what is new
-    from the run's supervisor (a few milliseconds), so they are always current.
+    from the run's supervisor (a few milliseconds), so they are always current; once
+    the run has ended and its supervisor exited, the run's files answer instead.
+    Whatever asks the cluster raises :class:`RunNotFoundError` if the run is gone
+    (deleted, or its files lost); these reads raise :class:`NbtrainError` if its
+    supervisor does not answer within 15 s. ``name`` is the run's name on the cluster.
+
+    Example::
+
+        run = nbtrain.launch(train, workers=2)
+        run.dashboard()
+        run.wait()
     """
 
     def __init__(self, name: str, handle: Any, address: str) -> None:
@@ -66,19 +74,22 @@ class Run(RunControl, RunDebugging, RunInspection):
 
     # ------------------------------------------------------------------ reading
     def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
-        """Fetch what is new, up to one page of rows (:data:`PAGE_ROWS`); returns the new metric rows.
+        """Fetch what is new: up to one page of metric rows (``PAGE_ROWS``), every new log chunk and event,
+        and the current summary. One page, so the notebook's memory stays bounded however far behind it is.
 
-        One page, so the notebook's memory stays bounded however far behind it is: a view
-        that follows the run draws every page (``_cached_rows``) before the next is fetched.
-        Logs and events come whole, and the summary (state, workers) is current either way.
+        The round trip runs outside the Run's lock, so reading ``run.metrics`` in a cell never queues
+        behind a dashboard's long poll on the same Run; cursors into append-only histories make sure
+        nothing is lost or seen twice whichever answer lands first.
 
-        ``wait_s`` > 0 waits up to that long for something new to arrive (a long
-        poll: one round trip, answered as soon as a worker's batch lands).
+        Args:
+            wait_s: when > 0, a long poll: wait up to this long for something new to arrive.
 
-        The round trip runs outside the Run's lock, so reading ``run.metrics`` in a
-        cell never queues behind a dashboard's long poll on the same Run. Cursors
-        are positions in append-only histories: whichever answer lands second adds
-        only what the first did not, so nothing is lost and nothing is seen twice.
+        Returns:
+            The metric rows new since the last refresh (by any reader of this Run).
+
+        Example::
+
+            new_rows = run.refresh(wait_s=5)
         """
         with self._lock:
             asked = self._cursors
@@ -214,15 +225,20 @@ class Run(RunControl, RunDebugging, RunInspection):
 
     @property
     def state(self) -> RunState:
-        """``pending``, ``starting``, ``running``, ``restarting``, ``succeeded``, ``failed`` or ``stopped``."""
+        """The run's :class:`RunState` now: ``pending``, ``starting``, ``running``, ``restarting``, ``succeeded``,
+        ``failed`` or ``stopped`` (the last three are terminal: ``run.state.is_terminal``)."""
         return RunState(self._fresh_summary()["state"])
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
-        """Every reported row so far: ``rank``, ``step``, ``attempt``, ``time`` and the values.
+        """Every row reported so far, in order, as dicts: ``rank``, ``step``, ``attempt``, ``time`` and the values.
 
         A long run's older rows are fetched from the cluster page by page (the Run keeps only
         the latest); for millions of rows :meth:`metrics_frame` is faster and far smaller.
+
+        Example::
+
+            losses = [row["loss"] for row in run.metrics if row["rank"] == 0 and "loss" in row]
         """
         self._catch_up()
         with self._lock:
@@ -243,103 +259,73 @@ class Run(RunControl, RunDebugging, RunInspection):
             start += len(page)
         return rows
 
-    def metrics_frame(self) -> Any:
-        """Every reported row so far as a pandas DataFrame (columns ``rank``, ``step``, ``attempt``, ``time``
-        and one per metric), built from Arrow pages sent by the cluster: no Python object per row, so
-        millions of rows load in seconds."""
-        import pyarrow as pa
-
-        tables = []
-        start = 0
-        while True:
-            data = self._call("frame_ipc", start, start + FRAME_PAGE_ROWS, timeout=READ_TIMEOUT_S)
-            table = pa.ipc.open_stream(data).read_all()
-            if table.num_rows:
-                tables.append(table)
-            if table.num_rows < FRAME_PAGE_ROWS:
-                break
-            start += table.num_rows
-        if not tables:
-            return pa.table({"rank": [], "step": [], "attempt": [], "time": []}).to_pandas()
-        return pa.concat_tables(tables, promote_options="permissive").to_pandas()
-
     @property
     def workers(self) -> list[dict[str, Any]]:
         """One dict per rank: node, pid, device, state, step, samples/s, memory, heartbeat age, and
-        ``malloc_tuned`` (whether the rank keeps freed memory for its next step; see README)."""
+        ``malloc_tuned`` (whether the rank keeps freed memory for its next step; see the performance guide)."""
         return list(self._fresh_summary()["workers"])
 
     @property
     def error(self) -> str | None:
-        """Every failing rank with its traceback, or ``None``."""
+        """Every failing rank with its traceback, as text, or ``None``."""
         error: str | None = self._fresh_summary()["error"]
         return error
 
     @property
     def config(self) -> dict[str, Any]:
-        """The whole ``config`` the run was launched (or last resumed) with.
+        """The whole ``config`` dict the run was launched (or last resumed) with; ``{}`` without one.
 
         Summaries and the dashboard carry only a short ``config_summary``; this asks the run for the dict.
+        Changes made with :meth:`adjust` are not in it: :meth:`config_at` has them.
         """
         data = self._call("config")
         return dict(cloudpickle.loads(data) or {}) if data is not None else {}
 
     @property
     def attempt(self) -> int:
+        """Which attempt the run is on: 1 for the first (0 before it starts), one more each time it starts again
+        from a checkpoint (after a failure, an elastic resize, or ``resume=True``)."""
         return int(self._fresh_summary()["attempt"])
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        """State changes, failures, restarts, stalls and checkpoints, in order."""
+        """State changes, failures, restarts, stalls and checkpoints, in order, one dict each."""
         self.refresh()
         with self._lock:
             return list(self._events)
 
-    def logs(self, rank: int | None = None) -> str:
-        """What the workers printed (stdout and stderr), for one rank or all of them."""
-        self._catch_up()
-        with self._lock:
-            entries, base, cursors = list(self._logs), self._log_base, self._cursors
-        if base:  # a long run's older chunks are on the cluster only
-            entries = self._fetch_logs(base, cursors) + entries
-        chunks = [entry for entry in entries if rank is None or entry["rank"] == rank]
-        if rank is not None:
-            return "".join(entry["text"] for entry in chunks)
-        return "".join(f"[rank {entry['rank']}] {line}\n" for entry in chunks
-                       for line in entry["text"].splitlines() if line.strip())
-
-    def _fetch_logs(self, stop: int, cursors: tuple[int, int, int]) -> list[dict[str, Any]]:
-        """Log chunks ``[0, stop)`` from the cluster, without keeping them."""
-        entries: list[dict[str, Any]] = []
-        while len(entries) < stop:
-            reply = self._poll(cursors[0], len(entries), cursors[2], 0.0)
-            page = reply["logs"][:stop - len(entries)]
-            if not page:
-                break
-            entries.extend(page)
-        return entries
-
-    @property
-    def result(self) -> list[Any] | None:
-        """What the training function returned on each rank (a list indexed by rank), once succeeded."""
-        if self._result is None:
-            raw = self._call("result")
-            if raw is not None:
-                self._result = [cloudpickle.loads(item) for item in raw]
-        return self._result
-
     def summary(self) -> dict[str, Any]:
+        """The run's summary now, as the dashboard and the sidebar read it (a copy).
+
+        Returns:
+            A dict with, among others, ``state``, ``attempt``, ``step`` (the slowest rank's), ``world_size``,
+            ``workers``, ``error``, ``parent`` (a forked run's ``{"run", "step"}``), ``latest`` (the last
+            values reported), ``started`` and ``ended``.
+        """
         return dict(self._fresh_summary())
 
     # ------------------------------------------------------------------ control
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> RunState:
         """Block until the run ends (or ``timeout`` seconds pass) and return its state.
 
-        Raises :class:`RunFailedError` with every failing rank's traceback when the
-        run failed (pass ``raise_on_failure=False`` to just get the state), and
-        ``TimeoutError`` if ``timeout`` passes first. Either way, and on Ctrl-C,
-        the run keeps going: only the call that launched a run stops it when
-        interrupted; ``run.stop()`` stops it from anywhere.
+        Whatever happens here, Ctrl-C included, the run keeps going: only the call that launched
+        a run stops it when interrupted; :meth:`stop` stops it from anywhere.
+
+        Args:
+            timeout: seconds to wait at most; ``None`` waits for the end.
+            raise_on_failure: raise if the run failed; ``False`` just returns the state.
+
+        Returns:
+            The terminal :class:`RunState` (succeeded, failed or stopped).
+
+        Raises:
+            RunFailedError: the run failed (the message has every failing rank's traceback).
+            TimeoutError: ``timeout`` passed first.
+
+        Example::
+
+            if run.wait(raise_on_failure=False) == nbtrain.RunState.FAILED:
+                run.debug()
         """
         from nbtrain._client.following import block_until_done
 
@@ -349,37 +335,30 @@ class Run(RunControl, RunDebugging, RunInspection):
         return state
 
     def raise_if_failed(self) -> None:
-        """Raise :class:`RunFailedError` (every failing rank, with tracebacks) if the run ended failed."""
+        """Raise if the run has ended failed, as of the last read (it asks nothing of the cluster).
+
+        Raises:
+            RunFailedError: the run failed (the message has every failing rank's traceback).
+        """
         summary = self._cached_summary
         if summary.get("state") == RunState.FAILED:
             raise RunFailedError(f"Run {self.name!r} failed.\n{summary.get('error')}")
 
-    def load_checkpoint(self, *, weights_only: bool = True) -> Any | None:
-        """The run's latest checkpoint in the notebook (``None`` if none was saved).
-
-        What ``nbtrain.save_checkpoint`` saved is loaded with ``torch.load(weights_only=True)``:
-        only tensors and plain containers. Pass ``weights_only=False`` only for checkpoints
-        you trust. A checkpoint reported by Ray Train code (``ray.train.report(checkpoint=)``)
-        comes back as a ``ray.train.Checkpoint`` of a local directory with its files.
-        """
-        found = self._call("latest_checkpoint", timeout=READ_TIMEOUT_S)
-        return None if found is None else load_in_notebook(self.name, *found, weights_only=weights_only)
-
-    def checkpoint_dir(self) -> Path | None:
-        """The latest checkpoint's files in a local directory (``None`` if none was saved).
-
-        A Ray Train checkpoint's directory as the function wrote it; what
-        ``nbtrain.save_checkpoint`` saved, as ``checkpoint.pt`` (``torch.save``'s file).
-        """
-        found = self._call("latest_checkpoint", timeout=READ_TIMEOUT_S)
-        return None if found is None else local_checkpoint_dir(self.name, *found)
-
     def delete(self, timeout: float = 30.0) -> None:
         """Delete an ended run: its stored history, checkpoints and state, its supervisor, its registry record.
 
-        A run still going is refused, and nothing is deleted: ``run.stop()`` it first
-        (deleting is not undoable, so it never stops a run on the way). Afterwards the
-        name is free, and launching it again starts a new run from step 0.
+        Deleting is not undoable, so it never stops a run on the way. Afterwards the name is free,
+        and launching it again starts a new run from step 0.
+
+        Args:
+            timeout: seconds to wait for the supervisor to delete the files.
+
+        Raises:
+            NbtrainError: the run is still going (nothing was deleted): :meth:`stop` it first.
+
+        Example::
+
+            run.stop(); run.delete()
         """
         import ray
 
@@ -398,14 +377,27 @@ class Run(RunControl, RunDebugging, RunInspection):
         wait_until_name_free(self.name)  # a launch of the name may follow
 
     def dashboard(self, **options: Any) -> Any:
-        """The live dashboard (widgets in a notebook, a text line elsewhere). Showing it again from the same
-        cell closes the one that cell showed before; :meth:`close` ends them all."""
+        """Show the live dashboard: widgets in a notebook, a text progress line elsewhere.
+
+        Showing it again from the same cell closes the one that cell showed before; :meth:`close` ends them all.
+
+        Args:
+            **options: ``follow="background"`` (a thread redraws; the default) or ``"none"``, and ``ranks``:
+                in a wide run, the ranks drawn as lines of their own (``ranks=[0, 17]``).
+
+        Returns:
+            The view shown.
+
+        Example::
+
+            run.dashboard(ranks=[0, 3])
+        """
         from nbtrain._views.dashboard import show_dashboard
 
         return show_dashboard(self, **options)
 
     def close(self) -> None:
-        """End this Run's live views within a second (what they drew stays); the run goes on."""
+        """End this Run's live views (its dashboards) within a second; what they drew stays, and the run goes on."""
         followers, self._followers = self._followers, []
         for follower in followers:
             follower.close()

@@ -46,10 +46,25 @@ class RunControl:
         def config(self) -> dict[str, Any]: ...
 
     def stop(self, timeout: float = 30.0, *, after: str | None = None) -> RunState:
-        """Stop the run: workers are killed and their resources freed before this returns.
+        """Stop the run: its workers are killed and their resources freed before this returns.
 
-        ``after="epoch"``: let every rank finish the epoch it is in, then stop (at the start of the next
-        epoch of a ``prepare_loader`` loader, or Lightning's / Hugging Face's epoch end); returns at once.
+        Args:
+            timeout: seconds to wait for the supervisor to stop the workers.
+            after: ``"epoch"`` lets every rank finish the epoch it is in, then stop (at the start of the next
+                epoch of a ``prepare_loader`` loader, or Lightning's / Hugging Face's epoch end); the call
+                then returns at once.
+
+        Returns:
+            The run's :class:`RunState` after the call (``stopped``, or still running with ``after="epoch"``).
+
+        Raises:
+            InvalidOptionError: ``after`` is not ``"epoch"``.
+            NbtrainError: the run did not stop within ``timeout``, or (with ``after``) it cannot be steered.
+
+        Example::
+
+            run.stop()
+            run.stop(after="epoch")
         """
         import ray
 
@@ -66,10 +81,27 @@ class RunControl:
         return self.state
 
     def drain(self, node: str, deadline_s: float = 120.0) -> str:
-        """Give the run notice that ``node`` (its Ray id, or its first 6+ characters) is about to go, as a
-        spot instance's preemption notice: Ray places nothing new there (it exits once idle, or after
-        ``deadline_s``), the ranks see ``nbtrain.checkpoint_requested()`` turn true and save, and the
-        elastic run goes on from that checkpoint without the node. Returns what was done."""
+        """Give the run notice that ``node`` is about to go, as a spot instance's preemption notice.
+
+        Ray places nothing new there (the node exits once idle, or after ``deadline_s``), the ranks see
+        :func:`checkpoint_requested` turn true and save, and the elastic run goes on from that checkpoint
+        without the node.
+
+        Args:
+            node: the node's Ray id, or its first 6+ characters (``cluster.nodes()`` lists them).
+            deadline_s: seconds the node has left, at most.
+
+        Returns:
+            What was done, in a sentence.
+
+        Raises:
+            NbtrainError: ``node`` names no live worker node (or several, or the head), the run has ended,
+                or the node cannot be drained (the message says why).
+
+        Example::
+
+            run.drain("3f9a1c")
+        """
         node_id = worker_node_id(node, "run.drain(node=...)")
         if self.state.is_terminal:
             raise NbtrainError(f"run.drain(): run {self.name!r} has ended ({self.state}); there is nothing to move.")
@@ -78,25 +110,76 @@ class RunControl:
             raise NbtrainError(said)
         return str(said)
 
+    def fork(self, *, step: int | None = None, config: dict[str, Any] | None = None, name: str | None = None,
+             train_fn: Any = None, **options: Any) -> Any:
+        """Launch a new run from this run's checkpoint, with ``config`` changed: to try another setting
+        from a point this run reached without starting over. Works on live and ended runs.
+
+        The new run's ranks get the parent's checkpoint from :func:`load_checkpoint`; it records its parent
+        and the step (its dashboard header and the sidebar show them).
+
+        Args:
+            step: start from the latest checkpoint kept at or before this step; ``None`` for the latest.
+            config: the config values to change (merged over the parent's).
+            name: the new run's name; default ``<this run>-fork-<time>``.
+            train_fn: a different training function; default the parent's.
+            **options: any other run option of :func:`launch`, e.g. ``workers=4``.
+
+        Returns:
+            The new :class:`Run`, started.
+
+        Raises:
+            InvalidOptionError: ``step``, ``config`` or an option is wrong.
+            NbtrainError: this run has no checkpoint to fork from (at or before ``step``), or kept no
+                copy of its launch and no ``train_fn`` was given.
+            RunExistsError: ``name`` is taken.
+
+        Example::
+
+            child = run.fork(config={"lr": 0.01}, name="lower-lr")
+            nbtrain.compare([run, child], metric="loss")
+        """
+        from nbtrain._client.forking import fork
+
+        return fork(self, step=step, config=config, name=name, train_fn=train_fn, options=options)
+
     # ------------------------------------------------------------------ steering
     def adjust(self, *, lr: float | None = None, weight_decay: float | None = None, momentum: float | None = None,
                betas: tuple[float, float] | None = None, grad_clip: float | None = _UNSET,
-               group: int | None = None, wait: bool = False) -> int | None:
+               group: int | None = None, wait: bool = False, **others: Any) -> int | None:
         """Change the optimizer's settings of the live run, on every rank before the same step's update.
-
-        Returns the step at which it takes effect (``None`` when no rank runs now: a restarting run
-        applies it at its next attempt's first step). ``group``: one param group (0-based) instead of
-        all. ``grad_clip``: clip gradients to this norm before each update (``None`` turns it off).
-        ``wait=True`` returns once rank 0 applied it, with the step it did.
 
         With an LR scheduler on the optimizer, the schedule goes on from the new value: its base
         rates are scaled by the same factor. Every change is kept in the run's history
-        (``run.changes``), drawn on the curves, and re-applied by an attempt restarted after a
-        failure. The code must give nbtrain its optimizer (``prepare_optimizer`` or ``steerable``,
-        or the Lightning / Hugging Face integrations); otherwise this says what to call. Example::
+        (:attr:`changes`), drawn on the curves, and re-applied by an attempt restarted after a
+        failure. The code must give nbtrain its optimizer (:func:`prepare_optimizer` or :func:`steerable`,
+        or the Lightning / Hugging Face integrations); otherwise this says what to call.
+
+        Args:
+            lr: the learning rate (>= 0).
+            weight_decay: the weight decay (>= 0).
+            momentum: SGD's momentum (>= 0).
+            betas: Adam's ``(beta1, beta2)``, each in [0, 1).
+            grad_clip: clip gradients to this norm before each update; ``None`` turns clipping off.
+            group: change one param group (0-based) instead of all.
+            wait: return once rank 0 has applied it, with the step it did.
+
+        Returns:
+            The step at which it takes effect; ``None`` when no rank runs now (a restarting run applies
+            it at its next attempt's first step).
+
+        Raises:
+            InvalidOptionError: no setting, an unknown one, or a value out of range (nothing was sent).
+            NbtrainError: the run cannot be steered now (ended, or its code gave nbtrain no optimizer),
+                or, with ``wait=True``, rank 0 did not apply it within 30 s.
+
+        Example::
 
             run.adjust(lr=run.config_at(run.summary()["step"])["lr"] / 10)
         """
+        if others:
+            raise InvalidOptionError(f"adjust() cannot change {', '.join(sorted(others))}: it changes lr, "
+                                     "weight_decay, momentum, betas and grad_clip (per param group with group=).")
         settings: dict[str, Any] = {}
         for key, value in (("lr", lr), ("weight_decay", weight_decay), ("momentum", momentum)):
             if value is not None:
@@ -116,22 +199,74 @@ class RunControl:
         return self._step_of(command, wait)
 
     def pause(self, *, wait: bool = False) -> int | None:
-        """Hold every rank at the same step, before its update, until :meth:`resume`; the run keeps its workers
-        and resources, and the stall timeout does not count the time paused. Returns the step."""
+        """Hold every rank at the same step, before its update, until :meth:`resume`: to look at the run
+        without losing its place. The run keeps its workers and resources, and the stall timeout does not
+        count the time paused.
+
+        Args:
+            wait: return once rank 0 has paused, with the step it paused at.
+
+        Returns:
+            The step it pauses at; ``None`` when no rank runs now (it applies at the next attempt).
+
+        Raises:
+            NbtrainError: the run cannot be paused now (the message says why), or, with ``wait=True``,
+                rank 0 did not pause within 30 s.
+
+        Example::
+
+            step = run.pause(wait=True); run.resume()
+        """
         return self._step_of(self._steer(PAUSE, {}, "paused"), wait)
 
     def resume(self) -> None:
-        """Let a paused run go on (or call off a pause not reached yet)."""
+        """Let a paused run go on (or call off a pause not reached yet).
+
+        Raises:
+            NbtrainError: the run cannot be resumed now (the message says why).
+        """
         self._steer(RESUME, {}, "resumed")
 
     def checkpoint_now(self, *, wait: bool = False) -> int | None:
-        """Ask for a checkpoint at the next step: ``nbtrain.checkpoint_requested()`` turns true on every rank
-        until the code saves (Lightning and Hugging Face integrations save on their own). Returns the step."""
+        """Ask for a checkpoint at the next step, e.g. before trying a risky :meth:`adjust`.
+
+        :func:`checkpoint_requested` turns true on every rank until the code saves (the Lightning and
+        Hugging Face integrations save on their own).
+
+        Args:
+            wait: return once rank 0 has taken the request, with the step it did.
+
+        Returns:
+            The step asked for; ``None`` when no rank runs now (it applies at the next attempt).
+
+        Raises:
+            NbtrainError: the run cannot be asked now (the message says why), or, with ``wait=True``,
+                rank 0 did not take it within 30 s.
+
+        Example::
+
+            run.checkpoint_now(wait=True)
+        """
         return self._step_of(self._steer(CHECKPOINT, {}, "checkpointed"), wait)
 
     def send(self, command: str, /, *, ranks: str = "0", timeout: float = 60.0, **payload: Any) -> Any:
-        """Run the ranks' ``@nbtrain.on_command(command)`` handler with ``payload`` on every rank at the same
-        step (after its update), and return rank 0's answer (``ranks="all"``: a list, by rank).
+        """Run the ranks' ``@nbtrain.on_command(command)`` handler (see :func:`on_command`) on every rank at
+        the same step, after its update, and wait for the answer: to evaluate, inspect or change the live
+        model from the notebook.
+
+        Args:
+            command: the handler's name.
+            ranks: ``"0"`` for rank 0's answer, ``"all"`` for every rank's.
+            timeout: seconds to wait for the answers.
+            **payload: keyword arguments for the handler.
+
+        Returns:
+            Rank 0's answer; with ``ranks="all"``, a list of answers by rank.
+
+        Raises:
+            InvalidOptionError: ``command`` is not a name, or ``ranks`` is not ``"0"`` or ``"all"``.
+            NbtrainError: the run cannot take commands now, a rank did not answer within ``timeout``,
+                or a handler raised (the message has its traceback).
 
         Example, on the ranks::
 
@@ -161,16 +296,28 @@ class RunControl:
 
     @property
     def changes(self) -> list[dict[str, Any]]:
-        """Every change made to the live run, in order: ``step`` (where it applied; ``None`` while pending),
-        ``kind``, ``args``, ``before`` (rank 0's values just before) and ``description``
-        (``"lr 0.1 → 0.01 at step 1200"``)."""
+        """Every change made to the live run (:meth:`adjust`, :meth:`pause`, :meth:`checkpoint_now`...), in order,
+        one dict each: ``step`` (where it applied; ``None`` while pending), ``kind``, ``args``, ``before`` (rank 0's
+        values just before) and ``description`` (``"lr 0.1 → 0.01 at step 1200"``)."""
         return [{"step": change.get("applied_step"), "kind": change["kind"], "args": change["args"],
                  "before": change.get("before"), "description": change["description"]}
                 for change in self._fresh_summary().get("changes") or []]
 
     def config_at(self, step: int) -> dict[str, Any]:
-        """The run's ``config`` with the optimizer settings in force at ``step`` (the changes applied up to
-        it; each value as rank 0's first param group had it, ``grad_clip`` included once set)."""
+        """The run's :attr:`config` with the optimizer settings in force at ``step``: what a change made
+        with :meth:`adjust` had replaced, e.g. to fork from there with the settings it ran with.
+
+        Args:
+            step: a step of the run.
+
+        Returns:
+            The config with the changes applied up to ``step`` (each value as rank 0's first param group
+            had it; ``grad_clip`` included once set).
+
+        Example::
+
+            run.config_at(1200)["lr"]
+        """
         effective = dict(self.config)
         for change in self.changes:
             if change["kind"] != ADJUST or change["step"] is None:

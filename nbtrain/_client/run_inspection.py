@@ -35,13 +35,27 @@ class RunInspection:
         """Every rank's Python stacks now, all its threads, taken from a side thread without pausing it.
 
         Each rank comes with one line saying where its training thread is: *waits in a collective
-        (all_reduce) called from train.py:41*, or *is elsewhere: train.py:37 in load (time.sleep(5))*, or
-        paused. A rank that does not answer within ``timeout`` is named as such: its process is gone, or
-        it is stuck in C code that holds Python's GIL. Shows as a table in the notebook; ``print()`` it
-        for text. Example::
+        (all_reduce) called from train.py:41*, *is elsewhere: train.py:37 in load (time.sleep(5))*, or
+        paused. Shows as a list in the notebook (each rank's training thread open); ``print()`` it for
+        text. The dashboard's Stacks button shows the same.
 
-            run.stacks()                   # every running rank
-            run.stacks(ranks=[3]).ranks[3]["threads"]
+        Args:
+            ranks: the ranks to ask (default: every running rank).
+            timeout: seconds to wait for the answers; a rank that does not answer in time is named as
+                such (its process is gone, or it is stuck in C code that holds Python's GIL).
+
+        Returns:
+            A ``Stacks``: ``verdicts()`` (rank → its line), ``ranks`` (rank → its threads, each with its
+            frames as (file, line, function, source)), ``missing`` (the ranks that did not answer).
+
+        Raises:
+            InvalidOptionError: ``ranks`` not the run's, or a bad ``timeout`` (nothing was sent).
+            NbtrainError: the run has ended, or no rank runs now (starting, restarting).
+
+        Example::
+
+            run.stacks()                             # every running rank
+            run.stacks(ranks=[3]).ranks[3]["threads"][0]["frames"][-1]
         """
         wanted = self._live_ranks("stacks", ranks)
         _check_timeout("stacks", timeout)
@@ -52,12 +66,34 @@ class RunInspection:
         return Stacks(self.name, asked, answers, timeout)
 
     def profile(self, steps: int = 20, *, ranks: list[int] | None = None, timeout: float = PROFILE_WAIT_S) -> Profile:
-        """Run torch.profiler on ``ranks`` (default: rank 0) for the next ``steps`` steps and return the top
-        operators by self time per rank, with the Chrome trace's path (kept in the run's directory on the
-        head node) for TensorBoard's profiler plugin or ui.perfetto.dev. Blocks until every profiled rank
-        answered (at most ``timeout`` s). Not profiling costs nothing on the step. Example::
+        """Run torch.profiler on some ranks for the next few steps, and show where the time went.
 
-            run.profile(steps=10)                 # rank 0
+        Each profiled rank starts the profiler after an optimizer update (or a ``report()``, for loops that
+        give nbtrain no optimizer) and stops after ``steps`` more; it answers with the top operators by
+        self time and its Chrome trace, which the run keeps in its directory on the cluster's head node
+        (for TensorBoard's profiler plugin, or ui.perfetto.dev). Blocks until every profiled rank has
+        answered. While no profile runs, this costs the step nothing. The dashboard's Profile button
+        runs 10 steps of rank 0.
+
+        Args:
+            steps: how many steps to profile, 1 to 1000.
+            ranks: the ranks to profile (default: rank 0).
+            timeout: seconds to wait for every profiled rank's answer.
+
+        Returns:
+            A ``Profile``: shows as a table per rank in the notebook (``print()`` it for text);
+            ``tables`` (rank → rows of ``name``, ``calls``, ``self_cpu_us``, ``self_cpu_pct``,
+            ``cpu_total_us``, and on a GPU ``self_gpu_us``, ``self_gpu_pct``), ``trace_paths``
+            (rank → the gzipped trace's path on the head node), ``how_to_open()``.
+
+        Raises:
+            InvalidOptionError: bad ``steps``, ``ranks`` or ``timeout`` (nothing was sent).
+            NbtrainError: the run has ended or no rank runs now; a rank is profiling already or could not
+                start the profiler; no answer within ``timeout`` (a rank paused, slow, or done stepping).
+
+        Example::
+
+            run.profile(steps=10)                    # rank 0
             run.profile(steps=5, ranks=[0, 1]).trace_paths
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_PROFILE_STEPS:

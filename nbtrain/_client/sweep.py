@@ -35,8 +35,11 @@ SET_BY_THE_SWEEP = {"workers": "workers_per_trial", "name": "name (the sweep's; 
 
 @dataclasses.dataclass
 class Trial:
-    """One trial as the sweep's table has it; ``run`` is its nbtrain run (every rank's metrics, logs,
-    checkpoints)."""
+    """One trial as the sweep's table had it when read (:attr:`Sweep.trials`, :attr:`Sweep.best`): ``config``
+    (the sampled values), ``state``, ``iterations`` (rank 0's reports of the metric), ``last`` and ``best``
+    (its values), ``stop_reason``, ``error``, ``waiting_for`` (a pending trial's missing resources), ``curve``
+    (``(iteration, value)`` pairs). Example: ``sweep.best.run.load_checkpoint()``.
+    """
 
     index: int
     id: str
@@ -54,19 +57,37 @@ class Trial:
 
     @property
     def run(self) -> Run:
+        """The trial's nbtrain :class:`Run`, attached (every rank's metrics, logs and checkpoints).
+
+        Raises:
+            RunNotFoundError: the trial has not started yet, so it has no run.
+        """
         if self.run_name is None:
             msg = f"trial {self.index} has not started yet ({self.waiting_for or 'pending'}): it has no run."
             raise RunNotFoundError(msg)
         return attach(self.run_name)
 
     def stop(self) -> None:
-        """Stop this trial at its next report; the sweep goes on."""
+        """Stop this trial at its next report; the sweep goes on with the others.
+
+        Raises:
+            RunNotFoundError: the sweep no longer lists this trial.
+
+        Example::
+
+            for trial in sweep.trials:
+                if trial.last is not None and trial.last > 2.0:
+                    trial.stop()
+        """
         if self._sweep is not None:
             self._sweep.stop_trial(self.index)
 
 
 class Sweep:
-    """A sweep on the cluster. Reads are one call for the whole trial table."""
+    """A sweep on the cluster, from :func:`tune` or :func:`attach_sweep`. Each read (``state``, ``trials``,
+    ``best``, ``results_frame()``) is one call for the whole trial table, kept as ``cached``; a trial's own
+    history is its :attr:`Trial.run`. Once the sweep has ended, its stored record answers.
+    """
 
     def __init__(self, name: str, handle: Any, address: str) -> None:
         self.name = name
@@ -79,7 +100,17 @@ class Sweep:
 
     # -------------------------------------------------------------- reading
     def refresh(self, wait_s: float = 0.0) -> dict[str, Any]:
-        """The sweep's table now (with ``wait_s``: as soon as it changes, or after ``wait_s``)."""
+        """Read the sweep's table now, and keep it as ``cached``.
+
+        Args:
+            wait_s: when > 0, a long poll: answer as soon as the table changes, or after ``wait_s``.
+
+        Returns:
+            The table, with ``state``, ``metric``, ``mode``, ``trials`` (one dict per trial), ``error``...
+
+        Raises:
+            RunNotFoundError: the sweep has ended and left no record on the cluster.
+        """
         import ray
 
         if self.cached.get("state") in TERMINAL and self._handle is None:
@@ -96,10 +127,12 @@ class Sweep:
 
     @property
     def state(self) -> str:
+        """``"running"`` while trials go on, then ``"succeeded"``, ``"failed"`` or ``"stopped"``."""
         return str(self.refresh().get("state"))
 
     @property
     def trials(self) -> list[Trial]:
+        """Every :class:`Trial`, by index, as the table has them now."""
         return self._trials(self.refresh())
 
     def _trials(self, answer: dict[str, Any]) -> list[Trial]:
@@ -110,8 +143,8 @@ class Sweep:
 
     @property
     def best(self) -> Trial | None:
-        """The trial with the best value of the metric (by ``mode``), failed trials left out; None before any
-        report."""
+        """The :class:`Trial` with the best value of the metric (by the sweep's ``mode``), failed trials left out;
+        ``None`` before any report."""
         answer = self.refresh()
         scored = [t for t in self._trials(answer) if t.best is not None and t.state != "failed"]
         if not scored:
@@ -120,7 +153,16 @@ class Sweep:
         return pick(scored, key=lambda t: t.best)  # type: ignore[arg-type,return-value]
 
     def results_frame(self) -> Any:
-        """A pandas DataFrame, one row per trial: its config, state, iterations, best and last metric."""
+        """The trial table as a pandas DataFrame, to sort and plot the sweep's results.
+
+        Returns:
+            One row per trial, indexed by ``trial``, with its config values, ``state``, ``iterations``,
+            ``best_<metric>``, ``last_<metric>``, ``stop_reason`` and ``run`` (an empty frame before any trial).
+
+        Example::
+
+            sweep.results_frame().sort_values("best_loss").head()
+        """
         import pandas as pd
 
         answer = self.refresh()
@@ -132,8 +174,18 @@ class Sweep:
 
     # -------------------------------------------------------------- acting
     def wait(self, timeout: float | None = None) -> str:
-        """Block until the sweep ends; returns its state. Raises :class:`SweepFailedError` if it failed
-        (a failed trial does not fail the sweep). Ctrl-C stops waiting, not the sweep."""
+        """Block until the sweep ends and return its state. Ctrl-C stops waiting, not the sweep.
+
+        Args:
+            timeout: seconds to wait at most; ``None`` waits for the end.
+
+        Returns:
+            ``"succeeded"`` or ``"stopped"``.
+
+        Raises:
+            SweepFailedError: the sweep failed (a failed trial does not fail the sweep).
+            TimeoutError: ``timeout`` passed first; the sweep goes on.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         answer = self.refresh()
         while answer.get("state") not in TERMINAL:
@@ -146,11 +198,19 @@ class Sweep:
         return str(answer["state"])
 
     def raise_if_failed(self) -> None:
+        """Raise :class:`SweepFailedError` (with why) if the sweep has failed, as of the last read."""
         if self.cached.get("state") == "failed":
             raise SweepFailedError(f"Sweep {self.name!r} failed: {self.cached.get('error')}")
 
     def stop(self, timeout: float = 60.0) -> str:
-        """Stop every trial and end the sweep; returns once Ray Tune has stopped them."""
+        """Stop every trial and end the sweep; returns once Ray Tune has stopped them.
+
+        Args:
+            timeout: seconds the sweep's supervisor gives Ray Tune to stop the trials.
+
+        Returns:
+            The sweep's state afterwards (an ended sweep's state, unchanged).
+        """
         import ray
 
         if self._handle is None:
@@ -162,6 +222,14 @@ class Sweep:
         return self.state
 
     def stop_trial(self, index: int) -> None:
+        """Stop one trial at its next report; the sweep goes on with the others (as :meth:`Trial.stop`).
+
+        Args:
+            index: the trial's index, as :attr:`trials` and the sweep's dashboard number them.
+
+        Raises:
+            RunNotFoundError: the sweep has no trial ``index``.
+        """
         import ray
 
         found = [t for t in self.trials if t.index == index]
@@ -171,7 +239,8 @@ class Sweep:
             ray.get(self._handle.stop_trial.remote(found[0].id), timeout=POLL_TIMEOUT_S)
 
     def dashboard(self) -> Any:
-        """The sweep's live view: every trial's curve, each hyperparameter against the metric, the trial table."""
+        """Show the sweep's live view and return it: every trial's curve, each hyperparameter against the
+        metric, the trial table (stop a trial from there)."""
         from nbtrain._views.sweep_dashboard import show_sweep_dashboard
 
         return show_sweep_dashboard(self)
@@ -202,7 +271,20 @@ def tune(
     ``space`` maps config keys to Ray Tune distributions (merged over ``config=``);
     one iteration is one report of ``metric`` by rank 0. Every other keyword is a
     run option (``config``, ``cpus_per_worker``, ``max_failures``, ``storage``,
-    ``precision``…) applied to each trial.
+    ``precision``…) applied to each trial. The sweep options are listed in the options
+    reference (and ``%%ray_tune --help``).
+
+    Args:
+        train_fn: the training function, run on every rank of every trial.
+
+    Returns:
+        The :class:`Sweep`, started (ended, with ``wait=True``).
+
+    Raises:
+        InvalidOptionError: a sweep or run option is wrong, or one the sweep sets itself was given.
+        RunExistsError: a sweep of that ``name`` exists.
+        NotConnectedError: no ``connect()`` first.
+        SweepFailedError: with ``wait=True``, the sweep failed.
 
     Example::
 
@@ -306,7 +388,22 @@ def stored_sweep_names() -> list[str]:
 
 
 def attach_sweep(name: str) -> Sweep:
-    """The sweep ``name`` (from another kernel, or before a restart), with every trial's history."""
+    """The sweep ``name`` (from another kernel, or before a restart), with every trial's history.
+
+    Args:
+        name: the sweep's name, as ``sweeps()`` lists it.
+
+    Returns:
+        The :class:`Sweep`.
+
+    Raises:
+        RunNotFoundError: the connected cluster has no sweep of that name.
+        NotConnectedError: no ``connect()`` first.
+
+    Example::
+
+        sweep = nbtrain.attach_sweep("lr-sweep"); sweep.dashboard()
+    """
     cluster = connection.current()
     sweep = Sweep(name, _find_handle(name), cluster.address)
     sweep.refresh()
@@ -314,7 +411,19 @@ def attach_sweep(name: str) -> Sweep:
 
 
 def sweeps() -> list[dict[str, Any]]:
-    """Every sweep on the connected cluster: name, state, trials, metric, best value."""
+    """Every sweep on the connected cluster: name, state, trials, metric, best value.
+
+    Returns:
+        One dict per sweep, with ``name``, ``state``, ``trials`` (how many), ``metric``, ``best``,
+        ``started``, ``ended``.
+
+    Raises:
+        NotConnectedError: no ``connect()`` first.
+
+    Example::
+
+        [s["name"] for s in nbtrain.sweeps()]
+    """
     import ray
 
     connection.current()

@@ -51,7 +51,24 @@ class TorchTrainer:
         self.run: Run | None = None
 
     def fit(self) -> Any:
-        """Train, showing the run live; returns a ``ray.train.Result``, raises ``ray.train.WorkerGroupError``."""
+        """Launch the run, show its dashboard, and block until it ends (Ctrl-C stops it), as Ray Train's
+        ``fit()`` does; the run is then ``trainer.run``.
+
+        Returns:
+            A ``ray.train.Result`` with rank 0's last metrics, every report of rank 0 as ``metrics_dataframe``,
+            the latest checkpoint (a local directory) and rank 0's return value.
+
+        Raises:
+            ray.train.WorkerGroupError: the run failed or was stopped, with each failing rank's traceback
+                (the ``Result`` is on the error as ``.result``).
+            InvalidOptionError: a run option is wrong (nothing was started); :func:`launch` lists the
+                other errors.
+
+        Example::
+
+            result = TorchTrainer(train_func, scaling_config=ray.train.ScalingConfig(num_workers=2)).fit()
+            result.metrics["loss"]
+        """
         from nbtrain._client.following import block_until_done
 
         run = self.run = launch(self.train_loop_per_worker, **{**self.options, "wait": False})

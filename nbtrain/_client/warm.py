@@ -66,7 +66,15 @@ def pool_for(options: RunOptions) -> str | None:
 
 def release_warm() -> int:
     """End this notebook session's idle warm workers now (they would otherwise wait ``warm_idle_s``
-    for the next run of their shape); returns how many ended. Runs going on are not touched."""
+    for the next run of their shape). Runs going on are not touched.
+
+    Returns:
+        How many idle workers ended (0 when not connected or none were idle).
+
+    Example::
+
+        nbtrain.release_warm()
+    """
     import ray
 
     if _made is None or _made.cluster is not connection.current():

@@ -47,8 +47,11 @@ class Command:
 
 def describe(command: dict[str, Any]) -> str:
     """The change as the curves' marker and the events say it: ``lr 0.1 → 0.01 at step 1200``."""
-    args, step = command["args"], command.get("applied_step", command["at_step"])
-    where = f" at step {step}" if step is not None and step >= 0 else " as the ranks come back"
+    args = command["args"]
+    step = command["applied_step"] if command.get("applied_step") is not None else command["at_step"]
+    where = f" at step {step}" if step >= 0 else " as the ranks come back"
+    if command["kind"] in (RESUME, STOP_AFTER_EPOCH):  # not bound to a step: a resume acts at once
+        where = ""
     if command["kind"] == ADJUST:
         before = command.get("before") or {}
         parts = []

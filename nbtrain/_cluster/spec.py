@@ -39,6 +39,8 @@ class RunSpec:
     # A checkpoint (meta, bytes) the run starts from, as if its ranks had saved it: a sweep's trial that
     # Population Based Training restarts from a better trial's checkpoint.
     initial_checkpoint: tuple[dict[str, Any], bytes] | None = None
+    # run.fork(): the run this one was forked from and the step of the checkpoint it started at.
+    parent: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:

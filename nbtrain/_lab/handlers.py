@@ -1,14 +1,15 @@
 """REST API of the nbtrain server extension, under ``/nbtrain/api/``.
 
-==========================  =======================================================
-``GET  runs``               ``{"runs": [run, ...], "sweeps": [sweep, ...], "now": server_time}``
-``GET  runs/<name>``        one run (404 if unknown)
-``POST runs/<name>/stop``   202; the agent runs ``nbtrain stop <name> --address
-                            <its cluster>`` in the background (409 if it ended)
-``POST runs/<name>/pause``  200 once the agent ran ``nbtrain pause <name> --address ...``
-``POST runs/<name>/resume`` (the run as listed now), 409 with the tool's message
-``GET  cluster``            ``{"cluster": {...} | null}``
-==========================  =======================================================
+============================  =======================================================
+``GET  runs``                 ``{"runs": [run, ...], "sweeps": [sweep, ...], "now": server_time}``
+``GET  runs/<name>``          one run (404 if unknown)
+``POST runs/<name>/stop``     202; the agent runs ``nbtrain stop <name> --address <its cluster>``
+                              in the background (409 if it ended)
+``POST runs/<name>/pause``    200 once the agent ran ``nbtrain pause <name> --address ...``
+                              (the run as listed now), 409 with the tool's message
+``POST runs/<name>/resume``   as ``pause``, with ``nbtrain resume``
+``GET  cluster``              ``{"cluster": {...} | null}``
+============================  =======================================================
 
 Every handler is an ``APIHandler`` behind ``@web.authenticated``:
 without the Jupyter token (or login cookie) every route answers 403.

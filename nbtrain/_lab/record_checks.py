@@ -24,7 +24,7 @@ from nbtrain._options import NAME_PATTERN
 SAFE_ADDRESS = re.compile(
     r"^ray://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}$")
 
-_TEXT_FIELDS = ("state", "notebook", "error")
+_TEXT_FIELDS = ("state", "notebook", "error", "parent")
 _NUMBER_FIELDS = ("created", "updated", "ended", "workers", "attempt", "paused_at")
 _OBJECT_FIELDS = ("progress", "latest")
 

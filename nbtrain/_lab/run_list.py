@@ -36,7 +36,7 @@ from nbtrain._registry import ClusterRecord, RunRecord, is_terminal, number
 
 # What the agent's answer overrides in a registry record (the rest is the run's identity).
 OBSERVED_RUN_FIELDS = ("state", "attempt", "progress", "latest", "error", "ended", "updated", "workers", "paused_at",
-                       "stragglers")
+                       "stragglers", "parent")
 OBSERVED_CLUSTER_FIELDS = ("nodes", "resources", "warm", "updated")
 
 
@@ -109,7 +109,7 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
     """
     served: list[dict[str, Any]] = []
     for record in registry:
-        run: dict[str, Any] = {"paused_at": None, **record}
+        run: dict[str, Any] = {"paused_at": None, "parent": None, **record}
         observed = answers.run(record.get("address"), record["name"])
         if observed is None and current is not None and not answers.answered(record.get("address")):
             observed = answers.run(current, record["name"])  # the same home's storage, a new cluster

@@ -35,6 +35,7 @@ from nbtrain._views.summary_text import (
     elapsed,
     fmt_duration,
     indeterminate_bar,
+    parent_note,
     progress_fraction,
     state_label,
 )
@@ -247,6 +248,7 @@ class WidgetDashboard(Follower):
                              f'<span class="nbtrain-elapsed">{fmt_duration(elapsed(summary))}</span> · '
                              f'{summary.get("world_size")} workers'
                              + self._straggler_note(summary)
+                             + parent_note(summary.get("parent"))
                              + (f' · <code class="nbtrain-config">{html.escape(config)}</code>{whole}'
                                 if config else "")
                              + (' · <span class="nbtrain-modules" title="the notebook\'s own modules, sent with the '

@@ -134,11 +134,26 @@ class LaunchPanel:
         self.workers.max = max(1, limit)
 
     def values(self) -> dict[str, Any]:
-        """The hyperparameters as the form has them now."""
+        """The hyperparameters as the form has them now: what Launch would pass as ``config``.
+
+        Returns:
+            ``{name: value}`` for each entry of the ``config`` the panel was made with.
+
+        Example::
+
+            panel.values()["lr"]
+        """
         return {key: control.value for key, control in self.config_controls.items()}
 
     def validate(self) -> list[str]:
-        """Mark invalid inputs and block Launch while any remain; returns the problems."""
+        """Check the form: mark invalid inputs, and disable Launch while any remain. Runs on every change.
+
+        A number's input must hold a finite number, a text's must not be empty, and CPUs and GPUs per worker
+        must fit in the cluster.
+
+        Returns:
+            One line per problem, ``[]`` when the form can be launched.
+        """
         problems = []
         for key, control in self.config_controls.items():
             default = self.defaults[key]
@@ -167,7 +182,21 @@ class LaunchPanel:
 
     # ------------------------------------------------------------------ actions
     def launch(self) -> Any:
-        """Launch with what the form says now (what the Launch button does); returns the Run."""
+        """Launch with what the form says now, as the Launch button does, and show the run's dashboard
+        under the panel; in blocking mode, wait here until the run ends.
+
+        Returns:
+            The new :class:`Run` (also ``panel.run``; ``panel.runs`` has every run launched from the panel).
+
+        Raises:
+            NbtrainError: the form has invalid values (:meth:`validate` lists them), or any error of
+                :func:`launch`.
+
+        Example::
+
+            panel.workers.value = 4
+            run = panel.launch()
+        """
         problems = self.validate()
         if problems:
             msg = "The launch form has invalid values: " + "; ".join(problems)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import time
 from typing import Any
 
@@ -79,3 +80,10 @@ def state_label(summary: dict[str, Any]) -> str:
     if state == "running" and summary.get("paused_at") is not None:
         return f"paused at step {summary['paused_at']}"
     return state
+
+
+def parent_note(parent: dict[str, Any] | None) -> str:
+    """The dashboard header's word on a forked run (``run.fork()``): its parent and the step it started at."""
+    if not parent:
+        return ""
+    return f' · <span class="nbtrain-parent">forked from {html.escape(parent["run"])} at step {parent["step"]}</span>'

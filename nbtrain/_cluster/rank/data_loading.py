@@ -123,7 +123,20 @@ def prepare_loader(loader: Any, move_to_device: bool = True) -> PreparedLoader:
     elastic run the batch size is that
     of ``min`` ranks' global batch shared by this attempt's ranks (see ``scale_lr``). With
     the run's ``adaptive_batch=(min, max)`` the batch size starts at the loader's (kept
-    within the bounds) and is chosen again at the start of every epoch. Example::
+    within the bounds) and is chosen again at the start of every epoch.
+
+    Args:
+        loader: a ``torch.utils.data.DataLoader``.
+        move_to_device: move each batch's tensors to the rank's device.
+
+    Returns:
+        A loader to iterate as the original (``len()``, epochs, ``set_epoch``), yielding this rank's batches.
+
+    Raises:
+        NbtrainError: called outside a training function.
+        InvalidOptionError: a sampler whose draws nbtrain cannot seed (the message says what to do).
+
+    Example::
 
         loader = nbtrain.prepare_loader(DataLoader(train_set, batch_size=64, shuffle=True))
     """

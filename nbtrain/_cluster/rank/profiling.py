@@ -2,9 +2,10 @@
 
 The rank's steering (see :mod:`.steering`) starts :class:`StepProfile` after an optimizer update (or at a
 report, for loops that give nbtrain no optimizer) and counts one step at each following one; after
-``steps`` it stops torch.profiler and, on a thread of its own (the training goes on), sends the run's
-supervisor the Chrome trace, gzipped (kept in the run's directory on the head, whichever node the rank
-is on, as rank 0's checkpoints are), and answers the notebook with the top operators by self time.
+``steps`` it stops torch.profiler and, on a thread of its own (the training goes on), answers with the
+top operators by self time and the Chrome trace, gzipped, which the run's supervisor keeps in the run's
+directory on the head (whichever node the rank is on, as rank 0's checkpoints are) and answers the
+notebook its path instead.
 
 Nothing of this is on the step while no profile runs: the profile lives in the steering's list of
 pending commands, which the step hooks test anyway.
@@ -23,7 +24,6 @@ from typing import Any
 
 MAX_TRACE_BYTES = 50 * 1024 * 1024  # gzipped; a bigger trace is not kept (the table still comes)
 TOP_OPERATORS = 15
-SEND_TIMEOUT_S = 120.0
 
 
 class StepProfile:
@@ -59,8 +59,6 @@ class StepProfile:
             threading.Thread(target=self._send, args=(session, note), name="nbtrain-profile", daemon=True).start()
 
     def _send(self, session: Any, note: str) -> None:
-        import ray
-
         rank = session.context.rank
         value: Any
         try:
@@ -75,8 +73,7 @@ class StepProfile:
                     f"its trace ({len(data) / 2**20:.0f} MB gzipped) is over {MAX_TRACE_BYTES // 2**20} MB and was "
                     "not kept: profile fewer steps")
             else:
-                answer["trace"] = ray.get(session.supervisor.keep_profile.remote(self.command_id, rank, data),
-                                          timeout=SEND_TIMEOUT_S)
+                answer["trace"] = data  # the supervisor keeps it and answers its path (see RunController)
             ok, value = True, answer
         except Exception as exc:  # noqa: BLE001 - the notebook gets why; training goes on
             ok, value = False, f"Rank {rank}: the profile failed: {type(exc).__name__}: {exc}"

@@ -68,7 +68,9 @@ class RankSteering:
         self.stop_after_epoch: int | None = None
         self.held_after_epoch: int | None = None   # this rank finished that epoch and waits for the run's stop
         self.epochs_counted = False                 # a prepared loader or an integration counts epochs
-        self._resumed = threading.Event()
+        self._resumed = threading.Event()          # set while no pause holds (cleared by a pause, set by resume)
+        self._resumed.set()
+        self._poked = threading.Event()            # a command came: a paused rank looks at it
         self._beat_mark = (0, time.monotonic())
         self._rate: float | None = None            # steps per second, smoothed over heartbeats
         self._lock = threading.Lock()
@@ -127,6 +129,9 @@ class RankSteering:
                 elif command["kind"] == RESUME:
                     pending = [c for c in pending if c["kind"] != PAUSE]  # a pause not reached yet is off
                     self._resumed.set()
+                elif command["kind"] == PAUSE:
+                    self._resumed.clear()
+                    pending.append(command)
                 elif command["kind"] == STOP_AFTER_EPOCH:
                     self.stop_after_epoch = int(command["args"]["epoch"])
                 else:
@@ -135,6 +140,7 @@ class RankSteering:
                     pending.append(command)
             pending.sort(key=lambda c: (c["at_step"], c["id"]))
             self.pending = pending  # one reference swap: the training thread reads either list whole
+        self._poked.set()  # a paused rank looks at once
         for command in asked_now:  # here, on the listener's thread: a rank stuck in its step still answers
             self._answer_stacks(command)
 
@@ -149,8 +155,10 @@ class RankSteering:
         self.session.supervisor.command_result.remote(command["id"], self.session.context.rank, ok, value)
 
     # ------------------------------------------------------------------ the training thread
-    def steer(self, optimizer: Any) -> Any:
-        """Hook ``optimizer`` (once): due commands are applied before each of its updates."""
+    def steer(self, optimizer: Any, schedulers: tuple[Any, ...] = ()) -> Any:
+        """Hook ``optimizer`` (once): due commands are applied before each of its updates. ``schedulers``: LR
+        schedulers of it that hold it through a wrapper (Accelerate's), where it cannot find them itself."""
+        optimizer._nbtrain_schedulers = [*getattr(optimizer, "_nbtrain_schedulers", []), *schedulers]
         if getattr(optimizer, "_nbtrain_steered", False):
             return optimizer
         optimizer.register_step_pre_hook(self._before_update)
@@ -229,12 +237,16 @@ class RankSteering:
                             _set(optimizer, group, key, value)
 
     def _hold(self, step: int) -> None:
-        """Every rank waits here, at the same step, until the notebook resumes the run (its resources stay)."""
+        """Every rank waits here, at the same step, until the notebook resumes the run (its resources stay).
+        Commands sent meanwhile are due at this step (see the supervisor's steering): they run here."""
         self.paused_at = step
-        self._resumed.clear()
         try:
-            while not self._resumed.wait(PAUSE_CHECK_S):
-                pass
+            while not self._resumed.is_set():
+                self._poked.wait(PAUSE_CHECK_S)
+                self._poked.clear()
+                if self.pending and not self._resumed.is_set():
+                    self._apply_due(user=False)
+                    self._apply_due(user=True)
         finally:
             self.paused_at = None
             self.session.last_progress = time.time()  # the time paused is not a stall
@@ -352,7 +364,8 @@ def _rescale_schedules(optimizer: Any, group: dict[str, Any], factor: float) -> 
     index = optimizer.param_groups.index(group)
     if "initial_lr" in group:
         group["initial_lr"] *= factor
-    for scheduler in _schedulers_of(optimizer, LRScheduler):
+    known = getattr(optimizer, "_nbtrain_schedulers", [])
+    for scheduler in [*known, *(found for found in _schedulers_of(optimizer, LRScheduler) if found not in known)]:
         base = getattr(scheduler, "base_lrs", None)
         if isinstance(base, list) and index < len(base):
             base[index] *= factor

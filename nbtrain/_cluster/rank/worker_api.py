@@ -28,6 +28,12 @@ RUN_PRECISION = "run"  # prepare_model's default precision: the run's ``precisio
 def get_context() -> TrainContext:
     """This rank's ``rank``, ``world_size``, ``local_rank``, ``device``, ``attempt`` and ``config``.
 
+    Returns:
+        The rank's :class:`TrainContext`.
+
+    Raises:
+        NbtrainError: called outside a training function (in the notebook: use the ``Run``).
+
     Example::
 
         ctx = nbtrain.get_context()
@@ -52,7 +58,16 @@ def report(metrics: dict[str, Any] | None = None, /, **more: Any) -> None:
     into a number here, in the call: a tensor changed in place afterwards keeps the
     reported value. On a GPU that means ``.item()``, which waits for the step's
     queued kernels (as ``loss.item()`` in your own code would); report a Python
-    number, or report every few steps, where that wait matters. Example::
+    number, or report every few steps, where that wait matters.
+
+    Args:
+        metrics: a dict of metrics (optional).
+        **more: metrics as keywords; ``step=`` sets the row's step.
+
+    Raises:
+        NbtrainError: called outside a training function (in the notebook: use the ``Run``).
+
+    Example::
 
         nbtrain.report(loss=loss.item(), lr=scheduler.get_last_lr()[0])
         nbtrain.report({"loss": loss.item()}, epoch=epoch)
@@ -82,7 +97,23 @@ def prepare_model(model: Any, *, strategy: str | None = "ddp", precision: str | 
     ``fsdp_kwargs`` go to ``fully_shard``), or ``None`` (only moved).
     ``precision``: ``"bf16-mixed"`` or ``"16-mixed"`` runs the forward under
     ``torch.autocast`` (``"16-mixed"`` also scales the loss: use :func:`backward` and
-    :func:`prepare_optimizer`); default: the run's ``precision`` option. Example::
+    :func:`prepare_optimizer`); default: the run's ``precision`` option.
+
+    Args:
+        model: a ``torch.nn.Module``.
+        strategy: ``"ddp"``, ``"fsdp"`` or ``None``.
+        precision: ``"bf16-mixed"``, ``"16-mixed"``, ``None`` (full precision), or the run's option.
+        auto_wrap_policy: FSDP: submodule classes, or a function of a module, sharded as units.
+        fsdp_kwargs: FSDP: keywords for ``fully_shard``.
+        **ddp_kwargs: DDP: keywords for ``DistributedDataParallel``.
+
+    Returns:
+        The model to train (DDP-wrapped, sharded, or moved), its forward under autocast.
+
+    Raises:
+        NbtrainError: called outside a training function (in the notebook: use the ``Run``).
+
+    Example::
 
         model = nbtrain.prepare_model(Net(), strategy="fsdp", auto_wrap_policy={Block}, precision="bf16-mixed")
     """
@@ -119,7 +150,20 @@ def prepare_optimizer(optimizer: Any) -> Any:
     """``optimizer``, stepping through the loss scaler when a ``"16-mixed"`` model was prepared (else unchanged).
 
     In an elastic run with ``scale_lr`` its learning rates are scaled for this attempt's world
-    size (see the option), once per optimizer.
+    size (see the option), once per optimizer. It is also made steerable (see :func:`steerable`).
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer`` of the prepared model's parameters.
+
+    Returns:
+        The optimizer to step (a wrapper that steps through the ``GradScaler`` with ``"16-mixed"``).
+
+    Raises:
+        NbtrainError: called outside a training function (in the notebook: use the ``Run``).
+
+    Example::
+
+        optimizer = nbtrain.prepare_optimizer(torch.optim.AdamW(model.parameters(), lr=config["lr"]))
     """
     session = current_session()
     if session.lr_scale != 1.0 and not getattr(optimizer, "_nbtrain_lr_scaled", False):
@@ -140,7 +184,18 @@ def steerable(optimizer: Any) -> Any:
     for code that does not call :func:`prepare_optimizer`; returns it unchanged otherwise.
 
     The change is applied by a step pre-hook of the optimizer, before the update of the step
-    the run's supervisor chose, on every rank alike. Example::
+    the run's supervisor chose, on every rank alike.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer``.
+
+    Returns:
+        The same optimizer.
+
+    Raises:
+        NbtrainError: called outside a training function (in the notebook: use the ``Run``).
+
+    Example::
 
         optimizer = nbtrain.steerable(torch.optim.SGD(model.parameters(), lr=0.1))
     """
@@ -148,7 +203,18 @@ def steerable(optimizer: Any) -> Any:
 
 
 def backward(loss: Any) -> None:
-    """``loss.backward()``, of the scaled loss when a ``"16-mixed"`` model was prepared."""
+    """``loss.backward()``, of the scaled loss when a ``"16-mixed"`` model was prepared.
+
+    Args:
+        loss: the scalar loss tensor.
+
+    Raises:
+        NbtrainError: called outside a training function (in the notebook: use the ``Run``).
+
+    Example::
+
+        nbtrain.backward(loss); optimizer.step()
+    """
     scaler = current_session().grad_scaler
     (loss if scaler is None else scaler.scale(loss)).backward()
 
@@ -163,6 +229,12 @@ def checkpoint_requested() -> bool:
     Without the check the resize waits for the function's next checkpoint. It also turns true
     when the notebook asks for one (``run.checkpoint_now()``, the dashboard's button), until the next
     save. Costs two attribute reads: the answer is fetched in the background.
+
+    Returns:
+        ``True`` when the run asks for a checkpoint now.
+
+    Raises:
+        NbtrainError: called outside a training function (in the notebook: use the ``Run``).
     """
     session = current_session()
     return session.checkpoint_requested or session.steering.checkpoint_wanted
@@ -192,6 +264,18 @@ def save_checkpoint(obj: Any, *, sharded: bool = False) -> None:
 
     What each rank reported before the call is in the run's history before the
     checkpoint is recorded: a run resumed from it misses no row reported before it.
+
+    Args:
+        obj: what to keep: a dict of state dicts and values, saved with ``torch.save``.
+        sharded: every rank writes its own shards (``torch.distributed.checkpoint``) to ``storage=``.
+
+    Raises:
+        NbtrainError: called outside a training function; ``sharded=True`` without ``storage=``;
+            the checkpoint could not be stored.
+
+    Example::
+
+        nbtrain.save_checkpoint({"model": model.state_dict(), "epoch": epoch})
     """
     import ray
     import torch
@@ -257,6 +341,20 @@ def load_checkpoint(into: Any = None) -> Any | None:
     (``ray.train.report(checkpoint=...)``) comes back as a ``ray.train.Checkpoint``
     of a local directory with its files. A sharded one (``save_checkpoint(sharded=True)``)
     fills ``into`` in place, each rank reading its own shards, and returns it.
+
+    Args:
+        into: for a sharded checkpoint, the state to fill (``{"model": model.state_dict()}``).
+
+    Returns:
+        What :func:`save_checkpoint` saved, ``into`` filled, a ``ray.train.Checkpoint``, or ``None``.
+
+    Raises:
+        NbtrainError: called outside a training function (in the notebook: use the ``Run``).
+
+    Example::
+
+        saved = nbtrain.load_checkpoint()
+        start = saved["epoch"] + 1 if saved else 0
     """
     found = checkpoint_to_resume()
     if found is None:
@@ -287,6 +385,16 @@ def checkpoint_to_resume() -> tuple[dict[str, Any], bytes | str] | None:
 
 def get_dataset_shard(name: str = "train") -> Any:
     """This rank's shard of a Ray Dataset passed as ``datasets={name: ds}`` to ``launch()``.
+
+    Args:
+        name: the key in ``datasets=``.
+
+    Returns:
+        This rank's shard, with Ray's ``DataIterator`` methods (``iter_torch_batches``...), its
+        batches counted as ``report()``'s steps.
+
+    Raises:
+        NbtrainError: called outside a training function, or the run has no dataset ``name``.
 
     Example::
 

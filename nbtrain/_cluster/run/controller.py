@@ -25,6 +25,7 @@ from nbtrain._cluster.run.stragglers import StragglerWatch
 from nbtrain._cluster.run.worker_group import StartFailed, StopRequested, WorkerGroup, remove_leftover_group
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.storage import profiles
 from nbtrain._cluster.storage.run_storage import RunStorage
 from nbtrain._exceptions import NbtrainError
 from nbtrain._ray_compat import draining_nodes
@@ -150,6 +151,13 @@ class RunController:
         self.transition(RunState.RESTARTING, f"resumed by the user from {source}", resume=True)
         self.start(fresh_budget=True)
         return "resumed"
+
+    def command_result(self, command_id: int, rank: int, ok: bool, value: Any) -> None:
+        """A rank's answer to a command; a profile's trace (gzipped bytes) is kept in the run's directory, and its
+        path is the answer's (the notebook may be far from the ranks: it reads the table, and the path)."""
+        if ok and isinstance(value, dict) and isinstance(value.get("trace"), bytes):
+            value = {**value, "trace": profiles.write(self._storage.dir, command_id, rank, value["trace"])}
+        self.steering.result(command_id, rank, ok, value)
 
     def note_nan_rows(self, rows: list[dict[str, Any]]) -> None:
         row = rows[0]

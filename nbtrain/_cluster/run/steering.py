@@ -58,10 +58,9 @@ class RunSteering:
         running = [row for row in ranks if row.get("state") in ("running", "paused", "stalled")]
         if kind in (STACKS, PROFILE):
             args = {**args, "ranks": _asked_ranks(kind, args.get("ranks"), running)}
-        paused = [row for row in running if row.get("paused_at") is not None]
-        if kind == PAUSE and paused:
-            raise ValueError(f"the run is paused already, at step {paused[0]['paused_at']}; resume it first.")
-        if kind == RESUME and not paused and not self._pause_pending():
+        if kind == PAUSE and self._paused():
+            raise ValueError("the run is paused already (or about to be); resume it first.")
+        if kind == RESUME and not self._paused():
             raise ValueError("the run is not paused; nothing to resume.")
         if kind == STOP_AFTER_EPOCH:
             if running and not any(row.get("epochs_counted") for row in running):
@@ -98,11 +97,10 @@ class RunSteering:
             raise ValueError(f"group={group!r}: its optimizers have {len(known.get('lr', []))} param groups "
                              "(0-based).")
 
-    def _pause_pending(self) -> bool:
-        for command in reversed(self.commands):
-            if command.kind in (PAUSE, RESUME):
-                return command.kind == PAUSE and command.applied_step is None
-        return False
+    def _paused(self) -> bool:
+        """Whether the last pause was not resumed (it may not have been reached yet: the ranks' word lags)."""
+        last = next((command.kind for command in reversed(self.commands) if command.kind in (PAUSE, RESUME)), None)
+        return last == PAUSE
 
     # ------------------------------------------------------------------ the ranks ask and answer
     def since(self, seen: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
@@ -186,6 +184,9 @@ def _asked_ranks(kind: str, asked: list[int] | None, running: list[dict[str, Any
 def _step_ahead(running: list[dict[str, Any]]) -> int:
     if not running:
         return AS_SOON_AS_BACK
+    paused = {int(row["paused_at"]) for row in running if row.get("paused_at") is not None}
+    if len(paused) == 1 and all(row.get("paused_at") is not None for row in running):  # held at one step
+        return paused.pop()  # every rank holds there: the command is due there
     furthest = max(int(row.get("steer_step") or 0) for row in running)
     rate = max(float(row.get("steer_rate") or row.get("steps_per_s") or 0.0) for row in running)
     return furthest + max(MIN_LEAD_STEPS, math.ceil(rate * LEAD_S))

@@ -29,7 +29,7 @@ from typing import Any
 from nbtrain._cluster.feed.feed import RunFeed
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.storage import post_mortems, storage_uri
-from nbtrain._cluster.storage.run_storage import RunStorage
+from nbtrain._cluster.storage.run_storage import SPEC_FILE, RunStorage, checkpoint_for_fork
 from nbtrain._exceptions import StorageError
 from nbtrain._paths import private_opener, read_json, run_index_dir, storage_root, write_json_atomic
 from nbtrain._states import TERMINAL_STATE_NAMES, RunState
@@ -176,6 +176,11 @@ class StoredRun:
             return checkpoint, None, path
         with open(path, "rb") as handle:
             return checkpoint, handle.read(), None
+
+    def fork_source(self, step: int | None) -> tuple[bytes | None, tuple[dict[str, Any], bytes] | str]:
+        """``run.fork()`` of an ended run: its launch's spec (``None`` if an older nbtrain kept none) and checkpoint."""
+        spec = self.dir / SPEC_FILE
+        return (spec.read_bytes() if spec.exists() else None), checkpoint_for_fork(self._state.get("checkpoint"), step)
 
     def post_mortem(self, attempt: int, rank: int) -> bytes | None:
         """A failing rank's post-mortem (``%ray_debug``), as the supervisor kept it."""

@@ -44,8 +44,8 @@ from nbtrain._cluster.run.controller import RunController
 from nbtrain._cluster.run.stored_run import delete_files, index_path, record_in_index, write_final
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
-from nbtrain._cluster.storage import post_mortems, profiles, storage_uri
-from nbtrain._cluster.storage.run_storage import RunStorage, prune_checkpoints
+from nbtrain._cluster.storage import post_mortems, storage_uri
+from nbtrain._cluster.storage.run_storage import RunStorage, checkpoint_for_fork, prune_checkpoints
 from nbtrain._cluster.warm.spare_process import prestart_for_this_job
 from nbtrain._exceptions import NbtrainError, RunExistsError, StorageError
 from nbtrain._paths import read_json, storage_root
@@ -118,6 +118,7 @@ class RunSupervisor:
         _refuse_a_name_taken(spec)
         set_aside = _set_aside_earlier_run(spec)
         storage = open_storage(spec)
+        storage.save_spec(spec_bytes)
         remote = storage_uri.remote_storage(spec.options.storage)
         record_in_index(spec.name, storage.dir, spec.launch_id, remote and storage_uri.join(remote, spec.name))
         self._storage = storage
@@ -231,10 +232,6 @@ class RunSupervisor:
     def post_mortem(self, attempt: int, rank: int) -> bytes | None:
         return post_mortems.read(self._storage.dir, attempt, rank)
 
-    def keep_profile(self, command_id: int, rank: int, data: bytes) -> str:
-        """A profiled rank's gzipped trace (``run.profile()``), kept in the run's directory; returns its path."""
-        return profiles.write(self._storage.dir, command_id, rank, data)
-
     def drain(self, node_id: str, deadline_s: float) -> tuple[bool, str]:
         """``run.drain(node)``: the node is about to go; the run checkpoints and goes on without it.
         (done, what was done or why not): the notebook raises the refusal as its own error."""
@@ -255,7 +252,7 @@ class RunSupervisor:
         self._run.steering.applied(command_id, rank, step, before, when, self._run.world_size)
 
     def command_result(self, command_id: int, rank: int, ok: bool, value: Any) -> None:
-        self._run.steering.result(command_id, rank, ok, value)
+        self._run.command_result(command_id, rank, ok, value)
 
     # ------------------------------------------------------------------ steering (the notebook's commands)
     def steer(self, kind: str, args: dict[str, Any]) -> tuple[bool, Any]:
@@ -278,6 +275,12 @@ class RunSupervisor:
     def command_applied_yet(self, command_id: int, wait_s: float) -> dict[str, Any]:
         """The command once rank 0 applied it (waiting up to ``wait_s``), else as it stands."""
         return self._run.steering.when_applied(command_id, wait_s)
+
+    def fork_source(self, step: int | None) -> tuple[bytes, tuple[dict[str, Any], bytes] | str]:
+        """``run.fork()``: the launch's spec, and the checkpoint to start from (or why there is none)."""
+        with self._feed.lock:
+            checkpoint = self._run.checkpoint
+        return cloudpickle.dumps(self._run.spec), checkpoint_for_fork(checkpoint, step)
 
     def latest_checkpoint(self) -> Found | None:
         with self._feed.lock:
@@ -332,7 +335,7 @@ class RunSupervisor:
             "max_failures": options.max_failures, "workers": workers, "error": run.error,
             "failures": list(run.failures), "checkpoint": run.checkpoint, "started": run.started,
             "ended": run.ended, "now": time.time(), "config_summary": run.spec.config_summary,
-            "modules": list(run.spec.modules),
+            "modules": list(run.spec.modules), "parent": run.spec.parent,
             "world_size": run.world_size or options.max_workers,
             "workers_range": [options.min_workers, options.max_workers],
             "gpus_per_worker": options.gpus_per_worker, "cpus_per_worker": options.cpus_per_worker,

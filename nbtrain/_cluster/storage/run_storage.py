@@ -18,6 +18,7 @@ checkpoints the ranks write (see :mod:`~nbtrain._cluster.storage.storage_uri`).
 from __future__ import annotations
 
 import io
+import os
 import re
 import tarfile
 from pathlib import Path
@@ -26,9 +27,10 @@ from typing import Any
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.history_log import HistoryLog
 from nbtrain._exceptions import NbtrainError
-from nbtrain._paths import private_dir, read_json, write_json_atomic
+from nbtrain._paths import private_dir, private_opener, read_json, write_json_atomic
 
 KEEP_CHECKPOINTS = 2
+SPEC_FILE = "spec.pkl"
 HISTORY_KINDS = ("metrics", "logs", "events")
 # How a checkpoint's bytes hold it, by the ``format`` in its meta: what ``nbtrain.save_checkpoint``
 # wrote (``torch.save`` of an object), the files of a directory (``ray.train.report(checkpoint=)``)
@@ -205,6 +207,15 @@ class RunStorage:
         prune_checkpoints(path, keep)
         return path
 
+    def save_spec(self, spec_bytes: bytes) -> None:
+        """The launch's spec (the pickled function and its options), kept so that an ended run can be forked."""
+        if self.read_only or (self.dir / SPEC_FILE).exists():
+            return
+        tmp = self.dir / f".{SPEC_FILE}.{os.getpid()}.tmp"
+        with open(tmp, "wb", opener=private_opener) as handle:
+            handle.write(spec_bytes)
+        os.replace(tmp, self.dir / SPEC_FILE)
+
     def close(self) -> None:
         """Close the history files (before the run's directory is deleted); safe to call twice."""
         for log in self._logs.values():
@@ -214,3 +225,24 @@ class RunStorage:
         if self.read_only:
             msg = f"{self.dir} was opened read-only (RunStorage.open_existing); it cannot be written."
             raise PermissionError(msg)
+
+
+def checkpoint_for_fork(latest: dict[str, Any] | None, step: int | None) -> tuple[dict[str, Any], bytes] | str:
+    """A run's checkpoint to fork another run from: its latest (``step=None``), or the latest kept at or before
+    ``step``, as (meta, bytes); or why there is none (a sentence naming what is kept)."""
+    if latest is None:
+        return "it has no checkpoint: a run forks from one (nbtrain.save_checkpoint, or run.checkpoint_now())."
+    if latest.get("format") == "dcp":
+        return "its checkpoint is sharded (save_checkpoint(sharded=True)); fork it by launching from its files."
+    if step is None or latest["step"] <= step:
+        return dict(latest), storage_uri.read_bytes(latest["path"])
+    directory, _name = storage_uri.split(latest["path"])
+    kept = sorted((found, entry) for entry in storage_uri.list_names(directory) if (found := _order(entry)) is not None)
+    earlier = [(found, entry) for found, entry in kept if found[1] <= step]
+    if not earlier:
+        steps = ", ".join(str(found[1]) for found, _ in kept)
+        return f"it keeps no checkpoint at or before step {step} (it keeps the last {KEEP_CHECKPOINTS}: steps {steps})."
+    (attempt, at), entry = earlier[-1]
+    form = next(form for form, suffix in CHECKPOINT_SUFFIXES.items() if entry.endswith(suffix))
+    meta: dict[str, Any] = {"step": at, "attempt": attempt, "format": form, "path": storage_uri.join(directory, entry)}
+    return meta, storage_uri.read_bytes(meta["path"])

@@ -1,0 +1,64 @@
+"""``run.fork()``: a new run that starts from another run's checkpoint with a changed config.
+
+The parent's supervisor (or, once it ended, its files) answers with the parent's launch — the pickled
+function and its options, kept in the run's directory — and the checkpoint (its latest, or the latest
+kept at or before a step). The new run is launched like any other, as if its ranks had saved that
+checkpoint themselves: their ``load_checkpoint()`` returns it. It records its parent and the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from nbtrain._client.serialization import dumps_checked
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._exceptions import InvalidOptionError, NbtrainError
+from nbtrain._options import RunOptions
+
+if TYPE_CHECKING:
+    from nbtrain._client.run import Run
+
+FORK_READ_S = 120.0  # the checkpoint travels through the notebook: large ones take a while
+
+
+def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: str | None,
+         train_fn: Callable[..., Any] | None, options: dict[str, Any]) -> Run:
+    from nbtrain._client.launch import _check_signature, _owner, start_new
+
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise InvalidOptionError(f"run.fork(step=...) is a step (0 or more) or None for the latest, not {step!r}.")
+    if config is not None and not isinstance(config, dict):
+        raise InvalidOptionError(f"run.fork(config=...) is a dict of the values to change, not {config!r}.")
+    spec_bytes, source = parent._call("fork_source", step, timeout=FORK_READ_S)
+    if isinstance(source, str):
+        raise NbtrainError(f"Run {parent.name!r} cannot be forked: {source}")
+    if spec_bytes is None and train_fn is None:
+        raise NbtrainError(f"Run {parent.name!r} kept no copy of its launch (an older nbtrain started it): give the "
+                           "function, run.fork(train_fn=train, ...).")
+    launched: RunSpec | None = cloudpickle.loads(spec_bytes) if spec_bytes is not None else None
+    base = launched.options if launched is not None else RunOptions()
+    try:
+        chosen = dataclasses.replace(
+            base, name=name or f"{parent.name}-fork-{time.strftime('%H%M%S')}",
+            config={**(base.config or {}), **(config or {})}, resume=False, wait=False, **options)
+    except TypeError as exc:
+        raise InvalidOptionError(f"run.fork() got an option it does not know: {exc}; see help(nbtrain.launch).") \
+            from None
+    if train_fn is not None:
+        fn_bytes, modules = dumps_checked(train_fn)
+        takes_config = _check_signature(train_fn)
+    else:
+        assert launched is not None
+        fn_bytes, modules, takes_config = launched.fn_bytes, launched.modules, launched.fn_takes_config
+    meta, data = source
+    spec = RunSpec(options=chosen, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=_owner(),
+                   modules=modules, initial_checkpoint=({**meta, "from_run": parent.name}, data),
+                   parent={"run": parent.name, "step": meta["step"]},
+                   notes=(f"forked from {parent.name} at step {meta['step']}"
+                          + (f" with {', '.join(f'{k}={v!r}' for k, v in (config or {}).items())}" if config else ""),))
+    return start_new(spec)

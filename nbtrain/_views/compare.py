@@ -1,0 +1,216 @@
+"""``nbtrain.compare()``: several runs' curves on one plot, with their config differences and final metrics.
+
+Each run is drawn as its ranks' mean of one metric, by step or by time since it started. A forked run
+(``run.fork()``) is drawn from its fork step on: its rows are numbered from the parent's checkpoint
+when its code continues the parent's steps, and shifted there when its steps start again from 0. The
+comparison follows live runs: while any of them goes on, a thread of its own refreshes it every
+:data:`FOLLOW_S` seconds, and stops once all have ended (or ``close()``).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from nbtrain._exceptions import InvalidOptionError
+from nbtrain._states import RunState
+
+FOLLOW_S = 2.0
+X_CHOICES = ("step", "time")
+
+
+def compare(runs: Iterable[Any], metric: str = "loss", *, x: str = "step") -> Comparison:
+    """Draw several runs on one plot of ``metric`` (each run's mean over its ranks), with a table of how
+    their configs differ and each run's final ``metric``: to see what a fork or a changed setting did.
+    Shown in a notebook, it follows live runs until they end.
+
+    Args:
+        runs: :class:`Run` objects or run names.
+        metric: the metric to plot, as the runs report it.
+        x: ``"step"``, or ``"time"`` (seconds since each run's first report).
+
+    Returns:
+        The comparison, which shows itself in a notebook; its ``curves()`` and ``table()`` are the data.
+
+    Raises:
+        InvalidOptionError: no runs, or ``metric`` or ``x`` is not one it takes.
+        RunNotFoundError: a name is not a run on the connected cluster.
+        NotConnectedError: a name was given without ``connect()`` first.
+
+    Example::
+
+        child = run.fork(config={"lr": 0.01})
+        nbtrain.compare([run, child], metric="loss")
+    """
+    from nbtrain._client.launch import attach
+
+    if x not in X_CHOICES:
+        raise InvalidOptionError(f"compare(x=...) is 'step' or 'time', not {x!r}.")
+    if not isinstance(metric, str) or not metric:
+        raise InvalidOptionError(f"compare(metric=...) is a metric's name, like 'loss', not {metric!r}.")
+    chosen = [attach(run) if isinstance(run, str) else run for run in runs]  # an unknown name: attach says so
+    if len(chosen) < 1:
+        raise InvalidOptionError("compare() needs at least one run (or run name).")
+    return Comparison(chosen, metric, x)
+
+
+class Comparison:
+    """What ``compare()`` returns: shows itself in a notebook; ``curves()`` and ``table()`` are the data."""
+
+    def __init__(self, runs: list[Any], metric: str, x: str) -> None:
+        self.runs, self.metric, self.x = runs, metric, x
+        self._widget: Any = None
+        self._static: Any = None   # the display that holds the static picture once every run has ended
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ the data
+    def curves(self) -> dict[str, tuple[list[float], list[float]]]:
+        """The plotted data: each run's metric by step or time, averaged over its ranks.
+
+        A forked run starts at its fork step, so it continues its parent's curve.
+
+        Returns:
+            ``{run name: (xs, ys)}``; ``xs`` are steps, or seconds since the run's first report with
+            ``x="time"``; a run that has not reported the metric has two empty lists.
+
+        Example::
+
+            xs, ys = nbtrain.compare([run, child]).curves()[child.name]
+        """
+        found = {}
+        for run in self.runs:
+            by_step: dict[int, list[tuple[float, float]]] = {}
+            for row in run.metrics:
+                value = row.get(self.metric)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    by_step.setdefault(int(row["step"]), []).append((float(value), float(row.get("time") or 0.0)))
+            steps = sorted(by_step)
+            shift = _fork_shift(run, steps)
+            start = min((t for values in by_step.values() for _, t in values), default=0.0)
+            xs = [float(step + shift) if self.x == "step" else min(t for _, t in by_step[step]) - start
+                  for step in steps]
+            ys = [sum(v for v, _ in by_step[step]) / len(by_step[step]) for step in steps]
+            found[run.name] = (xs, ys)
+        return found
+
+    def table(self) -> list[dict[str, Any]]:
+        """The table under the plot: how the runs differ and how they did.
+
+        Returns:
+            One dict per run, with ``run``, ``state``, ``forked from`` (``"<parent> @ <step>"`` or ``""``), each
+            config value that differs between the runs, and ``final <metric>`` and ``best <metric>`` (the
+            lowest; ``None`` before any report).
+
+        Example::
+
+            pandas.DataFrame(nbtrain.compare(["lr-0.1", "lr-0.01"]).table())
+        """
+        configs = {run.name: dict(run.config) for run in self.runs}
+        keys = sorted({key for config in configs.values() for key in config})
+        differing = [key for key in keys if len({repr(config.get(key)) for config in configs.values()}) > 1]
+        curves = self.curves()
+        rows = []
+        for run in self.runs:
+            summary = run.summary()
+            parent = summary.get("parent")
+            ys = curves[run.name][1]
+            rows.append({"run": run.name, "state": summary["state"],
+                         "forked from": f"{parent['run']} @ {parent['step']}" if parent else "",
+                         **{key: configs[run.name].get(key) for key in differing},
+                         f"final {self.metric}": ys[-1] if ys else None,
+                         f"best {self.metric}": min(ys) if ys else None})
+        return rows
+
+    # ------------------------------------------------------------------ showing it
+    def _ipython_display_(self) -> None:
+        from IPython.display import HTML, display
+
+        self._build()
+        display(self._widget)
+        self._static = display(HTML(""), display_id=True)
+        if self._all_ended():
+            self._leave_static()
+        else:
+            threading.Thread(target=self._follow, name="nbtrain-compare", daemon=True).start()
+
+    def _leave_static(self) -> None:
+        """What stays in the saved notebook (and the docs' tutorials) once every run has ended: a picture."""
+        from IPython.display import HTML
+
+        from nbtrain._views.static_plot import svg_chart
+
+        chart = svg_chart(f"{self.metric} by {self.x}", self.curves(), width=640, height=300)
+        if self._static is not None:
+            self._static.update(HTML(f'<div class="nbtrain-compare-summary">{chart}'
+                                     f'{_html_table(self.table())}</div>'))
+
+    def __repr__(self) -> str:
+        lines = [f"compare({[run.name for run in self.runs]}, metric={self.metric!r}, x={self.x!r})"]
+        for row in self.table():
+            lines.append("  " + ", ".join(f"{key}={value}" for key, value in row.items()))
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Stop following the live runs: the plot and the table keep what they show now. The runs go on."""
+        self._stop.set()
+
+    def _build(self) -> None:
+        import ipywidgets as w
+        import plotly.graph_objects as go
+
+        figure = go.FigureWidget(layout=dict(title=dict(text=self.metric, x=0.02), height=320, width=640,
+                                             xaxis_title="step" if self.x == "step" else "seconds",
+                                             margin=dict(l=50, r=10, t=40, b=40)))
+        self._figure, self._table = figure, w.HTML()
+        self._widget = w.VBox([figure, self._table])
+        self._widget.add_class("nbtrain-compare")
+        self._draw()
+
+    def _draw(self) -> None:
+        curves = self.curves()
+        with self._figure.batch_update():
+            shown = {trace.name: trace for trace in self._figure.data}
+            for name, (xs, ys) in curves.items():
+                if name in shown:
+                    shown[name].x, shown[name].y = xs, ys
+                else:
+                    self._figure.add_scatter(x=xs, y=ys, name=name, mode="lines")
+        self._table.value = _html_table(self.table())
+
+    def _follow(self) -> None:
+        while not self._stop.wait(FOLLOW_S):
+            try:
+                self._draw()
+            except Exception:  # noqa: BLE001 - a run deleted meanwhile: stop following, keep what is drawn
+                return
+            if self._all_ended():
+                self._draw()
+                self._leave_static()
+                return
+
+    def _all_ended(self) -> bool:
+        return all(RunState(run.summary()["state"]).is_terminal for run in self.runs)
+
+
+def _fork_shift(run: Any, steps: list[int]) -> int:
+    parent = run.summary().get("parent")
+    if not parent or not steps:
+        return 0
+    return int(parent["step"]) if steps[0] < int(parent["step"]) else 0
+
+
+def _html_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    head = "".join(f"<th>{html.escape(str(key))}</th>" for key in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_shown(value))}</td>" for value in row.values()) + "</tr>"
+                   for row in rows)
+    return f'<table class="nbtrain-compare-table"><tr>{head}</tr>{body}</table>'
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
