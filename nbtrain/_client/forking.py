@@ -11,25 +11,30 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 
+from nbtrain._client.launch_checks import (
+    check_resources,
+    check_signature,
+    name_taken,
+    owner,
+    pickled,
+    wait_for_supervisor,
+)
 from nbtrain._client.serialization import dumps_checked
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._options import RunOptions
-
-if TYPE_CHECKING:
-    from nbtrain._client.run import Run
+from nbtrain._runtime_env import packages_to_hold
 
 FORK_READ_S = 120.0  # the checkpoint travels through the notebook: large ones take a while
 
 
 def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: str | None,
-         train_fn: Callable[..., Any] | None, options: dict[str, Any]) -> Run:
-    from nbtrain._client.launch import _check_signature, _owner, start_new
-
+         train_fn: Callable[..., Any] | None, options: dict[str, Any]) -> Any:
+    """The forked :class:`~nbtrain.Run` (typed ``Any``: ``run`` imports this module's caller)."""
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise InvalidOptionError(f"run.fork(step=...) is a step (0 or more) or None for the latest, not {step!r}.")
     if config is not None and not isinstance(config, dict):
@@ -51,14 +56,38 @@ def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: 
             from None
     if train_fn is not None:
         fn_bytes, modules = dumps_checked(train_fn)
-        takes_config = _check_signature(train_fn)
+        takes_config = check_signature(train_fn)
     else:
         assert launched is not None
         fn_bytes, modules, takes_config = launched.fn_bytes, launched.modules, launched.fn_takes_config
     meta, data = source
-    spec = RunSpec(options=chosen, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=_owner(),
+    spec = RunSpec(options=chosen, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=owner(),
                    modules=modules, initial_checkpoint=({**meta, "from_run": parent.name}, data),
                    parent={"run": parent.name, "step": meta["step"]},
                    notes=(f"forked from {parent.name} at step {meta['step']}"
                           + (f" with {', '.join(f'{k}={v!r}' for k, v in (config or {}).items())}" if config else ""),))
-    return start_new(spec)
+    return start_new(spec, type(parent))
+
+
+def start_new(spec: RunSpec, run_type: type) -> Any:
+    """The forked run's supervisor started as ``launch()`` starts one; a ``run_type`` (the parent's class, so that
+    this module needs no import of it) to follow it."""
+    from nbtrain import _registry
+    from nbtrain._client import connection, warm
+    from nbtrain._client.stored import stored_names
+    from nbtrain._cluster.names import find_supervisor
+    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
+    from nbtrain._exceptions import RunExistsError
+
+    cluster = connection.current()
+    options, name = spec.options, spec.name
+    check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
+    if find_supervisor(name) is not None or name in stored_names():
+        raise RunExistsError(name_taken(name, cluster.address))
+    spec = dataclasses.replace(spec, warm_pool=warm.pool_for(options))
+    handle = supervisor_actor().options(**supervisor_options(name, packages_to_hold(options.runtime_env))).remote(
+        pickled(spec), None)
+    wait_for_supervisor(handle, name)
+    _registry.record_launch(name, cluster.address, notebook=spec.owner.get("notebook"), workers=options.max_workers,
+                            total_steps=options.total_steps)
+    return run_type(name, handle, cluster.address)

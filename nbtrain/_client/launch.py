@@ -9,37 +9,35 @@ detached actor; the returned :class:`~nbtrain._client.run.Run` only reads.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import math
 import os
-import re
-import socket
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain import _code_origin as code_origin
 from nbtrain import _options, _registry
 from nbtrain._client import connection, data_room, warm
 from nbtrain._client.following import block_until_done
+from nbtrain._client.launch_checks import (
+    check_resources,
+    check_signature,
+    check_writable,
+    name_taken,
+    owner,
+    pickled,
+    wait_for_supervisor,
+    with_uploaded_paths,
+)
 from nbtrain._client.run import POLL_TIMEOUT_S, Run
-from nbtrain._client.serialization import check_values, dumps_checked
+from nbtrain._client.serialization import dumps_checked
 from nbtrain._client.stored import StoredRunHandle, find_stored, stored_names, stored_summaries
 from nbtrain._cluster.names import find_supervisor, run_names, wait_until_name_free
 from nbtrain._cluster.spec import RunSpec
-from nbtrain._cluster.storage import storage_uri
 from nbtrain._exceptions import (
-    NbtrainError,
-    ResourcesUnavailableError,
     RunExistsError,
     RunNotFoundError,
-    StorageError,
 )
 from nbtrain._options import RunOptions
-from nbtrain._runtime_env import local_paths, packages_to_hold
-
-SUPERVISOR_START_S = 30.0  # launch() waits this long for the run's supervisor to take up its storage
+from nbtrain._runtime_env import packages_to_hold
 
 
 def launch(
@@ -131,17 +129,17 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
 
     from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
 
-    takes_config = _check_signature(train_fn)
+    takes_config = check_signature(train_fn)
     name = options.name or _default_name()
     config = dict(options.config or {})
     datasets = options.datasets
     options = dataclasses.replace(options, name=name, config=config, env=dict(options.env or {}), datasets=None,
                                total_epochs=options.total_epochs or _guess_epochs(config))
-    owner = _owner()
+    launched_by = owner()
     # everything that can be checked here is, before the cluster is asked anything
     fn_bytes, modules = dumps_checked(train_fn)
-    spec = RunSpec(options=options, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=owner, modules=modules)
-    spec_bytes = _pickled(spec)
+    spec = RunSpec(options=options, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=launched_by, modules=modules)
+    spec_bytes = pickled(spec)
     cluster = connection.current()
     if datasets:  # on a small cluster the ranks leave Ray Data a CPU (see data_room)
         options, note = data_room.leave_room_for_data(options, data_room.cluster_cpus())
@@ -149,18 +147,18 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     if (uploaded := with_uploaded_paths(options)) is not options:
         options = uploaded
         spec = dataclasses.replace(spec, options=options)
-    spec_bytes = _pickled(spec)
+    spec_bytes = pickled(spec)
     check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
     if options.storage and cluster.kind == "local":  # the notebook sees the cluster's disk: check now
         check_writable(options.storage)
     if (pool := warm.pool_for(options)) is not None:
         spec = dataclasses.replace(spec, warm_pool=pool)
-        spec_bytes = _pickled(spec)
+        spec_bytes = pickled(spec)
     existing = find_supervisor(name)
     # an ended run kept by the cluster: looked for only to resume it (a new launch's supervisor refuses the name)
     stored = find_stored(name) if existing is None and options.resume else None
     if existing is not None and not options.resume:
-        raise RunExistsError(_name_taken(name, cluster.address))
+        raise RunExistsError(name_taken(name, cluster.address))
     if existing is None and stored is None and options.resume:
         msg = f"resume=True needs an existing run named {name!r}, and there is none on {cluster.address}."
         raise RunNotFoundError(msg)
@@ -183,55 +181,16 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         handle = supervisor_actor().options(**supervisor_options(name, packages_to_hold(options.runtime_env))).remote(
             spec_bytes, datasets)
         try:
-            _wait_for_supervisor(handle, name)
+            wait_for_supervisor(handle, name)
         except RunExistsError:
-            raise RunExistsError(_name_taken(name, cluster.address)) from None
-    _registry.record_launch(name, cluster.address, notebook=owner["notebook"], workers=options.max_workers,
+            raise RunExistsError(name_taken(name, cluster.address)) from None
+    _registry.record_launch(name, cluster.address, notebook=launched_by["notebook"], workers=options.max_workers,
                             total_steps=options.total_steps)
     run = Run(name, handle, cluster.address)
     if options.wait:
         block_until_done(run, launched=True)
         run.raise_if_failed()
     return run
-
-
-def start_new(spec: RunSpec) -> Run:
-    """A new run from a spec made elsewhere (``run.fork()``): its supervisor started as ``launch()`` starts one."""
-    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
-
-    cluster = connection.current()
-    options, name = spec.options, spec.name
-    check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
-    if find_supervisor(name) is not None or name in stored_names():
-        raise RunExistsError(_name_taken(name, cluster.address))
-    spec = dataclasses.replace(spec, warm_pool=warm.pool_for(options))
-    handle = supervisor_actor().options(**supervisor_options(name, packages_to_hold(options.runtime_env))).remote(
-        _pickled(spec), None)
-    _wait_for_supervisor(handle, name)
-    _registry.record_launch(name, cluster.address, notebook=spec.owner.get("notebook"), workers=options.max_workers,
-                            total_steps=options.total_steps)
-    return Run(name, handle, cluster.address)
-
-
-def with_uploaded_paths(options: RunOptions) -> RunOptions:
-    """``options`` whose runtime_env names, instead of the notebook machine's folders, their copies uploaded
-    to the cluster (see _ray_compat.upload_local_paths)."""
-    from nbtrain._ray_compat import upload_local_paths
-
-    if not local_paths(options.runtime_env):
-        return options
-    try:
-        return dataclasses.replace(options, runtime_env=upload_local_paths(options.runtime_env or {}))
-    except (OSError, ValueError) as exc:
-        msg = (f"runtime_env: its working_dir or py_modules could not be sent to the cluster: {exc}. Exclude large "
-               "files with runtime_env['excludes'], or put them in storage the cluster reads.")
-        raise NbtrainError(msg) from None
-
-
-def _name_taken(name: str, address: str) -> str:
-    return (f"A run named {name!r} already exists on {address}. Pick another name, "
-            f"continue it from its latest checkpoint with resume=True (%%ray_train --resume), "
-            f"attach to it with nbtrain.attach({name!r}), or delete it with nbtrain.attach({name!r}).delete().")
 
 
 def _resume_stored(name: str, spec: RunSpec, datasets: dict[str, Any] | None) -> Any:
@@ -242,10 +201,10 @@ def _resume_stored(name: str, spec: RunSpec, datasets: dict[str, Any] | None) ->
 
     launch_id = ray.get(StoredRunHandle(name).summary.remote(), timeout=POLL_TIMEOUT_S).get("launch")
     spec = dataclasses.replace(spec, launch_id=launch_id or spec.launch_id)
-    spec_bytes = _pickled(spec)
+    spec_bytes = pickled(spec)
     handle = supervisor_actor().options(**supervisor_options(name, packages_to_hold(spec.options.runtime_env))).remote(
         spec_bytes, datasets)
-    _wait_for_supervisor(handle, name)
+    wait_for_supervisor(handle, name)
     state = ray.get(handle.resume.remote(spec_bytes, datasets), timeout=POLL_TIMEOUT_S)
     # a run whose supervisor vanished mid-run is taken up (restarted) by the new one at once
     if state != "resumed" and state not in _GOING:
@@ -257,124 +216,6 @@ def _resume_stored(name: str, spec: RunSpec, datasets: dict[str, Any] | None) ->
 _GOING = ("pending", "starting", "running", "restarting")
 
 
-def check_writable(storage: str) -> None:
-    """Refuse at once a ``storage=`` directory that cannot be created or written (one probe file).
-
-    A pyarrow.fs URI gets the same probe through pyarrow.fs (one small write and delete):
-    ``launch()`` makes it on the embedded cluster, whose processes share the notebook's
-    credentials; elsewhere the notebook's view proves nothing and a failing write names
-    ``storage`` at the run's first checkpoint.
-    """
-    if storage_uri.is_remote(storage):
-        storage_uri.probe(storage)
-        return
-    try:
-        os.makedirs(storage, exist_ok=True)
-        with tempfile.TemporaryFile(dir=storage):
-            pass
-    except OSError as exc:
-        msg = (f"storage (--storage) must be a directory the cluster can write, but {storage!r} cannot be "
-               f"written: {exc.strerror or exc}. Pick another directory, or fix its permissions.")
-        raise StorageError(msg) from None
-
-
-def _wait_for_supervisor(handle: Any, name: str) -> None:
-    """Wait until the run's supervisor has taken up its storage; raise its reason if it could not.
-
-    Ray keeps an actor's constructor error in its death cause; nbtrain's own errors (a
-    :class:`StorageError` naming the directory) come back as raised, and no run is left behind.
-    """
-    import ray
-
-    try:
-        ray.get(handle.summary.remote(), timeout=SUPERVISOR_START_S)
-    except ray.exceptions.GetTimeoutError:
-        return  # a slow head node: the run is on its way, and reading it waits as usual
-    except ray.exceptions.RayActorError as exc:
-        ray.kill(handle, no_restart=True)
-        cause = _constructor_error(exc)
-        if cause is not None:
-            raise cause from None
-        msg = f"Run {name!r} could not start its supervisor on the cluster: {exc}"
-        raise NbtrainError(msg) from None
-
-
-def _constructor_error(exc: Exception) -> NbtrainError | None:
-    """The nbtrain error a supervisor's constructor raised, from Ray's actor-died error.
-
-    Over Ray Client the cause arrives only as the remote traceback's text, whose last
-    ``nbtrain._exceptions.<Name>: <message>`` line names it.
-    """
-    from nbtrain import _exceptions
-
-    found = list(re.finditer(r"^nbtrain\._exceptions\.(\w+): ", str(exc), re.MULTILINE))
-    if not found:
-        return None
-    kind = getattr(_exceptions, found[-1].group(1), None)
-    if not (isinstance(kind, type) and issubclass(kind, NbtrainError)):
-        return None
-    return kind(str(exc)[found[-1].end():].strip())
-
-
-def _pickled(spec: RunSpec) -> bytes:
-    """The spec as bytes; an unpicklable config value is named (``config['key']``)."""
-    try:
-        return code_origin.dumps(spec)  # a config may hold functions: they keep their origin too
-    except Exception:
-        check_values({f"config[{key!r}]": value for key, value in (spec.options.config or {}).items()})
-        raise
-
-
-def check_resources(workers: int, cpus_per_worker: float, gpus_per_worker: float) -> None:
-    """Refuse at once a request the cluster can never hold, listing what it has."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    total_cpu = sum(n["Resources"].get("CPU", 0) for n in nodes)
-    total_gpu = sum(n["Resources"].get("GPU", 0) for n in nodes)
-    per_node = [(n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes]
-    fits_per_node = sum(min(math.floor(c / cpus_per_worker + 1e-9),
-                            math.floor(g / gpus_per_worker + 1e-9) if gpus_per_worker else 1 << 30)
-                        for c, g in per_node)
-    if fits_per_node >= workers:
-        return
-    picture = "; ".join(f"node {n['NodeManagerAddress']}: {c:g} CPU, {g:g} GPU"
-                        for n, (c, g) in zip(nodes, per_node))
-    want = f"{workers} workers × ({cpus_per_worker:g} CPU, {gpus_per_worker:g} GPU)"
-    need = f"{workers * cpus_per_worker:g} CPU and {workers * gpus_per_worker:g} GPU"
-    if gpus_per_worker and total_gpu == 0:
-        hint = "--gpus-per-worker 0 (this cluster has no GPUs)"
-    elif gpus_per_worker:
-        hint = f"at most {int(total_gpu // gpus_per_worker)} workers with {gpus_per_worker:g} GPU each"
-    else:
-        hint = f"at most {fits_per_node} workers with {cpus_per_worker:g} CPU each, or fewer CPUs per worker"
-    msg = (f"The cluster cannot hold {want} = {need}: it has {total_cpu:g} CPU and {total_gpu:g} GPU in all "
-           f"({picture}), room for {fits_per_node} such worker(s). Ask for {hint}, or add nodes.")
-    raise ResourcesUnavailableError(msg)
-
-
-def _check_signature(train_fn: object) -> bool:
-    """Whether ``train_fn`` takes the config; refuses a function that needs more than one argument."""
-    if not callable(train_fn):
-        msg = f"train_fn must be a function, got {type(train_fn).__name__}."
-        raise NbtrainError(msg)
-    try:
-        signature = inspect.signature(train_fn)
-    except (TypeError, ValueError):
-        return True
-    required = [p for p in signature.parameters.values()
-                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    positional = [p for p in signature.parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
-    if len(required) > 1:
-        names = ", ".join(p.name for p in required)
-        msg = (f"train_fn must take one argument (the config dict) or none, but "
-               f"{getattr(train_fn, '__name__', 'it')}({names}) needs {len(required)}. "
-               f"Read extra values from config instead: def train(config): ...")
-        raise NbtrainError(msg)
-    return bool(positional)
-
-
 def _guess_epochs(config: dict[str, Any]) -> int | None:
     value = config.get("epochs")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
@@ -382,10 +223,6 @@ def _guess_epochs(config: dict[str, Any]) -> int | None:
 
 def _default_name() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S-") + os.urandom(2).hex()
-
-
-def _owner() -> dict[str, Any]:
-    return {"notebook": os.environ.get("JPY_SESSION_NAME"), "host": socket.gethostname(), "pid": os.getpid()}
 
 
 def attach(name: str) -> Run:

@@ -14,7 +14,8 @@ from typing import Any
 
 from nbtrain import _code_origin as code_origin
 from nbtrain._client import connection, warm
-from nbtrain._client.launch import _owner, attach, check_resources, with_uploaded_paths
+from nbtrain._client.launch import attach
+from nbtrain._client.launch_checks import check_resources, check_signature, owner, with_uploaded_paths
 from nbtrain._client.run import Run
 from nbtrain._client.serialization import dumps_checked
 from nbtrain._client.stored import on_head
@@ -303,7 +304,6 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     """``tune()`` once its options are validated (the magic calls this too)."""
     import ray
 
-    from nbtrain._client.launch import _check_signature
     from nbtrain._cluster.sweep.sweep_supervisor import SweepSupervisor, sweep_supervisor_options
 
     for key in run_options:
@@ -324,15 +324,15 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     options = dataclasses.replace(options, name=name)
     cluster = connection.current()
     check_resources(options.workers_per_trial, run.cpus_per_worker, run.gpus_per_worker)
-    takes_config = _check_signature(train_fn)
+    takes_config = check_signature(train_fn)
     if not takes_config:
         msg = "A sweep's training function takes the config: def train(config): ... (the sampled values are in it)."
         raise InvalidOptionError(msg)
     fn_bytes, modules = dumps_checked(train_fn)
     trial_run = RunSpec(options=dataclasses.replace(run, datasets=None, config=dict(run.config or {})),
-                        fn_bytes=fn_bytes, fn_takes_config=True, owner=_owner(), modules=modules,
+                        fn_bytes=fn_bytes, fn_takes_config=True, owner=owner(), modules=modules,
                         warm_pool=warm.pool_for(run))  # a trial's ranks: this notebook session's warm workers
-    spec = SweepSpec(options=options, trial_run=trial_run, owner=_owner())
+    spec = SweepSpec(options=options, trial_run=trial_run, owner=owner())
     if _find_handle(name) is not None or name in stored_sweep_names():
         raise RunExistsError(f"A sweep named {name!r} already exists on {cluster.address}. Pick another name, "
                              f"or attach to it with nbtrain.attach_sweep({name!r}).")

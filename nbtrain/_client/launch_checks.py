@@ -1,0 +1,168 @@
+"""The checks and steps of starting a run that need no :class:`~nbtrain._client.run.Run`: the function's
+signature, what the cluster can hold, a writable ``storage=``, the spec as bytes, the supervisor's start and
+its constructor's error. ``launch()`` (:mod:`.launch`) and ``run.fork()`` (:mod:`.forking`) both use them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+import re
+import socket
+import tempfile
+from typing import Any
+
+from nbtrain import _code_origin as code_origin
+from nbtrain._client.serialization import check_values
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.storage import storage_uri
+from nbtrain._exceptions import NbtrainError, ResourcesUnavailableError, StorageError
+from nbtrain._options import RunOptions
+from nbtrain._runtime_env import local_paths
+
+SUPERVISOR_START_S = 30.0  # launch() waits this long for the run's supervisor to take up its storage
+
+
+def with_uploaded_paths(options: RunOptions) -> RunOptions:
+    """``options`` whose runtime_env names, instead of the notebook machine's folders, their copies uploaded
+    to the cluster (see _ray_compat.upload_local_paths)."""
+    from nbtrain._ray_compat import upload_local_paths
+
+    if not local_paths(options.runtime_env):
+        return options
+    try:
+        return dataclasses.replace(options, runtime_env=upload_local_paths(options.runtime_env or {}))
+    except (OSError, ValueError) as exc:
+        msg = (f"runtime_env: its working_dir or py_modules could not be sent to the cluster: {exc}. Exclude large "
+               "files with runtime_env['excludes'], or put them in storage the cluster reads.")
+        raise NbtrainError(msg) from None
+
+
+def name_taken(name: str, address: str) -> str:
+    return (f"A run named {name!r} already exists on {address}. Pick another name, "
+            f"continue it from its latest checkpoint with resume=True (%%ray_train --resume), "
+            f"attach to it with nbtrain.attach({name!r}), or delete it with nbtrain.attach({name!r}).delete().")
+
+
+def check_writable(storage: str) -> None:
+    """Refuse at once a ``storage=`` directory that cannot be created or written (one probe file).
+
+    A pyarrow.fs URI gets the same probe through pyarrow.fs (one small write and delete):
+    ``launch()`` makes it on the embedded cluster, whose processes share the notebook's
+    credentials; elsewhere the notebook's view proves nothing and a failing write names
+    ``storage`` at the run's first checkpoint.
+    """
+    if storage_uri.is_remote(storage):
+        storage_uri.probe(storage)
+        return
+    try:
+        os.makedirs(storage, exist_ok=True)
+        with tempfile.TemporaryFile(dir=storage):
+            pass
+    except OSError as exc:
+        msg = (f"storage (--storage) must be a directory the cluster can write, but {storage!r} cannot be "
+               f"written: {exc.strerror or exc}. Pick another directory, or fix its permissions.")
+        raise StorageError(msg) from None
+
+
+def wait_for_supervisor(handle: Any, name: str) -> None:
+    """Wait until the run's supervisor has taken up its storage; raise its reason if it could not.
+
+    Ray keeps an actor's constructor error in its death cause; nbtrain's own errors (a
+    :class:`StorageError` naming the directory) come back as raised, and no run is left behind.
+    """
+    import ray
+
+    try:
+        ray.get(handle.summary.remote(), timeout=SUPERVISOR_START_S)
+    except ray.exceptions.GetTimeoutError:
+        return  # a slow head node: the run is on its way, and reading it waits as usual
+    except ray.exceptions.RayActorError as exc:
+        ray.kill(handle, no_restart=True)
+        cause = _constructor_error(exc)
+        if cause is not None:
+            raise cause from None
+        msg = f"Run {name!r} could not start its supervisor on the cluster: {exc}"
+        raise NbtrainError(msg) from None
+
+
+def _constructor_error(exc: Exception) -> NbtrainError | None:
+    """The nbtrain error a supervisor's constructor raised, from Ray's actor-died error.
+
+    Over Ray Client the cause arrives only as the remote traceback's text, whose last
+    ``nbtrain._exceptions.<Name>: <message>`` line names it.
+    """
+    from nbtrain import _exceptions
+
+    found = list(re.finditer(r"^nbtrain\._exceptions\.(\w+): ", str(exc), re.MULTILINE))
+    if not found:
+        return None
+    kind = getattr(_exceptions, found[-1].group(1), None)
+    if not (isinstance(kind, type) and issubclass(kind, NbtrainError)):
+        return None
+    return kind(str(exc)[found[-1].end():].strip())
+
+
+def pickled(spec: RunSpec) -> bytes:
+    """The spec as bytes; an unpicklable config value is named (``config['key']``)."""
+    try:
+        return code_origin.dumps(spec)  # a config may hold functions: they keep their origin too
+    except Exception:
+        check_values({f"config[{key!r}]": value for key, value in (spec.options.config or {}).items()})
+        raise
+
+
+def check_resources(workers: int, cpus_per_worker: float, gpus_per_worker: float) -> None:
+    """Refuse at once a request the cluster can never hold, listing what it has."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    total_cpu = sum(n["Resources"].get("CPU", 0) for n in nodes)
+    total_gpu = sum(n["Resources"].get("GPU", 0) for n in nodes)
+    per_node = [(n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes]
+    fits_per_node = sum(min(math.floor(c / cpus_per_worker + 1e-9),
+                            math.floor(g / gpus_per_worker + 1e-9) if gpus_per_worker else 1 << 30)
+                        for c, g in per_node)
+    if fits_per_node >= workers:
+        return
+    picture = "; ".join(f"node {n['NodeManagerAddress']}: {c:g} CPU, {g:g} GPU"
+                        for n, (c, g) in zip(nodes, per_node))
+    want = f"{workers} workers × ({cpus_per_worker:g} CPU, {gpus_per_worker:g} GPU)"
+    need = f"{workers * cpus_per_worker:g} CPU and {workers * gpus_per_worker:g} GPU"
+    if gpus_per_worker and total_gpu == 0:
+        hint = "--gpus-per-worker 0 (this cluster has no GPUs)"
+    elif gpus_per_worker:
+        hint = f"at most {int(total_gpu // gpus_per_worker)} workers with {gpus_per_worker:g} GPU each"
+    else:
+        hint = f"at most {fits_per_node} workers with {cpus_per_worker:g} CPU each, or fewer CPUs per worker"
+    msg = (f"The cluster cannot hold {want} = {need}: it has {total_cpu:g} CPU and {total_gpu:g} GPU in all "
+           f"({picture}), room for {fits_per_node} such worker(s). Ask for {hint}, or add nodes.")
+    raise ResourcesUnavailableError(msg)
+
+
+def check_signature(train_fn: object) -> bool:
+    """Whether ``train_fn`` takes the config; refuses a function that needs more than one argument."""
+    if not callable(train_fn):
+        msg = f"train_fn must be a function, got {type(train_fn).__name__}."
+        raise NbtrainError(msg)
+    try:
+        signature = inspect.signature(train_fn)
+    except (TypeError, ValueError):
+        return True
+    required = [p for p in signature.parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p for p in signature.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if len(required) > 1:
+        names = ", ".join(p.name for p in required)
+        msg = (f"train_fn must take one argument (the config dict) or none, but "
+               f"{getattr(train_fn, '__name__', 'it')}({names}) needs {len(required)}. "
+               f"Read extra values from config instead: def train(config): ...")
+        raise NbtrainError(msg)
+    return bool(positional)
+
+
+def owner() -> dict[str, Any]:
+    return {"notebook": os.environ.get("JPY_SESSION_NAME"), "host": socket.gethostname(), "pid": os.getpid()}
