@@ -154,7 +154,7 @@ def fails_once_after_the_change(config):
         model(torch.ones(1, 2)).sum().backward()
         optimizer.step()
         lr = optimizer.param_groups[0]["lr"]
-        nbtrain.report(step=step, lr=lr)
+        nbtrain.report(step=step, lr=lr, asked=float(nbtrain.checkpoint_requested()))
         if first:
             changed_at = changed_at or (step if lr != 0.1 else None)
             if changed_at and step == changed_at + 3 and nbtrain.get_context().rank == 1:
@@ -169,9 +169,11 @@ def test_a_restarted_attempt_applies_the_changes_at_the_same_steps(cluster):
     run = nbtrain.launch(fails_once_after_the_change, name="steering-restart", workers=2, max_failures=1)
     wait_for(lambda: _reached(run, 3), timeout=120, message="the first attempt to take steps")
     applied = run.adjust(lr=0.05, wait=True)
+    run.checkpoint_now()  # the first attempt's to heed (its code never saves): not the second's
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
     second = [row for row in run.metrics if row["attempt"] == 2]
     assert len(second) == 400
+    assert {row["asked"] for row in second} == {0.0}, "an earlier attempt's checkpoint request came back"
     assert {row["lr"] for row in second if row["step"] < applied} == {0.1}
     assert {row["lr"] for row in second if row["step"] >= applied} == {0.05}
 

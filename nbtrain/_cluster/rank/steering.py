@@ -83,6 +83,8 @@ class RankSteering:
         self._replaying = True
         self.learn([c for c in known if c["kind"] == ADJUST])  # a new attempt: the changes made so far
         self._replaying = False
+        # the rest (pauses, checkpoints asked, user commands) belonged to earlier attempts: never again
+        self.seen = max((c["id"] for c in known), default=0)
 
     # ------------------------------------------------------------------ its own thread
     def start(self) -> None:
