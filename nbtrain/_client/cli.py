@@ -292,29 +292,34 @@ def _default_notebook() -> Path | None:
     return candidate if candidate.exists() else None
 
 
+ADDRESS_HELP = "the cluster's ray://HOST:PORT (default: where the registry says the run is, else $RAY_ADDRESS)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nbtrain", description="Distributed PyTorch training on Ray, from notebooks.")
     sub = parser.add_subparsers(dest="command", required=True)
     cluster = sub.add_parser("cluster", help="the embedded local Ray cluster (127.0.0.1 only, token auth)")
-    cluster.add_argument("action", choices=("start", "stop", "status", "add-node", "remove-node"))
+    cluster.add_argument("action", choices=("start", "stop", "status", "add-node", "remove-node"),
+                         help="start or stop the embedded cluster, say how it is, or add / remove a loopback node")
     cluster.add_argument("--num-cpus", "--cpus", type=int, default=None,
                          help="start: the head's CPUs (default: this machine's); add-node: the node's (default 1)")
-    cluster.add_argument("--num-gpus", "--gpus", type=int, default=None)
+    cluster.add_argument("--num-gpus", "--gpus", type=int, default=None,
+                         help="start / add-node: the GPUs Ray may hand out there (default: none)")
     cluster.add_argument("--pid", type=int, default=None, help="remove-node: which added node (default: the newest)")
     cluster.set_defaults(func=cmd_cluster)
     runs = sub.add_parser("runs", help="list runs on the cluster")
-    runs.add_argument("--json", action="store_true")
-    runs.add_argument("--address", default=None)
+    runs.add_argument("--json", action="store_true", help="the cluster and its runs as one JSON object (the sidebar's)")
+    runs.add_argument("--address", default=None, help=ADDRESS_HELP)
     runs.set_defaults(func=cmd_runs)
     stop = sub.add_parser("stop", help="stop a run")
-    stop.add_argument("name")
-    stop.add_argument("--address", default=None)
+    stop.add_argument("name", help="the run's name")
+    stop.add_argument("--address", default=None, help=ADDRESS_HELP)
     stop.set_defaults(func=cmd_stop)
     for verb, func, what in (("pause", cmd_pause, "hold a run's ranks at the same step (resources stay)"),
                              ("resume", cmd_resume, "let a paused run go on")):
         steer = sub.add_parser(verb, help=what)
-        steer.add_argument("name")
-        steer.add_argument("--address", default=None)
+        steer.add_argument("name", help="the run's name")
+        steer.add_argument("--address", default=None, help=ADDRESS_HELP)
         steer.set_defaults(func=func)
     lab = sub.add_parser("lab", help="JupyterLab on 127.0.0.1 with the local cluster (or $RAY_ADDRESS)",
                          description="Every argument goes to `jupyter lab` as is: a notebook, --port 9999, ...")
