@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     The file is 0600 in a 0700 directory (see the module docstring), also when it replaces an older, looser one.
     """
     private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads write too
     with open(tmp, "w", encoding="utf-8", opener=private_opener) as handle:
         handle.write(_json.dumps(data, indent=1))
     os.replace(tmp, path)

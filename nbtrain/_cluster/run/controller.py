@@ -59,7 +59,8 @@ class RunController:
         self.results: list[bytes] | None = None
         self.checkpoint: dict[str, Any] | None = None
         self.resume_from: dict[str, Any] | None = None  # the checkpoint the current attempt started from
-        self.steering = RunSteering(lambda kind, message: self.feed.event(kind, message, self.attempt), self.persist)
+        self.steering = RunSteering(lambda kind, message: self.feed.event(kind, message, self.attempt),
+                                    self._persist_locked)
         self.started = time.time()
         self.ended: float | None = None
         self.stop_requested = False
@@ -90,6 +91,11 @@ class RunController:
             self.persist()
         self.feed.event("state", f"{new.value}" + (f": {why}" if why else ""), self.attempt)
 
+    def _persist_locked(self) -> None:
+        """persist() from a thread that holds no lock (steering's): one writer of the state file at a time."""
+        with self._lock:
+            self.persist()
+
     def persist(self) -> None:
         self._storage.save_state({
             "launch": self._launch_id, "state": self.state.value, "attempt": self.attempt, "failures": self.failures,
@@ -110,7 +116,7 @@ class RunController:
         self.attempt, self.failures, self.error = saved["attempt"], saved["failures"], saved["error"]
         self.checkpoint, self.started, self.ended = saved["checkpoint"], saved["started"], saved["ended"]
         self.stop_requested = saved.get("stop_requested", False)
-        self.steering = RunSteering(self.steering.record, self.persist, saved.get("commands"))
+        self.steering = RunSteering(self.steering.record, self._persist_locked, saved.get("commands"))
         self.state = RunState(saved["state"])  # as recorded: this is where the machine stood
         if self.state.is_terminal:
             return
