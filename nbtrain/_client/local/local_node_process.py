@@ -5,7 +5,7 @@ Why not ``ray start --address``: with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
 cluster, and with it set to 1 it rewrites the head's address 127.0.0.1 to the
 machine's network address and cannot reach the loopback head. So this does
 what ``ray start --address --block`` does for a worker node, through the same
-``ray._private.node.Node`` (:func:`nbtrain._ray_compat.start_worker_node`),
+node class Ray's command uses (:func:`nbtrain._ray_compat.start_worker_node`),
 with the variable left at 0: the node's raylet, object store and agents bind
 127.0.0.1, and it uses the head's token. It says "Ray runtime started" once
 up, and on SIGTERM ends its processes (its raylet leaves the cluster: to a run
