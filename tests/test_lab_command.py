@@ -36,6 +36,26 @@ def lab_answers(port: int, token: str) -> bool:
         return False
 
 
+def command_line(process: psutil.Process) -> str:
+    """``process``'s command line, or "" for one that ended (or is a zombie) while the test looked.
+
+    JupyterLab starts short-lived helpers of its own; one may end between
+    ``children()`` and ``cmdline()``.
+    """
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def still_running(process: psutil.Process) -> bool:
+    """Whether ``process`` runs (a zombie has ended; it waits only for its parent to read its status)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def test_lab_passes_jupyter_options_starts_as_root_and_stops_with_its_kernels_on_sigterm(tmp_path: Path) -> None:
     root = tmp_path / "root"
     root.mkdir()
@@ -65,7 +85,7 @@ def test_lab_passes_jupyter_options_starts_as_root_and_stops_with_its_kernels_on
                                          data=b"{}")
         urllib.request.urlopen(request, timeout=30).close()
         kernel = wait_for(lambda: next((p for p in lab.children(recursive=True)
-                                        if "ipykernel" in " ".join(p.cmdline())), None),
+                                        if "ipykernel" in command_line(p)), None),
                           timeout=30, message="the kernel process")
         family = [lab, *lab.children(recursive=True)]
         assert kernel in family
@@ -73,9 +93,9 @@ def test_lab_passes_jupyter_options_starts_as_root_and_stops_with_its_kernels_on
         proc.send_signal(signal.SIGTERM)
 
         proc.wait(timeout=30)
-        wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family),
+        wait_for(lambda: not any(still_running(p) for p in family),
                  timeout=15, message="JupyterLab and its kernel to exit",
-                 describe=lambda: [p.cmdline()[:3] for p in family if p.is_running()])
+                 describe=lambda: [command_line(p)[:80] for p in family if p.is_running()])
         assert not port_is_open("127.0.0.1", port)
         said = proc.stdout.read().decode() if proc.stdout else ""
         assert "$RAY_ADDRESS=ray://127.0.0.1:1" in said
@@ -125,3 +145,4 @@ def test_runs_skips_and_names_runs_whose_names_nbtrain_never_makes(
     said = capsys.readouterr().err
     for name in names[1:]:
         assert f"skipped a run named {name!r} on ray://head:10001" in said
+
