@@ -1,6 +1,6 @@
 """What the dashboard's drawing history costs as a run grows: memory, ingest and redraw time.
 
-Feeds a :class:`~nbtrain._views.dashboard.WidgetDashboard` (over a stand-in run, no
+Feeds a :class:`~nbtrain._views.dashboard.dashboard.WidgetDashboard` (over a stand-in run, no
 cluster, no browser) rows of 3 metrics in batches the size the feed delivers, then
 times its redraw: building the traces from the history, and the whole
 ``_draw_curves`` (plotly FigureWidget updates included, without a frontend). Sizes:
@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from nbtrain._views.dashboard import WidgetDashboard
+from nbtrain._views.dashboard.dashboard import WidgetDashboard
 
 
 class StandInRun:

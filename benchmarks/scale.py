@@ -201,7 +201,7 @@ def quick(config: dict[str, Any]) -> int:
 # ------------------------------------------------------------------ the three measurements
 def measure_rows(rows: int) -> dict[str, Any]:
     import nbtrain
-    from nbtrain._views.dashboard import WidgetDashboard
+    from nbtrain._views.dashboard.dashboard import WidgetDashboard
 
     before = rss_mb()
     with SupervisorWatch() as watch:
@@ -224,7 +224,7 @@ def measure_rows(rows: int) -> dict[str, Any]:
 
 def measure_ranks(ranks: int, seconds: float, relay: bool) -> dict[str, Any]:
     import nbtrain
-    from nbtrain._views.dashboard import WidgetDashboard
+    from nbtrain._views.dashboard.dashboard import WidgetDashboard
 
     before = rss_mb()
     with SupervisorWatch() as watch:

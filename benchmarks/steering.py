@@ -70,7 +70,7 @@ def profiling_cost() -> tuple[float, float, float]:
     (a shared 2-core box) moves both alike."""
     import torch
 
-    from nbtrain._cluster.rank.profiling import StepProfile
+    from nbtrain._cluster.rank.inspection.profiling import StepProfile
     from nbtrain._cluster.rank.steering import RankSteering
 
     torch.set_num_threads(1)

@@ -60,12 +60,12 @@ nitpicky = True
 nitpick_ignore_regex = [(r"py:.*", r"(?!nbtrain\b).*")]
 nitpick_ignore = [
     # prepare_loader() returns this private wrapper of the user's DataLoader; its docstring says what it does
-    ("py:class", "nbtrain._cluster.rank.data_loading.PreparedLoader"),
+    ("py:class", "nbtrain._cluster.rank.data.loading.PreparedLoader"),
     # compare() returns this; its methods (curves, table, close) are listed under compare
     ("py:class", "nbtrain._views.compare.Comparison"),
     # run.stacks() and run.profile() return these; their fields are in the methods' Returns
-    ("py:class", "nbtrain._client.inspection_results.Stacks"),
-    ("py:class", "nbtrain._client.inspection_results.Profile"),
+    ("py:class", "nbtrain._client.run.inspection_results.Stacks"),
+    ("py:class", "nbtrain._client.run.inspection_results.Profile"),
 ]
 
 # --- HTML

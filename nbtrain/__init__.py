@@ -24,12 +24,12 @@ from __future__ import annotations
 from typing import Any
 
 from nbtrain._client.connection import Cluster, connect, disconnect
-from nbtrain._client.launch import attach, launch, runs
-from nbtrain._client.run import Run
+from nbtrain._client.launching.launch import attach, launch, runs
+from nbtrain._client.run.handle import Run
 from nbtrain._client.sweep import Sweep, Trial, attach_sweep, sweeps, tune
 from nbtrain._client.torch_trainer import TorchTrainer
 from nbtrain._client.warm import release_warm
-from nbtrain._cluster.rank.data_loading import prepare_loader
+from nbtrain._cluster.rank.data.loading import prepare_loader
 from nbtrain._cluster.rank.session import TrainContext
 from nbtrain._cluster.rank.steering import on_command
 from nbtrain._cluster.rank.worker_api import (

@@ -1,8 +1,8 @@
 """What a failing rank's post-mortem holds in place of values it does not send as they are.
 
 A rank that raises keeps its frames' local variables for ``%ray_debug`` (see
-:mod:`nbtrain._cluster.rank.post_mortem`); the notebook rebuilds them (see
-:mod:`nbtrain._views.debugger`). A tensor travels as a :class:`TensorSummary` (shape, dtype,
+:mod:`nbtrain._cluster.rank.inspection.post_mortem`); the notebook rebuilds them (see
+:mod:`nbtrain._views.debugging.debugger`). A tensor travels as a :class:`TensorSummary` (shape, dtype,
 device and a few statistics: its data may be gigabytes, and on a GPU), a value that cannot be
 pickled or does not fit the capture's size cap as a :class:`CapturedRepr` (its ``repr``, cut
 short). Both sides import this module, so the stand-ins unpickle wherever nbtrain is installed.

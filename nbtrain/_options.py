@@ -26,7 +26,7 @@ from typing import Any
 
 from nbtrain._cluster.storage.storage_uri import REMOTE_SCHEMES, normalise
 from nbtrain._exceptions import InvalidOptionError
-from nbtrain._runtime_env import check_runtime_env
+from nbtrain._packing.runtime_env import check_runtime_env
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 ON_STALL_CHOICES = ("warn", "fail", "restart")

@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nbtrain._cluster.rank.counted_shard import CountedShard
-from nbtrain._cluster.rank.data_loading import batch_size_of
+from nbtrain._cluster.rank.data.counted_shard import CountedShard
+from nbtrain._cluster.rank.data.loading import batch_size_of
 from nbtrain._cluster.run.worker_table import WorkerTable
-from nbtrain._views.dashboard import WidgetDashboard
-from nbtrain._views.downsample import downsample
-from nbtrain._views.history import MetricHistory
-from nbtrain._views.static_plot import svg_chart
-from nbtrain._views.summary_text import CONFIG_CHARS, progress_fraction, state_label
+from nbtrain._views.dashboard.dashboard import WidgetDashboard
+from nbtrain._views.dashboard.downsample import downsample
+from nbtrain._views.dashboard.history import MetricHistory
+from nbtrain._views.dashboard.static_plot import svg_chart
+from nbtrain._views.dashboard.summary_text import CONFIG_CHARS, progress_fraction, state_label
 
 pytestmark = pytest.mark.quick
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nbtrain._views.downsample import downsample
-from nbtrain._views.history import EXACT_POINTS, MAX_BUCKETS, SPILL_POINTS, MetricHistory
+from nbtrain._views.dashboard.downsample import downsample
+from nbtrain._views.dashboard.history import EXACT_POINTS, MAX_BUCKETS, SPILL_POINTS, MetricHistory
 
 pytestmark = pytest.mark.quick
 

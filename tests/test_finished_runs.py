@@ -16,7 +16,7 @@ import pytest
 import nbtrain
 from nbtrain._client import connection
 from nbtrain._client.cli import cluster_answer
-from nbtrain._client.stored import StoredRunHandle
+from nbtrain._client.run.stored import StoredRunHandle
 from nbtrain._cluster.names import find_supervisor
 from nbtrain._paths import run_index_dir, storage_root
 

@@ -13,9 +13,9 @@ import inspect
 import pytest
 
 import nbtrain
-from nbtrain._client.inspection_results import Stacks
+from nbtrain._client.run.inspection_results import Stacks
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
-from nbtrain._views.dashboard import WidgetDashboard
+from nbtrain._views.dashboard.dashboard import WidgetDashboard
 
 from _helpers import wait_for
 
@@ -120,7 +120,7 @@ def test_a_backward_waiting_on_ddps_all_reduce_counts_as_a_collective():
 
     import torch
 
-    from nbtrain._cluster.rank.stacks import verdict
+    from nbtrain._cluster.rank.inspection.stacks import verdict
 
     autograd = os.path.join(os.path.dirname(torch.__file__), "autograd", "__init__.py")
     frames = [traceback.FrameSummary("/home/me/train.py", 12, "train", line="loss.backward()"),

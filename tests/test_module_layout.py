@@ -109,3 +109,15 @@ def test_every_sub_package_says_what_it_holds() -> None:
             continue
         docstring = ast.get_docstring(ast.parse(init.read_text()))
         assert docstring and len(docstring) > 60, f"{init.relative_to(PACKAGE.parent)} has no docstring to say so"
+
+
+MODULES_PER_FOLDER = 14  # past this a folder lists several concerns: split it by the decision each file makes
+
+
+def test_no_folder_holds_more_modules_than_a_reader_scans_at_once() -> None:
+    crowded = {}
+    for folder in {path.parent for path in PACKAGE.rglob("*.py")}:
+        modules = [path for path in folder.glob("*.py") if path.name != "__init__.py"]
+        if len(modules) > MODULES_PER_FOLDER:
+            crowded[str(folder.relative_to(PACKAGE.parent))] = len(modules)
+    assert crowded == {}, f"group these folders' modules into sub-packages by concern: {crowded}"

@@ -22,8 +22,8 @@ from IPython.core.error import UsageError
 
 import nbtrain
 from nbtrain._cluster.names import find_supervisor
-from nbtrain._cluster.rank.post_mortem import capture
-from nbtrain._views.debugger import post_mortem
+from nbtrain._cluster.rank.inspection.post_mortem import capture
+from nbtrain._views.debugging.debugger import post_mortem
 
 from _helpers import ipython_shell, wait_for
 

@@ -79,7 +79,7 @@ def test_a_profile_of_5_steps_has_the_models_operators_and_a_trace_per_rank(clus
         assert run.changes == []  # a profile changes nothing
 
         # the dashboard's button: 10 steps of rank 0, the table under its control row
-        from nbtrain._views.dashboard import WidgetDashboard
+        from nbtrain._views.dashboard.dashboard import WidgetDashboard
 
         dashboard = WidgetDashboard(run)
         dashboard.update()

@@ -4,7 +4,7 @@ The first test is the training function of Ray Train's PyTorch user guide
 ("Get started with PyTorch"), as it is written there, with one change: the data set
 is torchvision's FakeData of FashionMNIST's shape (nothing downloads at test time)
 and it is small. Each other test pins one of the Ray Train APIs nbtrain answers
-through Ray Train's internal seam (nbtrain/_cluster/rank/ray_train_seam.py), so a Ray
+through Ray Train's internal seam (nbtrain/_cluster/rank/ray_train/seam.py), so a Ray
 release that changes the seam fails here by name.
 """
 
@@ -230,7 +230,7 @@ def test_configs_nbtrain_cannot_honour_are_refused_by_name():
 def test_an_untested_ray_is_refused_with_the_tested_versions():
     from ray.train.v2._internal.execution.train_fn_utils import get_train_fn_utils, set_train_fn_utils
 
-    from nbtrain._cluster.rank import ray_train_seam as seam
+    from nbtrain._cluster.rank.ray_train import seam
 
     reason = seam.untested_ray("2.40.1")
     assert reason is not None and "2.40.1" in reason and seam.TESTED_RAY_MINORS[-1] in reason

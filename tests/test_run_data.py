@@ -24,7 +24,7 @@ import nbtrain
 from nbtrain import _json, _registry
 from nbtrain._client import connection
 from nbtrain._client.cli import cluster_answer
-from nbtrain._client.run import _readable
+from nbtrain._client.run.handle import _readable
 from nbtrain._cluster.names import find_supervisor
 from nbtrain._cluster.spec import RunSpec, summarize_config
 from nbtrain._options import RunOptions

@@ -12,7 +12,7 @@ import cloudpickle
 import pytest
 
 from nbtrain import NotSerializableError
-from nbtrain._client.serialization import check_values, dumps_checked
+from nbtrain._client.launching.serialization import check_values, dumps_checked
 
 pytestmark = pytest.mark.quick
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cluster
 SCRIPT = '''
 import json, os, shutil, sys
 import nbtrain
-from nbtrain import _shipping
+from nbtrain._packing import shipping
 
 here = os.path.dirname(os.path.abspath(__file__))
 helpers = os.path.join(here, "helpers")
@@ -52,7 +52,7 @@ write_models(5)  # edited after the first run; the kernel's own mymodels is not 
 second = nbtrain.launch(train, workers=1, name="shipped-second")
 second.wait(timeout=120)
 out["second"] = second.result[0]
-_shipping.MAX_SHIPPED_BYTES = 1000
+shipping.MAX_SHIPPED_BYTES = 1000
 for name, fn in (("big", lambda config: bigpkg.VALUE), ("fast", lambda config: fastpkg.VALUE)):
     try:
         nbtrain.launch(fn, workers=1, name=f"shipped-{name}")

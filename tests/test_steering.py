@@ -179,7 +179,7 @@ def test_a_restarted_attempt_applies_the_changes_at_the_same_steps(cluster):
 
 
 def test_the_dashboards_controls_steer_the_run_and_mark_the_curves(cluster):
-    from nbtrain._views.dashboard import WidgetDashboard
+    from nbtrain._views.dashboard.dashboard import WidgetDashboard
 
     run = nbtrain.launch(steered_loop, name="steering-dashboard", workers=2, config={"step_time": 0.05})
     try:

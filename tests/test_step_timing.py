@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import nbtrain
-from nbtrain._cluster.rank.step_timing import StepTimes
+from nbtrain._cluster.rank.inspection.step_timing import StepTimes
 from nbtrain._cluster.run.stragglers import StragglerWatch
 
 from _helpers import wait_for
@@ -132,8 +132,8 @@ def test_the_step_clock_splits_each_step_and_leaves_out_the_time_between_epochs(
 
 @pytest.mark.quick
 def test_the_worker_table_shows_the_split_and_the_flagged_straggler():
-    from nbtrain._views.step_time_plot import debug_hint
-    from nbtrain._views.worker_table_view import stragglers, worker_table
+    from nbtrain._views.dashboard.step_time_plot import debug_hint
+    from nbtrain._views.dashboard.worker_table import stragglers, worker_table
 
     workers = [{"rank": 0, "state": "running", "step": 50, "step_ms": 42.0, "data_ms": 1.0, "compute_ms": 2.0,
                 "comm_ms": 39.0, "cpu_percent": 35.0, "rss_mb": 700.0},

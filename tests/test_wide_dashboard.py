@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nbtrain._views.dashboard import (
+from nbtrain._views.dashboard.dashboard import (
     RANKS_PER_PAGE,
     TextProgress,
     WidgetDashboard,

@@ -110,7 +110,7 @@ def sweep_options_rst() -> list[str]:
 # --------------------------------------------------------------------------- magics
 def magics() -> list[tuple[str, Any]]:
     """``(spelling, function)`` of every magic ``%load_ext nbtrain`` registers, line magics first."""
-    from nbtrain._views.debug_magics import DebugMagics
+    from nbtrain._views.debugging.debug_magics import DebugMagics
     from nbtrain._views.magics import NbtrainMagics
 
     found = []
@@ -262,7 +262,7 @@ GENERATORS: dict[str, Callable[[], list[str]]] = {
 
 
 SOURCES = ("_options.py", "_sweep_options.py", "_exceptions.py", "_views/magics.py", "_views/magic_flags.py",
-           "_views/debug_magics.py", "_client/cli.py", "_lab/handlers.py")
+           "_views/debugging/debug_magics.py", "_client/cli.py", "_lab/handlers.py")
 
 
 def _directive(generate: Callable[[], list[str]]) -> type[SphinxDirective]:
@@ -281,7 +281,7 @@ def _directive(generate: Callable[[], list[str]]) -> type[SphinxDirective]:
 
 
 def _public_name(app: Sphinx, env: Any, node: Any, contnode: Any) -> Any:
-    """A type hint names a public class where it is defined (``nbtrain._client.run.Run``): link it to
+    """A type hint names a public class where it is defined (``nbtrain._client.run.handle.Run``): link it to
     ``nbtrain.Run``. A private name with no public one stays unresolved (and fails the nitpicky build)."""
     target = node.get("reftarget", "")
     if node.get("refdomain") != "py" or not target.startswith("nbtrain._") or not (public := _exported(target)):
@@ -294,7 +294,7 @@ _PRIVATE_ROLE = re.compile(r":[a-z]+:`~?(\.[\w.]+|nbtrain\._[\w.]+)`")
 
 def _private_refs_as_literals(app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
     """A public docstring's reference to one of nbtrain's private modules or helpers (``:mod:`.sharded_sampling```)
-    reads as a literal: private names have no page. A private name that is exported (``nbtrain._client.run.Run``)
+    reads as a literal: private names have no page. A private name that is exported (``nbtrain._client.run.handle.Run``)
     stays a reference and links to its public entry."""
     def literal(match: re.Match[str]) -> str:
         target = match.group(1)
@@ -306,7 +306,7 @@ def _private_refs_as_literals(app: Sphinx, what: str, name: str, obj: Any, optio
 
 
 def _exported(target: str) -> str | None:
-    """``nbtrain.Run`` for ``nbtrain._client.run.Run``: the public name of a private one, if it has one."""
+    """``nbtrain.Run`` for ``nbtrain._client.run.handle.Run``: the public name of a private one, if it has one."""
     module_name, _, short = target.rpartition(".")
     for public_module in ("nbtrain", "nbtrain.lightning", "nbtrain.huggingface"):
         public = importlib.import_module(public_module)

@@ -28,7 +28,7 @@ from nbtrain._client.local import added_nodes, local_cluster, local_nodes
 
 if TYPE_CHECKING:
     from nbtrain._client.connection import Cluster
-    from nbtrain._client.run import Run
+    from nbtrain._client.run.handle import Run
     from nbtrain._registry import ClusterRecord, RunRecord
 
 
@@ -112,7 +112,7 @@ def cluster_answer(cluster: Cluster) -> dict[str, Any]:
     is left out: readers keep what they knew of it. ``sweeps`` is left out when they could not be
     read: readers keep what they knew of them too.
     """
-    from nbtrain._client.launch import run_summaries
+    from nbtrain._client.launching.launch import run_summaries
     from nbtrain._options import NAME_PATTERN
     from nbtrain._registry import record_from_summary
 
@@ -187,7 +187,7 @@ def _warm_summary() -> dict[str, Any]:
 
 
 def _attached(args: argparse.Namespace, verb: str) -> Run:
-    from nbtrain._client.launch import attach
+    from nbtrain._client.launching.launch import attach
     from nbtrain._exceptions import NbtrainError
 
     address = _address_for(args.name, args.address)

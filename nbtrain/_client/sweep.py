@@ -12,18 +12,18 @@ import dataclasses
 import time
 from typing import Any
 
-from nbtrain import _code_origin as code_origin
 from nbtrain._client import connection, warm
-from nbtrain._client.launch import attach
-from nbtrain._client.launch_checks import check_resources, check_signature, owner, with_uploaded_paths
-from nbtrain._client.run import Run
-from nbtrain._client.serialization import dumps_checked
-from nbtrain._client.stored import on_head
+from nbtrain._client.launching.checks import check_resources, check_signature, owner, with_uploaded_paths
+from nbtrain._client.launching.launch import attach
+from nbtrain._client.launching.serialization import dumps_checked
+from nbtrain._client.run.handle import Run
+from nbtrain._client.run.stored import on_head
 from nbtrain._cluster.names import NAMESPACE, sweep_actor_name
 from nbtrain._cluster.spec import RunSpec, SweepSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError, RunExistsError, RunNotFoundError, SweepFailedError
 from nbtrain._options import RunOptions
-from nbtrain._runtime_env import packages_to_hold
+from nbtrain._packing import code_origin
+from nbtrain._packing.runtime_env import packages_to_hold
 from nbtrain._sweep_options import SweepOptions
 
 POLL_TIMEOUT_S = 30.0

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._client.launch import launch
-from nbtrain._client.run import Run
+from nbtrain._client.launching.launch import launch
+from nbtrain._client.run.handle import Run
 from nbtrain._cluster.rank.session import ROW_KEYS
 from nbtrain._exceptions import InvalidOptionError
 from nbtrain._states import RunState
@@ -69,7 +69,7 @@ class TorchTrainer:
             result = TorchTrainer(train_func, scaling_config=ray.train.ScalingConfig(num_workers=2)).fit()
             result.metrics["loss"]
         """
-        from nbtrain._client.following import block_until_done
+        from nbtrain._client.run.following import block_until_done
 
         run = self.run = launch(self.train_loop_per_worker, **{**self.options, "wait": False})
         view = run.dashboard(follow="background")

@@ -44,7 +44,7 @@ def compare(runs: Iterable[Any], metric: str = "loss", *, x: str = "step") -> Co
         child = run.fork(config={"lr": 0.01})
         nbtrain.compare([run, child], metric="loss")
     """
-    from nbtrain._client.launch import attach
+    from nbtrain._client.launching.launch import attach
 
     if x not in X_CHOICES:
         raise InvalidOptionError(f"compare(x=...) is 'step' or 'time', not {x!r}.")
@@ -139,7 +139,7 @@ class Comparison:
         """What stays in the saved notebook (and the docs' tutorials) once every run has ended: a picture."""
         from IPython.display import HTML
 
-        from nbtrain._views.static_plot import svg_chart
+        from nbtrain._views.dashboard.static_plot import svg_chart
 
         chart = svg_chart(f"{self.metric} by {self.x}", self.curves(), width=640, height=300)
         if self._static is not None:

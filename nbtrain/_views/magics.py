@@ -18,9 +18,9 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbtrain._client import connection
-from nbtrain._client.serialization import check_values
-from nbtrain._code_origin import cell_name
+from nbtrain._client.launching.serialization import check_values
 from nbtrain._exceptions import NbtrainError
+from nbtrain._packing.code_origin import cell_name
 from nbtrain._views.cell_program import CellProgram, referenced_names
 from nbtrain._views.magic_flags import (
     options_from_args,
@@ -111,8 +111,8 @@ class NbtrainMagics(Magics):
                ...:         ...
                ...:         nbtrain.report(loss=loss.item())
         """
-        from nbtrain._client.following import block_until_done
-        from nbtrain._client.launch import start
+        from nbtrain._client.launching.launch import start
+        from nbtrain._client.run.following import block_until_done
 
         args = self._parse(self.ray_train, line)
         if args is None:
@@ -222,7 +222,7 @@ class NbtrainMagics(Magics):
             ray://127.0.0.1:41837 (local): 1 node(s), CPU 2/4 used
             cifar   running    attempt 1  step 120/400
         """
-        from nbtrain._client.launch import runs
+        from nbtrain._client.launching.launch import runs
         from nbtrain._client.sweep import sweeps
 
         if self._parse(self.ray_status, line) is None:
@@ -266,7 +266,7 @@ class NbtrainMagics(Magics):
             In [2]: %ray_connect
             In [3]: %ray_attach cifar --out run
         """
-        from nbtrain._client.launch import attach
+        from nbtrain._client.launching.launch import attach
 
         args = self._parse(self.ray_attach, line)
         if args is None:
@@ -292,7 +292,7 @@ class NbtrainMagics(Magics):
             In [5]: %ray_stop cifar
             Run 'cifar' stopped.
         """
-        from nbtrain._client.launch import attach
+        from nbtrain._client.launching.launch import attach
 
         args = self._parse(self.ray_stop, line)
         if args is None:
@@ -372,7 +372,7 @@ def _print_now(message: str) -> None:
 
 
 def register(ipython: Any) -> None:
-    from nbtrain._views.debug_magics import DebugMagics
+    from nbtrain._views.debugging.debug_magics import DebugMagics
 
     ipython.register_magics(NbtrainMagics)
     ipython.register_magics(DebugMagics)

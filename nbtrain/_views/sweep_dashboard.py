@@ -15,10 +15,10 @@ import threading
 import time
 from typing import Any
 
-from nbtrain._views.dashboard import in_notebook
+from nbtrain._views.dashboard.dashboard import in_notebook
+from nbtrain._views.dashboard.static_plot import COLOURS
+from nbtrain._views.dashboard.summary_text import STATE_COLOURS
 from nbtrain._views.follower import REDRAW_INTERVAL_S
-from nbtrain._views.static_plot import COLOURS
-from nbtrain._views.summary_text import STATE_COLOURS
 
 FADED_OPACITY = 0.25
 TERMINAL = ("succeeded", "failed", "stopped")

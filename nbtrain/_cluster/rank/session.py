@@ -21,9 +21,9 @@ from typing import Any
 
 from nbtrain._cluster.elastic.gradient_noise import NoiseScale
 from nbtrain._cluster.feed.relay_link import Pending, RayPush, RelayLink, open_link
-from nbtrain._cluster.rank.resources import Resources
+from nbtrain._cluster.rank.inspection.resources import Resources
+from nbtrain._cluster.rank.inspection.step_timing import StepTimes
 from nbtrain._cluster.rank.steering import RankSteering
-from nbtrain._cluster.rank.step_timing import StepTimes
 from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0

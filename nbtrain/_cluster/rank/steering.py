@@ -30,8 +30,8 @@ from nbtrain._cluster.commands import (
     STOP_AFTER_EPOCH,
     USER,
 )
-from nbtrain._cluster.rank import stacks
-from nbtrain._cluster.rank.profiling import StepProfile
+from nbtrain._cluster.rank.inspection import stacks
+from nbtrain._cluster.rank.inspection.profiling import StepProfile
 
 CONTROL_WAIT_S = 1.0   # a rank's question for new commands waits this long for one (elastic runs: also a checkpoint)
 CALL_TIMEOUT_S = 10.0

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import ray
 
-from nbtrain import _shipping as shipping
-from nbtrain._cluster.rank import post_mortem, ray_train_on_import
 from nbtrain._cluster.rank.allocator import keep_freed_memory
+from nbtrain._cluster.rank.inspection import post_mortem
+from nbtrain._cluster.rank.ray_train import on_import as ray_train_on_import
 from nbtrain._cluster.rank.session import TrainContext, TrainingSession, set_session
 from nbtrain._net import free_port
+from nbtrain._packing import shipping
 
 if TYPE_CHECKING:
     from nbtrain._cluster.rank.payload import WorkerPayload

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from nbtrain._cluster.elastic import gradient_noise
-from nbtrain._cluster.rank import parallel, sharded_checkpoint, step_timing
-from nbtrain._cluster.rank.counted_shard import CountedShard
-from nbtrain._cluster.rank.data_loading import batch_size_of
+from nbtrain._cluster.rank import parallel, sharded_checkpoint
+from nbtrain._cluster.rank.data.counted_shard import CountedShard
+from nbtrain._cluster.rank.data.loading import batch_size_of
+from nbtrain._cluster.rank.inspection import step_timing
 from nbtrain._cluster.rank.session import TrainContext, current_session
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.run_storage import checkpoint_source, load_trusted, storage_checkpoint, unpack_directory

@@ -3,7 +3,7 @@
 In a DDP run every rank takes the same time per step: the fast ones wait for the slowest in
 the gradient all-reduce. So a rank is compared by its *own* time per step, the step time less
 its communication (data wait plus compute, from its heartbeat; see
-:mod:`nbtrain._cluster.rank.step_timing`). A running rank whose own time stays above
+:mod:`nbtrain._cluster.rank.inspection.step_timing`). A running rank whose own time stays above
 :data:`RATIO` times the median of the running ranks' for the run's ``straggler_window_s`` is
 flagged: once per episode, an event naming the rank and where its time goes, and ``straggler``
 in its worker-table row (the dashboard and the sidebar show it). When it has stayed below for

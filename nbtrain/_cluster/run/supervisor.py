@@ -78,7 +78,7 @@ def supervisor_options(run_name: str, holds: dict[str, Any] | None = None) -> di
     Its runtime env marks its processes as supervisors' own: Ray gives the spare process kept
     for the next supervisor (see spare_process) to a supervisor only, never to a task; the
     spare imports this module as it starts. ``holds``: the run's uploaded folders
-    (:func:`~nbtrain._runtime_env.packages_to_hold`), kept on the cluster as long as the supervisor lives.
+    (:func:`~nbtrain._packing.runtime_env.packages_to_hold`), kept on the cluster as long as the supervisor lives.
     """
     return {
         "name": actor_name(run_name), "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": -1,

@@ -28,7 +28,7 @@ from nbtrain._cluster.run.rank_layout import layout_ranks
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.warm.warm_pool import shape_of
-from nbtrain._runtime_env import for_ranks
+from nbtrain._packing.runtime_env import for_ranks
 from nbtrain._states import WorkerState
 
 WORKER_START_TIMEOUT_S = 180.0

@@ -1,7 +1,7 @@
 """Profiles' traces in the run's directory: ``profiles/profile-<command>/rank<rank>.pt.trace.json.gz``.
 
 Written by the supervisor as each profiled rank answers with its trace (see
-:mod:`nbtrain._cluster.rank.profiling`). The layout is what TensorBoard's profiler plugin reads
+:mod:`nbtrain._cluster.rank.inspection.profiling`). The layout is what TensorBoard's profiler plugin reads
 (``tensorboard --logdir <run dir>/profiles``: a run per profile, a worker per rank); Perfetto
 (ui.perfetto.dev) and ``chrome://tracing`` open one file. The last :data:`KEEP_PROFILES` profiles
 are kept.

@@ -48,8 +48,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nbtrain._cluster.rank.worker import TrainWorker
+from nbtrain._packing.runtime_env import environment_key, for_ranks
 from nbtrain._ray_compat import actor_key
-from nbtrain._runtime_env import environment_key, for_ranks
 
 if TYPE_CHECKING:
     from nbtrain._options import RunOptions

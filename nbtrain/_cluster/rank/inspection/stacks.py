@@ -27,7 +27,7 @@ NBTRAIN_THREADS = ("nbtrain-flush", "nbtrain-steering", "nbtrain-profile")
 MAX_FRAMES = 60          # per thread, innermost kept
 MAX_LINE = 200
 
-_NBTRAIN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_NBTRAIN = os.path.dirname(os.path.abspath(str(sys.modules["nbtrain"].__file__))) + os.sep
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _SITE = tuple({sysconfig.get_paths()["purelib"] + os.sep, sysconfig.get_paths()["platlib"] + os.sep})
 

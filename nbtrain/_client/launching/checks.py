@@ -1,4 +1,4 @@
-"""The checks and steps of starting a run that need no :class:`~nbtrain._client.run.Run`: the function's
+"""The checks and steps of starting a run that need no :class:`~nbtrain._client.run.handle.Run`: the function's
 signature, what the cluster can hold, a writable ``storage=``, the spec as bytes, the supervisor's start and
 its constructor's error. ``launch()`` (:mod:`.launch`) and ``run.fork()`` (:mod:`.forking`) both use them.
 """
@@ -14,13 +14,13 @@ import socket
 import tempfile
 from typing import Any
 
-from nbtrain import _code_origin as code_origin
-from nbtrain._client.serialization import check_values
+from nbtrain._client.launching.serialization import check_values
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._exceptions import NbtrainError, ResourcesUnavailableError, StorageError
 from nbtrain._options import RunOptions
-from nbtrain._runtime_env import local_paths
+from nbtrain._packing import code_origin
+from nbtrain._packing.runtime_env import local_paths
 
 SUPERVISOR_START_S = 30.0  # launch() waits this long for the run's supervisor to take up its storage
 

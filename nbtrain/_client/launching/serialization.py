@@ -18,14 +18,14 @@ from typing import Any
 
 import cloudpickle
 
-from nbtrain import _shipping as shipping
 from nbtrain._exceptions import NotSerializableError
+from nbtrain._packing import shipping
 
 _SKIP_TYPES = (types.ModuleType, type(None), int, float, str, bytes, bool)
 
 
 def dumps_checked(fn: Callable[..., Any], what: str = "the training function") -> tuple[bytes, tuple[str, ...]]:
-    """Pickle ``fn`` with the notebook's own modules it needs (see :mod:`nbtrain._shipping`); returns the
+    """Pickle ``fn`` with the notebook's own modules it needs (see :mod:`nbtrain._packing.shipping`); returns the
     bytes a rank loads and the modules sent (``name@hash``). On failure raise :class:`NotSerializableError`
     naming the culprit."""
     try:

@@ -2,7 +2,7 @@
 applied on the cluster.
 
 Most notebooks need none: the notebook's own modules travel with the function (see
-:mod:`nbtrain._shipping`) and ``env=`` sets variables. ``runtime_env=`` is Ray's own dict for the
+:mod:`nbtrain._packing.shipping`) and ``env=`` sets variables. ``runtime_env=`` is Ray's own dict for the
 rest — a package the cluster lacks (``pip``/``uv``), a folder of data files (``working_dir``), a
 container image — given to every rank's process as Ray gives it to an actor. It is checked before
 anything starts (Ray's own checks, plus unknown keys, which Ray would pass on silently to a plugin

@@ -10,7 +10,7 @@ Memory stays bounded however long the run: the Run holds the most recent
 the cluster, page by page, only when asked.
 
 While the run goes on, its supervisor answers; once it has ended and the supervisor has exited, a
-short-lived task reads its files (:mod:`nbtrain._client.stored`), same cursors: the switch is invisible.
+short-lived task reads its files (:mod:`nbtrain._client.run.stored`), same cursors: the switch is invisible.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any
 import cloudpickle
 
 from nbtrain import _registry
-from nbtrain._client.run_control import RunControl
-from nbtrain._client.run_debugging import RunDebugging
-from nbtrain._client.run_files import RunFiles
-from nbtrain._client.run_inspection import RunInspection
-from nbtrain._client.stored import StoredRunHandle, find_stored
+from nbtrain._client.run.control import RunControl
+from nbtrain._client.run.debugging import RunDebugging
+from nbtrain._client.run.files import RunFiles
+from nbtrain._client.run.inspection import RunInspection
+from nbtrain._client.run.stored import StoredRunHandle, find_stored
 from nbtrain._cluster.names import find_supervisor, wait_until_name_free
 from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
 from nbtrain._states import RunState
@@ -327,7 +327,7 @@ class Run(RunControl, RunFiles, RunDebugging, RunInspection):
             if run.wait(raise_on_failure=False) == nbtrain.RunState.FAILED:
                 run.debug()
         """
-        from nbtrain._client.following import block_until_done
+        from nbtrain._client.run.following import block_until_done
 
         state = block_until_done(self, launched=False, timeout=timeout)
         if raise_on_failure:
@@ -392,7 +392,7 @@ class Run(RunControl, RunFiles, RunDebugging, RunInspection):
 
             run.dashboard(ranks=[0, 3])
         """
-        from nbtrain._views.dashboard import show_dashboard
+        from nbtrain._views.dashboard.dashboard import show_dashboard
 
         return show_dashboard(self, **options)
 

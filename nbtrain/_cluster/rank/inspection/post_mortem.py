@@ -4,7 +4,7 @@ Taken where the rank handles the exception (:mod:`.worker`), from the user's fir
 nbtrain's own frames are left out. Per frame: file name, line, function, the line its code
 starts at, its local variables, and the modules and values of the globals its code names; per
 file, the source lines (from :mod:`linecache`, where notebook cells are, see
-:mod:`nbtrain._code_origin`), whole up to :data:`SOURCE_CHARS`, else a window around the lines
+:mod:`nbtrain._packing.code_origin`), whole up to :data:`SOURCE_CHARS`, else a window around the lines
 the frames need.
 
 Values are pickled with cloudpickle within the run's ``debug_capture_mb`` (a rank's whole
@@ -42,7 +42,7 @@ SOURCE_CHARS = 500_000        # a file's lines travel whole up to this size; els
 SOURCE_WINDOW = 80            # lines before and after each frame's line (and from its function's first line)
 SMALL_TENSOR = 20             # tensors of at most this many elements also keep their values' repr
 EXCEPTION_BYTES = 64 * 1024   # the exception object itself, pickled, when it fits
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_PACKAGE = os.path.dirname(os.path.abspath(str(sys.modules["nbtrain"].__file__))) + os.sep
 
 _short = reprlib.Repr()
 _short.maxstring = _short.maxother = REPR_CHARS

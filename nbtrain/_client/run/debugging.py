@@ -14,7 +14,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbtrain._client.stored import READ_TIMEOUT_S
+from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._exceptions import NbtrainError
 
 
@@ -44,7 +44,7 @@ class RunDebugging:
             run.debug()                                   # the failing rank, interactively
             run.debug(rank=1, commands="where; p loss")   # scripted
         """
-        from nbtrain._views.debugger import post_mortem
+        from nbtrain._views.debugging.debugger import post_mortem
 
         attempt, chosen = self._failure_to_debug(rank)
         data = self._call("post_mortem", attempt, chosen, timeout=READ_TIMEOUT_S)

@@ -1,7 +1,7 @@
 """Acting on a live run from the notebook: stop it, move it off a node, and steer it — change its optimizer's
 settings, pause it, checkpoint it now, send the ranks a command — at the same step on every rank.
 
-:class:`RunControl` is the part of :class:`~nbtrain._client.run.Run` that writes; every method asks the
+:class:`RunControl` is the part of :class:`~nbtrain._client.run.handle.Run` that writes; every method asks the
 run's supervisor, which decides the step (see :mod:`nbtrain._cluster.run.steering`) and keeps each
 change in the run's history (``run.changes``, ``run.config_at(step)``, the curves' markers).
 """
@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from nbtrain._client.cluster_nodes import worker_node_id
-from nbtrain._client.stored import READ_TIMEOUT_S
+from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._cluster.commands import (
     ADJUST,
     AS_SOON_AS_BACK,
@@ -31,7 +31,7 @@ _UNSET: Any = object()
 
 
 class RunControl:
-    """Mixed into :class:`~nbtrain._client.run.Run`."""
+    """Mixed into :class:`~nbtrain._client.run.handle.Run`."""
 
     name: str
 
@@ -139,7 +139,7 @@ class RunControl:
             child = run.fork(config={"lr": 0.01}, name="lower-lr")
             nbtrain.compare([run, child], metric="loss")
         """
-        from nbtrain._client.forking import fork
+        from nbtrain._client.run.forking import fork
 
         return fork(self, step=step, config=config, name=name, train_fn=train_fn, options=options)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbtrain._client.launch_checks import (
+from nbtrain._client.launching.checks import (
     check_resources,
     check_signature,
     name_taken,
@@ -23,11 +23,11 @@ from nbtrain._client.launch_checks import (
     pickled,
     wait_for_supervisor,
 )
-from nbtrain._client.serialization import dumps_checked
+from nbtrain._client.launching.serialization import dumps_checked
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._options import RunOptions
-from nbtrain._runtime_env import packages_to_hold
+from nbtrain._packing.runtime_env import packages_to_hold
 
 FORK_READ_S = 120.0  # the checkpoint travels through the notebook: large ones take a while
 
@@ -74,7 +74,7 @@ def start_new(spec: RunSpec, run_type: type) -> Any:
     this module needs no import of it) to follow it."""
     from nbtrain import _registry
     from nbtrain._client import connection, warm
-    from nbtrain._client.stored import stored_names
+    from nbtrain._client.run.stored import stored_names
     from nbtrain._cluster.names import find_supervisor
     from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
     from nbtrain._exceptions import RunExistsError

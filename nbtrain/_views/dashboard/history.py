@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from nbtrain._views.downsample import Array, downsample
+from nbtrain._views.dashboard.downsample import Array, downsample
 
 RESERVED = frozenset({"rank", "step", "attempt", "time"})
 EXACT_POINTS = 2000     # per metric and rank: the recent points, kept exactly

@@ -1,7 +1,7 @@
 """Reaching a finished run, whose supervisor has exited, from the notebook.
 
 A :class:`StoredRunHandle` looks like the supervisor's actor handle to
-:class:`~nbtrain._client.run.Run` (``handle.poll.remote(...)`` returns an object
+:class:`~nbtrain._client.run.handle.Run` (``handle.poll.remote(...)`` returns an object
 ref) but each call is a short-lived Ray task on the head node that reads the
 run's files (:mod:`nbtrain._cluster.run.stored_run`). The task takes no CPU in
 Ray's accounting, so it runs even while training ranks hold every core, and

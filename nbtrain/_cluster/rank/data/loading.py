@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nbtrain._cluster.elastic import adaptive_batch, gradient_noise
+from nbtrain._cluster.rank.data.sharded_sampling import RankShare
 from nbtrain._cluster.rank.session import current_session
-from nbtrain._cluster.rank.sharded_sampling import RankShare
 
 _END = object()  # the loader's iterator is done
 
@@ -115,7 +115,7 @@ def prepare_loader(loader: Any, move_to_device: bool = True) -> PreparedLoader:
     stay shuffled, differently each epoch. Any other sampler keeps its meaning: a
     ``WeightedRandomSampler``, ``SubsetRandomSampler``, custom sampler or custom ``batch_sampler``
     runs alike on every rank (same seed per epoch) and each rank takes its share of what it
-    yields (see :mod:`~nbtrain._cluster.rank.sharded_sampling`; a sampler whose draws nbtrain
+    yields (see :mod:`~nbtrain._cluster.rank.data.sharded_sampling`; a sampler whose draws nbtrain
     cannot seed is refused, saying what to do). A ``DistributedSampler`` is kept as it is, and an
     ``IterableDataset``'s loader is returned unchanged: such a dataset shards itself (use
     ``get_context().rank``). Every other argument the loader was made with (workers, collate

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nbtrain._cluster.rank.step_timing import StepTimes
+from nbtrain._cluster.rank.inspection.step_timing import StepTimes
 
 _END = object()
 

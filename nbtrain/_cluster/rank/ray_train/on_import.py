@@ -1,6 +1,6 @@
 """Ray Train's seam on a rank, put in place only when the run's code imports ``ray.train``.
 
-The seam (:mod:`~nbtrain._cluster.rank.ray_train_seam`) imports ``ray.train.torch`` and Ray
+The seam (:mod:`~nbtrain._cluster.rank.ray_train.seam`) imports ``ray.train.torch`` and Ray
 Train v2's internals: 1.8 s of CPU and ~107 MB of memory in each rank process (measured
 on the 2-core test machine), which a run that never calls Ray Train would pay for
 nothing. So during a run, :func:`watch` puts the seam in place as ``ray.train`` is
@@ -23,7 +23,7 @@ from nbtrain._cluster.rank.session import active_session
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
 
-SEAM_MODULE = "nbtrain._cluster.rank.ray_train_seam"
+SEAM_MODULE = "nbtrain._cluster.rank.ray_train.seam"
 WATCHED = "ray.train"
 
 

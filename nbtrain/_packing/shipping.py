@@ -29,8 +29,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from nbtrain import _code_origin as code_origin
 from nbtrain._exceptions import NotSerializableError
+from nbtrain._packing import code_origin
 
 MAX_SHIPPED_BYTES = 100 * 2**20
 SKIPPED_DIRS = frozenset({"__pycache__", ".git", ".ipynb_checkpoints", ".mypy_cache", ".pytest_cache"})

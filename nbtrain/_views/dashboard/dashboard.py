@@ -24,12 +24,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from nbtrain._states import RunState
-from nbtrain._views.control_row import ControlRow, change_marks
-from nbtrain._views.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
-from nbtrain._views.history import MetricHistory, take_new_rows
-from nbtrain._views.static_plot import COLOURS, svg_chart
-from nbtrain._views.step_time_plot import StepTimePlot, debug_hint
-from nbtrain._views.summary_text import (
+from nbtrain._views.dashboard.control_row import ControlRow, change_marks
+from nbtrain._views.dashboard.history import MetricHistory, take_new_rows
+from nbtrain._views.dashboard.static_plot import COLOURS, svg_chart
+from nbtrain._views.dashboard.step_time_plot import StepTimePlot, debug_hint
+from nbtrain._views.dashboard.summary_text import (
     STATE_COLOURS,
     config_text,
     elapsed,
@@ -39,7 +38,7 @@ from nbtrain._views.summary_text import (
     progress_fraction,
     state_label,
 )
-from nbtrain._views.worker_table_view import (
+from nbtrain._views.dashboard.worker_table import (
     RANK_HINT,
     RANKS_PER_PAGE,
     parse_ranks,
@@ -47,6 +46,7 @@ from nbtrain._views.worker_table_view import (
     summary_table,
     worker_table,
 )
+from nbtrain._views.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
 
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from nbtrain._client.checkpoint_files import load_in_notebook, local_checkpoint_dir
-from nbtrain._client.stored import READ_TIMEOUT_S
+from nbtrain._client.run.checkpoint_files import load_in_notebook, local_checkpoint_dir
+from nbtrain._client.run.stored import READ_TIMEOUT_S
 
 FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of supervisor memory at most
 

@@ -1,6 +1,6 @@
 """IPython's debugger on a failing rank's post-mortem, in the notebook.
 
-The capture (:mod:`nbtrain._cluster.rank.post_mortem`) holds each frame's file, line, function,
+The capture (:mod:`nbtrain._cluster.rank.inspection.post_mortem`) holds each frame's file, line, function,
 first line, locals and globals, and the files' source lines. The debugger gets *real* frames:
 each captured frame becomes a code object compiled from one statement placed at the captured
 line, in the captured file's name, renamed to the captured function and starting at its first

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nbtrain._client.inspection_results import Profile, Stacks
-from nbtrain._client.stored import READ_TIMEOUT_S
+from nbtrain._client.run.inspection_results import Profile, Stacks
+from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._cluster.commands import MAX_PROFILE_STEPS, PROFILE, STACKS
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._states import RunState

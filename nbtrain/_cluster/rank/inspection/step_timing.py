@@ -1,6 +1,6 @@
 """Where a rank's step time goes: waiting for data, computing, and communicating gradients.
 
-- **Data wait**: the time a prepared loader (:mod:`.data_loading`) or a Ray Dataset shard's
+- **Data wait**: the time a prepared loader (:mod:`~nbtrain._cluster.rank.data.loading`) or a Ray Dataset shard's
   iterator (:mod:`.counted_shard`) takes to hand over the next batch (a prepared loader's move to
   the device included).
 - **Gradient communication**: on a model from ``prepare_model`` (DDP), a communication hook

@@ -3,7 +3,7 @@
 The magic, the launch panel and the lab sidebar all come here. ``launch()``
 turns its keyword arguments into one :class:`~nbtrain._options.RunOptions`
 (validated there), pickles the function, and starts the run's supervisor as a
-detached actor; the returned :class:`~nbtrain._client.run.Run` only reads.
+detached actor; the returned :class:`~nbtrain._client.run.handle.Run` only reads.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain import _options, _registry
-from nbtrain._client import connection, data_room, warm
-from nbtrain._client.following import block_until_done
-from nbtrain._client.launch_checks import (
+from nbtrain._client import connection, warm
+from nbtrain._client.launching import data_room
+from nbtrain._client.launching.checks import (
     check_resources,
     check_signature,
     check_writable,
@@ -27,9 +27,10 @@ from nbtrain._client.launch_checks import (
     wait_for_supervisor,
     with_uploaded_paths,
 )
-from nbtrain._client.run import POLL_TIMEOUT_S, Run
-from nbtrain._client.serialization import dumps_checked
-from nbtrain._client.stored import StoredRunHandle, find_stored, stored_names, stored_summaries
+from nbtrain._client.launching.serialization import dumps_checked
+from nbtrain._client.run.following import block_until_done
+from nbtrain._client.run.handle import POLL_TIMEOUT_S, Run
+from nbtrain._client.run.stored import StoredRunHandle, find_stored, stored_names, stored_summaries
 from nbtrain._cluster.names import find_supervisor, run_names, wait_until_name_free
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import (
@@ -37,7 +38,7 @@ from nbtrain._exceptions import (
     RunNotFoundError,
 )
 from nbtrain._options import RunOptions
-from nbtrain._runtime_env import packages_to_hold
+from nbtrain._packing.runtime_env import packages_to_hold
 
 
 def launch(

@@ -1,6 +1,6 @@
 """The live dashboard's control row: the run's optimizer settings, each with an input to change it, Pause /
-Resume, Checkpoint now and Stop — the buttons of :class:`~nbtrain._client.run_control.RunControl` — Stacks and
-Profile 10 steps (:class:`~nbtrain._client.run_inspection.RunInspection`), and the markers each change leaves
+Resume, Checkpoint now and Stop — the buttons of :class:`~nbtrain._client.run.control.RunControl` — Stacks and
+Profile 10 steps (:class:`~nbtrain._client.run.inspection.RunInspection`), and the markers each change leaves
 on the curves.
 
 Clicks call the same ``run.adjust()`` / ``run.pause()`` / ``run.stacks()`` a cell would, on a thread of their own

@@ -11,7 +11,7 @@ import html
 import math
 from collections.abc import Mapping
 
-from nbtrain._views.downsample import Points, downsample
+from nbtrain._views.dashboard.downsample import Points, downsample
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
