@@ -79,6 +79,12 @@ def test_static_chart_is_a_small_svg_with_the_series_names():
     assert len(svg) < 20_000
 
 
+def test_static_chart_marks_the_changes_inside_its_steps_and_leaves_out_the_others():
+    xs = np.arange(100, dtype=float)
+    svg = svg_chart("loss", {"loss mean": (xs, xs)}, marks=[(40, "lr 0.1 → 0.01", "#9467bd"), (500, "later", "#000")])
+    assert svg.count("<line ") == 1 and "lr 0.1 → 0.01" in svg and "later" not in svg
+
+
 def beats(table: WorkerTable, rank: int, *beats: tuple[float, int, float | None]) -> None:
     for when, step, samples_per_s in beats:
         beat = {"time": when, "step": step, "state": "running"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -207,6 +208,13 @@ def test_the_dashboards_controls_steer_the_run_and_mark_the_curves(cluster):
 
         controls.fields["lr"].value = "fast"
         assert "lr: 'fast' is not a number; nothing was changed." in html.unescape(dashboard.notice.value)
+
+        left: list[str] = []  # what the saved notebook keeps once the run ends: its static picture
+        dashboard._static_handle = SimpleNamespace(update=lambda shown: left.append(shown.data))
+        run.stop()
+        run.wait(timeout=60)
+        dashboard.update()
+        assert len(left) == 1 and ">lr 0.1 → 0.02</text>" in left[0]
     finally:
         run.stop()
 

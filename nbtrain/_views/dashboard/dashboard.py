@@ -26,7 +26,7 @@ from typing import Any
 from nbtrain._states import RunState
 from nbtrain._views.dashboard.control_row import ControlRow, change_marks
 from nbtrain._views.dashboard.history import MetricHistory, take_new_rows
-from nbtrain._views.dashboard.static_plot import COLOURS, svg_chart
+from nbtrain._views.dashboard.static_plot import COLOURS, static_summary
 from nbtrain._views.dashboard.step_time_plot import StepTimePlot, debug_hint
 from nbtrain._views.dashboard.summary_text import (
     STATE_COLOURS,
@@ -431,19 +431,7 @@ class WidgetDashboard(Follower):
     def _leave_static_summary(self, summary: dict[str, Any]) -> None:
         from IPython.display import HTML
 
-        charts = []
-        for group, metrics in self.history.groups().items():
-            series = {f"{metric} mean": self.history.mean(metric) for metric in metrics}
-            charts.append(svg_chart(group, series))
-        state = summary["state"]
-        latest = ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.history.latest.items()))
-        text = (f"Run {self.run.name}: {state} after {fmt_duration(elapsed(summary))}, "
-                f"{summary.get('world_size')} workers, attempt {summary.get('attempt')}, "
-                f"{self.history.rows_seen} metric rows. Final: {latest or 'no metrics'}.")
-        error = summary.get("error")
-        body = (f'<div class="nbtrain-summary"><p style="color:{STATE_COLOURS.get(state, "#000")}">'
-                f"{html.escape(text)}</p>{''.join(charts)}"
-                + debug_hint(self.run.name, summary)
-                + (f'<pre style="color:#d62728">{html.escape(error)}</pre>' if error else "") + "</div>")
+        _shapes, labels = self._resize_marks()
+        marks = [(label["x"], label["text"], label["font"]["color"]) for label in labels]
         if self._static_handle is not None:
-            self._static_handle.update(HTML(body))
+            self._static_handle.update(HTML(static_summary(self.run.name, summary, self.history, marks)))

@@ -2,22 +2,44 @@
 
 JupyterLab does not restore widget state when a notebook is reopened, and
 plotly's widget state is megabytes. So when a run ends the dashboard also
-leaves this static picture (a few KB, no JavaScript) and a text summary.
+leaves this static picture (a few KB, no JavaScript) and a text summary, with
+the same markers as the live curves (a resize, a change made while it ran).
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from nbtrain._views.dashboard.downsample import Points, downsample
+from nbtrain._views.dashboard.history import MetricHistory
+from nbtrain._views.dashboard.step_time_plot import debug_hint
+from nbtrain._views.dashboard.summary_text import STATE_COLOURS, elapsed, fmt_duration
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
+Mark = tuple[float, str, str]  # a vertical line at this step, its label, its colour
+
+
+def static_summary(run_name: str, summary: dict[str, Any], history: MetricHistory, marks: Sequence[Mark]) -> str:
+    """The HTML a finished run's dashboard leaves: one line of outcome, a chart per metric group, the failure."""
+    charts = [svg_chart(group, {f"{metric} mean": history.mean(metric) for metric in metrics}, marks=marks)
+              for group, metrics in history.groups().items()]
+    state = summary["state"]
+    latest = ", ".join(f"{k}={v:.4g}" for k, v in sorted(history.latest.items()))
+    text = (f"Run {run_name}: {state} after {fmt_duration(elapsed(summary))}, "
+            f"{summary.get('world_size')} workers, attempt {summary.get('attempt')}, "
+            f"{history.rows_seen} metric rows. Final: {latest or 'no metrics'}.")
+    error = summary.get("error")
+    return (f'<div class="nbtrain-summary"><p style="color:{STATE_COLOURS.get(state, "#000")}">'
+            f"{html.escape(text)}</p>{''.join(charts)}" + debug_hint(run_name, summary)
+            + (f'<pre style="color:#d62728">{html.escape(error)}</pre>' if error else "") + "</div>")
+
 
 def svg_chart(title: str, series: Mapping[str, tuple[Points, Points]],
-              width: int = 420, height: int = 240) -> str:
+              width: int = 420, height: int = 240, marks: Sequence[Mark] = ()) -> str:
     left, right, top, bottom = 52, 10, 24, 30
     points = {name: downsample(xs, ys, 400) for name, (xs, ys) in series.items() if len(xs)}
     finite = [(x, y) for xs, ys in points.values() for x, y in zip(xs, ys) if math.isfinite(y)]
@@ -50,5 +72,11 @@ def svg_chart(title: str, series: Mapping[str, tuple[Points, Points]],
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{path}"/>')
         parts.append(f'<text x="{width - right - 4}" y="{top + 12 + 12 * i}" text-anchor="end" '
                      f'fill="{colour}">{html.escape(name)}</text>')
+    for step, label, colour in marks:
+        if x0 <= step <= x1:
+            x = sx(step)
+            parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" stroke="{colour}" '
+                         f'stroke-dasharray="3,3"/><text x="{x + 3:.1f}" y="{top + 10}" fill="{colour}" '
+                         f'font-size="9">{html.escape(label)}</text>')
     parts.append("</svg>")
     return "".join(parts)
