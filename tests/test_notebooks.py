@@ -48,7 +48,7 @@ SMALL: dict[str, dict[str, object]] = {
     "08_lightning.ipynb": {"epochs": 2, "num_train": 1024, "batch_size": 64},
     "09_elastic.ipynb": {"steps": 250, "step_time": 0.05},
     "10_steer_and_compare.ipynb": {"batches": 10, "step_time": 0.05},
-    "11_debug_and_profile.ipynb": {"steps": 12, "straggler_seconds": 15, "straggler_window_s": 2.0},
+    "11_debug_and_profile.ipynb": {"steps": 12, "straggler_steps": 375, "straggler_window_s": 2.0},
 }
 
 

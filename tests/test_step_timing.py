@@ -53,20 +53,19 @@ def train_with_a_slow_loader(config):
     model.register_comm_hook(None, counting_hook)  # the user's own hook, after prepare_model
     loader = nbtrain.prepare_loader(torch.utils.data.DataLoader(SlowOnOneRank(1, config["delay"]), batch_size=4))
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
-    deadline = time.monotonic() + config["seconds"]
-    for x, y in loader:
+    for step, (x, y) in enumerate(loader, start=1):  # a count, not a clock: every rank stops at the same step
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         nbtrain.report(loss=loss.item())
-        if time.monotonic() > deadline:
+        if step == config["steps"]:
             break
     return calls[0]
 
 
 def test_a_rank_slowed_in_its_data_loader_is_flagged_with_its_time_under_data_wait(cluster):
-    run = nbtrain.launch(train_with_a_slow_loader, config={"delay": 0.01, "seconds": 40}, workers=2,
+    run = nbtrain.launch(train_with_a_slow_loader, config={"delay": 0.01, "steps": 600}, workers=2,
                          name="slow-loader", straggler_window_s=2.0)
     event = wait_for(lambda: next((e for e in run.events if e["kind"] == "straggler"), None), 120,
                      message="a straggler event", describe=lambda: run.workers)

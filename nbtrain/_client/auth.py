@@ -13,8 +13,9 @@ token. ``_metadata`` is a private argument of ``ray.init``
 (:func:`nbtrain._ray_compat.init_with_metadata`); ``tests/test_import_order.py`` pins it
 against the installed Ray.
 
-Which token. The header goes in plain gRPC, so whoever listens at an address reads
-it: :func:`resolve_token` gives an address only a token meant for it. A token the
+Which token. The header goes in plain gRPC (unless the cluster runs Ray's TLS: see
+:mod:`nbtrain._client.tls`), so whoever listens at an address reads it:
+:func:`resolve_token` gives an address only a token meant for it. A token the
 user gave for an address is kept for that address (``tokens.json`` in nbtrain's
 home, 0600) once the cluster accepted it; the embedded cluster's token goes to the
 embedded cluster alone; Ray's usual places are used for other addresses unless
@@ -44,6 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from nbtrain._client import tls
 from nbtrain._client.local import local_cluster
 from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import port_is_open
@@ -179,7 +181,8 @@ def preflight(address: str, host: str, port: int, token: str | None, *, source: 
     import grpc
 
     try:
-        ping_client_server(host, port, grpc_metadata(token), PREFLIGHT_TIMEOUT_S * 2)
+        ping_client_server(host, port, grpc_metadata(token), PREFLIGHT_TIMEOUT_S * 2,
+                           tls.channel_credentials(address))
     except grpc.RpcError as exc:
         code = exc.code()
         if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -197,6 +200,9 @@ def preflight(address: str, host: str, port: int, token: str | None, *, source: 
                             + "; ".join(withheld) + ".")
             raise ConnectionFailedError(msg) from None
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
+            if code != grpc.StatusCode.UNIMPLEMENTED and (hint := tls.mismatch_hint(address, host, port,
+                                                                                      PREFLIGHT_TIMEOUT_S)):
+                raise ConnectionFailedError(hint) from None
             msg = (f"Something is listening at {address}, but it does not answer as a Ray Client server "
                    f"({code.name}). Check the port: it must be the head's Ray Client port "
                    f"(--ray-client-server-port, 10001 by default), not the GCS or dashboard port.")

@@ -27,6 +27,7 @@ from nbtrain._packing.runtime_env import packages_to_hold
 from nbtrain._sweep_options import SweepOptions
 
 POLL_TIMEOUT_S = 30.0
+TRIAL_STOP_S = 70.0  # the sweep's supervisor gives a trial's run 60 s to stop
 SWEEP_START_S = 30.0
 TERMINAL = ("succeeded", "failed", "stopped")
 # Run options a sweep sets itself for each trial: given to tune(), they would mean something else.
@@ -69,7 +70,7 @@ class Trial:
         return attach(self.run_name)
 
     def stop(self) -> None:
-        """Stop this trial at its next report; the sweep goes on with the others.
+        """Stop this trial; returns once its run has stopped. The sweep goes on with the others.
 
         Raises:
             RunNotFoundError: the sweep no longer lists this trial.
@@ -223,7 +224,8 @@ class Sweep:
         return self.state
 
     def stop_trial(self, index: int) -> None:
-        """Stop one trial at its next report; the sweep goes on with the others (as :meth:`Trial.stop`).
+        """Stop one trial; returns once its run has stopped. The sweep goes on with the others (as
+        :meth:`Trial.stop`).
 
         Args:
             index: the trial's index, as :attr:`trials` and the sweep's dashboard number them.
@@ -237,7 +239,7 @@ class Sweep:
         if not found:
             raise RunNotFoundError(f"sweep {self.name!r} has no trial {index}; it has {len(self.trials)}.")
         if self._handle is not None:
-            ray.get(self._handle.stop_trial.remote(found[0].id), timeout=POLL_TIMEOUT_S)
+            ray.get(self._handle.stop_trial.remote(found[0].id), timeout=TRIAL_STOP_S)
 
     def dashboard(self) -> Any:
         """Show the sweep's live view and return it: every trial's curve, each hyperparameter against the

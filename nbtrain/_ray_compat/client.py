@@ -47,9 +47,11 @@ def kernel_ray_lacks_token() -> bool:
         return True
 
 
-def ping_client_server(host: str, port: int, metadata: Sequence[tuple[str, str]], timeout_s: float) -> None:
-    """One Ray Client ``ClusterInfo(PING)`` over a plain gRPC channel (not Ray's: Ray's adds its own token
-    when this kernel's Ray has token mode on); raises ``grpc.RpcError`` as the server answers.
+def ping_client_server(host: str, port: int, metadata: Sequence[tuple[str, str]], timeout_s: float,
+                       credentials: Any = None) -> None:
+    """One Ray Client ``ClusterInfo(PING)`` over a gRPC channel of nbtrain's (not Ray's: Ray's adds its own
+    token when this kernel's Ray has token mode on), TLS with ``credentials`` where given; raises
+    ``grpc.RpcError`` as the server answers.
 
     Public instead: none (``ray.init`` reports a dead address, a missing and a wrong token all as a
     timeout after ~30 s). Degrades: without Ray Client's protos, no ping, said once on stderr:
@@ -62,7 +64,8 @@ def ping_client_server(host: str, port: int, metadata: Sequence[tuple[str, str]]
     except ImportError as exc:
         say_once(f"cannot ping the Ray Client server before connecting ({reason(exc)})")
         return
-    channel = grpc.insecure_channel(f"{host}:{port}")
+    target = f"{host}:{port}"
+    channel = grpc.insecure_channel(target) if credentials is None else grpc.secure_channel(target, credentials)
     try:
         stub = ray_client_pb2_grpc.RayletDriverStub(channel)
         stub.ClusterInfo(ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING),

@@ -339,13 +339,20 @@ class SweepSupervisor:
             return self._state
 
     def stop_trial(self, trial_id: str) -> None:
-        """Stop one trial now: its run is stopped (its trial then ends), and Tune's stopper agrees."""
+        """Stop one trial now: Tune's stopper agrees, and its run is stopped (its trial then ends).
+
+        Returns once the run's workers are gone, as ``run.stop()`` does: a trial the sweep's table
+        then shows as stopped never has a run still going.
+        """
         with self._lock:
             self.stop_requests.add(trial_id)
             run = self._trials.get(trial_id, {}).get("run")
         supervisor = find_supervisor(run) if run is not None else None
         if supervisor is not None:  # None: its run has ended already
-            supervisor.stop.remote()
+            try:
+                ray.get(supervisor.stop.remote(TRIAL_STOP_WAIT_S), timeout=TRIAL_STOP_WAIT_S + 5)
+            except ray.exceptions.RayError:
+                pass  # it ended and retired meanwhile
 
 
 def _better(value: float, than: float, mode: str) -> bool:
