@@ -82,6 +82,7 @@ def test_flags_parse_into_the_same_options_as_launch_keywords(train_parser):
     import ray.data
 
     dataset = ray.data.Dataset.__new__(ray.data.Dataset)  # a Dataset's type is all the check reads
+    dataset._current_executor = None  # what a Dataset that never ran holds (its __del__ reads it)
     options = options_from_args(train_parser.parse_args(line.split()), {"ds": dataset})
     assert options == RunOptions(workers=3, cpus_per_worker=0.5, name="exp.1", config={"lr": 0.1, "tags": ["a"]},
                                  env={"OMP_NUM_THREADS": "1"}, stall_timeout_s=30.0, on_stall="restart",
