@@ -38,10 +38,10 @@ def test_every_listening_socket_of_the_local_cluster_is_on_loopback(cluster):
     listening = []
     for proc in _cluster_processes():
         try:
-            conns = proc.net_connections(kind="inet")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            conns, name = proc.net_connections(kind="inet"), proc.name()
+        except psutil.Error:  # ended meanwhile
             continue
-        listening += [(proc.name(), c.laddr) for c in conns if c.status == psutil.CONN_LISTEN]
+        listening += [(name, c.laddr) for c in conns if c.status == psutil.CONN_LISTEN]
     assert listening, "found no listening sockets of the cluster"
     loopback = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
     assert all(addr.ip in loopback for _name, addr in listening), listening
@@ -61,12 +61,12 @@ def test_client_port_refuses_a_connection_without_the_token(cluster):
 
 def test_unreachable_address_fails_within_15_s_naming_it(cluster):
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again when the block ends: nobody listens there
-    began = time.monotonic()
-    with pytest.raises(nbtrain.ConnectionFailedError, match=f"Nothing is listening at ray://127.0.0.1:{port}"):
-        preflight(f"ray://127.0.0.1:{port}", *_host_port(f"ray://127.0.0.1:{port}"), token=None)
-    assert time.monotonic() - began < 15
+        sock.bind(("127.0.0.1", 0))  # held, never listening: nobody else takes the port meanwhile
+        port = sock.getsockname()[1]
+        began = time.monotonic()
+        with pytest.raises(nbtrain.ConnectionFailedError, match=f"Nothing is listening at ray://127.0.0.1:{port}"):
+            preflight(f"ray://127.0.0.1:{port}", *_host_port(f"ray://127.0.0.1:{port}"), token=None)
+        assert time.monotonic() - began < 15
 
 
 def test_a_port_that_is_not_ray_client_is_named_as_such(cluster):

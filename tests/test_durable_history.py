@@ -46,7 +46,7 @@ def test_supervisor_killed_mid_run_twice_loses_and_repeats_no_row(cluster):
     name = "history-kill-twice"
     run_dir = storage_root() / name
     run = nbtrain.launch(train_steps, workers=2, name=name,
-                         config={"steps": 200, "sleep": 0.02, "checkpoint_every": 25})
+                         config={"steps": 200, "sleep": 0.05, "checkpoint_every": 25})
     seen: list[dict] = []
 
     def follow(predicate):

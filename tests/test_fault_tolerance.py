@@ -129,9 +129,9 @@ def test_killed_supervisor_is_restarted_with_its_history(cluster):
 
     from nbtrain._cluster.names import NAMESPACE, actor_name
 
-    run = nbtrain.launch(train_steps, config={"steps": 60, "sleep": 0.05, "checkpoint_every": 10}, workers=2,
-                         name="supervisor-dies")
-    wait_for(lambda: len(run.metrics) > 40, 180, message="some history")
+    run = nbtrain.launch(_train_steps_holding_in_attempt_1, workers=2, name="supervisor-dies",
+                         config={"steps": 60, "sleep": 0.05, "checkpoint_every": 10, "hold_after": 20})
+    wait_for(lambda: _steps_by_rank(run.metrics) >= {(0, 20), (1, 20)}, 180, message="both ranks to report step 20")
     before = run.metrics
     ray.kill(ray.get_actor(actor_name("supervisor-dies"), namespace=NAMESPACE), no_restart=False)
     assert run.wait(timeout=240) == nbtrain.RunState.SUCCEEDED

@@ -16,6 +16,7 @@ import pytest
 import nbtrain
 from nbtrain._client import connection
 from nbtrain._client.cli import cluster_answer
+from nbtrain._client.local import local_cluster
 from nbtrain._client.run.stored import StoredRunHandle
 from nbtrain._cluster.names import find_supervisor
 from nbtrain._paths import run_index_dir, storage_root
@@ -25,10 +26,15 @@ from _train_fns import train_steps
 
 
 def supervisor_processes() -> list[str]:
-    """Command lines of the RunSupervisor processes on this machine (the cluster is on loopback here)."""
+    """Command lines of the session cluster's RunSupervisor processes (not those of the other lane's clusters)."""
+    info = local_cluster.status()
+    assert info is not None, "the session cluster is not running"
     found = []
-    for process in psutil.process_iter(["cmdline"]):
-        line = " ".join(process.info["cmdline"] or [])
+    for process in psutil.Process(info.pid).children(recursive=True):
+        try:
+            line = " ".join(process.cmdline())
+        except psutil.Error:  # ended meanwhile
+            continue
         if line.startswith("ray::RunSupervisor"):
             found.append(line)
     return found

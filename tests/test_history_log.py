@@ -25,6 +25,8 @@ from nbtrain._cluster.feed.feed import ROW_TAIL, RunFeed
 from nbtrain._cluster.storage.history_log import FAULT_DISK_FULL_ENV, HistoryLog
 from nbtrain._cluster.storage.run_storage import RunStorage
 
+from _helpers import wait_for
+
 pytestmark = pytest.mark.quick
 
 SEGMENT = 1_000
@@ -180,15 +182,15 @@ def test_a_full_disk_keeps_rows_in_memory_tells_the_user_once_and_writes_them_la
     storage, feed = _feed(tmp_path)
     woken = []
 
-    def long_poll() -> None:
+    def long_poll(cursor: tuple[int, int, int]) -> None:
         with feed.lock:
-            woken.append(feed.read((feed.row_count, 0, feed.event_count), 100, 5.0, lambda: False, list, 1.0))
+            woken.append(feed.read(cursor, 100, 5.0, lambda: False, list, 1.0))
 
     feed.accept(0, 1, 1, [_row(0)], [])
     flag.touch()
-    poller = threading.Thread(target=long_poll)
+    poller = threading.Thread(target=long_poll, args=((feed.row_count, 0, feed.event_count),))
     poller.start()
-    time.sleep(0.2)
+    wait_for(lambda: _waiting(poller), 10, message="the poller to wait for rows")
     for seq in range(2, 6):
         feed.accept(0, 1, seq, [_row(seq - 1)], [("stdout", 1.0, "text\n")])
     poller.join(timeout=5)
@@ -225,3 +227,13 @@ def test_other_write_errors_are_named(tmp_path, monkeypatch):
     assert "cannot be written (Input/output error)" in feed.events[-1]["message"]
     feed.accept(0, 1, 2, [_row(1)], [])
     assert log.pending == 0 and [r["step"] for r in log.read(0)] == [0, 1]
+
+
+def _waiting(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is blocked in a ``Condition.wait`` (the long poll waiting for rows)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
+            return True
+        frame = frame.f_back
+    return False

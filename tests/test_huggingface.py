@@ -75,7 +75,7 @@ def test_a_transformers_trainer_takes_an_adjust_on_both_ranks(cluster, tmp_path)
         torch.manual_seed(0)
         model = transformers.BertForSequenceClassification(tiny_bert_config())
         args = transformers.TrainingArguments(
-            output_dir=config["output_dir"], per_device_train_batch_size=8, max_steps=60, logging_steps=1,
+            output_dir=config["output_dir"], per_device_train_batch_size=8, max_steps=120, logging_steps=1,
             save_strategy="no", learning_rate=5e-3, lr_scheduler_type="constant", report_to=[], use_cpu=True,
             disable_tqdm=True)
         trainer = transformers.Trainer(model=model, args=args, train_dataset=Sentences(),

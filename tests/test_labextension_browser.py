@@ -200,7 +200,7 @@ def test_sidebar_lists_runs_and_follows_their_cluster(lab_page: Page, lab: Jupyt
     # The cluster moves on; the sidebar follows without any notebook open.
     cluster_says(home, "cifar", step=60, latest={"loss": 0.4, "accuracy": 0.81})
     launched(home, "resnet", ago=2)
-    cluster_says(home, "resnet", "starting")
+    cluster_says(home, "resnet", "starting", parent={"run": "cifar", "step": 40})  # run.fork() of cifar
     cluster_says(home, "theirs", "running", step=5)  # launched from another machine: no registry record
     expect(cifar.locator(".jp-nbtrain-progress-label")).to_have_text("step 60/100", timeout=10_000)
     expect(cifar.locator(".jp-nbtrain-metrics")).to_have_text("loss 0.4 · accuracy 0.81")
@@ -209,6 +209,9 @@ def test_sidebar_lists_runs_and_follows_their_cluster(lab_page: Page, lab: Jupyt
     expect(status).to_have_text("Ray: 127.0.0.1:10001 · 3 running")  # cifar, resnet, theirs
     expect(rows).to_have_count(7)
     expect(sidebar.locator('li[data-run-name="theirs"] .jp-nbtrain-badge')).to_have_text("running")
+    forked = sidebar.locator('li[data-run-name="resnet"] .jp-nbtrain-parent')
+    expect(forked).to_have_text("forked from cifar at step 40")
+    expect(cifar.locator(".jp-nbtrain-parent")).to_be_hidden()
     shot(page, "sidebar-updated")
 
     # "Open dashboard" opens the notebook the run came from.

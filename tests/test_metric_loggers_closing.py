@@ -133,7 +133,8 @@ def test_a_busy_writer_is_not_closed_under_it_and_the_rows_it_misses_are_said(tm
     assert (loggers.written, loggers.dropped) == (10, 7)
 
 
-def test_a_close_that_writes_everything_says_nothing(tmp_path, blocking_writer):
+def test_a_close_that_writes_everything_says_nothing(tmp_path, blocking_writer, monkeypatch):
+    monkeypatch.setattr(metric_loggers, "CLOSE_WAIT_S", 10.0)  # a writer thread scheduled late still finishes
     said: list[str] = []
     loggers = _loggers(tmp_path, said)
     [writer] = _BlockingWriter.made

@@ -42,11 +42,11 @@ SMALL: dict[str, dict[str, object]] = {
                                   "max_steps_per_epoch": 2, "workers": 2, "gpus_per_worker": 0},
     "03_vit_cifar10_ray_data.ipynb": {"num_train": 256, "num_valid": 64, "batch_size": 32, "epochs": 1},
     "04_launch_panel.ipynb": {"epochs": 1},
-    "05_fault_tolerance.ipynb": {"steps": 20, "step_time": 0.25, "checkpoint_every": 4},
+    "05_fault_tolerance.ipynb": {"steps": 40, "step_time": 0.25, "checkpoint_every": 4},
     "06_tune_asha.ipynb": {"num_samples": 2, "epochs": 2, "num_train": 256, "num_valid": 128, "batch_size": 32},
     "07_serve.ipynb": {"num_samples": 2, "epochs": 2, "num_train": 256},
     "08_lightning.ipynb": {"epochs": 2, "num_train": 1024, "batch_size": 64},
-    "09_elastic.ipynb": {"steps": 250, "step_time": 0.05},
+    "09_elastic.ipynb": {"steps": 400, "step_time": 0.05},
     "10_steer_and_compare.ipynb": {"batches": 10, "step_time": 0.05},
     "11_debug_and_profile.ipynb": {"steps": 12, "straggler_steps": 375, "straggler_window_s": 2.0},
 }

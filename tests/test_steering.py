@@ -88,6 +88,7 @@ def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
         wait_for(lambda: (run.summary().get("checkpoint") or {}).get("step", -1) >= asked, timeout=60,
                  message="the checkpoint asked for")
 
+        stalls = [e for e in run.events if e["kind"] == "stall"]  # a loaded machine may stall a rank before
         paused_at = run.pause(wait=True)
         wait_for(lambda: run.summary()["paused_at"] == paused_at and
                  {w["state"] for w in run.workers} == {"paused"}, timeout=30, message="both ranks paused")
@@ -97,7 +98,7 @@ def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
             run.pause()
         run.resume()
         wait_for(lambda: _reached(run, paused_at + 3), timeout=60, message="the run to go on after resume()")
-        assert not [e for e in run.events if e["kind"] == "stall"]
+        assert [e for e in run.events if e["kind"] == "stall"] == stalls, "the pause was taken for a stall"
         for rank in (0, 1):  # no step lost or repeated across the pause
             steps = [row["step"] for row in run.metrics if row["rank"] == rank]
             assert steps == list(range(1, len(steps) + 1)), rank

@@ -21,6 +21,7 @@ from test_dashboard_browser import ARTIFACTS, browser_type_launch_args, open_and
 from nbtrain._lab.commands import NbtrainServer
 from nbtrain._views.sweep_dashboard import FADED_OPACITY
 
+from _helpers import wait_for
 from _jupyterlab import expect, start_jupyterlab
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
@@ -120,9 +121,10 @@ def test_sweep_dashboard_grows_fades_cut_trials_and_the_sidebar_lists_the_trials
 
         # "Open dashboard" of a trial is its run's: the notebook it came from if the server can open it,
         # else attaching to the run in the active notebook.
-        run = lab.request("GET", f"nbtrain/api/runs/{SWEEP}-t0")[1]
+        # the sweep's badge can say "succeeded" a refresh before its trials' runs are all read as ended
+        run = wait_for(lambda: (answer := lab.request("GET", f"nbtrain/api/runs/{SWEEP}-t0")[1])["terminal"]
+                       and answer, 30, message="trial 0's run listed as ended")
         notebook = run["notebook"]
-        assert run["terminal"], run
         row.locator('li.jp-nbtrain-trial[data-trial-index="0"] .jp-nbtrain-open').click()
         if notebook and not PurePosixPath(notebook).is_absolute() and (lab.root_dir / notebook).exists():
             page.wait_for_function("(path) => window.jupyterapp.shell.currentWidget.context.path === path",

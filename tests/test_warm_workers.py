@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import nbtrain
+from nbtrain._client.local import local_cluster
 from nbtrain._client.warm import warm_pools
 
 from _helpers import ipython_shell, pid_alive, wait_for
@@ -111,14 +112,16 @@ def reports_until_stopped():
 
 
 def _idle_spares(since: float) -> list[int]:
-    """Ray's idle worker processes for a supervisor, started after ``since`` (see spare_process)."""
+    """The session cluster's idle worker processes for a supervisor, started after ``since`` (see
+    spare_process); not the other lane's clusters'."""
     import psutil
 
+    info = local_cluster.status()
+    assert info is not None, "the session cluster is not running"
     found = []
-    for process in psutil.process_iter(["name", "cmdline", "create_time"]):
+    for process in psutil.Process(info.pid).children(recursive=True):
         try:
-            title = " ".join(process.info["cmdline"] or [])
-            if title.startswith("ray::IDLE") and process.info["create_time"] > since \
+            if " ".join(process.cmdline()).startswith("ray::IDLE") and process.create_time() > since \
                     and process.environ().get("NBTRAIN_PROCESS") == "run supervisor":
                 found.append(process.pid)
         except psutil.Error:
@@ -168,9 +171,9 @@ def test_fewer_workers_take_some_idle_ones_and_more_start_only_the_missing(clust
 
 @pytest.mark.cluster
 def test_idle_workers_exit_after_warm_idle_s(cluster):
-    run = _launch("warm-timeout", "timeout", warm_idle_s=2.0)
+    run = _launch("warm-timeout", "timeout", warm_idle_s=10.0)
     assert not _all_gone(_pids(run))  # idle, warm
-    wait_for(lambda: _all_gone(_pids(run)), 30, message="idle workers to exit after warm_idle_s")
+    wait_for(lambda: _all_gone(_pids(run)), 60, message="idle workers to exit after warm_idle_s")
 
 
 @pytest.mark.cluster

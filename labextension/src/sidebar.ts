@@ -260,7 +260,7 @@ class RunRow {
     const actions = el('div', 'jp-nbtrain-run-actions');
     actions.append(this._pause, this._stop, this._open);
 
-    this.node.append(this._top, this._progress, this._metrics, this._message, actions);
+    this.node.append(this._top, this._parent, this._progress, this._metrics, this._message, actions);
   }
 
   update(run: IRun, elapsed: number | null): void {
@@ -277,8 +277,7 @@ class RunRow {
     this.node.dataset.state = run.state;
     this._name.textContent = run.name;
     this._name.title =
-      (run.notebook ? `${run.name} — from ${run.notebook}` : run.name) +
-      (run.parent ? ` (forked from ${run.parent})` : '');
+      run.notebook ? `${run.name} — from ${run.notebook}` : run.name;
     this._select.hidden = Boolean(run.malformed);
     this._badge.textContent = state;
     this._badge.className = `jp-nbtrain-badge jp-nbtrain-state-${run.state}`;
@@ -302,6 +301,9 @@ class RunRow {
     this._fill.className = `jp-nbtrain-progress-fill jp-nbtrain-state-${run.state}`;
     this._fill.classList.toggle('jp-mod-indeterminate', fraction === null);
     this._progressLabel.textContent = progressLabel(run, fraction);
+
+    this._parent.textContent = run.parent ? `forked from ${run.parent}` : '';
+    this._parent.hidden = !run.parent;
 
     this._metrics.textContent = metricsText(run.latest);
     this._metrics.hidden = !this._metrics.textContent;
@@ -349,6 +351,7 @@ class RunRow {
     this._elapsed.textContent = '';
     this._progress.hidden = true;
     this._metrics.hidden = true;
+    this._parent.hidden = true;
     this._message.textContent = `This run cannot be shown: ${
       error instanceof Error ? error.message : String(error)
     }`;
@@ -374,6 +377,7 @@ class RunRow {
   private _fill = el('div', 'jp-nbtrain-progress-fill');
   private _progressLabel = el('span', 'jp-nbtrain-progress-label');
   private _metrics = el('div', 'jp-nbtrain-metrics');
+  private _parent = el('div', 'jp-nbtrain-parent');
   private _message = el('div', 'jp-nbtrain-message');
   private _stop = button('Stop', 'jp-nbtrain-stop jp-mod-warn');
   private _pause = button('Pause', 'jp-nbtrain-pause');
