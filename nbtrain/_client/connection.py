@@ -141,6 +141,9 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     a cluster never receives another's token. The token goes with this connection
     only, so it works whether or not ``ray`` was imported first, and changes no
     environment variable. Needs Ray >= 2.54 in the notebook and on the cluster.
+    A cluster running Ray's own TLS (``RAY_USE_TLS=1``) is reached over TLS when the
+    kernel's environment has ``RAY_USE_TLS=1`` and ``RAY_TLS_SERVER_CERT``,
+    ``RAY_TLS_SERVER_KEY``, ``RAY_TLS_CA_CERT`` (its certificate, its key, the CA).
 
     Args:
         address: ``ray://host:port``; ``None`` for ``$RAY_ADDRESS`` or the embedded cluster.
@@ -154,7 +157,8 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
         The connected :class:`Cluster`.
 
     Raises:
-        ConnectionFailedError: the address cannot be reached, or it refused the token.
+        ConnectionFailedError: the address cannot be reached, it refused the token, or TLS is on for
+            only one side (or a TLS file is missing).
         VersionMismatchError: the notebook and the cluster run different Ray, Python or nbtrain.
 
     Example::
