@@ -79,6 +79,9 @@ def browser_setup_problem() -> str | None:
 _DISABLED_LAB_PLUGINS = {"@jupyterlab/apputils-extension:announcements": True}
 
 
+PORT_TRIES = 3  # a free port can be taken by another process before the server binds it
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -224,7 +227,6 @@ def start_jupyterlab(
         (dirs["labextensions"] / "nbtrain").symlink_to(ensure_labextension_built())
 
     token = secrets.token_hex(16)
-    port = free_port()
     full_env = {
         **os.environ,
         "JUPYTER_CONFIG_DIR": str(dirs["config"]),
@@ -242,7 +244,6 @@ def start_jupyterlab(
         module,
         "--no-browser",
         "--ip=127.0.0.1",
-        f"--port={port}",
         "--port-retries=0",
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root_dir}",
@@ -258,37 +259,49 @@ def start_jupyterlab(
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         ]
     log_path = tmp / "jupyterlab.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            command,
-            cwd=root_dir,  # `python -m` puts the cwd first on sys.path: never the checkout by accident
+    for _ in range(PORT_TRIES):
+        port = free_port()
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [*command, f"--port={port}"],
+                cwd=root_dir,  # `python -m` puts the cwd first on sys.path: never the checkout by accident
+                env=full_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        lab = JupyterLab(
+            url=f"http://127.0.0.1:{port}/",
+            token=token,
+            port=port,
+            root_dir=Path(root_dir),
+            log_path=log_path,
             env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            _proc=proc,
+            _tmp=tmp,
+            app=app,
         )
-    lab = JupyterLab(
-        url=f"http://127.0.0.1:{port}/",
-        token=token,
-        port=port,
-        root_dir=Path(root_dir),
-        log_path=log_path,
-        env=full_env,
-        _proc=proc,
-        _tmp=tmp,
-        app=app,
-    )
+        if _answers(lab, timeout):
+            return lab
+        # the port was free when picked; another process may have taken it before the server bound it
+        if "already in use" not in lab.log():
+            break
+    text = lab.log()
+    shutil.rmtree(tmp, ignore_errors=True)
+    msg = f"jupyter lab exited with {proc.returncode} before answering:\n{text[-4000:]}"
+    raise RuntimeError(msg)
+
+
+def _answers(lab: JupyterLab, timeout: float) -> bool:
+    """Wait until ``lab`` answers (True) or its process exits (False); past ``timeout``, stop it and raise."""
     deadline = time.monotonic() + timeout
     while True:
-        if proc.poll() is not None:
-            text = lab.log()
-            shutil.rmtree(tmp, ignore_errors=True)
-            msg = f"jupyter lab exited with {proc.returncode} before answering:\n{text[-4000:]}"
-            raise RuntimeError(msg)
+        if lab._proc.poll() is not None:
+            return False
         try:
             status, _ = lab.request("GET", "api/status")
             if status == 200:
-                return lab
+                return True
         except OSError:
             pass
         if time.monotonic() > deadline:
