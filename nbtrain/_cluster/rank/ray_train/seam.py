@@ -16,7 +16,7 @@ them from the rank's :class:`~nbtrain._cluster.rank.session.TrainingSession`:
 - ``get_context()`` gives the rank's world size and ranks; ``get_dataset_shard(name)``
   the rank's shard of ``datasets=``; the collectives go over nbtrain's process group.
 
-The seam is internal to Ray (:mod:`nbtrain._ray_compat.ray_train`), so it is tested
+The seam is internal to Ray (:mod:`nbtrain._ray_compat`), so it is tested
 against the Ray versions in :data:`TESTED_RAY_MINORS`; on another Ray each of these calls raises an error
 that says so instead of misbehaving. This module is imported on the workers only
 (it imports ``ray.train.torch``, so that code reaching it as an attribute works).
@@ -36,7 +36,7 @@ from nbtrain._cluster.rank.worker_api import checkpoint_to_resume, get_dataset_s
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.run_storage import checkpoint_files, pack_directory
 from nbtrain._exceptions import NbtrainError
-from nbtrain._ray_compat.ray_train import LocalTrainContext, TrainFnUtils, set_train_fn_utils
+from nbtrain._ray_compat import LocalTrainContext, TrainFnUtils, set_train_fn_utils
 from nbtrain._version import TESTED_RAY_MINORS
 
 
