@@ -154,3 +154,32 @@ def test_adaptive_batch_flags_parse_into_the_options():
     with pytest.raises(InvalidOptionError, match=r"adaptive_batch \(--adaptive-batch\) must be used with "
                                                          r"workers of 2 or more"):
         options_from_args(parse_argstring(NbtrainMagics.ray_train, "--workers 1 --adaptive-batch 16:128"), {})
+
+
+MAGICS_WITH_HELP = ("%%ray_train --help\nx = 1\n", "%%ray_tune --help\nx = 1\n", "%ray_connect --help",
+                    "%ray_attach --help", "%ray_stop --help", "%ray_status --help", "%ray_debug --help")
+# what argparse prints when a lone % in a help text is read as a format code: its action's dict, or a lost word
+GARBLED = re.compile(r"option_strings|'prog':|[^%r]ay_(debug|status|train|connect)")
+
+
+def test_every_magics_help_reads_as_written(ip, capsys):
+    for magic in MAGICS_WITH_HELP:
+        result = ip.run_cell(magic)
+        assert result.error_in_exec is None, (magic, result.error_in_exec)
+        out = capsys.readouterr().out
+        assert not GARBLED.search(out), (magic, out)
+    ip.run_cell("%%ray_train --help\nx = 1\n")
+    assert "for %ray_debug / run.debug()" in capsys.readouterr().out
+
+
+def test_every_cli_commands_help_reads_as_written():
+    import argparse
+
+    from nbtrain._client.cli import build_parser
+
+    parser = build_parser()
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    texts = [parser.format_help(), *(sub.format_help() for sub in commands.choices.values())]
+    assert len(texts) > 5
+    for text in texts:
+        assert "option_strings" not in text and "'prog':" not in text, text

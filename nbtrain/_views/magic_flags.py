@@ -25,20 +25,21 @@ _PAIR_KINDS = ("literals", "strings", "variables")
 
 def _arguments(field: Any) -> list[argument]:
     meta = _options.info(field)
+    help_text = meta.help.replace("%", "%%")  # argparse reads a lone % as a format code ("%ray_debug")
     default = _options.magic_default_of(field)
     shown = f" (default {default})" if default not in (None, False) and meta.kind in ("value", "flag") else ""
     if meta.kind == "flag":
         off = meta.off_flag or "--no-" + meta.flags[0][2:]
         return [argument(*meta.flags, dest=field.name, action="store_true", default=default,
-                         help=meta.help + shown),
+                         help=help_text + shown),
                 argument(off, dest=field.name, action="store_false", default=default,
                          help=f"the opposite of {meta.flags[0]}")]
     if meta.kind in (*_PAIR_KINDS, "space"):
         return [argument(*meta.flags, dest=field.name, nargs="+", default=default, metavar=meta.metavar,
-                         help=meta.help)]
+                         help=help_text)]
     metavar = meta.metavar or ("N" if meta.parse in (int, float) else None)
     return [argument(*meta.flags, dest=field.name, type=meta.parse, choices=meta.choices, default=default,
-                     metavar=metavar, help=meta.help + shown)]
+                     metavar=metavar, help=help_text + shown)]
 
 
 def run_option_flags(magic: Callable[..., Any]) -> Callable[..., Any]:

@@ -254,7 +254,7 @@ class NbtrainMagics(Magics):
 
     # ------------------------------------------------------------------ %ray_attach
     @magic_arguments()
-    @argument("name", help="the run's name (see %ray_status)")
+    @argument("name", help="the run's name (see %%ray_status)")
     @argument("--out", "-o", default=None, metavar="VAR", help="store the Run in this notebook variable")
     @line_magic
     def ray_attach(self, line: str) -> None:
