@@ -68,9 +68,16 @@ for step in range(30):
         raise ZeroDivisionError("rank one divided by zero")
 ''')
     error = result.error_in_exec
-    assert error is not None and "run 'cell-fails' failed" in str(error)
+    assert type(error) is nbtrain.RunFailedError and "Run 'cell-fails' failed" in str(error)  # the public name
     assert "Rank 1 raised ZeroDivisionError at step 6: rank one divided by zero" in str(error)
     assert 'raise ZeroDivisionError("rank one divided by zero")' in str(error)  # the cell's own line
+    # the rank's traceback starts at the cell's line, as a function's does: no nbtrain frame before it
+    rank_traceback = str(error)[str(error).index("Traceback (most recent call last):"):]
+    first_frame = rank_traceback.splitlines()[1]
+    assert first_frame.lstrip().startswith("File \"Cell In[") or "<%%ray_train cell>" in first_frame, rank_traceback
+    assert "nbtrain/" not in rank_traceback.split("ZeroDivisionError: rank one")[0], rank_traceback
+    # what the notebook prints: the error's name and message, none of nbtrain's frames
+    assert error._render_traceback_()[0].startswith("RunFailedError: Run 'cell-fails' failed.")
     assert not run_actor_names("cell-fails")
 
 

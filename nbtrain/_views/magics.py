@@ -19,7 +19,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from nbtrain._client import connection
 from nbtrain._client.launching.serialization import check_values
-from nbtrain._exceptions import NbtrainError
+from nbtrain._exceptions import NbtrainError, RunFailedError, SweepFailedError
 from nbtrain._packing.code_origin import cell_name
 from nbtrain._views.cell_program import CellProgram, referenced_names
 from nbtrain._views.magic_flags import (
@@ -30,15 +30,12 @@ from nbtrain._views.magic_flags import (
 )
 
 
-class _RunFailedInCell(Exception):
-    """Ends a blocking ``%%ray_train`` cell (so Run All stops) with a short rendering, not a traceback."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def _render_traceback_(self) -> list[str]:
-        return [self.message]
+def _ends_the_cell(error: NbtrainError) -> NbtrainError:
+    """``error`` (a public ``RunFailedError`` / ``SweepFailedError``) ending a blocking cell, so Run All stops:
+    IPython prints its name and message, which hold the ranks' tracebacks from the user's first line, and
+    none of nbtrain's frames."""
+    error._render_traceback_ = lambda: [f"{type(error).__name__}: {error.message}"]  # type: ignore[attr-defined]
+    return error
 
 
 @magics_class
@@ -149,8 +146,10 @@ class NbtrainMagics(Magics):
             block_until_done(run, launched=True, view_thread=view.thread)
         except KeyboardInterrupt:
             return None  # the helper stopped the run and said so
-        if run._cached_summary.get("state") == "failed":
-            raise _RunFailedInCell(f"RunFailedError: run {run.name!r} failed.\n{run._cached_summary.get('error')}")
+        try:
+            run.raise_if_failed()
+        except RunFailedError as error:
+            raise _ends_the_cell(error) from None
         return None
 
     # ------------------------------------------------------------------ %%ray_tune
@@ -206,8 +205,10 @@ class NbtrainMagics(Magics):
             print(f"Stopping sweep {sweep.name!r}…")
             print(f"Sweep {sweep.name!r} {sweep.stop()}.")
             return None
-        if sweep.cached.get("state") == "failed":
-            raise _RunFailedInCell(f"SweepFailedError: sweep {sweep.name!r} failed: {sweep.cached.get('error')}")
+        try:
+            sweep.raise_if_failed()
+        except SweepFailedError as error:
+            raise _ends_the_cell(error) from None
         return None
 
     # ------------------------------------------------------------------ %ray_status

@@ -230,8 +230,7 @@ def _from_user_code(tb: types.TracebackType | None) -> types.TracebackType | Non
     """The traceback from the first frame outside nbtrain: the rank's own call into the user's function
     (this module, a ``%%ray_train`` cell's runner) is not the user's to read. nbtrain frames deeper in
     (a ``report()`` the user called) stay."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     first = tb
-    while first is not None and first.tb_frame.f_code.co_filename.startswith(package):
+    while first is not None and first.tb_frame.f_code.co_filename.startswith(post_mortem.NBTRAIN_DIR):
         first = first.tb_next
     return first if first is not None else tb

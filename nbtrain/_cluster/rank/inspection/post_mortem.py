@@ -42,7 +42,7 @@ SOURCE_CHARS = 500_000        # a file's lines travel whole up to this size; els
 SOURCE_WINDOW = 80            # lines before and after each frame's line (and from its function's first line)
 SMALL_TENSOR = 20             # tensors of at most this many elements also keep their values' repr
 EXCEPTION_BYTES = 64 * 1024   # the exception object itself, pickled, when it fits
-_PACKAGE = os.path.dirname(os.path.abspath(str(sys.modules["nbtrain"].__file__))) + os.sep
+NBTRAIN_DIR = os.path.dirname(os.path.abspath(str(sys.modules["nbtrain"].__file__))) + os.sep  # not user code
 
 _short = reprlib.Repr()
 _short.maxstring = _short.maxother = REPR_CHARS
@@ -69,7 +69,7 @@ def capture(exc: BaseException, tb: types.TracebackType | None, cap_bytes: int,
             time_limit_s: float = CAPTURE_TIME_S) -> bytes:
     """The post-mortem of ``exc`` from ``tb`` on, pickled (a plain dict; see the module docstring)."""
     began = time.monotonic()
-    frames = [entry for entry in _walk(tb) if not entry.tb_frame.f_code.co_filename.startswith(_PACKAGE)]
+    frames = [entry for entry in _walk(tb) if not entry.tb_frame.f_code.co_filename.startswith(NBTRAIN_DIR)]
     work = _Capture(frames, cap_bytes)
     thread = threading.Thread(target=work.run, name="nbtrain-post-mortem", daemon=True)
     thread.start()

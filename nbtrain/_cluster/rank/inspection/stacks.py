@@ -23,11 +23,12 @@ import traceback
 import types
 from typing import Any
 
+from nbtrain._cluster.rank.inspection.post_mortem import NBTRAIN_DIR
+
 NBTRAIN_THREADS = ("nbtrain-flush", "nbtrain-steering", "nbtrain-profile")
 MAX_FRAMES = 60          # per thread, innermost kept
 MAX_LINE = 200
 
-_NBTRAIN = os.path.dirname(os.path.abspath(str(sys.modules["nbtrain"].__file__))) + os.sep
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _SITE = tuple({sysconfig.get_paths()["purelib"] + os.sep, sysconfig.get_paths()["platlib"] + os.sep})
 
@@ -39,7 +40,7 @@ def _package_dir(name: str) -> str:
 
 def _libraries() -> tuple[str, ...]:
     """Folders whose frames are not the user's code: nbtrain, Ray, torch, Python's standard library."""
-    return (_NBTRAIN, _package_dir("ray"), _package_dir("torch"))
+    return (NBTRAIN_DIR, _package_dir("ray"), _package_dir("torch"))
 
 
 def _is_library(filename: str, libraries: tuple[str, ...]) -> bool:
