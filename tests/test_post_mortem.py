@@ -101,6 +101,19 @@ def test_ray_debug_magic_runs_scripted_commands(failed_run, capsys):
     assert "\n41\n" in text and "'known'" in text, text
 
 
+def test_ray_debug_with_no_name_takes_the_run_launched_from_python(failed_run, capsys):
+    """The docs' "the last run started or attached here" holds for nbtrain.launch() too, not only the magics."""
+    shell = ipython_shell()
+    launched = nbtrain.launch(raise_with_known_locals, workers=2, name="pm-launched-here", debug_capture_mb=CAP_MB)
+    assert launched.wait(timeout=180, raise_on_failure=False) == nbtrain.RunState.FAILED
+    shell.run_line_magic("ray_debug", '--rank 1 --commands "p step"')
+    text = ANSI.sub("", capsys.readouterr().out)
+    assert "Rank 1 of run 'pm-launched-here' (attempt 1): ValueError: loss exploded at step 41" in text, text
+    nbtrain.attach(failed_run.name)  # attaching makes it the last run here
+    shell.run_line_magic("ray_debug", '--rank 1 --commands "p step"')
+    assert "of run 'pm-known-locals'" in ANSI.sub("", capsys.readouterr().out)
+
+
 def test_after_the_supervisor_exited_a_new_run_handle_debugs_from_the_stored_files(failed_run):
     wait_for(lambda: find_supervisor(failed_run.name) is None, 60, message="the supervisor to exit")
     _assert_the_known_locals(_debugged(nbtrain.attach(failed_run.name), COMMANDS))
@@ -122,6 +135,9 @@ def test_bad_input_is_one_line_each(failed_run, cluster):
         fine.debug()
     for error in (failed_run, fine):
         assert "\n" not in _message(error)
+    with pytest.raises(nbtrain.NbtrainError, match=r"^run.debug\(commands=...\) takes debugger commands as a list "
+                                                   r"of strings or one string .* got 123\.$"):
+        failed_run.debug(commands=123)
 
 
 def _message(run):

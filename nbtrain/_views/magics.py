@@ -42,10 +42,6 @@ def _ends_the_cell(error: NbtrainError) -> NbtrainError:
 class NbtrainMagics(Magics):
     """The nbtrain magics; ``%load_ext nbtrain`` registers them."""
 
-    def __init__(self, shell: Any) -> None:
-        super().__init__(shell)
-        self.last_run: Any = None
-
     # ------------------------------------------------------------------ %ray_connect
     @magic_arguments()
     @argument("address", nargs="?", default=None,
@@ -135,7 +131,6 @@ class NbtrainMagics(Magics):
                         dataclasses.replace(options, wait=False))
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
-        self.last_run = run
         if args.out:
             self.shell.user_ns[args.out] = run
         if not options.wait:
@@ -276,14 +271,14 @@ class NbtrainMagics(Magics):
             run = attach(args.name)
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
-        self.last_run = run
         if args.out:
             self.shell.user_ns[args.out] = run
         run.dashboard()
 
     # ------------------------------------------------------------------ %ray_stop
     @magic_arguments()
-    @argument("name", nargs="?", default=None, help="run to stop; default: the last run started here")
+    @argument("name", nargs="?", default=None,
+              help="run to stop; default: the last run started, forked or attached here")
     @line_magic
     def ray_stop(self, line: str) -> None:
         """Stop a run (all workers stopped, resources freed).
@@ -294,16 +289,14 @@ class NbtrainMagics(Magics):
             Run 'cifar' stopped.
         """
         from nbtrain._client.launching.launch import attach
+        from nbtrain._client.run.handle import last_run_here
 
         args = self._parse(self.ray_stop, line)
         if args is None:
             return None
         try:
-            if args.name:
-                run = attach(args.name)
-            elif self.last_run is not None:
-                run = self.last_run
-            else:
+            run = attach(args.name) if args.name else last_run_here()
+            if run is None:
                 raise UsageError("Which run? Give its name: %ray_stop NAME (see %ray_status).")
             state = run.stop()
         except NbtrainError as exc:

@@ -46,6 +46,7 @@ class RunDebugging:
         """
         from nbtrain._views.debugging.debugger import post_mortem
 
+        commands = _command_list(commands)
         attempt, chosen = self._failure_to_debug(rank)
         data = self._call("post_mortem", attempt, chosen, timeout=READ_TIMEOUT_S)
         if data is None:
@@ -53,8 +54,6 @@ class RunDebugging:
                    f"(the run's debug_capture_mb is 0, or the rank could not send it: see run.logs({chosen})); "
                    f"run.error has its traceback.")
             raise NbtrainError(msg)
-        if isinstance(commands, str):
-            commands = [part.strip() for part in commands.split(";")]
         post_mortem(cloudpickle.loads(data), f"Rank {chosen} of run {self.name!r} (attempt {attempt})",
                     commands, stdout)
 
@@ -88,6 +87,19 @@ class RunDebugging:
                    f"%ray_debug {self.name} --rank {others[0]} (or run.debug(rank={others[0]})).")
             raise NbtrainError(msg)
         return int(max(f["attempt"] for f in own)), rank
+
+
+def _command_list(commands: Any) -> list[str] | None:
+    """``commands`` as the debugger takes them, or the error naming the parameter (before anything is shown)."""
+    if commands is None:
+        return None
+    if isinstance(commands, str):
+        return [part.strip() for part in commands.split(";")]
+    if isinstance(commands, (list, tuple)) and all(isinstance(command, str) for command in commands):
+        return list(commands)
+    msg = (f"run.debug(commands=...) takes debugger commands as a list of strings or one string with ';' between "
+           f"them, e.g. commands=\"where; p loss\"; got {commands!r}.")
+    raise NbtrainError(msg)
 
 
 def _check_rank(name: str, rank: Any, summary: dict[str, Any]) -> None:

@@ -38,6 +38,14 @@ LOG_WINDOW = 20_000   # log chunks kept likewise
 PAGE_ROWS = 50_000    # rows per poll when fetching a long history
 SUPERVISOR_RESTART_GRACE_S = 60.0
 
+_made_here: list[Run] = []  # the newest Run this process made: launch(), fork(), attach(), the magics all make one
+
+
+def last_run_here() -> Run | None:
+    """The run this kernel last started, forked or attached, from Python or a magic: what ``%ray_debug`` and
+    ``%ray_stop`` take when no name is given."""
+    return _made_here[0] if _made_here else None
+
 
 class Run(RunControl, RunFiles, RunDebugging, RunInspection):
     """A training run on the cluster. Get one from :func:`launch` or :func:`attach`.
@@ -71,6 +79,7 @@ class Run(RunControl, RunFiles, RunDebugging, RunInspection):
         self._result: list[Any] | None = None
         self._has_more = False  # the last poll left rows for the next
         self._followers: list[Any] = []  # the live views of this Run (dashboard(), %%ray_train's), until close()
+        _made_here[:] = [self]
 
     # ------------------------------------------------------------------ reading
     def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:

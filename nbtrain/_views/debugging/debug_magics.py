@@ -20,7 +20,8 @@ class DebugMagics(Magics):
     """``%ray_debug``; registered with the other nbtrain magics by ``%load_ext nbtrain``."""
 
     @magic_arguments()
-    @argument("name", nargs="?", default=None, help="the run's name; default: the last run started or attached here")
+    @argument("name", nargs="?", default=None,
+              help="the run's name; default: the last run started, forked or attached here")
     @argument("--rank", "-r", type=int, default=None, help="the rank to debug; default: the first that raised")
     @argument("--commands", "-c", default=None, metavar='"CMD; CMD"',
               help="debugger commands to run, separated by ';', after which the debugger ends "
@@ -51,16 +52,17 @@ class DebugMagics(Magics):
         except UsageError as exc:
             raise UsageError(f"%ray_debug: {exc}. See `%ray_debug --help`.") from None
         try:
-            run = attach(_unquoted(args.name)) if args.name else _last_run(self.shell)
+            run = attach(_unquoted(args.name)) if args.name else _last_run()
             run.debug(rank=args.rank, commands=_unquoted(args.commands) if args.commands is not None else None)
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
 
 
-def _last_run(shell: Any) -> Any:
-    """The run ``%%ray_train`` or ``%ray_attach`` last gave this notebook, as ``%ray_stop`` takes it."""
-    magics = shell.magics_manager.registry.get("NbtrainMagics")
-    run = getattr(magics, "last_run", None)
+def _last_run() -> Any:
+    """The run this kernel last started, forked or attached (from Python or a magic), as ``%ray_stop`` takes it."""
+    from nbtrain._client.run.handle import last_run_here
+
+    run = last_run_here()
     if run is None:
         raise UsageError("Which run? Give its name: %ray_debug NAME [--rank N] (see %ray_status).")
     return run
