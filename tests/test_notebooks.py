@@ -40,7 +40,7 @@ SMALL: dict[str, dict[str, object]] = {
     "01_quickstart.ipynb": {"epochs": 2},
     "02_cifar10_resnet18.ipynb": {"dataset_size": 32, "image_size": 8, "batch_size": 8, "epochs": 1,
                                   "max_steps_per_epoch": 2, "workers": 2, "gpus_per_worker": 0},
-    "03_vit_cifar10_ray_data.ipynb": {"num_train": 256, "num_valid": 64, "batch_size": 32, "epochs": 1},
+    "03_vit_cifar10_ray_data.ipynb": {"num_train": 1024, "num_valid": 256, "batch_size": 32, "epochs": 2},
     "04_launch_panel.ipynb": {"epochs": 1},
     "05_fault_tolerance.ipynb": {"steps": 40, "step_time": 0.25, "checkpoint_every": 4},
     "06_tune_asha.ipynb": {"num_samples": 2, "epochs": 2, "num_train": 256, "num_valid": 128, "batch_size": 32},
