@@ -43,6 +43,7 @@ from nbtrain._cluster.rank.worker_api import (
     report,
     save_checkpoint,
     steerable,
+    stop_requested,
 )
 from nbtrain._exceptions import (
     ConnectionFailedError,
@@ -104,6 +105,7 @@ __all__ = [
     "runs",
     "save_checkpoint",
     "steerable",
+    "stop_requested",
     "sweeps",
     "tune",
 ]

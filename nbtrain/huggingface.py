@@ -56,6 +56,10 @@ class NbtrainCallback(TrainerCallback):
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         current_session().steering.at_epoch_start(int(state.epoch or 0))  # run.stop(after="epoch")
 
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if current_session().steering.stop_requested():  # run.stop(after="epoch"): train() returns as it ends
+            control.should_training_stop = True
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if current_session().steering.checkpoint_wanted:  # run.checkpoint_now(): the Trainer saves now
             control.should_save = True

@@ -175,6 +175,8 @@ class NbtrainCheckpoint(pl.Callback):
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._save(trainer)
+        if current_session().steering.stop_requested():  # run.stop(after="epoch"): fit() returns as it ends
+            trainer.should_stop = True
 
     @staticmethod
     def _save(trainer: Any) -> None:

@@ -140,7 +140,9 @@ def test_a_lightning_run_is_steered_and_stopped_after_its_epoch(cluster):
     from _helpers import wait_for
 
     def train():
-        nbtrain.lightning.trainer(max_epochs=1000).fit(SteeredRegressor(), loader())
+        trainer = nbtrain.lightning.trainer(max_epochs=1000)
+        trainer.fit(SteeredRegressor(), loader())
+        return trainer.current_epoch  # fit() returns once the epoch run.stop(after="epoch") named has ended
 
     run = nbtrain.launch(train, workers=2, name="lightning-steered")
     try:
@@ -162,4 +164,5 @@ def test_a_lightning_run_is_steered_and_stopped_after_its_epoch(cluster):
         assert ranks[0]["lr"] == ranks[1]["lr"]
     assert {round(ranks[0]["lr"], 6) for ranks in by_step.values()} == {0.05, 0.01}  # logged as float32
     assert max(by_step) % 4 == 3, "stopped at the end of an epoch (4 steps per rank)"
+    assert run.result is not None and run.result[0] == run.result[1] == (max(by_step) + 1) // 4, run.result
     assert run.changes[0]["step"] == applied

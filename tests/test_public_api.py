@@ -20,7 +20,8 @@ EXPECTED_ALL = [
     "VersionMismatchError", "WorkerState", "attach", "attach_sweep", "backward", "checkpoint_requested", "compare",
     "connect",
     "disconnect", "get_context", "get_dataset_shard", "launch", "load_checkpoint", "on_command", "prepare_loader",
-    "prepare_model", "prepare_optimizer", "release_warm", "report", "runs", "save_checkpoint", "steerable", "sweeps",
+    "prepare_model", "prepare_optimizer", "release_warm", "report", "runs", "save_checkpoint", "steerable",
+    "stop_requested", "sweeps",
     "tune",
 ]
 

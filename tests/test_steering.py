@@ -119,6 +119,37 @@ def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
             run.stop()
 
 
+def returns_after_a_requested_stop(config):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = nbtrain.prepare_loader(DataLoader(TensorDataset(torch.arange(40.0)), batch_size=2))  # 10 steps/epoch
+    for epoch in range(1000):
+        for (x,) in loader:
+            nbtrain.report(x=float(x.sum()))
+            time.sleep(0.02)
+        if nbtrain.stop_requested():
+            return {"epochs": epoch + 1, "rank": nbtrain.get_context().rank}
+    return None
+
+
+def test_a_function_that_returns_after_a_requested_stop_gives_its_result(cluster):
+    run = nbtrain.launch(returns_after_a_requested_stop, name="steering-stop-returns", workers=2)
+    try:
+        wait_for(lambda: _reached(run, 3), timeout=120, message="the run to take steps")
+        run.stop(after="epoch")
+        assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.STOPPED
+    finally:
+        if not run.state.is_terminal:
+            run.stop()
+    assert run.result is not None, "the function returned after the stop, and its result was dropped"
+    epochs = run.result[0]["epochs"]
+    assert run.result == [{"epochs": epochs, "rank": 0}, {"epochs": epochs, "rank": 1}]
+    assert max(row["step"] for row in run.metrics) == epochs * 10, "it stopped at the end of the epoch it was in"
+    assert any("as run.stop(after='epoch') asked; the training function returned its result" in e["message"]
+               for e in run.events), run.events
+
+
 def no_optimizer_given(config):
     import torch
 

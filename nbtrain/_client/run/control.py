@@ -50,9 +50,11 @@ class RunControl:
 
         Args:
             timeout: seconds to wait for the supervisor to stop the workers.
-            after: ``"epoch"`` lets every rank finish the epoch it is in, then stop (at the start of the next
-                epoch of a ``prepare_loader`` loader, or Lightning's / Hugging Face's epoch end); the call
-                then returns at once.
+            after: ``"epoch"`` lets every rank finish the epoch it is in, then stop; the call returns at once.
+                A function that checks :func:`nbtrain.stop_requested` after each epoch and returns (as
+                Lightning's and Hugging Face's trainers through nbtrain do) ends the run ``stopped`` with its
+                ``result``; otherwise a ``prepare_loader`` loader holds each rank at the next epoch's start
+                and the run is stopped there.
 
         Returns:
             The run's :class:`RunState` after the call (``stopped``, or still running with ``after="epoch"``).

@@ -110,7 +110,8 @@ class RunFiles:
     @property
     def result(self) -> list[Any] | None:
         """What the training function returned on each rank, a list indexed by rank, once the run
-        succeeded; ``None`` until then. Fetched once, then kept.
+        succeeded (or was stopped with ``stop(after="epoch")`` and the function returned: see
+        :func:`nbtrain.stop_requested`); ``None`` until then. Fetched once, then kept.
 
         Example::
 

@@ -298,6 +298,10 @@ class RankSteering:
             self.session.supervisor.command_result.remote(command["id"], rank, False,
                                                           f"Rank {rank}: its answer could not be sent: {exc}")
 
+    def stop_requested(self) -> bool:
+        """Whether ``run.stop(after="epoch")`` named the epoch this rank is in (or one before it)."""
+        return self.stop_after_epoch is not None and self.session.epoch >= self.stop_after_epoch
+
     def at_epoch_start(self, epoch: int) -> None:
         """Called as a prepared loader (or an integration) begins ``epoch``: past the epoch ``run.stop(after=
         "epoch")`` named, the rank holds here and says so; the supervisor stops the run once every rank does."""

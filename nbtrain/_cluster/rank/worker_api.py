@@ -220,6 +220,30 @@ def backward(loss: Any) -> None:
     (loss if scaler is None else scaler.scale(loss)).backward()
 
 
+def stop_requested() -> bool:
+    """Whether the notebook asked the run to stop after the epoch this rank is in (``run.stop(after="epoch")``,
+    the dashboard's button). Check it at the end of each epoch and return, so the run ends with your result::
+
+        for epoch in range(config["epochs"]):
+            for x, y in loader:
+                ...
+            if nbtrain.stop_requested():
+                break
+        return {"accuracy": accuracy}
+
+    Without the check, a ``prepare_loader`` loader holds the rank at the next epoch's start and the run is
+    stopped there (``run.result`` is then ``None``). Lightning's and Hugging Face's trainers run through
+    nbtrain check it for you and return from ``fit()`` / ``train()``. Costs two attribute reads.
+
+    Returns:
+        ``True`` once a stop after this epoch was asked.
+
+    Raises:
+        NbtrainError: called outside a training function.
+    """
+    return current_session().steering.stop_requested()
+
+
 def checkpoint_requested() -> bool:
     """Whether the run wants a checkpoint now: an elastic run (``workers=(min, max)``) about to change
     size asks for one, and goes on at the new size from it. Check it once per step or batch and save::

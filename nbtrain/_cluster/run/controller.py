@@ -189,7 +189,11 @@ class RunController:
                 outcome = self._run_attempt()
                 if isinstance(outcome, Succeeded):
                     self.results = outcome.results
-                    self.transition(RunState.SUCCEEDED)
+                    if (epoch := self.steering.stop_after_epoch()) is not None:  # the function returned as asked
+                        self.transition(RunState.STOPPED, f"after epoch {epoch}, as run.stop(after='epoch') asked; "
+                                                          "the training function returned its result")
+                    else:
+                        self.transition(RunState.SUCCEEDED)
                     return
                 if isinstance(outcome, Stopped):
                     self.transition(RunState.STOPPED, "stopped by the user")
@@ -296,7 +300,8 @@ class RunController:
         try:
             group = WorkerGroup.start(self.spec, self.attempt, self.world_size, self._supervisor, self.datasets,
                                       self.table, self.steering.all(),
-                                      self._stop.is_set, lambda: self.transition(RunState.STARTING))
+                                      self._stop.is_set, lambda: self.transition(RunState.STARTING),
+                                      self._storage.dir, lambda said: self.feed.event("startup", said, self.attempt))
         except StopRequested:
             return Stopped()
         except StartFailed as failed:
@@ -334,7 +339,9 @@ class RunController:
         held = [w.get("held_after_epoch") for w in self.table.snapshot() if w["state"] in ("running", "stalled")]
         if held and None not in held:
             self.feed.event("state", f"every rank finished epoch {held[0]}: stopping, as run.stop(after='epoch') "
-                                     "asked", self.attempt)
+                                     "asked (held at the next epoch's start, so run.result stays None: check "
+                                     "nbtrain.stop_requested() after each epoch and return to keep a result)",
+                            self.attempt)
             return Stopped()
         for rank, quiet in self.table.newly_recovered():
             self.feed.event("stall", f"Rank {rank} made progress again after {quiet:.0f} s without.", self.attempt)

@@ -102,6 +102,11 @@ class RunSteering:
         last = next((command.kind for command in reversed(self.commands) if command.kind in (PAUSE, RESUME)), None)
         return last == PAUSE
 
+    def stop_after_epoch(self) -> int | None:
+        """The epoch ``run.stop(after="epoch")`` named, if it was asked."""
+        return next((int(command.args["epoch"]) for command in reversed(self.commands)
+                     if command.kind == STOP_AFTER_EPOCH), None)
+
     # ------------------------------------------------------------------ the ranks ask and answer
     def since(self, seen: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """The commands after the ``seen``-th, waiting up to ``wait_s`` for one."""
