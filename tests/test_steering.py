@@ -272,7 +272,8 @@ def test_a_fork_starts_at_its_parents_checkpoint_and_compares_with_it(cluster):
     with pytest.raises(NbtrainError, match=r"keeps no checkpoint at or before step 5 \(it keeps the last 2: "
                                            r"steps 20, 30\)"):
         parent.fork(step=5)
-    child = parent.fork(step=25, config={"scale": 2.0, "step_time": 0.1}, name="steering-child")
+    with pytest.warns(UserWarning, match=r"scale, step_time reach the ranks as config values only"):
+        child = parent.fork(step=25, config={"scale": 2.0, "step_time": 0.1}, name="steering-child")
     wait_for(lambda: child.refresh() is not None and child.metrics, timeout=120, message="the fork's first row")
     first = min(row["step"] for row in child.metrics)
     assert first == 21, "the fork starts after its parent's checkpoint at step 20 (the latest at or before 25)"
@@ -291,3 +292,44 @@ def test_a_fork_starts_at_its_parents_checkpoint_and_compares_with_it(cluster):
     assert compare(["steering-child"], metric="value").table()[0]["final value"] == 100.0
     with pytest.raises(nbtrain.RunNotFoundError, match="no-such-run"):
         compare(["steering-parent", "no-such-run"])
+
+
+def restores_its_optimizer(config):
+    """SGD at config["lr"], saved with the model each 10 steps and restored from the checkpoint: a fork gets the
+    parent's lr back from the optimizer's state, whatever its config says. Reports the lr it trains at."""
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9))
+    found = nbtrain.load_checkpoint()
+    start = 0
+    if found:
+        model.load_state_dict(found["model"])
+        optimizer.load_state_dict(found["optimizer"])
+        start = int(found["step"])
+    for step in range(start + 1, start + 21):
+        optimizer.zero_grad()
+        model(torch.ones(4, 2)).sum().backward()
+        optimizer.step()
+        group = optimizer.param_groups[0]
+        nbtrain.report(step=step, lr=group["lr"], momentum=group["momentum"])
+        if step % 10 == 0:
+            nbtrain.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                     "step": torch.tensor(step)})
+
+
+def test_a_fork_trains_at_its_config_from_its_first_step_though_its_code_restores_the_optimizer(cluster):
+    parent = nbtrain.launch(restores_its_optimizer, name="steering-opt-parent", workers=2, config={"lr": 0.05})
+    assert parent.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
+    child = parent.fork(config={"lr": 0.2, "momentum": 0.5}, name="steering-opt-child")
+    assert child.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
+    rows = [row for row in child.metrics if "lr" in row]
+    assert min(row["step"] for row in rows) == 21 and len(rows) == 2 * 20
+    assert {(row["lr"], row["momentum"]) for row in rows} == {(0.2, 0.5)}, "a step trained at the parent's lr"
+    assert child.config["lr"] == 0.2
+    change = child.changes[0]
+    assert change["step"] == 21 and change["args"]["lr"] == 0.2 and change["before"]["lr"] == [0.05], child.changes
+    assert "lr 0.05 → 0.2" in change["description"], change  # the history shows the change
+    with pytest.raises(nbtrain.InvalidOptionError, match=r"run.fork\(config=\{'lr': ...\}\) must be a finite "
+                                                         r"number in range, got -1"):
+        parent.fork(config={"lr": -1}, name="steering-opt-bad")

@@ -15,6 +15,7 @@ import time
 import uuid
 from typing import Any
 
+from nbtrain._cluster.rank.run_folder import LaunchFolder
 from nbtrain._options import RunOptions
 
 CONFIG_SUMMARY_CHARS = 300
@@ -28,6 +29,8 @@ class RunSpec:
     modules: tuple[str, ...] = ()     # the notebook's own modules sent with the function (name@hash)
     notes: tuple[str, ...] = ()       # what launch() decided for the user; one event each when the run is created
     owner: dict[str, Any] = dataclasses.field(default_factory=dict)  # notebook path, host, pid
+    # The launching process's folder: where the ranks work when they run on its machine (see run_folder).
+    launch_folder: LaunchFolder | None = dataclasses.field(default_factory=LaunchFolder.here)
     created: float = dataclasses.field(default_factory=time.time)
     # Which launch the run's stored files belong to: a supervisor takes up only its own launch's files.
     launch_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
@@ -41,6 +44,9 @@ class RunSpec:
     initial_checkpoint: tuple[dict[str, Any], bytes] | None = None
     # run.fork(): the run this one was forked from and the step of the checkpoint it started at.
     parent: dict[str, Any] | None = None
+    # run.fork(config=...)'s optimizer settings (lr, momentum, ...): applied to the optimizer the ranks restored
+    # from the checkpoint before its first update, as a change of the run's history.
+    settings_at_start: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:

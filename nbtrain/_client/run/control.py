@@ -182,16 +182,9 @@ class RunControl:
         if others:
             raise InvalidOptionError(f"adjust() cannot change {', '.join(sorted(others))}: it changes lr, "
                                      "weight_decay, momentum, betas and grad_clip (per param group with group=).")
-        settings: dict[str, Any] = {}
-        for key, value in (("lr", lr), ("weight_decay", weight_decay), ("momentum", momentum)):
-            if value is not None:
-                settings[key] = _number(key, value, lambda v: v >= 0)
-        if betas is not None:
-            if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-                raise InvalidOptionError(f"adjust(betas=...) must be a pair like (0.9, 0.999), got {betas!r}.")
-            settings["betas"] = [_number("betas", b, lambda v: 0 <= v < 1) for b in betas]
-        if grad_clip is not _UNSET:
-            settings["grad_clip"] = None if grad_clip is None else _number("grad_clip", grad_clip, lambda v: v > 0)
+        given = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "betas": betas}
+        settings = checked_settings({key: value for key, value in given.items() if value is not None}
+                                    | ({} if grad_clip is _UNSET else {"grad_clip": grad_clip}), "adjust({name}=...)")
         if not settings:
             raise InvalidOptionError("adjust() needs a setting to change: lr, weight_decay, momentum, betas or "
                                      "grad_clip.")
@@ -352,7 +345,25 @@ class RunControl:
         return None if step == AS_SOON_AS_BACK else step
 
 
-def _number(name: str, value: Any, good: Any) -> float:
+def checked_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """Optimizer settings (keys of ``ADJUSTABLE``) as the ranks apply them, or the error naming the bad one.
+
+    ``where`` names the value in the message, with ``{name}`` for the setting: ``"adjust({name}=...)"``.
+    """
+    settings: dict[str, Any] = {}
+    for key, value in values.items():
+        if key == "betas":
+            if not (isinstance(value, (tuple, list)) and len(value) == 2):
+                raise InvalidOptionError(f"{where.format(name=key)} must be a pair like (0.9, 0.999), got {value!r}.")
+            settings[key] = [_number(where.format(name=key), b, lambda v: 0 <= v < 1) for b in value]
+        elif key == "grad_clip":
+            settings[key] = None if value is None else _number(where.format(name=key), value, lambda v: v > 0)
+        else:
+            settings[key] = _number(where.format(name=key), value, lambda v: v >= 0)
+    return settings
+
+
+def _number(what: str, value: Any, good: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not good(value):
-        raise InvalidOptionError(f"adjust({name}=...) must be a finite number in range, got {value!r}.")
+        raise InvalidOptionError(f"{what} must be a finite number in range, got {value!r}.")
     return float(value)

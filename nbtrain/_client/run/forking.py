@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from nbtrain._client.launching.checks import (
     wait_for_supervisor,
 )
 from nbtrain._client.launching.serialization import dumps_checked
+from nbtrain._cluster.commands import ADJUSTABLE
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._options import RunOptions
@@ -61,12 +63,37 @@ def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: 
         assert launched is not None
         fn_bytes, modules, takes_config = launched.fn_bytes, launched.modules, launched.fn_takes_config
     meta, data = source
+    settings = _optimizer_settings(parent, config or {})
     spec = RunSpec(options=chosen, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=owner(),
                    modules=modules, initial_checkpoint=({**meta, "from_run": parent.name}, data),
                    parent={"run": parent.name, "step": meta["step"]},
                    notes=(f"forked from {parent.name} at step {meta['step']}"
-                          + (f" with {', '.join(f'{k}={v!r}' for k, v in (config or {}).items())}" if config else ""),))
+                          + (f" with {', '.join(f'{k}={v!r}' for k, v in (config or {}).items())}" if config else ""),),
+                   settings_at_start=settings or None)
     return start_new(spec, type(parent))
+
+
+def _optimizer_settings(parent: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """The fork's config values that set the optimizer (``lr``, ``momentum``, ...), checked as ``adjust()`` checks
+    them: a training function that restores its optimizer from the checkpoint gets the parent's values back, so
+    nbtrain applies these before the fork's first update. Keys it cannot apply are named in a warning."""
+    from nbtrain._client.run.control import checked_settings
+
+    settings = checked_settings({key: value for key, value in config.items() if key in ADJUSTABLE},
+                                "run.fork(config={{'{name}': ...}})")
+    others = sorted(key for key in config if key not in ADJUSTABLE)
+    steered = bool(parent._fresh_summary().get("hyper"))  # the optimizer settings its ranks last said
+    if settings and not steered:
+        warnings.warn(f"run.fork(config=...): {', '.join(settings)} cannot be applied to the fork's optimizer: "
+                      f"run {parent.name!r} gives nbtrain no optimizer (nbtrain.prepare_optimizer / steerable). "
+                      "They reach the ranks as config values only; an optimizer restored from the checkpoint keeps "
+                      "the parent's.", UserWarning, stacklevel=4)
+    if others:
+        warnings.warn(f"run.fork(config=...): {', '.join(others)} reach the ranks as config values only: nbtrain "
+                      f"applies {', '.join(ADJUSTABLE)} to the restored optimizer, but not these, so they take "
+                      "effect only where the training function reads config (a value restored from the checkpoint "
+                      "wins).", UserWarning, stacklevel=4)
+    return settings
 
 
 def start_new(spec: RunSpec, run_type: type) -> Any:

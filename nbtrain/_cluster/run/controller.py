@@ -107,6 +107,8 @@ class RunController:
         """Take up a run this supervisor's previous process recorded, or record a new one."""
         saved = self._storage.load_state()
         if not saved:
+            if self.spec.settings_at_start:
+                self.steering.start_with(self.spec.settings_at_start)
             self.persist()
             self.feed.event("state", f"run {self.spec.name} created", self.attempt)
             for note in self.spec.notes:

@@ -50,6 +50,12 @@ class RunSteering:
         self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
         self._changed = threading.Condition()
 
+    def start_with(self, settings: dict[str, Any]) -> None:
+        """A new run's first command: these optimizer settings before the first update (a fork's config)."""
+        with self._changed:
+            self.commands.append(Command(id=len(self.commands) + 1, kind=ADJUST, args={**settings, "group": None},
+                                         at_step=0, issued=time.time()))
+
     # ------------------------------------------------------------------ the notebook asks
     def issue(self, kind: str, args: dict[str, Any], ranks: list[dict[str, Any]], live: bool) -> dict[str, Any]:
         """A new command, with the step it takes effect at; ``ranks``: the worker table's rows."""
