@@ -7,6 +7,7 @@ it, so tests and users with several setups move everything with one variable::
     runs/<name>.json       the run registry (written at launch; see _registry)
     cluster.json           the cluster a notebook last connected to
     cluster/               the embedded local cluster: state, token, start log, start lock
+    cluster/cwd/           the working directory of the embedded cluster's processes
     ray/                   the embedded cluster's Ray temp dir (sessions, logs, Unix sockets)
     storage/<run>/         a run's history and checkpoints (supervisor side)
     run-index/<run>.json   where each run on this head keeps its files (a finished run has no process)
@@ -30,7 +31,8 @@ from nbtrain import _json
 
 
 def nbtrain_home() -> Path:
-    return Path(os.environ.get("NBTRAIN_HOME") or Path.home() / ".nbtrain")
+    # absolute: the embedded cluster's processes run in a folder of their own (local_cluster.process_folder)
+    return Path(os.environ.get("NBTRAIN_HOME") or Path.home() / ".nbtrain").absolute()
 
 
 def runs_dir(home: Path | None = None) -> Path:
@@ -43,6 +45,10 @@ def cluster_file(home: Path | None = None) -> Path:
 
 def local_cluster_dir() -> Path:
     return nbtrain_home() / "cluster"
+
+
+def local_cluster_workdir() -> Path:
+    return local_cluster_dir() / "cwd"
 
 
 def ray_temp_dir() -> Path:

@@ -30,7 +30,8 @@ BOOKKEEPING_NICENESS = 10
 # server is lowered once it is up (lower_session_server_priority).
 _HEAD_BOOKKEEPING_MARKERS = (
     "gcs_server", "DashboardAgent", "RuntimeEnvAgent",
-    "dashboard/dashboard.py", "autoscaler/_private/monitor.py", "bin/ray start",
+    "dashboard/dashboard.py", "autoscaler/_private/monitor.py",
+    "ray.scripts.scripts start",  # the head's own process (local_cluster.RAY_CLI)
 )
 
 

@@ -48,6 +48,7 @@ from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import LOOPBACK, free_port, port_is_open
 from nbtrain._paths import (
     local_cluster_dir,
+    local_cluster_workdir,
     private_dir,
     private_opener,
     ray_temp_dir,
@@ -117,6 +118,10 @@ def ray_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
+    # Ray runs `bash` to start each worker: a kernel started with an empty PATH still finds it.
+    env["PATH"] = env.get("PATH") or os.defpath
+    if env.get("NBTRAIN_HOME"):  # the cluster's processes run in another folder (process_folder)
+        env["NBTRAIN_HOME"] = os.path.abspath(env["NBTRAIN_HOME"])
     return env
 
 
@@ -180,9 +185,17 @@ def _start_lock(wait_s: float, say: Progress | None = None) -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _ray_executable() -> str:
-    candidate = Path(sys.executable).with_name("ray")
-    return str(candidate) if candidate.exists() else (shutil.which("ray") or "ray")
+# What the `ray` command runs (its console script is `ray.scripts.scripts:main`), run by this interpreter:
+# the script itself may be on no PATH (`pip install --user` puts it in ~/.local/bin; an environment whose
+# packages come from another's site directories has none beside its python).
+RAY_CLI = (sys.executable, "-m", "ray.scripts.scripts")
+
+
+def process_folder() -> Path:
+    """The working directory of every process of the local cluster: the head's and each added node's
+    processes keep the folder they were started in, and a notebook's folder may be renamed or deleted
+    (then each new worker dies at ``import torch``). Ranks work in a folder chosen per run (see run_folder)."""
+    return private_dir(local_cluster_workdir())
 
 
 def start(
@@ -273,7 +286,7 @@ def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeo
         "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
         "runtime-env-agent-port")}
     cmd = [
-        _ray_executable(), "start", "--head", "--block",
+        *RAY_CLI, "start", "--head", "--block",
         f"--node-ip-address={LOOPBACK}", f"--num-cpus={num_cpus}",
         "--include-dashboard=false", "--include-log-monitor=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
         # Workers bind ports the OS picks: Ray's fixed default range (10002-19999) is the same for every
@@ -292,8 +305,8 @@ def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeo
         if note:
             log.write(note + "\n")
             log.flush()
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=process_folder(), start_new_session=True)
     info = LocalClusterInfo(pid=proc.pid, gcs_port=ports["port"],
                             client_port=ports["ray-client-server-port"], token_path=env["RAY_AUTH_TOKEN_PATH"],
                             temp_dir=temp_dir, num_cpus=num_cpus, num_gpus=num_gpus or 0,

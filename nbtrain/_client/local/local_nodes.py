@@ -44,7 +44,7 @@ def add(num_cpus: int, num_gpus: int | None = None, progress: local_cluster.Prog
     say(f"Adding a node with {num_cpus} CPUs to the local Ray cluster at {head.address}…")
     with open(log_path, "w", opener=private_opener) as log:
         proc = subprocess.Popen(cmd, env=local_cluster.ray_env(), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, cwd=local_cluster.process_folder(), start_new_session=True)
     node = LocalNode(pid=proc.pid, num_cpus=num_cpus, num_gpus=num_gpus or 0,
                      node_manager_port=ports["node_manager"], log_path=str(log_path), started=time.time())
     deadline = time.monotonic() + timeout

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import ray
 
+from nbtrain._cluster.rank import run_folder
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.inspection import post_mortem
 from nbtrain._cluster.rank.ray_train import on_import as ray_train_on_import
@@ -39,9 +40,14 @@ from nbtrain._packing import shipping
 if TYPE_CHECKING:
     from nbtrain._cluster.rank.payload import WorkerPayload
 
+# Test-only fault injection: while the folder this names holds files, a rank process that starts removes one
+# and exits at once, as a process lost while importing torch does (killing a PID cannot hit that moment).
+FAULT_START_EXIT_ENV = "NBTRAIN_FAULT_RANK_START_EXIT"
+
 
 class TrainWorker:
     def __init__(self) -> None:
+        _fault_exit_while_starting()
         # Ray starts workers at a low CPU priority; training is the job, so ask for
         # normal priority when allowed (needs privileges; otherwise stay as we are).
         try:
@@ -125,6 +131,7 @@ class TrainWorker:
         set_session(session)
         ray_train_on_import.watch()
         session.start()
+        back = run_folder.enter(payload.folder)  # this run's folder, left in the finally below
         try:
             _join_process_group(payload, listener)
             fn = shipping.loads(payload.fn_bytes)
@@ -142,6 +149,7 @@ class TrainWorker:
         finally:
             set_session(None)
             ray_train_on_import.unwatch()
+            run_folder.leave(back)
             if dist.is_initialized():
                 try:
                     dist.destroy_process_group()
@@ -170,6 +178,20 @@ class TrainWorker:
             numpy.random.seed()
         if not self._tidied:
             self.tidy()
+
+
+def _fault_exit_while_starting() -> None:
+    folder = os.environ.get(FAULT_START_EXIT_ENV)
+    if not folder or not os.path.isdir(folder):
+        return
+    for token in sorted(os.listdir(folder)):
+        try:
+            os.unlink(os.path.join(folder, token))
+        except FileNotFoundError:  # another starting rank took it
+            continue
+        print(f"nbtrain test fault: rank process {os.getpid()} exits while starting ({FAULT_START_EXIT_ENV})",
+              file=sys.stderr, flush=True)
+        os._exit(70)
 
 
 def _torchrun_environment(payload: WorkerPayload) -> dict[str, str]:

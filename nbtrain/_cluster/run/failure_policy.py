@@ -11,6 +11,7 @@ another rank failed come after, as consequences.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Any
 
@@ -100,12 +101,17 @@ def raised(rank: int, outcome: dict[str, Any]) -> Failure:
 
 def died(rank: int, pid: Any, node: str | None, node_id: str | None, exc: Exception) -> Failure:
     """A rank whose process died (killed, out of memory, node lost)."""
-    return Failure(rank, "died", f"Rank {rank}'s worker process died (pid {pid} on {node}): {_death_cause(exc)}",
+    return Failure(rank, "died", f"Rank {rank}'s worker process died (pid {pid} on {node}): {death_cause(exc)}",
                    node=node, node_id=node_id)
 
 
-def _death_cause(exc: Exception) -> str:
+def death_cause(exc: Exception) -> str:
+    """Why Ray says a worker process died, in one line: its exit detail when it gives one (the first line of
+    an actor's death is always "The actor died unexpectedly...")."""
     text = str(exc)
+    detail = re.search(r"Worker exit detail: (.+?)(?:\. |\.?$)", text, re.MULTILINE)
+    if detail:
+        return detail.group(1).strip()[:300]
     for line in text.splitlines():
         if "killed" in line.lower() or "exit" in line.lower() or "died" in line.lower() or "SIG" in line:
             return line.strip()[:300]

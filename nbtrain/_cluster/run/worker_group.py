@@ -4,13 +4,17 @@
 one :class:`~nbtrain._cluster.rank.worker.TrainWorker` actor per rank, asks each
 where it landed, and builds each rank's :class:`WorkerPayload`. If anything
 fails or the user stops the run on the way, it removes what it had made before
-raising, so a failed start leaves no actor and no reserved CPU behind.
+raising, so a failed start leaves no actor and no reserved CPU behind. A rank
+process lost before it answers (dead while importing torch, say) is started
+again as a fresh process, ``START_RETRIES`` times, each said in an event; then
+the attempt fails with that process's own last log lines.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -21,8 +25,9 @@ from nbtrain._cluster.elastic.sizing import scaling
 from nbtrain._cluster.feed.push_relay import PushRelay, wants_relays
 from nbtrain._cluster.names import NAMESPACE, group_name, relay_name, worker_name
 from nbtrain._cluster.rank.payload import WorkerPayload
+from nbtrain._cluster.rank.run_folder import RankFolder
 from nbtrain._cluster.rank.worker import TrainWorker
-from nbtrain._cluster.run import failure_policy
+from nbtrain._cluster.run import failure_policy, rank_logs
 from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Succeeded
 from nbtrain._cluster.run.rank_layout import layout_ranks
 from nbtrain._cluster.run.worker_table import WorkerTable
@@ -32,6 +37,7 @@ from nbtrain._packing.runtime_env import for_ranks
 from nbtrain._states import WorkerState
 
 WORKER_START_TIMEOUT_S = 180.0
+START_RETRIES = 2        # times a rank process lost while starting is started again before the attempt fails
 FAILURE_GATHER_S = 1.0   # after a first failure, how long to wait for the other ranks' (to tell cause from consequence)
 WATCH_TICK_S = 0.2
 GIVE_BACK_TIMEOUT_S = 10.0
@@ -48,11 +54,15 @@ class StartFailed(Exception):
 
 
 class WorkerGroup:
-    def __init__(self, spec: RunSpec, attempt: int, world_size: int) -> None:
+    def __init__(self, spec: RunSpec, attempt: int, world_size: int, run_dir: Path,
+                 say: Callable[[str], None]) -> None:
         self.spec = spec
         self.attempt = attempt
         self.world_size = world_size       # this attempt's: fixed, or an elastic run's size for now
+        self.run_dir = run_dir             # the run's directory (see run_folder)
+        self._say = say                    # an event on the run's feed
         self.actors: list[Any] = []
+        self._replaced: set[int] = set()   # ranks whose leased warm worker was lost while starting: ours now
         self.relays: dict[str, Any] = {}  # node id -> its push relay
         self._pool: Any = None             # the warm pool the actors were leased from, if any
         self._leased_gpus: list[list[str]] = []  # by rank: the GPU ids of its bundle, for leased workers
@@ -64,10 +74,10 @@ class WorkerGroup:
     @classmethod
     def start(cls, spec: RunSpec, attempt: int, world_size: int, supervisor: Any, datasets: dict[str, Any] | None,
               table: WorkerTable, commands: list[dict[str, Any]], stop_requested: Callable[[], bool],
-              on_placed: Callable[[], None]) -> WorkerGroup:
+              on_placed: Callable[[], None], run_dir: Path, say: Callable[[str], None]) -> WorkerGroup:
         """Place, start and launch ``world_size`` ranks; raises :class:`StartFailed` or :class:`StopRequested`
-        after removing whatever it had started."""
-        group = cls(spec, attempt, world_size)
+        after removing whatever it had started. ``say`` tells the run's events (a rank started again)."""
+        group = cls(spec, attempt, world_size, run_dir, say)
         try:
             group._place(stop_requested)
             on_placed()
@@ -99,23 +109,70 @@ class WorkerGroup:
             f"{_resource_picture()}. Stop other runs, ask for fewer workers, or add nodes.", retriable=False))
 
     def _start_actors(self, stop_requested: Callable[[], bool]) -> list[dict[str, Any]]:
-        options = self.spec.options
         if not (self.spec.warm_pool and self._lease_warm(stop_requested)):
-            self.actors = [ray.remote(TrainWorker).options(
-                num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker, max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
-                name=worker_name(self.spec.name, self.attempt, rank), namespace=NAMESPACE,
-                # made by the supervisor, they would inherit its runtime env (see supervisor_options)
-                runtime_env=for_ranks(options.runtime_env, options.env),
-            ).remote() for rank in range(self.world_size)]
-        places: list[dict[str, Any]] = self._wait(
-            [actor.where.remote() for actor in self.actors], WORKER_START_TIMEOUT_S, stop_requested,
-            lambda: Failure(None, "startup", f"the workers did not start within {WORKER_START_TIMEOUT_S:.0f} s"))
+            self.actors = [self._new_actor(rank) for rank in range(self.world_size)]
+        places = self._places(stop_requested)
         if self._pool is not None:
             for rank, gpu_ids in enumerate(self._leased_gpus):
                 places[rank]["gpu_ids"] = gpu_ids  # a leased worker reserves no GPU: its bundle's
                 self._pool.note_pid.remote(self.actors[rank], places[rank]["pid"])
         return places
+
+    def _new_actor(self, rank: int) -> Any:
+        """A fresh process for ``rank``, in its bundle."""
+        options = self.spec.options
+        return ray.remote(TrainWorker).options(
+            num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank),
+            name=worker_name(self.spec.name, self.attempt, rank), namespace=NAMESPACE,
+            # made by the supervisor, they would inherit its runtime env (see supervisor_options)
+            runtime_env=for_ranks(options.runtime_env, options.env),
+        ).remote()
+
+    def _places(self, stop_requested: Callable[[], bool]) -> list[dict[str, Any]]:
+        """Where each rank landed (its ``where()``); a rank process lost before it answers is replaced by a fresh
+        one, ``START_RETRIES`` times, before the attempt fails with its last log lines."""
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        asked = {rank: actor.where.remote() for rank, actor in enumerate(self.actors)}
+        places: dict[int, dict[str, Any]] = {}
+        lost: dict[int, int] = {}
+        while asked:
+            if stop_requested():
+                raise StopRequested()
+            if time.monotonic() > deadline:
+                raise StartFailed(Failure(None, "startup",
+                                          f"the workers did not start within {WORKER_START_TIMEOUT_S:.0f} s"))
+            ready, _ = ray.wait(list(asked.values()), num_returns=len(asked), timeout=0.25)
+            for rank in [rank for rank, ref in asked.items() if ref in ready]:
+                try:
+                    places[rank] = ray.get(asked.pop(rank))
+                except ray.exceptions.RayActorError as exc:
+                    lost[rank] = lost.get(rank, 0) + 1
+                    self._lost_while_starting(rank, lost[rank], exc)
+                    asked[rank] = self.actors[rank].where.remote()
+        return [places[rank] for rank in range(self.world_size)]
+
+    def _lost_while_starting(self, rank: int, times: int, exc: ray.exceptions.RayActorError) -> None:
+        """Start ``rank`` again as a fresh process, said in an event; past ``START_RETRIES``, fail the attempt."""
+        pid = rank_logs.pid_of(exc)
+        cause = failure_policy.death_cause(exc)
+        if times > START_RETRIES:
+            lines = rank_logs.last_lines(self._group, rank, pid)
+            raise StartFailed(Failure(
+                rank, "startup",
+                f"Rank {rank}'s worker process was lost while starting, {times} times (the last, pid {pid}: {cause}); "
+                f"its last log lines are below. A process that dies before the training function starts usually "
+                f"cannot load its packages on that node: check them there (`python -c 'import torch'`).",
+                traceback=lines))
+        self._say(f"Rank {rank}'s worker process (pid {pid}) was lost while starting ({cause}); starting it again "
+                  f"as a fresh process ({times}/{START_RETRIES}).")
+        try:
+            ray.kill(self.actors[rank], no_restart=True)
+        except Exception:  # noqa: BLE001 - dead already
+            pass
+        if self._pool is not None:
+            self._replaced.add(rank)  # the pool's worker is gone: the new one is this group's to end
+        self.actors[rank] = self._new_actor(rank)
 
     def _lease_warm(self, stop_requested: Callable[[], bool]) -> bool:
         """Lease one worker per bundle from the notebook session's warm pool (see warm_pool);
@@ -170,6 +227,9 @@ class WorkerGroup:
         batch_scale, lr_scale = scaling(options, self.world_size)
         shards = {name: dataset.streaming_split(self.world_size, equal=True)
                   for name, dataset in (datasets or {}).items()}
+        # a runtime_env working_dir is where Ray puts the ranks, and stays their folder
+        folder = None if "working_dir" in (options.runtime_env or {}) else \
+            RankFolder(self.spec.launch_folder, str(self.run_dir))
         return [WorkerPayload(
             rank=rank, world_size=self.world_size, elastic=options.elastic, batch_scale=batch_scale,
             lr_scale=lr_scale, attempt=self.attempt, gns=options.gns or options.adaptive_batch is not None,
@@ -183,7 +243,8 @@ class WorkerGroup:
             master_addr=places[0]["node_ip"], master_port=places[0]["port"],
             collective_timeout_s=options.collective_timeout_s, fn_bytes=self.spec.fn_bytes,
             fn_takes_config=self.spec.fn_takes_config, cpus_per_worker=options.cpus_per_worker,
-            datasets={name: split[rank] for name, split in shards.items()}, commands=commands, **layout[rank],
+            datasets={name: split[rank] for name, split in shards.items()}, commands=commands, folder=folder,
+            **layout[rank],
         ) for rank in range(len(places))]
 
     def _wait(self, refs: Any, timeout: float, stop_requested: Callable[[], bool],
@@ -245,13 +306,15 @@ class WorkerGroup:
         and free the placement group; ranks still going show as stopped."""
         ended = list(self.relays.values())
         if self._pool is not None:
+            leased = [actor for rank, actor in enumerate(self.actors) if rank not in self._replaced]
+            ended += [self.actors[rank] for rank in self._replaced]
             try:  # waited for: the supervisor may exit next, and an unsent call would leave them lent
-                ray.get(self._pool.give_back.remote(self.spec.name, self.actors if self._succeeded else []),
+                ray.get(self._pool.give_back.remote(self.spec.name, leased if self._succeeded else []),
                         timeout=GIVE_BACK_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - the pool is gone (its workers with it) or exiting
                 pass
             if not self._succeeded:
-                ended += self.actors
+                ended += leased
         else:
             ended += self.actors
         for actor in ended:
