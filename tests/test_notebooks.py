@@ -2,7 +2,8 @@
 nbtrain starts on this machine, sized by nbtrain as it sizes it for a user (the machine's real CPU
 count, 2 on a laptop-sized box or Binder), not on the test session's roomier cluster.
 
-Notebooks are found by glob, so a new notebook is executed without touching this file;
+Notebooks are found by glob, so a new notebook is executed without touching this file (its promise
+in ``PROMISES`` is asked for);
 ``SMALL`` shrinks the ones with a ``parameters`` cell (papermill) so the whole set takes
 a few minutes on two CPU cores. Each runs under plain papermill in a process of its own
 that never imported nbtrain, as a user's CI or VS Code would run it. The kernels share a home of
@@ -10,8 +11,11 @@ their own (``NBTRAIN_HOME``), so the first notebook's ``%ray_connect`` starts th
 exactly as the README's first command does, and the next ones find it. They run one after the other,
 as a user works through the tutorials: a notebook's two ranks take the whole cluster.
 A failing cell fails its notebook's test with the cell's error and traceback; the executed notebook
-is kept under pytest's tmp directory. A notebook that ran well is also copied to ``docs/_executed/``
-(ignored by git), where the documentation build finds the outputs it shows (``docs/_ext/nbtrain_tutorials.py``).
+is kept under pytest's tmp directory. Running is not enough: each tutorial's last cells check what its text
+promises (an accuracy floor, the sweep's best trial better than its worst, the served model answering…) with
+an ``assert`` the reader sees, and ``PROMISES`` reads the same outcomes back from what the cells printed.
+A notebook that ran well is also copied to ``docs/_executed/`` (ignored by git), where the documentation
+build finds the outputs it shows (``docs/_ext/nbtrain_tutorials.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,15 +46,95 @@ SMALL: dict[str, dict[str, object]] = {
     "02_cifar10_resnet18.ipynb": {"dataset_size": 32, "image_size": 8, "batch_size": 8, "epochs": 1,
                                   "max_steps_per_epoch": 2, "workers": 2, "gpus_per_worker": 0},
     "03_vit_cifar10_ray_data.ipynb": {"num_train": 1024, "num_valid": 256, "batch_size": 32, "epochs": 2},
-    "04_launch_panel.ipynb": {"epochs": 1},
+    "04_launch_panel.ipynb": {"epochs": 2},
     "05_fault_tolerance.ipynb": {"steps": 40, "step_time": 0.25, "checkpoint_every": 4},
-    "06_tune_asha.ipynb": {"num_samples": 2, "epochs": 2, "num_train": 256, "num_valid": 128, "batch_size": 32},
+    "06_tune_asha.ipynb": {"num_samples": 1, "epochs": 2, "num_train": 1024, "num_valid": 256, "batch_size": 32},
     "07_serve.ipynb": {"num_samples": 2, "epochs": 2, "num_train": 256},
     "08_lightning.ipynb": {"epochs": 2, "num_train": 1024, "batch_size": 64},
     "09_elastic.ipynb": {"steps": 400, "step_time": 0.05},
     "10_steer_and_compare.ipynb": {"batches": 10, "step_time": 0.05},
     "11_debug_and_profile.ipynb": {"steps": 12, "straggler_steps": 375, "straggler_window_s": 2.0},
 }
+
+# What each tutorial promises, as its cells print it: (pattern, check of every match, the promise in words).
+# Each notebook asserts the same in a cell of its own, where a reader sees it; this reads the outcome back
+# from the executed notebook, so a notebook that stops checking (or prints something else) fails here.
+Promise = tuple[str, Callable[[list[Any]], bool], str]
+
+
+def _last_above(floor: float) -> Callable[[list[Any]], bool]:
+    return lambda found: float(found[-1]) > floor
+
+
+def _first_below(fraction: float) -> Callable[[list[Any]], bool]:
+    """The last match's first number under ``fraction`` of its second."""
+    return lambda found: float(found[-1][0]) < fraction * float(found[-1][1])
+
+
+def _sizes(found: list[Any]) -> list[int]:
+    return [int(n) for n in found[-1].split(",")]
+
+
+PROMISES: dict[str, list[Promise]] = {
+    "01_quickstart.ipynb": [
+        (r"test MSE ([\d.]+) \(predicting the mean: ([\d.]+)\)", _first_below(0.5),
+         "the trained MLP's test MSE is under half of predicting the mean's")],
+    "02_cifar10_resnet18.ipynb": [
+        (r"epoch \d+: val_accuracy [\d.]+ ", lambda found: len(found) == SMALL["02_cifar10_resnet18.ipynb"]["epochs"],
+         "one validation accuracy per epoch"),
+        (r"checkpoint of epoch (\d+) loaded",
+         lambda found: int(found[-1]) == int(str(SMALL["02_cifar10_resnet18.ipynb"]["epochs"])) - 1,
+         "the last epoch's checkpoint loads into a plain ResNet18"),
+        (r"devices: \[(.*)\]", lambda found: "cpu" in found[-1] and "cuda" not in found[-1],
+         "CPUs with gpus_per_worker=0")],
+    "03_vit_cifar10_ray_data.ipynb": [
+        (r"final val_accuracy ([\d.]+)", _last_above(0.5), "the ViT learns: val_accuracy above 0.5")],
+    "04_launch_panel.ipynb": [
+        (r"-> (\w+)\n", lambda found: found[-1] == "succeeded", "the panel's run succeeds"),
+        (r"mean of the first 5 steps ([\d.]+), of the last 5 ([\d.]+)",
+         lambda found: float(found[-1][1]) < float(found[-1][0]) / 2, "the panel's run trains: its loss halves")],
+    "05_fault_tolerance.ipynb": [
+        (r"final state: (\w+) after (\d+) attempts", lambda found: found[-1] == ("succeeded", "2"),
+         "the run restarts once after the kill and succeeds"),
+        (r"attempt 2: rank 0 reported steps (\d+)\.\.(\d+)",
+         lambda found: int(found[-1][0]) > 1 and found[-1][1] == str(SMALL["05_fault_tolerance.ipynb"]["steps"]),
+         "attempt 2 resumes from the checkpoint and finishes every step"),
+        (r"(\d+) metric rows after reattaching \((\d+) before\)", lambda found: found[-1][0] == found[-1][1],
+         "reattached, the run has its whole history")],
+    "06_tune_asha.ipynb": [
+        (r"best trial's loss ([\d.]+) .*, worst trial's ([\d.]+)", _first_below(1.0),
+         "the sweep's best trial is better than its worst"),
+        (r"test accuracy ([\d.]+)", _last_above(0.5), "the best trial's model: test accuracy above 0.5")],
+    "07_serve.ipynb": [
+        (r"served: (\[.*\])\nhere: +(\[.*\])",
+         lambda found: found[-1][0] == found[-1][1] and found[-1][0].count(",") == 7,
+         "the served model answers all 8 images, as the checkpoint's model does here")],
+    "08_lightning.ipynb": [
+        (r"test accuracy ([\d.]+)", _last_above(0.5), "the Lightning classifier: test accuracy above 0.5")],
+    "09_elastic.ipynb": [
+        (r"world size by attempt: \[([\d, ]+)\]",
+         lambda found: _sizes(found)[0] == 1 and 2 in _sizes(found) and _sizes(found)[-1] == 1,
+         "the elastic run starts on 1 rank, grows to 2 and shrinks back to 1"),
+        (r"run \S+: (\w+)\n", lambda found: found[0] == "succeeded", "the elastic run succeeds"),
+        (r"epoch \d+: batch (\d+) per rank", lambda found: int(found[-1]) > int(found[0]), "the adaptive batch grows")],
+    "10_steer_and_compare.ipynb": [
+        (r"before: ([\d.]+)  from then: ([\d.]+)", lambda found: found[-1] == ("0.05", "0.01"),
+         "adjust(lr=0.01) applies from the step it returned"),
+        (r"paused at step \d+; every rank: (.*)", lambda found: found[-1] == "['paused']", "every rank pauses"),
+        (r"(\w+); last step \d+, checkpoint at step (\d+) \(asked at (\d+)\)",
+         lambda found: found[-1][0] == "stopped" and int(found[-1][1]) >= int(found[-1][2]),
+         "checkpoint_now() keeps a checkpoint, stop(after='epoch') stops the run"),
+        (r"its first loss ([\d.]+); the parent's first loss ([\d.]+)", _first_below(0.25),
+         "the fork's curve goes on from its parent's checkpoint")],
+    "11_debug_and_profile.ipynb": [
+        (r"loss is NaN at step (\d+)", lambda found: found[0] == "7", "the failing rank's error"),
+        (r"(Rank \d+) is a straggler", lambda found: found == ["Rank 1"], "rank 1 is flagged as the straggler"),
+        (r"rank 0's top operator over (\d+) steps", _last_above(0), "a profile of rank 0 with its trace")],
+}
+
+
+def test_every_tutorial_states_its_promise():
+    assert set(PROMISES) == {path.name for path in NOTEBOOKS}, "add the new notebook's promise to PROMISES"
 
 
 def test_every_notebook_is_committed_without_outputs():
@@ -105,6 +190,24 @@ class Executed:
                         f"--- what the cell printed ---\n{printed}\n(executed notebook: {self.output})")
         return f"{self.path.name}: papermill exited {self.returncode}:\n{ANSI.sub('', self.stderr)[-4000:]}"
 
+    def printed(self) -> str:
+        """What the executed notebook's cells printed (stdout and stderr), in order."""
+        import nbformat
+
+        notebook = nbformat.read(self.output, as_version=4)
+        return ANSI.sub("", "".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                                    for out in cell.outputs if out.get("output_type") == "stream"))
+
+    def broken_promises(self) -> list[str]:
+        """The promises of :data:`PROMISES` that what the notebook printed does not keep."""
+        printed = self.printed()
+        broken = []
+        for pattern, check, promise in PROMISES[self.path.name]:
+            found = re.findall(pattern, printed)
+            if not found or not check(found):
+                broken.append(f"{promise}: {pattern!r} found {found[-3:] if found else 'nothing'}")
+        return broken
+
 
 @pytest.fixture(scope="module")
 def users_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
@@ -145,5 +248,9 @@ def test_notebook_runs_top_to_bottom(path: Path, users_home: Path, tmp_path: Pat
         print(f"\n[notebook] {path.name}: {executed.seconds:.1f} s")
     if (failure := executed.failure()) is not None:
         pytest.fail(failure, pytrace=False)
+    if broken := executed.broken_promises():
+        pytest.fail(f"{path.name} ran but does not keep its promises (executed notebook: {executed.output}):\n  "
+                    + "\n  ".join(broken), pytrace=False)
     EXECUTED_FOR_DOCS.mkdir(exist_ok=True)
     shutil.copyfile(executed.output, EXECUTED_FOR_DOCS / path.name)
+
