@@ -16,13 +16,16 @@ it takes effect. Nothing else needs writing.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import inspect
 import math
 import os
 import re
 import reprlib
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, ParamSpec, TypeVar
 
 from nbtrain._cluster.storage.storage_uri import REMOTE_SCHEMES, normalise
 from nbtrain._exceptions import InvalidOptionError
@@ -36,6 +39,8 @@ FEED_RELAY_CHOICES = ("auto", "always", "never")
 LOGGER_CHOICES = ("tensorboard", "mlflow")
 SCALE_LR_CHOICES = ("linear", "sqrt")
 PRECISION_CHOICES = ("bf16-mixed", "16-mixed")  # torch.autocast to bfloat16 / float16 (with a GradScaler)
+P = ParamSpec("P")
+R = TypeVar("R")
 TUNING_NOTE = ("rarely needed: the defaults are what benchmarks/ measured best; they stay settable for clusters "
                "unlike the ones measured")
 
@@ -285,6 +290,32 @@ def describe() -> str:
 _SHORT = reprlib.Repr()
 _SHORT.maxstring = _SHORT.maxother = 80
 _SHORT.maxdict = _SHORT.maxlist = 6
+
+
+def check_keywords(given: Iterable[str], known: Iterable[str], call: str, documented: str) -> None:
+    """Refuse keywords ``call`` does not take, each with the known one closest to it (a typo, mostly);
+    ``documented``: the function whose help lists them all."""
+    known = list(known)
+    unknown = [name for name in given if name not in known]
+    if unknown:
+        said = "; ".join(f"{name!r}" + (f" (did you mean {close[0]}?)"
+                                        if (close := difflib.get_close_matches(name, known, n=1)) else "")
+                         for name in unknown)
+        raise InvalidOptionError(f"{call} has no option {said}. help({documented}) lists every option.")
+
+
+def refuses_unknown_keywords(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` (``launch``, ``tune``) says which keyword it does not take and which it has instead, where
+    Python's own ``TypeError`` only names the unknown one."""
+    known = [name for name, parameter in inspect.signature(fn).parameters.items()
+             if parameter.kind is inspect.Parameter.KEYWORD_ONLY or parameter.kind is parameter.POSITIONAL_OR_KEYWORD]
+
+    @functools.wraps(fn)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        check_keywords(kwargs, known, f"{fn.__name__}()", f"nbtrain.{fn.__name__}")
+        return fn(*args, **kwargs)
+
+    return checked
 
 
 def _problem(name: str, what: str, got: Any) -> str:

@@ -178,3 +178,47 @@ def test_storage_that_cannot_be_written_fails_fast_and_leaves_no_run(cluster, tm
     wait_for(lambda: launching.find_supervisor("unwritable-storage") is None, 10, message="the name to be free")
     assert "unwritable-storage" not in [run["name"] for run in nbtrain.runs()]
     assert not (runs_dir() / "unwritable-storage.json").exists()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(("call", "said"), [
+    (lambda: nbtrain.launch(_noop, wrokers=2), "launch() has no option 'wrokers' (did you mean workers?)"),
+    (lambda: nbtrain.tune(_noop, {}, metric="loss", num_sample=4),
+     "tune() has no option 'num_sample' (did you mean num_samples?)"),
+])
+def test_an_unknown_keyword_is_named_with_the_closest_known_one(call, said):
+    with pytest.raises(nbtrain.InvalidOptionError) as raised:
+        call()
+    assert str(raised.value).startswith(said + ". help(nbtrain."), str(raised.value)
+    assert not list(runs_dir().glob("*.json"))
+
+
+def test_unknown_keywords_of_a_fork_and_a_flag_of_a_magic_are_named_with_the_closest(cluster):
+    from _helpers import ipython_shell
+
+    run = nbtrain.launch(_reports_loss, workers=1, name="bad-input-fork-keyword")
+    run.wait(timeout=120)
+    with pytest.raises(nbtrain.InvalidOptionError, match=r"^run.fork\(\) has no option 'wrokers' \(did you mean "
+                                                         r"workers\?\); 'max_failure' \(did you mean max_failures\?\)"):
+        run.fork(wrokers=2, max_failure=1)
+    shell = ipython_shell()
+    result = shell.run_cell("%%ray_train --wrokers 2\nx = 1\n")
+    assert "did you mean --workers instead of --wrokers?" in str(result.error_in_exec)
+    result = shell.run_cell("%%ray_tune --metirc loss\nx = 1\n")
+    assert str(result.error_in_exec).startswith("%%ray_tune: ") and "did you mean --metric" in str(
+        result.error_in_exec)
+
+
+def _reports_loss() -> None:
+    for step in range(3):
+        nbtrain.report(step=step, loss=1.0 / (step + 1), accuracy=0.5)
+
+
+def test_compare_names_the_metrics_the_runs_have_and_takes_one_name_as_one_run(cluster):
+    run = nbtrain.launch(_reports_loss, workers=1, name="bad-input-compare")
+    run.wait(timeout=120)
+    with pytest.raises(nbtrain.InvalidOptionError, match=r"^compare\(metric='nope'\): none of the runs reports "
+                                                         r"'nope'; they report 'accuracy', 'loss'\. Give one of those"):
+        nbtrain.compare([run], metric="nope")
+    comparison = nbtrain.compare("bad-input-compare", metric="loss")  # a string is one run, not its letters
+    assert [row["run"] for row in comparison.table()] == ["bad-input-compare"]

@@ -50,10 +50,23 @@ def compare(runs: Iterable[Any], metric: str = "loss", *, x: str = "step") -> Co
         raise InvalidOptionError(f"compare(x=...) is 'step' or 'time', not {x!r}.")
     if not isinstance(metric, str) or not metric:
         raise InvalidOptionError(f"compare(metric=...) is a metric's name, like 'loss', not {metric!r}.")
+    if isinstance(runs, str):  # one name, not the names of its letters
+        runs = [runs]
     chosen = [attach(run) if isinstance(run, str) else run for run in runs]  # an unknown name: attach says so
     if len(chosen) < 1:
         raise InvalidOptionError("compare() needs at least one run (or run name).")
+    _check_metric(chosen, metric)
     return Comparison(chosen, metric, x)
+
+
+def _check_metric(runs: list[Any], metric: str) -> None:
+    """Refuse a metric that no run reports, once every run has reported something (a run that has not yet
+    may still report it: the comparison follows it)."""
+    reported = [set(run.summary().get("latest") or {}) for run in runs]
+    if all(reported) and not any(metric in keys for keys in reported):
+        known = ", ".join(repr(key) for key in sorted(set().union(*reported)))
+        raise InvalidOptionError(f"compare(metric={metric!r}): none of the runs reports {metric!r}; they report "
+                                 f"{known}. Give one of those.")
 
 
 class Comparison:

@@ -326,7 +326,7 @@ def _with_suggestion(message: str, magic: Any, line: str) -> str:
             if close:
                 hints.append(f"did you mean {close[0]} instead of {token.split('=')[0]}?")
     name = magic.__name__
-    prefix = "%%" if name == "ray_train" else "%"
+    prefix = "%%" if name in ("ray_train", "ray_tune") else "%"
     fix = f" ({'; '.join(hints)})" if hints else ""
     return f"{prefix}{name}: {message}{fix}. See `{prefix}{name} --help` for every option."
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import cloudpickle
 
+from nbtrain import _options
 from nbtrain._client.launching.checks import (
     check_resources,
     check_signature,
@@ -28,7 +29,7 @@ from nbtrain._client.launching.serialization import dumps_checked
 from nbtrain._cluster.commands import ADJUSTABLE
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
-from nbtrain._options import RunOptions
+from nbtrain._options import RunOptions, check_keywords
 from nbtrain._packing.runtime_env import packages_to_hold
 
 FORK_READ_S = 120.0  # the checkpoint travels through the notebook: large ones take a while
@@ -41,6 +42,9 @@ def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: 
         raise InvalidOptionError(f"run.fork(step=...) is a step (0 or more) or None for the latest, not {step!r}.")
     if config is not None and not isinstance(config, dict):
         raise InvalidOptionError(f"run.fork(config=...) is a dict of the values to change, not {config!r}.")
+    check_keywords(options, [field.name for field in _options.fields()
+                            if field.name not in ("name", "config", "resume", "wait")],
+                   "run.fork()", "nbtrain.launch")
     spec_bytes, source = parent._call("fork_source", step, timeout=FORK_READ_S)
     if isinstance(source, str):
         raise NbtrainError(f"Run {parent.name!r} cannot be forked: {source}")
@@ -49,13 +53,9 @@ def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: 
                            "function, run.fork(train_fn=train, ...).")
     launched: RunSpec | None = cloudpickle.loads(spec_bytes) if spec_bytes is not None else None
     base = launched.options if launched is not None else RunOptions()
-    try:
-        chosen = dataclasses.replace(
-            base, name=name or f"{parent.name}-fork-{time.strftime('%H%M%S')}",
-            config={**(base.config or {}), **(config or {})}, resume=False, wait=False, **options)
-    except TypeError as exc:
-        raise InvalidOptionError(f"run.fork() got an option it does not know: {exc}; see help(nbtrain.launch).") \
-            from None
+    chosen = dataclasses.replace(base, name=name or f"{parent.name}-fork-{time.strftime('%H%M%S')}",
+                                 config={**(base.config or {}), **(config or {})}, resume=False, wait=False,
+                                 **options)
     if train_fn is not None:
         fn_bytes, modules = dumps_checked(train_fn)
         takes_config = check_signature(train_fn)
