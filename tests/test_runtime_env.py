@@ -113,3 +113,27 @@ def _ended(pid: int) -> bool:
 
     wait_for(lambda: not pid_alive(pid), timeout=30, message=f"worker {pid} of the replaced environment to end")
     return True
+
+
+def _reports_once() -> None:
+    nbtrain.report(loss=1.0)
+
+
+def test_a_package_pip_cannot_find_fails_the_run_in_pips_time_with_pips_words(cluster):
+    """Ray would build the environment for each rank, 3 tries each (over 3 minutes here), then report its agent's
+    traceback; the run fails in the time pip takes to say no, with pip's line and what to do."""
+    run = nbtrain.launch(_reports_once, workers=2, name="runtime-env-no-such-package",
+                         runtime_env={"pip": ["a-package-that-does-not-exist"]})
+    assert run.wait(timeout=90, raise_on_failure=False) == nbtrain.RunState.FAILED
+    error = run.error or ""
+    assert error.startswith("runtime_env: pip cannot install a-package-that-does-not-exist: ERROR: "), error
+    assert "No matching distribution found for a-package-that-does-not-exist" in error
+    assert "internal error" not in error and "Traceback" not in error and "nbtrain/" not in error, error
+    assert len(error.splitlines()) == 1, error
+
+
+def test_a_working_dir_that_is_missing_is_named_at_launch(cluster, tmp_path: Path):
+    missing = tmp_path / "no-such-folder"
+    with pytest.raises(nbtrain.NbtrainError, match=r"runtime_env.*working_dir.*no-such-folder"):
+        nbtrain.launch(_reports_once, workers=1, name="runtime-env-missing-dir",
+                       runtime_env={"working_dir": str(missing)})

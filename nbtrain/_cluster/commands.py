@@ -13,7 +13,10 @@ steps; neither is one of the run's changes (``run.changes``), and a new attempt 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
+
+from nbtrain._exceptions import InvalidOptionError
 
 # The optimizer settings a live run can change, as torch's param groups name them; ``grad_clip`` is
 # nbtrain's own (the max norm it clips gradients to before each update; None: no clipping).
@@ -90,3 +93,27 @@ def where_rank_is(rank: int, answer: tuple[bool, Any] | None, wait_s: float) -> 
     if not ok:
         return f"rank {rank}: {value}"
     return f"rank {rank} {value['verdict']}"
+
+
+def checked_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """Optimizer settings (keys of ``ADJUSTABLE``) as the ranks apply them, or the error naming the bad one.
+
+    ``where`` names the value in the message, with ``{name}`` for the setting: ``"adjust({name}=...)"``.
+    """
+    settings: dict[str, Any] = {}
+    for key, value in values.items():
+        if key == "betas":
+            if not (isinstance(value, (tuple, list)) and len(value) == 2):
+                raise InvalidOptionError(f"{where.format(name=key)} must be a pair like (0.9, 0.999), got {value!r}.")
+            settings[key] = [_number(where.format(name=key), b, lambda v: 0 <= v < 1) for b in value]
+        elif key == "grad_clip":
+            settings[key] = None if value is None else _number(where.format(name=key), value, lambda v: v > 0)
+        else:
+            settings[key] = _number(where.format(name=key), value, lambda v: v >= 0)
+    return settings
+
+
+def _number(what: str, value: Any, good: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not good(value):
+        raise InvalidOptionError(f"{what} must be a finite number in range, got {value!r}.")
+    return float(value)

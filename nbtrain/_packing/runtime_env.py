@@ -13,11 +13,14 @@ that does not exist), and warm workers are reused only by a run with the same en
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 from nbtrain._exceptions import InvalidOptionError
 
 RANK_PROCESS_VARIABLE = "NBTRAIN_PROCESS"  # = "rank": how nbtrain code in a process knows it is a rank's
+PIP_CHECK_TIMEOUT_S = 120.0  # pip's answer on packages; past it, Ray's own setup says what it finds
 
 
 def check_runtime_env(runtime_env: Any, env: dict[str, str] | None) -> None:
@@ -66,6 +69,44 @@ def local_paths(runtime_env: dict[str, Any] | None) -> bool:
         return False
     places = [runtime_env.get("working_dir"), *(runtime_env.get("py_modules") or [])]
     return any(place is not None and not (isinstance(place, str) and "://" in place) for place in places)
+
+
+def pip_problem(runtime_env: dict[str, Any] | None) -> str | None:
+    """What pip says, on this node of the cluster, of ``runtime_env['pip']`` packages it cannot install, in the
+    time pip takes to fail (a dry run, no dependencies); ``None`` when it finds them, or cannot tell.
+
+    Run by the supervisor before any rank: Ray builds the environment for each rank and tries 3 times, which
+    took over 3 minutes for a misspelt package, and then reports a traceback of its own agent.
+    """
+    from ray.runtime_env import RuntimeEnv
+
+    try:
+        pip = RuntimeEnv(**(runtime_env or {})).get("pip") or {}
+    except (TypeError, ValueError):
+        return None
+    packages = [str(package) for package in pip.get("packages") or []]
+    if not packages:
+        return None
+    try:
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
+                               "--quiet", "--disable-pip-version-check", *packages],
+                              capture_output=True, text=True, timeout=PIP_CHECK_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode == 0:
+        return None
+    return setup_failure(done.stderr, f"pip cannot install {', '.join(packages)}")
+
+
+def setup_failure(output: str, what: str) -> str:
+    """A runtime environment the cluster cannot build, as one paragraph: ``what``, pip's (or Ray's) own last
+    error line out of ``output``, and what to do. The user's error: no traceback of Ray's agent."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("ERROR:")] or [line for line in lines
+                                                                     if "Error" in line or "error" in line]
+    last = (said or lines or ["(no output)"])[-1]
+    return (f"runtime_env: {what}: {last[:500]} Fix runtime_env (its package names and versions, its "
+            f"working_dir), or install what it names on the cluster's nodes, and launch again.")
 
 
 def _problem(expected: str) -> str:

@@ -8,7 +8,6 @@ change in the run's history (``run.changes``, ``run.config_at(step)``, the curve
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from nbtrain._cluster.commands import (
     RESUME,
     STOP_AFTER_EPOCH,
     USER,
+    checked_settings,
 )
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._states import RunState
@@ -343,27 +343,3 @@ class RunControl:
             return int(command["applied_step"])
         step = int(command["at_step"])
         return None if step == AS_SOON_AS_BACK else step
-
-
-def checked_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
-    """Optimizer settings (keys of ``ADJUSTABLE``) as the ranks apply them, or the error naming the bad one.
-
-    ``where`` names the value in the message, with ``{name}`` for the setting: ``"adjust({name}=...)"``.
-    """
-    settings: dict[str, Any] = {}
-    for key, value in values.items():
-        if key == "betas":
-            if not (isinstance(value, (tuple, list)) and len(value) == 2):
-                raise InvalidOptionError(f"{where.format(name=key)} must be a pair like (0.9, 0.999), got {value!r}.")
-            settings[key] = [_number(where.format(name=key), b, lambda v: 0 <= v < 1) for b in value]
-        elif key == "grad_clip":
-            settings[key] = None if value is None else _number(where.format(name=key), value, lambda v: v > 0)
-        else:
-            settings[key] = _number(where.format(name=key), value, lambda v: v >= 0)
-    return settings
-
-
-def _number(what: str, value: Any, good: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not good(value):
-        raise InvalidOptionError(f"{what} must be a finite number in range, got {value!r}.")
-    return float(value)

@@ -26,7 +26,7 @@ from nbtrain._client.launching.checks import (
     wait_for_supervisor,
 )
 from nbtrain._client.launching.serialization import dumps_checked
-from nbtrain._cluster.commands import ADJUSTABLE
+from nbtrain._cluster.commands import ADJUSTABLE, checked_settings
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._options import RunOptions, check_keywords
@@ -77,8 +77,6 @@ def _optimizer_settings(parent: Any, config: dict[str, Any]) -> dict[str, Any]:
     """The fork's config values that set the optimizer (``lr``, ``momentum``, ...), checked as ``adjust()`` checks
     them: a training function that restores its optimizer from the checkpoint gets the parent's values back, so
     nbtrain applies these before the fork's first update. Keys it cannot apply are named in a warning."""
-    from nbtrain._client.run.control import checked_settings
-
     settings = checked_settings({key: value for key, value in config.items() if key in ADJUSTABLE},
                                 "run.fork(config={{'{name}': ...}})")
     others = sorted(key for key in config if key not in ADJUSTABLE)

@@ -16,6 +16,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import ray
+
 from nbtrain._cluster.elastic import sizing
 from nbtrain._cluster.feed.feed import RunFeed, nan_keys
 from nbtrain._cluster.run import failure_policy, stall_stacks
@@ -28,6 +30,7 @@ from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import profiles
 from nbtrain._cluster.storage.run_storage import RunStorage
 from nbtrain._exceptions import NbtrainError
+from nbtrain._packing.runtime_env import pip_problem, setup_failure
 from nbtrain._ray_compat import draining_nodes
 from nbtrain._states import RunState, check_transition
 
@@ -299,6 +302,8 @@ class RunController:
         self._growth = sizing.GrowthWatch(self.spec.options, self.world_size) if self.spec.options.elastic else None
         if self.spec.options.elastic:
             self._ask_autoscaler(self.world_size)
+        if self.attempt == 1 and (problem := pip_problem(self.spec.options.runtime_env)) is not None:
+            return Failed([Failure(None, "runtime_env", problem, retriable=False)])
         try:
             group = WorkerGroup.start(self.spec, self.attempt, self.world_size, self._supervisor, self.datasets,
                                       self.table, self.steering.all(),
@@ -308,6 +313,9 @@ class RunController:
             return Stopped()
         except StartFailed as failed:
             return Failed([failed.failure])
+        except ray.exceptions.RuntimeEnvSetupError as exc:  # the user's runtime_env: said as theirs, not ours
+            return Failed([Failure(None, "runtime_env", setup_failure(str(exc), "Ray could not build the ranks' "
+                                                                     "environment"), retriable=False)])
         try:
             self.transition(RunState.RUNNING)
             outcome = group.watch(self.table, self._interrupt)

@@ -30,7 +30,7 @@ class Failure:
     """Why one attempt ended badly, in words a user can act on."""
 
     rank: int | None
-    kind: str              # raised | died | stalled | nan | resources | startup
+    kind: str              # raised | died | stalled | nan | resources | startup | runtime_env
     summary: str
     traceback: str = ""
     retriable: bool = True
