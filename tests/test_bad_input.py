@@ -183,7 +183,7 @@ def test_storage_that_cannot_be_written_fails_fast_and_leaves_no_run(cluster, tm
 @pytest.mark.quick
 @pytest.mark.parametrize(("call", "said"), [
     (lambda: nbtrain.launch(_noop, wrokers=2), "launch() has no option 'wrokers' (did you mean workers?)"),
-    (lambda: nbtrain.tune(_noop, {}, metric="loss", num_sample=4),
+    (lambda: nbtrain.tune(_noop, space={}, metric="loss", num_sample=4),
      "tune() has no option 'num_sample' (did you mean num_samples?)"),
 ])
 def test_an_unknown_keyword_is_named_with_the_closest_known_one(call, said):

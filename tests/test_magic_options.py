@@ -101,6 +101,9 @@ def test_help_prints_usage_with_an_example(ip, capsys):
 
 
 def test_ray_stop_without_a_name_or_run_says_which(ip):
+    from nbtrain._client.run import handle
+
+    handle._made_here.clear()  # a kernel that has started, forked or attached no run
     assert "Which run? Give its name" in _usage_error(ip, "%ray_stop")
 
 
