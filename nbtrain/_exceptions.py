@@ -10,7 +10,7 @@ The tree::
     ├── ResourcesUnavailableError the cluster cannot hold the requested workers
     ├── NotSerializableError      something the training function uses cannot be sent
     ├── RunNotFoundError          attach()/stop() named a run the cluster does not know
-    ├── RunExistsError            launch() named a run that already exists
+    ├── RunExistsError            launch() named a run that is still going
     ├── NotConnectedError         an operation needs connect() first
     └── RunFailedError            a rank raised or died and the run ended failed
 
@@ -120,11 +120,14 @@ class RunNotFoundError(NbtrainError):
 
 
 class RunExistsError(NbtrainError):
-    """A run of that name already exists on the cluster.
+    """A run (or sweep) of that name is still going on the cluster.
 
-    Raised by ``launch()`` and ``tune()`` when ``name=`` is taken by a live or ended run.
-    What to do: choose another name, continue the ended run with ``resume=True``
-    (``--resume``), or ``attach(name).delete()`` it to start afresh.
+    Raised by ``launch()``, ``%%ray_train``, ``tune()`` and ``%%ray_tune`` when ``name=`` is a live
+    run's (or sweep's), and by ``run.fork()`` when its ``name=`` is any run's. An *ended* run keeps its
+    name without raising this: launching that name again starts a new run ``NAME-2`` (then ``NAME-3``…)
+    and says so, leaving the ended run as it was (``attach(NAME)`` still means it).
+    What to do: choose another name, attach to the live run (``attach(name)``) and stop it, or, once
+    it has ended, continue it with ``resume=True`` (``--resume``).
     """
 
 

@@ -267,12 +267,12 @@ def test_every_rank_loads_the_checkpoint_its_attempt_started_from_not_one_saved_
     assert run.load_checkpoint()["saved_in_attempt"] == 2  # the notebook reads the run's latest
 
 
-def test_existing_name_is_refused_and_resume_continues_from_the_checkpoint(cluster):
+def test_an_ended_runs_name_starts_name_2_and_resume_continues_from_the_checkpoint(cluster):
     config = {"steps": 10, "sleep": 0.0, "checkpoint_every": 3}
     first = nbtrain.launch(train_steps, config=config, workers=1, name="resumable")
     first.wait(timeout=120)
-    with pytest.raises(nbtrain.RunExistsError, match="resume=True"):
-        nbtrain.launch(train_steps, config=config, workers=1, name="resumable")
+    again = nbtrain.launch(train_steps, config=config, workers=1, name="resumable")  # a new run: the name is kept
+    assert again.name == "resumable-2" and again.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
     resumed = nbtrain.launch(train_steps, config={**config, "steps": 15}, workers=1, name="resumable", resume=True)
     assert resumed.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
     attempt2 = [r["step"] for r in resumed.metrics if r["attempt"] == 2]

@@ -91,9 +91,10 @@ def test_finished_runs_hold_no_process_and_read_as_before(cluster):
     answered = {run["name"]: run["state"] for run in cluster_answer(connection.current())["runs"]}
     assert answered == listed  # what the lab sidebar shows (`nbtrain runs --json`)
 
-    # a finished run's name is taken until it is deleted
-    with pytest.raises(nbtrain.RunExistsError, match="already exists"):
-        nbtrain.launch(train_steps, name="done-ok", workers=1, config={"steps": 1})
+    # a finished run keeps its name: launching it again starts done-ok-2, and done-ok stays as it was
+    numbered = nbtrain.launch(train_steps, name="done-ok", workers=1, config={"steps": 1}, wait=True)
+    assert numbered.name == "done-ok-2" and nbtrain.attach("done-ok").metrics == live_rows
+    numbered.delete()
 
     # resume brings a supervisor back on the files; it continues from the checkpoint and exits again
     resumed = nbtrain.launch(train_and_talk, name="done-ok", workers=2, resume=True, wait=True,

@@ -113,8 +113,8 @@ def test_runs_lists_this_run_and_attach_refuses_unknown_names(cluster):
     assert listed["listed"]["state"] == "succeeded"
     with pytest.raises(nbtrain.RunNotFoundError, match=r"No run named 'nope'.*listed"):
         nbtrain.attach("nope")
-    with pytest.raises(nbtrain.RunExistsError, match="already exists"):
-        nbtrain.launch(train_steps, config={"steps": 5}, workers=1, name="listed")
+    again = nbtrain.launch(train_steps, config={"steps": 5, "sleep": 0.0}, workers=1, name="listed", wait=True)
+    assert again.name == "listed-2" and {"listed", "listed-2"} <= {r["name"] for r in nbtrain.runs()}
 
 
 def report_fast(config):

@@ -254,3 +254,51 @@ def test_notebook_runs_top_to_bottom(path: Path, users_home: Path, tmp_path: Pat
     EXECUTED_FOR_DOCS.mkdir(exist_ok=True)
     shutil.copyfile(executed.output, EXECUTED_FOR_DOCS / path.name)
 
+
+def _numbered(name: str, base: str) -> int:
+    """1 for ``base`` itself, N for ``base-N``: which launch of the name a run or sweep was."""
+    assert name == base or re.fullmatch(rf"{re.escape(base)}-\d+", name), f"{name!r} is not {base!r} or {base}-N"
+    return 1 if name == base else int(name.rsplit("-", 1)[1])
+
+
+def _on_the_cluster(home: Path) -> dict[str, str]:
+    """Every run's and sweep's state on the notebooks' cluster, as ``nbtrain runs --json --live`` says it."""
+    done = subprocess.run([sys.executable, "-m", "nbtrain", "runs", "--json", "--live"], env=_users_env(home),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout)
+    return {**{run["name"]: run["state"] for run in answer["runs"]},
+            **{f"sweep {sweep['name']}": sweep["state"] for sweep in answer.get("sweeps", [])}}
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(1800)
+def test_a_tutorial_runs_again(users_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """*Run All* twice in a row on the same cluster: the second time a notebook launches its names again, and
+    each new run or sweep is the next ``NAME-N`` while the first time's are kept as they ended. Notebook 10
+    launches ``steered``, forks it and compares the two (by their ``Run`` objects); 06 sweeps as ``mnist-asha``."""
+    shown = {"06_tune_asha.ipynb": r"sweep (mnist-asha\S*): (\w+),",
+             "10_steer_and_compare.ipynb": r"(\S+) forked from (\S+) at step"}
+    for name, pattern in shown.items():
+        seen = []
+        for turn in (1, 2):
+            workdir = tmp_path / f"{Path(name).stem}-{turn}"
+            workdir.mkdir()
+            executed = Executed(NOTEBOOKS_DIR / name, workdir, users_home)
+            with capsys.disabled():
+                print(f"\n[notebook] {name}, run {turn}: {executed.seconds:.1f} s")
+            if (failure := executed.failure()) is not None:
+                pytest.fail(f"run {turn}: {failure}", pytrace=False)
+            if broken := executed.broken_promises():
+                pytest.fail(f"run {turn} of {name} breaks its promises:\n  " + "\n  ".join(broken), pytrace=False)
+            seen.append(re.findall(pattern, executed.printed())[-1])
+        (first, first_other), (second, second_other) = seen
+        on_cluster = _on_the_cluster(users_home)
+        if name.startswith("06"):
+            assert _numbered(second, "mnist-asha") == _numbered(first, "mnist-asha") + 1, seen
+            assert first_other == second_other == "succeeded"
+            assert on_cluster[f"sweep {first}"] == on_cluster[f"sweep {second}"] == "succeeded", on_cluster
+        else:  # (fork, parent): the fork is named after its parent, so it is new too
+            assert _numbered(second_other, "steered") == _numbered(first_other, "steered") + 1, seen
+            assert (first, second) == (f"{first_other}-no-momentum", f"{second_other}-no-momentum")
+            assert {on_cluster[run] for run in (first, first_other, second, second_other)} == {"stopped"}, on_cluster

@@ -9,11 +9,19 @@ into, that trial's run.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any
 
 from nbtrain._client import connection, warm
-from nbtrain._client.launching.checks import check_resources, check_signature, owner, with_uploaded_paths
+from nbtrain._client.launching.checks import (
+    check_resources,
+    check_signature,
+    ended_note,
+    numbered_name,
+    owner,
+    with_uploaded_paths,
+)
 from nbtrain._client.launching.launch import attach
 from nbtrain._client.launching.serialization import dumps_checked
 from nbtrain._client.run.handle import Run
@@ -29,6 +37,7 @@ from nbtrain._sweep_options import SweepOptions
 POLL_TIMEOUT_S = 30.0
 TRIAL_STOP_S = 70.0  # the sweep's supervisor gives a trial's run 60 s to stop
 SWEEP_START_S = 30.0
+NAME_TRIES = 5  # names tried by a sweep that other sweeps keep beating to each one
 TERMINAL = ("succeeded", "failed", "stopped")
 # Run options a sweep sets itself for each trial: given to tune(), they would mean something else.
 SET_BY_THE_SWEEP = {"workers": "workers_per_trial", "name": "name (the sweep's; trial N's run is <name>-t<N>)",
@@ -285,7 +294,7 @@ def tune(
 
     Raises:
         InvalidOptionError: a sweep or run option is wrong, or one the sweep sets itself was given.
-        RunExistsError: a sweep of that ``name`` exists.
+        RunExistsError: a sweep of that ``name`` is still going (an ended one's name starts ``name-2``, ``-3``…).
         NotConnectedError: no ``connect()`` first.
         SweepFailedError: with ``wait=True``, the sweep failed.
 
@@ -322,8 +331,7 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
         msg = f"tune() got an option it does not know: {exc}. Sweep options and run options are listed in " \
               f"help(nbtrain.tune) and help(nbtrain.launch)."
         raise InvalidOptionError(msg) from None
-    name = options.name or time.strftime("sweep-%Y%m%d-%H%M%S")
-    options = dataclasses.replace(options, name=name)
+    asked = options.name or time.strftime("sweep-%Y%m%d-%H%M%S")
     cluster = connection.current()
     check_resources(options.workers_per_trial, run.cpus_per_worker, run.gpus_per_worker)
     takes_config = check_signature(train_fn)
@@ -334,13 +342,23 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     trial_run = RunSpec(options=dataclasses.replace(run, datasets=None, config=dict(run.config or {})),
                         fn_bytes=fn_bytes, fn_takes_config=True, owner=owner(), modules=modules,
                         warm_pool=warm.pool_for(run))  # a trial's ranks: this notebook session's warm workers
-    spec = SweepSpec(options=options, trial_run=trial_run, owner=owner())
-    if _find_handle(name) is not None or name in stored_sweep_names():
-        raise RunExistsError(f"A sweep named {name!r} already exists on {cluster.address}. Pick another name, "
-                             f"or attach to it with nbtrain.attach_sweep({name!r}).")
     holds = packages_to_hold(run.runtime_env)
-    handle = ray.remote(SweepSupervisor).options(**sweep_supervisor_options(name, holds)).remote(
-        code_origin.dumps(spec), datasets)
+    for _ in range(NAME_TRIES):  # another sweep may take the name chosen before this one starts: choose again
+        name = _free_sweep_name(asked, cluster.address)
+        options = dataclasses.replace(options, name=name)
+        spec = SweepSpec(options=options, trial_run=trial_run, owner=owner())
+        try:
+            handle = ray.remote(SweepSupervisor).options(**sweep_supervisor_options(name, holds)).remote(
+                code_origin.dumps(spec), datasets)
+            break
+        except ValueError:  # Ray: the actor's name is already taken
+            if _find_handle(name) is None:
+                raise
+    else:
+        raise RunExistsError(f"Sweep names {asked!r}, {asked}-2… were each taken by another sweep as this one "
+                             f"started. Pick another name.")
+    if name != asked:
+        print(ended_note(asked, name, kind="sweep"), file=sys.stderr)
     sweep = Sweep(name, handle, cluster.address)
     try:
         sweep.cached = ray.get(handle.poll.remote(0, 0.0), timeout=SWEEP_START_S)
@@ -349,6 +367,33 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     if options.wait:
         sweep.wait()
     return sweep
+
+
+def _free_sweep_name(name: str, address: str) -> str:
+    """``name``, or the next free ``NAME-2``, ``NAME-3``… when an ended sweep holds it (the ended sweep is kept: its
+    trials' runs are ``NAME-t<N>``, the new sweep's ``NAME-2-t<N>``). A sweep still going keeps its name."""
+    import ray
+
+    handle = _find_handle(name)
+    if handle is not None:
+        try:
+            state = ray.get(handle.poll.remote(0, 0.0), timeout=POLL_TIMEOUT_S)["state"]
+        except ray.exceptions.RayActorError:
+            state = "ended"  # it exited as the sweep ended
+        if state not in TERMINAL and state != "ended":
+            raise RunExistsError(f"Sweep {name!r} is still going on {address} ({state}): a live sweep's name is "
+                                 f"its own. Pick another name, or attach to it with nbtrain.attach_sweep({name!r}).")
+    kept = set(stored_sweep_names())
+    if handle is None and name not in kept:
+        return name
+    return numbered_name(name, kept | set(_live_sweep_names()))
+
+
+def _live_sweep_names() -> list[str]:
+    import ray
+
+    return [actor["name"][len(sweep_actor_name("")):] for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor.get("namespace") == NAMESPACE and actor["name"].startswith(sweep_actor_name(""))]
 
 
 def _check_scheduler(scheduler: Any) -> None:
@@ -426,13 +471,8 @@ def sweeps() -> list[dict[str, Any]]:
 
         [s["name"] for s in nbtrain.sweeps()]
     """
-    import ray
-
     connection.current()
-    names = set(stored_sweep_names())
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor.get("namespace") == NAMESPACE and actor["name"].startswith(sweep_actor_name("")):
-            names.add(actor["name"][len(sweep_actor_name("")):])
+    names = {*stored_sweep_names(), *_live_sweep_names()}
     listed = []
     for name in sorted(names):
         try:

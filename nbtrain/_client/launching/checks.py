@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import math
 import os
 import re
@@ -40,10 +41,28 @@ def with_uploaded_paths(options: RunOptions) -> RunOptions:
         raise NbtrainError(msg) from None
 
 
-def name_taken(name: str, address: str) -> str:
+def name_taken(name: str, address: str, state: str | None = None) -> str:
+    """Why ``name`` cannot be had: a live run holds it (``state``, as ``launch()`` says it), or any run does
+    (``run.fork()``, which numbers no names)."""
+    if state is not None:
+        return (f"Run {name!r} is still going on {address} ({state}): a live run's name is its own. Pick another "
+                f"name, or attach to it with nbtrain.attach({name!r}) (run.stop() ends it; launching an ended run's "
+                f"name again starts a new run, {name}-2).")
     return (f"A run named {name!r} already exists on {address}. Pick another name, "
             f"continue it from its latest checkpoint with resume=True (%%ray_train --resume), "
             f"attach to it with nbtrain.attach({name!r}), or delete it with nbtrain.attach({name!r}).delete().")
+
+
+def numbered_name(name: str, taken: set[str]) -> str:
+    """The first of ``NAME-2``, ``NAME-3``… not in ``taken``: a new run (or sweep) under an ended one's name."""
+    return next(f"{name}-{n}" for n in itertools.count(2) if f"{name}-{n}" not in taken)
+
+
+def ended_note(asked: str, name: str, kind: str = "run") -> str:
+    """The line said when a launch under an ended run's (or sweep's) name starts ``name`` instead."""
+    again = "resume=True (%%ray_train --resume) continues the old one" if kind == "run" else \
+        f"nbtrain.attach_sweep({asked!r}) reads the old one"
+    return f"{asked!r} is an ended {kind} (kept); this {kind} is {name!r}. {again}."
 
 
 def check_writable(storage: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,9 @@ from nbtrain._client.launching.checks import (
     check_resources,
     check_signature,
     check_writable,
+    ended_note,
     name_taken,
+    numbered_name,
     owner,
     pickled,
     wait_for_supervisor,
@@ -39,6 +42,7 @@ from nbtrain._exceptions import (
 )
 from nbtrain._options import RunOptions
 from nbtrain._packing.runtime_env import packages_to_hold
+from nbtrain._states import TERMINAL_STATE_NAMES, RunState
 
 
 def launch(
@@ -101,7 +105,8 @@ def launch(
         NotConnectedError: no ``connect()`` first.
         NotSerializableError: something ``train_fn`` uses cannot be sent to the ranks.
         ResourcesUnavailableError: the cluster cannot hold the workers at all.
-        RunExistsError: ``name`` is taken (``resume=True`` continues that run).
+        RunExistsError: ``name`` is a live run's. An ended run's name is not refused: the new run is
+            ``NAME-2`` (``NAME-3``…), said on stderr, and ``resume=True`` continues the ended run instead.
         RunNotFoundError: ``resume=True`` names no existing run.
         StorageError: the cluster cannot write ``storage=``.
         RunFailedError: with ``wait=True``, the run failed.
@@ -126,11 +131,8 @@ launch.__doc__ = (launch.__doc__ or "") + _options.describe()
 
 def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     """``launch()`` once its options are one validated value (the magic and the panel call this too)."""
-    import ray
-
-    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
-
     takes_config = check_signature(train_fn)
+    named = options.name is not None  # a name of the user's may be an ended run's; a default one never is
     name = options.name or _default_name()
     config = dict(options.config or {})
     datasets = options.datasets
@@ -155,13 +157,94 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     if (pool := warm.pool_for(options)) is not None:
         spec = dataclasses.replace(spec, warm_pool=pool)
         spec_bytes = pickled(spec)
+    if options.resume:
+        handle = _resume(name, spec, spec_bytes, datasets, cluster.address)
+    else:
+        handle, spec = _start_new(spec, spec_bytes, datasets, cluster.address, named)
+        name, options = spec.name, spec.options
+    _registry.record_launch(name, cluster.address, notebook=launched_by["notebook"], workers=options.max_workers,
+                            total_steps=options.total_steps)
+    run = Run(name, handle, cluster.address)
+    if options.wait:
+        block_until_done(run, launched=True)
+        run.raise_if_failed()
+    return run
+
+
+NAME_TRIES = 5  # names tried by a launch that other launches keep beating to each one
+
+
+def _start_new(spec: RunSpec, spec_bytes: bytes, datasets: dict[str, Any] | None, address: str,
+               named: bool) -> tuple[Any, RunSpec]:
+    """A new run's supervisor, and the spec it runs (renamed when the name asked for was an ended run's).
+
+    An ended run keeps its name (``attach(NAME)`` still means it, ``resume=True`` continues it), so a launch
+    of that name starts the next free ``NAME-2``, ``NAME-3``… and says so; a live run's name is refused.
+    The name is chosen before the supervisor starts. Another launch may take it first (Ray refuses the
+    actor's name, or the supervisor finds the run index holding it): then the name is chosen again.
+    """
+    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
+
+    asked = spec.name
+    for tried in range(NAME_TRIES):
+        name = _free_name(asked, address, look_for_ended=named or tried > 0)
+        chosen = spec if name == asked else dataclasses.replace(
+            spec, options=dataclasses.replace(spec.options, name=name), notes=(*spec.notes, ended_note(asked, name)))
+        actor = supervisor_actor().options(**supervisor_options(name, packages_to_hold(chosen.options.runtime_env)))
+        try:
+            # datasets as an argument, not inside the pickled spec: Ray Client maps their object refs
+            handle = actor.remote(spec_bytes if chosen is spec else pickled(chosen), datasets)
+            wait_for_supervisor(handle, name)
+        except ValueError:  # Ray: the actor's name is already taken
+            if find_supervisor(name) is None:
+                raise
+            continue
+        except RunExistsError:  # the supervisor found the name in the run index, and let it be
+            continue
+        if name != asked:
+            print(ended_note(asked, name), file=sys.stderr)
+        return handle, chosen
+    raise RunExistsError(name_taken(asked, address))
+
+
+def _free_name(name: str, address: str, look_for_ended: bool) -> str:
+    """``name``, or the next free ``NAME-N`` when an ended run holds it (``look_for_ended``: one task on the head
+    lists the kept runs; without it only a supervisor still exiting shows an ended run). A live run's name raises
+    :class:`RunExistsError`."""
     existing = find_supervisor(name)
-    # an ended run kept by the cluster: looked for only to resume it (a new launch's supervisor refuses the name)
-    stored = find_stored(name) if existing is None and options.resume else None
-    if existing is not None and not options.resume:
-        raise RunExistsError(name_taken(name, cluster.address))
-    if existing is None and stored is None and options.resume:
-        msg = f"resume=True needs an existing run named {name!r}, and there is none on {cluster.address}."
+    if existing is not None and (state := _live_state(existing)) is not None:
+        raise RunExistsError(name_taken(name, address, state))
+    kept = set(stored_names()) if look_for_ended or existing is not None else set()
+    if existing is None and name not in kept:
+        return name
+    return numbered_name(name, kept | set(run_names()))
+
+
+def _live_state(supervisor: Any) -> str | None:
+    """The state of the supervisor's run while it goes on; ``None`` once it has ended (the supervisor may be
+    exiting, or gone)."""
+    import ray
+
+    try:
+        state = str(ray.get(supervisor.summary.remote(), timeout=POLL_TIMEOUT_S)["state"])
+    except ray.exceptions.ActorUnavailableError:
+        return RunState.RESTARTING.value  # Ray restarts a supervisor whose process died: its run goes on
+    except ray.exceptions.RayActorError:
+        return None  # it exited as its run ended
+    except ray.exceptions.GetTimeoutError:
+        return "not answering"
+    return None if state in TERMINAL_STATE_NAMES else state
+
+
+def _resume(name: str, spec: RunSpec, spec_bytes: bytes, datasets: dict[str, Any] | None, address: str) -> Any:
+    """``resume=True``: the run ``name`` goes on as a new attempt, by its supervisor or, once that has exited, from
+    its files; the handle of the supervisor that carries it."""
+    import ray
+
+    existing = find_supervisor(name)
+    stored = find_stored(name) if existing is None else None
+    if existing is None and stored is None:
+        msg = f"resume=True needs an existing run named {name!r}, and there is none on {address}."
         raise RunNotFoundError(msg)
     if existing is not None:
         try:
@@ -174,24 +257,9 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
         elif state != "resumed":
             msg = f"Run {name!r} cannot be resumed: it is {state}; only an ended run can be. Attach to it instead."
             raise RunExistsError(msg)
-        handle = existing
     if stored is not None:  # resume an ended run from its files: a new supervisor takes them up
-        handle = _resume_stored(name, spec, datasets)
-    elif existing is None:
-        # datasets as an argument, not inside the pickled spec: Ray Client maps their object refs
-        handle = supervisor_actor().options(**supervisor_options(name, packages_to_hold(options.runtime_env))).remote(
-            spec_bytes, datasets)
-        try:
-            wait_for_supervisor(handle, name)
-        except RunExistsError:
-            raise RunExistsError(name_taken(name, cluster.address)) from None
-    _registry.record_launch(name, cluster.address, notebook=launched_by["notebook"], workers=options.max_workers,
-                            total_steps=options.total_steps)
-    run = Run(name, handle, cluster.address)
-    if options.wait:
-        block_until_done(run, launched=True)
-        run.raise_if_failed()
-    return run
+        return _resume_stored(name, spec, datasets)
+    return existing
 
 
 def _resume_stored(name: str, spec: RunSpec, datasets: dict[str, Any] | None) -> Any:
