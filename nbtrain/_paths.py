@@ -64,8 +64,8 @@ def sweeps_dir() -> Path:
     return nbtrain_home() / "sweeps"
 
 
-def run_index_dir() -> Path:
-    return nbtrain_home() / "run-index"
+def run_index_dir(home: Path | None = None) -> Path:
+    return (home or nbtrain_home()) / "run-index"
 
 
 def checkpoints_dir() -> Path:

@@ -3,10 +3,12 @@
 Data flows one way. ``launch()`` writes a run's record once, when it starts
 the run (``runs/<name>.json``: who, where, when); ``connect()`` writes the
 cluster it connected to (``cluster.json``). Nothing that *reads* a run writes
-here. The Jupyter server lists these records and overlays what its agent
-(``nbtrain runs --json``, the same :func:`record_from_summary` records) last
-said about each run's cluster, so a closed notebook's runs stay listed and
-live ones stay current.
+here. ``nbtrain runs`` and the Jupyter server list these records with what the
+run's own files say (:mod:`nbtrain._client.run_index`) and, in the server,
+what its agent (``nbtrain runs --json --address A``) last said about each
+run's cluster, all as :func:`record_from_summary` records, each taken by
+:func:`observe` when it is the newest word: a closed notebook's runs stay
+listed and live ones stay current.
 
 The server imports this module without Ray or torch: it uses only the standard
 library and :mod:`nbtrain._states`.
@@ -46,6 +48,7 @@ class RunRecord(TypedDict, total=False):
     paused_at: int | None      # the step every rank is held at by run.pause(), while it is
     parent: str | None         # run.fork(): "<parent run> at step <N>"
     stragglers: list[int]      # ranks its supervisor flags as stragglers now (from the cluster's answers only)
+    source: str                # where the record's state and progress come from (SOURCES)
 
 
 class ClusterRecord(TypedDict, total=False):
@@ -55,6 +58,19 @@ class ClusterRecord(TypedDict, total=False):
     resources: dict[str, list[float]]   # {"CPU": [used, total], "GPU": [used, total]}
     warm: dict[str, Any]       # warm workers of every notebook session: {"idle", "busy", "next_exit_s"}
     updated: float
+    up: bool                   # nbtrain runs without --live: its Ray Client port accepts connections
+
+
+# What a record's state and progress are from: what its cluster answered now (`nbtrain runs --live`,
+# the lab's agent), the run's own files on the head's machine (nbtrain runs), or only the record
+# launch() wrote (the state and step then are those at launch).
+SOURCES = ("cluster", "files", "launch record")
+# What an observation of a run (its cluster's answer, its files) says of it; the rest of a record is
+# its identity (name, address, notebook, created), which the registry's record keeps.
+OBSERVED_RUN_FIELDS = ("state", "attempt", "progress", "latest", "error", "ended", "updated", "workers", "paused_at",
+                       "stragglers", "parent", "source")
+# What a run's files say of it: the rest (its ranks now, a pause, stragglers) only its cluster knows.
+FILE_FIELDS = ("state", "attempt", "progress", "latest", "error", "ended", "updated", "source")
 
 
 def is_whole(value: Any) -> bool:
@@ -86,8 +102,9 @@ def record_connection(address: str, kind: str) -> None:
     write_json_atomic(cluster_file(), record)
 
 
-def record_from_summary(summary: dict[str, Any], address: str) -> RunRecord:
-    """A supervisor's summary as a registry record (what ``nbtrain runs --json`` prints).
+def record_from_summary(summary: dict[str, Any], address: str, source: str = "cluster") -> RunRecord:
+    """A supervisor's summary as a registry record (what ``nbtrain runs --json`` prints); ``source``
+    says where the summary came from (one of :data:`SOURCES`).
 
     Never raises for a summary's odd values (a run started by an older nbtrain): a count that is
     not a count reads as unknown, so one such run cannot break the list of every run.
@@ -110,7 +127,20 @@ def record_from_summary(summary: dict[str, Any], address: str) -> RunRecord:
         "stragglers": sorted(w["rank"] for w in summary.get("workers") or []
                              if isinstance(w, dict) and w.get("straggler") and w.get("state") == "running"
                              and is_whole(w.get("rank"))),
+        "source": source,
     }
+
+
+def observe(run: dict[str, Any], observed: RunRecord | dict[str, Any],
+            fields: tuple[str, ...] = OBSERVED_RUN_FIELDS) -> bool:
+    """Take what ``observed`` says of ``run`` (its ``fields``) if it is at least as new as what ``run`` holds;
+    returns whether it did. An observation older than the record is one from before a resume rewrote the
+    record: the record wins then."""
+    if number(observed.get("updated")) < number(run.get("updated")):
+        return False
+    said: dict[str, Any] = dict(observed)
+    run.update((key, said[key]) for key in fields if key in said)
+    return True
 
 
 def _parent(parent: Any) -> str | None:

@@ -5,7 +5,8 @@
     nbtrain cluster status                                is it running, at which address, its added nodes
     nbtrain cluster add-node [--num-cpus N] [--num-gpus N] a second Ray node on this machine (multi-node, on loopback)
     nbtrain cluster remove-node [--pid PID]               end an added node (the newest), as a lost node would end
-    nbtrain runs [--json] [--address ADDR]               runs and sweeps on the cluster (what the lab sidebar shows)
+    nbtrain runs [--json]                                 runs this home knows, from their files (cluster up or down)
+    nbtrain runs --live [--json] [--address ADDR]         runs and sweeps as the cluster reports them (the agent's)
     nbtrain stop NAME [--address ADDR]                    stop a run
     nbtrain pause NAME [--address ADDR]                   hold a run's ranks at the same step; resume NAME goes on
     nbtrain lab [NOTEBOOK] [JUPYTER OPTIONS]              JupyterLab on 127.0.0.1 + the local cluster
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrain import _json
 from nbtrain._client.local import added_nodes, local_cluster, local_nodes
+from nbtrain._states import TERMINAL_STATE_NAMES
 
 if TYPE_CHECKING:
     from nbtrain._client.connection import Cluster
@@ -89,25 +91,65 @@ def _address_for(name: str | None, given: str | None) -> str | None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    answer = cluster_answer(_connect(_address_for(None, args.address)))
+    """From this home's files (:mod:`nbtrain._client.run_index`), without connecting; ``--live`` (or a cluster
+    named with ``--address``) asks the cluster, as the lab's agent does."""
+    if args.live or args.address:
+        answer = cluster_answer(_connect(_address_for(None, args.address)))
+    else:
+        from nbtrain._client.run_index import index_answer
+
+        answer = index_answer()
     if args.json:
         print(_json.dumps(answer))
         return 0
+    if answer.get("source") == "files":
+        _print_files_header(answer)
+    clusters = answer.get("clusters", {})
     for run in answer["runs"]:
         progress = run.get("progress") or {}
-        print(f"{run['name']:<32} {run['state']:<11} attempt {run.get('attempt')} step {progress.get('step')}")
+        line = f"{run['name']:<32} {run['state']:<11} attempt {run.get('attempt')} step {progress.get('step')}"
+        print(line + _row_source(run, clusters.get(run.get("address"), {})))
     for sweep in answer.get("sweeps", []):
         best = "" if sweep["best"] is None else f", best {sweep['metric']} {sweep['best']:.4g}"
         print(f"sweep {sweep['name']:<26} {sweep['state']:<11} {len(sweep['trials'])} trials{best}")
     return 0
 
 
+def _print_files_header(answer: dict[str, Any]) -> None:
+    from nbtrain._paths import nbtrain_home
+
+    cluster = answer.get("cluster")
+    where = ("no cluster running or connected to yet" if cluster is None else
+             f"cluster {cluster['address']} ({cluster.get('kind') or 'remote'}) "
+             + ("up" if cluster["up"] else "down: its runs that were going are lost with it"))
+    print(f"Runs of {nbtrain_home()}, from their files; {where}. "
+          "`nbtrain runs --live` asks the cluster (workers, pauses, sweeps).")
+
+
+def _row_source(run: dict[str, Any], cluster: dict[str, Any]) -> str:
+    """Where a row's state and step come from, when it is not the cluster's answer of now."""
+    source = run.get("source")
+    if source == "files":
+        ended = run.get("state") in TERMINAL_STATE_NAMES
+        error = run.get("error") if run.get("state") == "failed" else None
+        why = f": {error if len(error) <= 100 else error[:99] + '…'}" if error else ""
+        return "  files" + ("" if ended else f", as of {_clock(run.get('updated'))}") + why
+    if source == "launch record":
+        down = "; its cluster is down" if cluster.get("up") is False else ""
+        return f"  as launched {_clock(run.get('created'))} (its files are on its cluster's head){down}"
+    return ""
+
+
+def _clock(when: Any) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when)) if isinstance(when, (int, float)) else "?"
+
+
 def cluster_answer(cluster: Cluster) -> dict[str, Any]:
-    """What ``nbtrain runs --json`` prints, and the lab server serves: the cluster, every run on it
+    """What ``nbtrain runs --live --json`` prints, and the lab server serves: the cluster, every run on it
     as registry records (:mod:`nbtrain._registry`), and every sweep with its trials. It only reads:
     no file is written.
 
-    ``{"address": A, "cluster": ClusterRecord, "runs": [RunRecord, ...], "sweeps": [sweep, ...]}``
+    ``{"address": A, "cluster": ClusterRecord, "runs": [RunRecord, ...], "sweeps": [sweep, ...], "source": "cluster"}``
     (a sweep as :func:`sweep_records` gives it). A run whose supervisor does not answer (restarting)
     is left out: readers keep what they knew of it. ``sweeps`` is left out when they could not be
     read: readers keep what they knew of them too.
@@ -132,7 +174,7 @@ def cluster_answer(cluster: Cluster) -> dict[str, Any]:
                  "not a run name (letters, digits, '_', '.', '-').")
             continue
         runs.append(record_from_summary(summary, cluster.address))
-    answer: dict[str, Any] = {"address": cluster.address, "cluster": record, "runs": runs}
+    answer: dict[str, Any] = {"address": cluster.address, "cluster": record, "runs": runs, "source": "cluster"}
     sweeps = sweep_records(cluster.address)
     if sweeps is not None:
         answer["sweeps"] = sweeps
@@ -307,9 +349,17 @@ def build_parser() -> argparse.ArgumentParser:
                          help="start / add-node: the GPUs Ray may hand out there (default: none)")
     cluster.add_argument("--pid", type=int, default=None, help="remove-node: which added node (default: the newest)")
     cluster.set_defaults(func=cmd_cluster)
-    runs = sub.add_parser("runs", help="list runs on the cluster")
+    runs = sub.add_parser(
+        "runs", help="list runs: at once from this home's files, or as the cluster reports them (--live)",
+        description="Without --live: every run this home launched or its embedded cluster keeps, from their files "
+                    "(state, last step recorded, latest values), in well under a second, with the cluster up or "
+                    "down; each row says where it comes from. A run that was going when its cluster stopped shows "
+                    "as failed, lost with its cluster, at the last step it recorded. --live connects to the cluster "
+                    "(seconds) for what only it knows: a live run's workers, stragglers and pause, and the sweeps.")
     runs.add_argument("--json", action="store_true", help="the cluster and its runs as one JSON object (the sidebar's)")
-    runs.add_argument("--address", default=None, help=ADDRESS_HELP)
+    runs.add_argument("--live", action="store_true", help="ask the cluster (connects; seconds) instead of the files")
+    runs.add_argument("--address", default=None, help="ask this cluster, ray://HOST:PORT (implies --live; "
+                                                      "default: the registry's cluster, else $RAY_ADDRESS)")
     runs.set_defaults(func=cmd_runs)
     stop = sub.add_parser("stop", help="stop a run")
     stop.add_argument("name", help="the run's name")

@@ -9,8 +9,9 @@ instead of a fresh Ray Client session (20 s to over a minute) per command.
   ``watch_window``), every ``refresh_interval`` seconds the agent is asked
   ``runs --json --address A`` for each cluster ``A`` with a live run (or, with
   none live, for the cluster a notebook last connected to). Its answer is kept
-  in memory and is what the sidebar shows (:mod:`.run_list`); nothing is
-  written. A cluster whose refresh fails is asked again less and less often
+  in memory and, with the runs' own files (read on every request, cluster up
+  or down), is what the sidebar shows (:mod:`.run_list`); nothing is written.
+  A cluster whose refresh fails is asked again less and less often
   (doubling up to ``refresh_max_backoff``) while the others keep their pace.
   The address is always given: the tool must never start a local cluster on
   the server's behalf.
@@ -38,6 +39,7 @@ from typing import Any
 from traitlets import Float, Int, List, Unicode
 from traitlets.config import Configurable
 
+from nbtrain._client.run_index import read_files
 from nbtrain._lab.agent_process import AgentProcess
 from nbtrain._lab.run_list import ClusterAnswers, served_cluster, served_runs, served_sweeps
 from nbtrain._registry import read_cluster, read_runs
@@ -122,8 +124,10 @@ class CommandRunner:
 
     def _served_runs(self) -> list[dict[str, Any]]:
         cluster = read_cluster(self.home)
-        return served_runs(read_runs(self.home), self.answers, time.time(), self.settings.stale_after,
-                           current=cluster["address"] if cluster is not None else None)
+        registry = read_runs(self.home)
+        files, _clusters = read_files(registry, self.home)  # at once, cluster up or down
+        return served_runs(registry, self.answers, time.time(), self.settings.stale_after,
+                           current=cluster["address"] if cluster is not None else None, files=files)
 
     async def refresh(self, address: str) -> tuple[bool, str]:
         """Ask the agent what cluster ``address`` runs and keep its answer; (it worked, why not)."""

@@ -14,7 +14,8 @@
 Every handler is an ``APIHandler`` behind ``@web.authenticated``:
 without the Jupyter token (or login cookie) every route answers 403.
 A run is a registry record (:class:`nbtrain._registry.RunRecord`) with the
-agent's newest word on it (:mod:`.run_list`), plus ``terminal`` (whether its
+newest word on it, its files' or the agent's (:mod:`.run_list`; ``source``
+says whose), plus ``terminal`` (whether its
 state is final: the browser keeps no list of states), ``stale``, ``stop``
 (see :class:`.commands.CommandRunner`), ``attach_cell`` (the cell "Open
 dashboard" runs) and ``malformed`` (a record that cannot be shown, served as

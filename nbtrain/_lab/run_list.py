@@ -1,13 +1,17 @@
-"""What the sidebar is served: the registry's records overlaid with the agent's latest answers.
+"""What the sidebar is served: the registry's records with their files' word, overlaid with the agent's answers.
 
 Data comes one way. The registry (:mod:`nbtrain._registry`, written once per
-launch and per connect) says which runs exist and where; the agent's answers
-to ``nbtrain runs --json --address A`` say what cluster ``A`` reports now.
+launch and per connect) says which runs exist and where; the runs' own files on
+this machine (:func:`nbtrain._client.run_index.read_files`: the embedded
+cluster's run index and storage, read in milliseconds, cluster up or down) say
+how each of its runs stands as of their last write; the agent's answers to
+``nbtrain runs --json --address A`` say what cluster ``A`` reports now.
 A served run takes its identity (name, address, notebook, created) from its
-registry record and its state and progress from the newest answer that names
-it. Runs an answer names that the registry lacks (launched from another
-machine or home) are served too; a name the registry already lists keeps the
-registry's run, so every name stays one row and one URL.
+registry record and its state and progress from the newest word on it
+(:func:`nbtrain._registry.observe`); ``source`` says whose. Runs an answer names
+that the registry lacks (launched from another machine or home) are served too;
+a name the registry already lists keeps the registry's run, so every name stays
+one row and one URL.
 
 Sweeps (with their trials) exist only on their cluster: they are served as the
 newest answer from their cluster lists them (:func:`served_sweeps`); an answer
@@ -32,11 +36,8 @@ from nbtrain._lab.record_checks import (
     sweep_problem,
     valid_name,
 )
-from nbtrain._registry import ClusterRecord, RunRecord, is_terminal, number
+from nbtrain._registry import FILE_FIELDS, ClusterRecord, RunRecord, is_terminal, number, observe
 
-# What the agent's answer overrides in a registry record (the rest is the run's identity).
-OBSERVED_RUN_FIELDS = ("state", "attempt", "progress", "latest", "error", "ended", "updated", "workers", "paused_at",
-                       "stragglers", "parent")
 OBSERVED_CLUSTER_FIELDS = ("nodes", "resources", "warm", "updated")
 
 
@@ -93,9 +94,15 @@ class ClusterAnswers:
 
 
 def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
-                stale_after: float, current: str | None = None) -> list[dict[str, Any]]:
+                stale_after: float, current: str | None = None,
+                files: dict[str, RunRecord] | None = None) -> list[dict[str, Any]]:
     """Every run to show, live first, then newest first, each with ``terminal``, ``stale``,
-    ``malformed`` and ``attach_cell``.
+    ``malformed``, ``attach_cell`` and ``source``.
+
+    ``files``: the runs of this machine's run index as their files say, by name
+    (:func:`nbtrain._client.run_index.read_files`): their word on a run's state and progress
+    (:data:`~nbtrain._registry.FILE_FIELDS`) is taken when it is newer than the agent's; what only the
+    cluster knows (workers now, a pause, stragglers) stays the agent's.
 
     ``current``: the address of the cluster the home last connected to. A run recorded on another
     address that never answered, which the current cluster answers for from the home's storage
@@ -108,24 +115,30 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
     ended run with an ``error`` saying why, and ``attach_cell`` ``None``.
     """
     served: list[dict[str, Any]] = []
+    files = dict(files or {})
     for record in registry:
-        run: dict[str, Any] = {"paused_at": None, "parent": None, **record}
+        run: dict[str, Any] = {"paused_at": None, "parent": None, "source": "launch record", **record}
         observed = answers.run(record.get("address"), record["name"])
         if observed is None and current is not None and not answers.answered(record.get("address")):
             observed = answers.run(current, record["name"])  # the same home's storage, a new cluster
             if observed is not None:
                 run["address"] = current
         source = "its record in the run registry"
-        if observed is not None and number(observed.get("updated")) >= number(record.get("updated")):
-            # Older than the record only after a resume rewrote the record: the record wins then.
-            run.update((key, observed[key]) for key in OBSERVED_RUN_FIELDS if key in observed)
+        if observed is not None and observe(run, observed):
             source = f"its record in the run registry with what {observed['address']} reports"
+        if (said := files.pop(record["name"], None)) is not None and observe(run, said, FILE_FIELDS):
+            source = "its record in the run registry with what its files say"
         served.append(_checked(run, source))
     listed = {run["name"] for run in served}
     for observed in answers.runs():
         if observed["name"] not in listed:
             listed.add(observed["name"])
-            served.append(_checked(dict(observed), f"as {observed['address']} reports it"))
+            run = {"source": "cluster", **observed}
+            if (said := files.pop(observed["name"], None)) is not None:
+                observe(run, said, FILE_FIELDS)
+            served.append(_checked(run, f"as {observed['address']} reports it"))
+    served.extend(_checked({"paused_at": None, "parent": None, **said}, "as its files on this machine say")
+                  for name, said in files.items() if name not in listed)
     for run in served:
         run["terminal"] = run["malformed"] or is_terminal(run)
         age = now - number(run.get("updated") or run.get("created"))

@@ -14,6 +14,10 @@ the head (one small file per run, naming its directory, which may be in a
 ``storage=`` path, and, when ``storage=`` is a pyarrow.fs URI, where the run's
 checkpoints are there): the supervisor writes it when it takes up its storage,
 ``delete()`` removes it.
+
+The same files are read without Ray on the head's own machine, where ``nbtrain
+runs`` lists the embedded cluster's runs from them (:mod:`nbtrain._client.run_index`):
+nothing here needs the run's cluster to be up.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nbtrain._cluster.feed.feed import RunFeed
+from nbtrain._cluster.feed.feed import RESERVED_KEYS, RunFeed
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.storage import post_mortems, storage_uri
+from nbtrain._cluster.storage.history_log import HistoryLog, last_written
 from nbtrain._cluster.storage.run_storage import SPEC_FILE, RunStorage, checkpoint_for_fork
 from nbtrain._exceptions import StorageError
 from nbtrain._paths import private_opener, read_json, run_index_dir, storage_root, write_json_atomic
@@ -37,10 +42,12 @@ from nbtrain._states import TERMINAL_STATE_NAMES, RunState
 SUMMARY_FILE = "summary.json"  # the supervisor's last summary (workers as last seen, latest values)
 RESULT_FILE = "result.pkl"     # what each rank returned: a pickled list of cloudpickle bytes
 CONFIG_FILE = "config.pkl"     # the run's whole config, cloudpickled (it may hold any picklable value)
+STATE_FILE = "state.json"      # written at every change of the run's state (RunStorage.save_state)
+TAIL_ROWS = 1024               # the metric rows read for a run's last step and values when it has no final summary
 
 
-def index_path(name: str) -> Path:
-    return run_index_dir() / f"{name}.json"
+def index_path(name: str, home: Path | None = None) -> Path:
+    return run_index_dir(home) / f"{name}.json"
 
 
 def record_in_index(name: str, directory: Path, launch_id: str, remote: str | None = None) -> None:
@@ -74,16 +81,16 @@ def delete_files(name: str, directory: Path) -> None:
     index_path(name).unlink(missing_ok=True)
 
 
-def indexed_directory(name: str) -> Path | None:
-    entry = read_json(index_path(name))
+def indexed_directory(name: str, home: Path | None = None) -> Path | None:
+    entry = read_json(index_path(name, home))
     if not isinstance(entry, dict) or not isinstance(entry.get("dir"), str):
         return None
     return Path(entry["dir"])
 
 
-def indexed_names() -> list[str]:
+def indexed_names(home: Path | None = None) -> list[str]:
     try:
-        return sorted(path.stem for path in run_index_dir().glob("*.json"))
+        return sorted(path.stem for path in run_index_dir(home).glob("*.json"))
     except OSError:
         return []
 
@@ -108,21 +115,34 @@ def _write_bytes(path: Path, data: bytes) -> None:
 class StoredRun:
     """One run's files, answering as its supervisor would (reading methods, and ``delete``)."""
 
-    def __init__(self, name: str) -> None:
-        directory = indexed_directory(name)
-        if directory is None or not (directory / "state.json").exists():
+    def __init__(self, name: str, home: Path | None = None) -> None:
+        directory = indexed_directory(name, home)
+        try:
+            written = (directory / STATE_FILE).stat().st_mtime if directory is not None else None
+        except OSError:
+            written = None
+        if directory is None or written is None:
             msg = f"Run {name!r} has no stored files on this cluster's head node."
             raise FileNotFoundError(msg)
         self.name = name
         self.dir = directory
-        self._state: dict[str, Any] = read_json(directory / "state.json") or {}
+        self.state_written = written  # a live supervisor has written it since it took the run up
+        self._state: dict[str, Any] = read_json(directory / STATE_FILE) or {}
 
     @property
     def ended(self) -> bool:
         """Whether the run ended as recorded (else its supervisor is alive, or vanished mid-run)."""
         return str(self._state.get("state")) in TERMINAL_STATE_NAMES
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, live: bool = False, now: float | None = None) -> dict[str, Any]:
+        """The run summed up as its supervisor would, from its files, as of ``now`` (default: the time of
+        the call, as a cluster answers; a reader of the files alone passes :meth:`written`).
+
+        A run that did not end was lost with its cluster (failed), unless ``live``: the caller knows
+        its supervisor still holds it (its cluster is up and started before the run last wrote its
+        state). A run without a final summary of this attempt shows the step and values its metric
+        history recorded last.
+        """
         saved = read_json(self.dir / SUMMARY_FILE)
         summary: dict[str, Any] = saved if isinstance(saved, dict) else {"name": self.name, "workers": []}
         # state.json is written at every state change; the summary only at the end
@@ -132,8 +152,10 @@ class StoredRun:
         summary["state"] = state.get("state", RunState.FAILED.value)
         summary["launch"] = state.get("launch")
         summary["stored"] = True
-        summary["now"] = time.time()
-        if not RunState(summary["state"]).is_terminal:  # its supervisor vanished while the run went on
+        summary["now"] = time.time() if now is None else now
+        if not self.ended or "step" not in summary:  # a summary.json is an earlier attempt's end, if any
+            summary.update(self.recorded())
+        if not live and not RunState(summary["state"]).is_terminal:  # its supervisor vanished while it went on
             summary["error"] = (f"Run {self.name!r} was lost with its cluster: its supervisor is gone while the run "
                                 f"was {summary['state']} (the cluster stopped or restarted). Its history and "
                                 f"checkpoints are kept: continue it from its latest checkpoint with resume=True, or "
@@ -141,6 +163,35 @@ class StoredRun:
             summary["state"] = RunState.FAILED.value
             summary["ended"] = summary.get("ended") or summary["now"]
         return summary
+
+    def written(self) -> float:
+        """When the run's files last changed: its state, or its metric history."""
+        history = last_written(self.dir, "metrics")
+        return max(self.state_written, history[2] if history is not None else 0.0)
+
+    def recorded(self) -> dict[str, Any]:
+        """``{"step", "latest"}`` as the metric history has them last: the furthest step of the latest
+        attempt's rows and each metric's last value (the step is ``None`` before the first row)."""
+        stamp = last_written(self.dir, "metrics")
+        cached = _recorded_cache.get(self.dir)
+        if stamp is not None and cached is not None and cached[0] == stamp:
+            return dict(cached[1])
+        log = HistoryLog(self.dir, "metrics", read_only=True)
+        try:
+            rows = log.read(max(0, len(log) - TAIL_ROWS))
+        finally:
+            log.close()
+        attempt = rows[-1].get("attempt") if rows else None
+        steps = [row["step"] for row in rows if row.get("attempt") == attempt and isinstance(row.get("step"), int)]
+        latest: dict[str, Any] = {}
+        for row in rows:
+            latest.update((key, value) for key, value in row.items() if key not in RESERVED_KEYS)
+        found = {"step": max(steps, default=None), "latest": latest}
+        if stamp is not None:
+            while len(_recorded_cache) >= _CACHED_RUNS:
+                _recorded_cache.pop(next(iter(_recorded_cache)))
+            _recorded_cache[self.dir] = (stamp, found)
+        return dict(found)
 
     def poll(self, cursor: int = 0, log_cursor: int = 0, event_cursor: int = 0, max_rows: int = 50_000,
              wait_s: float = 0.0) -> dict[str, Any]:
@@ -204,6 +255,11 @@ class StoredRun:
         feed = RunFeed(RunStorage.open_existing(self.dir), threading.RLock())
         feed.replay()
         return feed
+
+
+# A long reader (the lab server) reads a finished run's history tail once, not on every listing.
+_CACHED_RUNS = 256
+_recorded_cache: dict[Path, tuple[tuple[str, int, float], dict[str, Any]]] = {}
 
 
 def read_stored(name: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

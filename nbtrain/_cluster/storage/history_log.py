@@ -313,6 +313,19 @@ class HistoryLog:
             self._indexes.popitem(last=False)
 
 
+def last_written(directory: Path, kind: str) -> tuple[str, int, float] | None:
+    """What changes whenever the log of ``kind`` in run ``directory`` gets a record: its last segment's
+    name, size and modification time; ``None`` when it has none. Nothing is read or created."""
+    folder = directory / kind
+    try:
+        segments = [path for path in folder.glob("*.jsonl") if path.stem.isdigit()] if folder.is_dir() else []
+        last = max(segments) if segments else directory / f"{kind}.jsonl"  # an older nbtrain's single file
+        info = last.stat()
+    except OSError:
+        return None
+    return last.name, info.st_size, info.st_mtime
+
+
 _FINITE_ENCODER = json.JSONEncoder(allow_nan=False, default=str)
 
 
