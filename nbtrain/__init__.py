@@ -25,8 +25,9 @@ from typing import Any
 
 from nbtrain._client.connection import Cluster, connect, disconnect
 from nbtrain._client.launching.launch import attach, launch, runs
+from nbtrain._client.launching.sweep_start import tune
 from nbtrain._client.run.handle import Run
-from nbtrain._client.sweep import Sweep, Trial, attach_sweep, sweeps, tune
+from nbtrain._client.sweep import Sweep, Trial, attach_sweep, sweeps
 from nbtrain._client.torch_trainer import TorchTrainer
 from nbtrain._client.warm import release_warm
 from nbtrain._cluster.rank.data.loading import prepare_loader

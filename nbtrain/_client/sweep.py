@@ -1,4 +1,5 @@
-"""Hyperparameter sweeps from the notebook: ``nbtrain.tune()``, :class:`Sweep`, ``attach_sweep``, ``sweeps``.
+"""Hyperparameter sweeps from the notebook: :class:`Sweep`, ``attach_sweep``, ``sweeps`` (``nbtrain.tune()`` starts
+one: :mod:`nbtrain._client.launching.sweep_start`).
 
 A sweep runs Ray Tune on the cluster (see :mod:`nbtrain._cluster.sweep.sweep_supervisor`);
 each trial is an nbtrain run named ``<sweep>-t<N>``. The notebook only reads the
@@ -9,35 +10,18 @@ into, that trial's run.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from typing import Any
 
-from nbtrain._client import connection, warm
-from nbtrain._client.launching.checks import (
-    check_resources,
-    check_signature,
-    ended_note,
-    numbered_name,
-    owner,
-    with_uploaded_paths,
-)
+from nbtrain._client import connection
 from nbtrain._client.launching.launch import attach
-from nbtrain._client.launching.serialization import dumps_checked
 from nbtrain._client.run.handle import Run
 from nbtrain._client.run.stored import on_head
 from nbtrain._cluster.names import NAMESPACE, sweep_actor_name
-from nbtrain._cluster.spec import RunSpec, SweepSpec
-from nbtrain._exceptions import InvalidOptionError, NbtrainError, RunExistsError, RunNotFoundError, SweepFailedError
-from nbtrain._options import RunOptions
-from nbtrain._packing import code_origin
-from nbtrain._packing.runtime_env import packages_to_hold
-from nbtrain._sweep_options import SweepOptions
+from nbtrain._exceptions import NbtrainError, RunNotFoundError, SweepFailedError
 
 POLL_TIMEOUT_S = 30.0
 TRIAL_STOP_S = 70.0  # the sweep's supervisor gives a trial's run 60 s to stop
-SWEEP_START_S = 30.0
-NAME_TRIES = 5  # names tried by a sweep that other sweeps keep beating to each one
 TERMINAL = ("succeeded", "failed", "stopped")
 # Run options a sweep sets itself for each trial: given to tune(), they would mean something else.
 SET_BY_THE_SWEEP = {"workers": "workers_per_trial", "name": "name (the sweep's; trial N's run is <name>-t<N>)",
@@ -258,155 +242,11 @@ class Sweep:
         return show_sweep_dashboard(self)
 
 
-def tune(
-    train_fn: Any,
-    *,
-    space: dict[str, Any] | None = None,
-    metric: str | None = None,
-    mode: str | None = None,
-    num_samples: int = 1,
-    scheduler: Any = None,
-    max_t: int = 100,
-    grace_period: int = 1,
-    reduction_factor: float = 4,
-    perturbation_interval: int = 4,
-    time_attr: str = "training_iteration",
-    search_alg: Any = None,
-    workers_per_trial: int = 2,
-    max_concurrent: int | None = None,
-    name: str | None = None,
-    wait: bool = False,
-    **run_options: Any,
-) -> Sweep:
-    """Sweep ``train_fn``'s hyperparameters with Ray Tune; each trial is an nbtrain run.
-
-    ``space`` maps config keys to Ray Tune distributions (merged over ``config=``);
-    one iteration is one report of ``metric`` by rank 0. Every other keyword is a
-    run option (``config``, ``cpus_per_worker``, ``max_failures``, ``storage``,
-    ``precision``…) applied to each trial. The sweep options are listed in the options
-    reference (and ``%%ray_tune --help``).
-
-    Args:
-        train_fn: the training function, run on every rank of every trial.
-
-    Returns:
-        The :class:`Sweep`, started (ended, with ``wait=True``).
-
-    Raises:
-        InvalidOptionError: a sweep or run option is wrong, or one the sweep sets itself was given.
-        RunExistsError: a sweep of that ``name`` is still going (an ended one's name starts ``name-2``, ``-3``…).
-        NotConnectedError: no ``connect()`` first.
-        SweepFailedError: with ``wait=True``, the sweep failed.
-
-    Example::
-
-        from ray import tune
-        sweep = nbtrain.tune(train, space={"lr": tune.loguniform(1e-4, 1e-1)}, metric="loss", mode="min",
-                             num_samples=8, scheduler="asha", max_t=10)
-        sweep.dashboard()
-        sweep.best.run.load_checkpoint()
-    """
-    arguments = {key: value for key, value in locals().items() if key not in ("train_fn", "run_options")}
-    options = SweepOptions(**arguments)
-    return start_sweep(train_fn, options, run_options)
-
-
-def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any]) -> Sweep:
-    """``tune()`` once its options are validated (the magic calls this too)."""
-    import ray
-
-    from nbtrain._cluster.sweep.sweep_supervisor import SweepSupervisor, sweep_supervisor_options
-
-    for key in run_options:
-        if key in SET_BY_THE_SWEEP:
-            instead = SET_BY_THE_SWEEP[key]
-            msg = (f"{key} is set by the sweep for each trial" + (f"; use {instead}" if instead else "") +
-                   ". Leave it out of tune().")
-            raise InvalidOptionError(msg)
-    _check_scheduler(options.scheduler)
-    datasets = run_options.pop("datasets", None)
-    try:
-        run = with_uploaded_paths(RunOptions(**run_options, workers=options.workers_per_trial, datasets=datasets))
-    except TypeError as exc:
-        msg = f"tune() got an option it does not know: {exc}. Sweep options and run options are listed in " \
-              f"help(nbtrain.tune) and help(nbtrain.launch)."
-        raise InvalidOptionError(msg) from None
-    asked = options.name or time.strftime("sweep-%Y%m%d-%H%M%S")
-    cluster = connection.current()
-    check_resources(options.workers_per_trial, run.cpus_per_worker, run.gpus_per_worker)
-    takes_config = check_signature(train_fn)
-    if not takes_config:
-        msg = "A sweep's training function takes the config: def train(config): ... (the sampled values are in it)."
-        raise InvalidOptionError(msg)
-    fn_bytes, modules = dumps_checked(train_fn)
-    trial_run = RunSpec(options=dataclasses.replace(run, datasets=None, config=dict(run.config or {})),
-                        fn_bytes=fn_bytes, fn_takes_config=True, owner=owner(), modules=modules,
-                        warm_pool=warm.pool_for(run))  # a trial's ranks: this notebook session's warm workers
-    holds = packages_to_hold(run.runtime_env)
-    for _ in range(NAME_TRIES):  # another sweep may take the name chosen before this one starts: choose again
-        name = _free_sweep_name(asked, cluster.address)
-        options = dataclasses.replace(options, name=name)
-        spec = SweepSpec(options=options, trial_run=trial_run, owner=owner())
-        try:
-            handle = ray.remote(SweepSupervisor).options(**sweep_supervisor_options(name, holds)).remote(
-                code_origin.dumps(spec), datasets)
-            break
-        except ValueError:  # Ray: the actor's name is already taken
-            if _find_handle(name) is None:
-                raise
-    else:
-        raise RunExistsError(f"Sweep names {asked!r}, {asked}-2… were each taken by another sweep as this one "
-                             f"started. Pick another name.")
-    if name != asked:
-        print(ended_note(asked, name, kind="sweep"), file=sys.stderr)
-    sweep = Sweep(name, handle, cluster.address)
-    try:
-        sweep.cached = ray.get(handle.poll.remote(0, 0.0), timeout=SWEEP_START_S)
-    except ray.exceptions.RayActorError as exc:
-        raise NbtrainError(f"Sweep {name!r} could not start its supervisor on the cluster: {exc}") from None
-    if options.wait:
-        sweep.wait()
-    return sweep
-
-
-def _free_sweep_name(name: str, address: str) -> str:
-    """``name``, or the next free ``NAME-2``, ``NAME-3``… when an ended sweep holds it (the ended sweep is kept: its
-    trials' runs are ``NAME-t<N>``, the new sweep's ``NAME-2-t<N>``). A sweep still going keeps its name."""
-    import ray
-
-    handle = _find_handle(name)
-    if handle is not None:
-        try:
-            state = ray.get(handle.poll.remote(0, 0.0), timeout=POLL_TIMEOUT_S)["state"]
-        except ray.exceptions.RayActorError:
-            state = "ended"  # it exited as the sweep ended
-        if state not in TERMINAL and state != "ended":
-            raise RunExistsError(f"Sweep {name!r} is still going on {address} ({state}): a live sweep's name is "
-                                 f"its own. Pick another name, or attach to it with nbtrain.attach_sweep({name!r}).")
-    kept = set(stored_sweep_names())
-    if handle is None and name not in kept:
-        return name
-    return numbered_name(name, kept | set(_live_sweep_names()))
-
-
 def _live_sweep_names() -> list[str]:
     import ray
 
     return [actor["name"][len(sweep_actor_name("")):] for actor in ray.util.list_named_actors(all_namespaces=True)
             if actor.get("namespace") == NAMESPACE and actor["name"].startswith(sweep_actor_name(""))]
-
-
-def _check_scheduler(scheduler: Any) -> None:
-    """Refuse synchronous HyperBand: it pauses trials at each rung and resumes the best later, and a
-    trial (an nbtrain run) is stopped, not paused. PBT restarts a trial from another's checkpoint,
-    which a trial supports (its next run starts from that checkpoint)."""
-    from ray.tune.schedulers import HyperBandScheduler
-
-    if isinstance(scheduler, HyperBandScheduler):
-        msg = (f"scheduler (--scheduler): {type(scheduler).__name__} pauses trials at each rung and resumes them "
-               f"later, which nbtrain's trials (each an nbtrain run) do not do. Use scheduler='hyperband' "
-               f"(asynchronous HyperBand: it stops trials instead) or 'asha'.")
-        raise InvalidOptionError(msg)
 
 
 def _find_handle(name: str) -> Any:

@@ -167,7 +167,7 @@ class NbtrainMagics(Magics):
                ...:     ...
                ...:     nbtrain.report(loss=loss.item())
         """
-        from nbtrain._client.sweep import start_sweep
+        from nbtrain._client.launching.sweep_start import start_sweep
 
         args = self._parse(self.ray_tune, line)
         if args is None:

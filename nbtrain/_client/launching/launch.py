@@ -40,11 +40,12 @@ from nbtrain._exceptions import (
     RunExistsError,
     RunNotFoundError,
 )
-from nbtrain._options import RunOptions
+from nbtrain._options import RunOptions, refuses_unknown_keywords
 from nbtrain._packing.runtime_env import packages_to_hold
 from nbtrain._states import TERMINAL_STATE_NAMES, RunState
 
 
+@refuses_unknown_keywords
 def launch(
     train_fn: Callable[..., Any],
     *,
