@@ -80,7 +80,8 @@ def option(default: Any, help: str, *flags: str, kind: str = "value", parse: Cal
 class RunOptions:
     """What a run is asked to be: resources, failure handling, storage, and the call's own behaviour."""
 
-    name: str | None = option(None, "run name, unique on the cluster; default run-<time>", "--name", "-n",
+    name: str | None = option(None, "run name (an ended run's name gives NAME-2, NAME-3...); default run-<time>",
+                              "--name", "-n",
                               metavar="NAME", label="run name")
     config: dict[str, Any] | None = option(
         None, "the `config` dict given to the training function, e.g. --config lr=0.01 epochs=5",

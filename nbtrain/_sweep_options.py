@@ -29,7 +29,7 @@ DISTRIBUTIONS = {
 class SweepOptions:
     """What a sweep is asked to be; each trial is an nbtrain run with the run options given beside these."""
 
-    name: str | None = option(None, "sweep name, unique on the cluster; trial N's run is <name>-t<N>; "
+    name: str | None = option(None, "sweep name (an ended sweep's name gives NAME-2...); trial N's run is <name>-t<N>; "
                                     "default sweep-<time>", "--name", "-n", metavar="NAME")
     space: dict[str, Any] | None = option(
         None, "the search space, merged over config: ray.tune distributions by key; in the magic "
