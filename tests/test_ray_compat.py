@@ -143,20 +143,17 @@ class _Table:
 
 
 def test_an_elastic_run_that_cannot_read_node_state_keeps_its_size_and_says_so_once(monkeypatch):
+    from nbtrain._cluster.elastic import policy
     from nbtrain._cluster.elastic.sizing import GrowthWatch
-    from nbtrain._cluster.run import controller
     from nbtrain._options import RunOptions
 
-    monkeypatch.setattr(controller, "draining_nodes", lambda: compat.Draining(frozenset(), "RpcError: gone"))
-    run = controller.RunController.__new__(controller.RunController)  # the parts _drain_check reads, no Ray
-    options = RunOptions(workers=(1, 2))
-    run.spec = types.SimpleNamespace(options=options)
-    run.feed, run.table, run.attempt, run.checkpoint = _Feed(), _Table(), 1, None
-    run._growth = GrowthWatch(options, 2)
-    run._drained, run._said_unreadable = set(), False
+    monkeypatch.setattr(policy, "draining_nodes", lambda: compat.Draining(frozenset(), "RpcError: gone"))
+    options, feed = RunOptions(workers=(1, 2)), _Feed()
+    elastic = policy.ElasticPolicy(options, policy.RayCluster(), lambda kind, message: feed.event(kind, message, 1))
+    growth = GrowthWatch(options, 2)  # the parts _drain_check reads, no Ray
     for _ in range(3):
-        run._next_drain_look = 0.0
-        run._drain_check()
-    assert run._growth.target is None, "the run keeps its size"
-    assert [kind for kind, _ in run.feed.events] == ["resize"]
-    assert "cannot read which nodes Ray is draining (RpcError: gone)" in run.feed.events[0][1]
+        elastic._next_drain_look = 0.0
+        elastic._drain_check(growth, None, _Table())
+    assert growth.target is None, "the run keeps its size"
+    assert [kind for kind, _ in feed.events] == ["resize"]
+    assert "cannot read which nodes Ray is draining (RpcError: gone)" in feed.events[0][1]

@@ -127,14 +127,15 @@ class GrowthWatch:
         """Ask for a checkpoint to go on at ``target`` ranks from it (a node draining)."""
         self.target, self._asked_after, self.why = target, latest_checkpoint, why
 
-    def look(self, latest_checkpoint: Any, leaving: Callable[[], set[str]]) -> int | None:
-        """A bigger size worth growing to (once per interval; None otherwise). Starts the checkpoint request."""
+    def look(self, latest_checkpoint: Any, room_now: Callable[[], int]) -> int | None:
+        """A bigger size worth growing to (once per interval; None otherwise). Starts the checkpoint request.
+        ``room_now``: the bundles the cluster could place, these ranks' included (:func:`room_for`)."""
         if self.target is not None or self.size >= self.options.max_workers:
             return None
         if time.monotonic() < self._next_look:
             return None
         self._next_look = time.monotonic() + self.options.resize_interval_s
-        room = min(self.options.max_workers, room_for(self.options, held=self.size, leaving=leaving()))
+        room = min(self.options.max_workers, room_now())
         if room <= self.size:
             return None
         self.request(room, latest_checkpoint, f"{self.size} → {room} ranks: resources freed up")

@@ -4,8 +4,15 @@ Every change of the run's state goes through :meth:`RunController.transition`,
 which checks the move against :mod:`nbtrain._states`, records the end time,
 persists the state and tells readers (an event on the feed). The control
 thread loops: start a worker group (``pending`` → ``starting`` → ``running``),
-watch it, and let the :mod:`failure_policy` decide between a restart from the
-latest checkpoint and the end of the run.
+watch it, and ask two policies what next, as Ray Train v2's controller asks its
+scaling and failure policies. The sizing policy
+(:mod:`nbtrain._cluster.elastic.policy`) gives each attempt's size, may end an
+attempt at a checkpoint to resize (each watch tick), may turn ranks lost with
+their node into a shrink, and withdraws its autoscaler request at the end; the
+:class:`~nbtrain._cluster.run.failure_policy.FailurePolicy` decides between a
+restart from the latest checkpoint and the end of the run. The worker group
+comes from a factory (:meth:`WorkerGroup.start`), which a unit test replaces
+with a fake that returns scripted outcomes.
 """
 
 from __future__ import annotations
@@ -14,14 +21,16 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import ray
 
-from nbtrain._cluster.elastic import sizing
+from nbtrain._cluster.elastic import policy
+from nbtrain._cluster.elastic.policy import Cluster, RayCluster, Resize
 from nbtrain._cluster.feed.feed import RunFeed, nan_keys
 from nbtrain._cluster.run import failure_policy, stall_stacks
-from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Resize, Restart, Stopped, Succeeded
+from nbtrain._cluster.run.failure_policy import Failed, Failure, FailurePolicy, Outcome, Restart, Stopped, Succeeded
 from nbtrain._cluster.run.steering import RunSteering
 from nbtrain._cluster.run.stragglers import StragglerWatch
 from nbtrain._cluster.run.worker_group import StartFailed, StopRequested, WorkerGroup, remove_leftover_group
@@ -29,20 +38,36 @@ from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import profiles
 from nbtrain._cluster.storage.run_storage import RunStorage
-from nbtrain._exceptions import NbtrainError
 from nbtrain._packing.runtime_env import pip_problem, setup_failure
-from nbtrain._ray_compat import draining_nodes
 from nbtrain._states import RunState, check_transition
 
-DRAIN_LOOK_S = 1.0  # how often an elastic attempt looks for its ranks' nodes draining
 FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long without one
+
+
+class AttemptGroup(Protocol):
+    """One attempt's ranks, as the controller uses them (:class:`WorkerGroup`)."""
+
+    pushes: dict[int, int]
+
+    def watch(self, table: WorkerTable, interrupt: Callable[[], Outcome | None]) -> Outcome: ...
+
+    def shutdown(self, table: WorkerTable) -> None: ...
+
+
+# WorkerGroup.start's signature: spec, attempt, world size, supervisor, datasets, table, commands,
+# stop_requested, on_placed, run_dir, say
+StartGroup = Callable[[RunSpec, int, int, Any, "dict[str, Any] | None", WorkerTable, "list[dict[str, Any]]",
+                       Callable[[], bool], Callable[[], None], Path, Callable[[str], None]], AttemptGroup]
 
 
 class RunController:
     def __init__(self, spec: RunSpec, datasets: dict[str, Any] | None, feed: RunFeed, storage: RunStorage,
                  table: WorkerTable, supervisor: Any, on_end: Callable[[], None],
-                 before_transition: Callable[[RunState], None]) -> None:
+                 before_transition: Callable[[RunState], None], *, start_group: StartGroup = WorkerGroup.start,
+                 cluster: Cluster | None = None) -> None:
         self.spec = spec
+        self._start_group = start_group
+        self._cluster: Cluster = cluster or RayCluster()
         self._on_end = on_end  # called by the control thread once the run has ended
         self._before_transition = before_transition
         self.datasets = datasets
@@ -67,13 +92,8 @@ class RunController:
         self.started = time.time()
         self.ended: float | None = None
         self.stop_requested = False
-        self.world_size = 0                        # the current attempt's ranks (elastic runs: it changes)
-        self._next_size: int | None = None         # an elastic run's size for its next attempt, when decided
-        self._growth: sizing.GrowthWatch | None = None
-        self._drained: set[str] = set()             # nodes drained with run.drain(): leaving, whatever Ray says
-        self._next_drain_look = 0.0
-        self._said_unreadable = False               # said once that Ray's node state cannot be read
-        self._asked: list[dict[str, float]] = []  # this run's standing request to the autoscaler (elastic runs)
+        self.world_size = 0  # the current attempt's ranks (elastic runs: it changes)
+        self.sizing = policy.for_run(spec.options, self._cluster, self._say)
         self._stragglers = StragglerWatch(spec.options.straggler_window_s)
 
     # ------------------------------------------------------------------ the state machine
@@ -93,6 +113,9 @@ class RunController:
             self.ended = time.time() if new.is_terminal else None
             self.persist()
         self.feed.event("state", f"{new.value}" + (f": {why}" if why else ""), self.attempt)
+
+    def _say(self, kind: str, message: str) -> None:
+        self.feed.event(kind, message, self.attempt)
 
     def _persist_locked(self) -> None:
         """persist() from a thread that holds no lock (steering's): one writer of the state file at a time."""
@@ -155,6 +178,7 @@ class RunController:
             if not self.state.is_terminal:
                 return self.state.value
             self.spec, self.datasets = spec, datasets
+            self.sizing = policy.for_run(spec.options, self._cluster, self._say)
             self.error, self.stop_requested = None, False
             self._stop.clear()
             self._nan.clear()
@@ -162,6 +186,14 @@ class RunController:
         self.transition(RunState.RESTARTING, f"resumed by the user from {source}", resume=True)
         self.start(fresh_budget=True)
         return "resumed"
+
+    def drain(self, node_id: str, deadline_s: float) -> str:
+        """``run.drain(node)``: the sizing policy moves the ranks off the node, or refuses (a fixed size)."""
+        return self.sizing.drain(node_id, deadline_s, self.table)
+
+    def checkpoint_wanted(self, attempt: int) -> bool:
+        """Whether the ranks of ``attempt`` should checkpoint now (an elastic run about to resize)."""
+        return self.sizing.checkpoint_wanted(attempt)
 
     def command_result(self, command_id: int, rank: int, ok: bool, value: Any) -> None:
         """A rank's answer to a command; a profile's trace (gzipped bytes) is kept in the run's directory, and its
@@ -184,7 +216,8 @@ class RunController:
     # ------------------------------------------------------------------ the control thread
     def _control(self, fresh_budget: bool) -> None:
         # a user's resume starts the failure budget afresh; a supervisor restart does not
-        failed_attempts = 0 if fresh_budget else len({f["attempt"] for f in self.failures})
+        on_failure = FailurePolicy(self.spec.options.max_failures,
+                                   0 if fresh_budget else len({f["attempt"] for f in self.failures}))
         try:
             while True:
                 with self._lock:
@@ -208,12 +241,11 @@ class RunController:
                     continue
                 with self._lock:
                     self.failures.extend(f.as_dict(self.attempt) for f in outcome.failures)
-                shrink = self._shrink_after(outcome)
+                shrink = self.sizing.after_failure(outcome.died_on)
                 if shrink is not None:
                     self._resize(shrink)
                     continue
-                failed_attempts += 1
-                decision = failure_policy.decide(outcome, failed_attempts, self.spec.options.max_failures)
+                decision = on_failure.decide(outcome)
                 if isinstance(decision, Restart):
                     self.transition(RunState.RESTARTING, f"attempt {self.attempt + 1}/"
                                                          f"{self.spec.options.max_failures + 1} after: {decision.why}")
@@ -224,7 +256,7 @@ class RunController:
                 with self._lock:
                     self.error = failure_policy.format_error(self.failures, self.world_size,
                                                              self.spec.options.max_failures, self.attempt,
-                                                             failed_attempts)
+                                                             on_failure.failed_attempts)
                 self.transition(RunState.FAILED, decision.why)
                 return
         except Exception:  # noqa: BLE001 - a bug here must still end the run visibly
@@ -233,82 +265,29 @@ class RunController:
             if not self.state.is_terminal:
                 self.transition(RunState.FAILED, "internal error")
         finally:
-            if self.state.is_terminal and self._asked:
-                self._ask_autoscaler(self.spec.options.max_workers)  # withdraws the request
-            if self.state.is_terminal:  # on its own thread: a stop() waiting for this one gets its answer first
+            if self.state.is_terminal:  # retiring on its own thread: a stop() waiting for this one is answered first
+                self.sizing.end()
                 threading.Thread(target=self._on_end, name="nbtrain-retire", daemon=True).start()
 
     def _resize(self, resize: Resize) -> None:
         """An elastic run goes on at another size: a new attempt from the latest checkpoint, no failure counted."""
-        self._next_size = resize.size
+        self.sizing.resize(resize)
         self.feed.event("resize", resize.why, self.attempt)
         self.transition(RunState.RESTARTING, resize.why)
-
-    def _shrink_after(self, outcome: Failed) -> Resize | None:
-        """For an elastic run whose ranks died with their node: the smaller size to go on at, if ``min`` fit."""
-        options = self.spec.options
-        if not options.elastic:
-            return None
-        lost = failure_policy.lost_nodes(outcome)
-        if not lost:
-            return None
-        size = sizing.room_after_shutdown(options)
-        if size < options.min_workers:
-            return None
-        lost_names = failure_policy.describe_nodes(lost, outcome)
-        return Resize(size, f"{self.world_size} → {size} ranks: lost node {lost_names}")
-
-    def drain(self, node_id: str, deadline_s: float) -> str:
-        """Preemption notice for ``node_id`` (``run.drain``): Ray stops placing work there, this attempt's
-        ranks are asked for a checkpoint, and the run goes on from it without the node."""
-        options = self.spec.options
-        if not options.elastic:
-            msg = (f"run.drain() needs an elastic run (workers=(min, max)): run {self.spec.name!r} has a fixed "
-                   f"size of {options.max_workers}; give it max_failures to restart from its checkpoint when a node "
-                   f"goes, or launch it with workers=(min, max).")
-            raise NbtrainError(msg)
-        ranks = [w["rank"] for w in self.table.snapshot() if w.get("node_id") == node_id]
-        sizing.drain_node(node_id, deadline_s)
-        self._drained.add(node_id)
-        self._next_drain_look = 0.0
-        where = f"ranks {', '.join(map(str, ranks))} checkpoint, then the run goes on without it" if ranks \
-            else "none of this attempt's ranks is there"
-        self.feed.event("drain", f"node {node_id[:6]} draining: {where}", self.attempt)
-        return f"Node {node_id[:6]} is draining: {where}."
-
-    def checkpoint_wanted(self, attempt: int) -> bool:
-        """Whether the ranks of ``attempt`` should checkpoint now (an elastic run waiting to grow)."""
-        growth = self._growth
-        return growth is not None and attempt == self.attempt and growth.checkpoint_wanted
-
-    def _ask_autoscaler(self, size: int) -> None:
-        """Below ``max``: ask an autoscaling cluster for room for ``max`` ranks; at it, withdraw the request."""
-        try:
-            asked = sizing.ask_autoscaler(self.spec.options, size)
-            if not asked:
-                sizing.withdraw_request(self._asked)
-            self._asked = asked
-        except Exception as exc:  # noqa: BLE001 - a hint to the autoscaler; the run goes on without it
-            self.feed.event("resize", f"could not ask Ray's autoscaler for {self.spec.options.max_workers} ranks: "
-                                      f"{exc}", self.attempt)
 
     def _run_attempt(self) -> Outcome:
         """One worker group from placement to the end."""
         self.table.reset(self.attempt)
         if self.state == RunState.RESTARTING:
             self.transition(RunState.PENDING)
-        self.world_size = self._next_size or sizing.starting_size(self.spec.options)
-        self._next_size = None
-        self._growth = sizing.GrowthWatch(self.spec.options, self.world_size) if self.spec.options.elastic else None
-        if self.spec.options.elastic:
-            self._ask_autoscaler(self.world_size)
+        self.world_size = self.sizing.attempt_size(self.attempt)
         if self.attempt == 1 and (problem := pip_problem(self.spec.options.runtime_env)) is not None:
             return Failed([Failure(None, "runtime_env", problem, retriable=False)])
         try:
-            group = WorkerGroup.start(self.spec, self.attempt, self.world_size, self._supervisor, self.datasets,
+            group = self._start_group(self.spec, self.attempt, self.world_size, self._supervisor, self.datasets,
                                       self.table, self.steering.all(),
                                       self._stop.is_set, lambda: self.transition(RunState.STARTING),
-                                      self._storage.dir, lambda said: self.feed.event("startup", said, self.attempt))
+                                      self._storage.dir, lambda said: self._say("startup", said))
         except StopRequested:
             return Stopped()
         except StartFailed as failed:
@@ -359,53 +338,4 @@ class RunController:
             for rank, flagged, message in self._stragglers.look(self.table.snapshot(), self.attempt):
                 self.table.note(rank, straggler=flagged)
                 self.feed.event("straggler", message, self.attempt)
-        self._drain_check()
-        return self._grow_check()
-
-    def _drain_check(self) -> None:
-        """About once a second: ranks on a draining node ask for the checkpoint to shrink at (elastic runs)."""
-        growth = self._growth
-        if growth is None or time.monotonic() < self._next_drain_look:
-            return
-        self._next_drain_look = time.monotonic() + DRAIN_LOOK_S
-        leaving = self._leaving()
-        workers = self.table.snapshot()
-        going = [w for w in workers if w.get("node_id") in leaving]
-        if not going:
-            return
-        staying = len(workers) - len(going)
-        room = sizing.room_for(self.spec.options, held=staying, leaving=leaving)
-        target = max(self.spec.options.min_workers, min(self.spec.options.max_workers, room))
-        if growth.target is not None and growth.target <= target:
-            return  # already asked for a checkpoint to resize at a size that leaves the node
-        nodes = ", ".join(sorted({w["node"] for w in going}))
-        growth.request(target, self.checkpoint, f"{growth.size} → {target} ranks: node {nodes} draining")
-        self.feed.event("resize", f"node {nodes} draining: ranks {', '.join(str(w['rank']) for w in going)} "
-                                  f"leave at the next checkpoint ({growth.size} → {target} ranks)", self.attempt)
-
-    def _leaving(self) -> set[str]:
-        """The nodes this attempt's ranks must leave: drained with ``run.drain()``, or draining as Ray says.
-        Where Ray's node state cannot be read, only the former: the run keeps its size, and says so once."""
-        draining = draining_nodes()
-        if draining.unreadable and not self._said_unreadable:
-            self._said_unreadable = True
-            self.feed.event("resize", f"cannot read which nodes Ray is draining ({draining.unreadable}); the run "
-                                      f"keeps its size: ranks on a node that goes are lost with it (and the run "
-                                      f"shrinks then), and run.drain(node) still moves them first", self.attempt)
-        return self._drained | draining.nodes
-
-    def _grow_check(self) -> Resize | None:
-        """An elastic run with room to grow asks its ranks for a checkpoint, and ends the attempt at it."""
-        growth = self._growth
-        if growth is None:
-            return None
-        target = growth.look(self.checkpoint, self._leaving)
-        if target is not None:
-            self.feed.event("resize", f"room for {target} ranks (now {growth.size}): growing at the next checkpoint",
-                            self.attempt)
-        # ended once the checkpoint is in and so is every row the ranks reported before it
-        checkpoint = self.checkpoint
-        if growth.target is not None and checkpoint is not None and growth.ready(checkpoint) and \
-                self.table.all_pushed_after(checkpoint["time"]):
-            return Resize(growth.target, growth.why)
-        return None
+        return self.sizing.tick(self.checkpoint, self.table)

@@ -1,8 +1,10 @@
 """How an attempt ended, what happens next, and how a failure is told to the user.
 
-An attempt ends :class:`Succeeded`, :class:`Stopped` or :class:`Failed` (with
-the ranks that failed). :func:`decide` turns a failure into a :class:`Restart`
-(from the latest checkpoint, within ``max_failures``) or :class:`GiveUp`, and
+An attempt ends :class:`Succeeded`, :class:`Stopped`, :class:`Failed` (with
+the ranks that failed) or, for an elastic run, a
+:class:`~nbtrain._cluster.elastic.policy.Resize`. The controller asks its
+:class:`FailurePolicy` after each failed attempt: a :class:`Restart` (from the
+latest checkpoint, within ``max_failures``) or :class:`GiveUp`; and
 :func:`format_error` writes the message the user reads: the failing ranks
 first, with their tracebacks; ranks whose collective broke only because
 another rank failed come after, as consequences.
@@ -12,17 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import time
 from typing import Any
 
-import ray
+from nbtrain._cluster.elastic.policy import Resize
 
 # A rank whose collective broke because *another* rank failed says one of these.
 _SECONDARY_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                       "NCCL communicator was aborted", "ProcessGroupGloo", "recvBytes", "sendBytes")
 RESTART_BACKOFF_S = 0.5
 RESTART_BACKOFF_MAX_S = 2.0
-NODE_DEATH_NOTICE_S = 10.0  # how long a rank's death may precede Ray marking its node dead
 
 
 @dataclasses.dataclass
@@ -54,20 +54,17 @@ class Stopped:
 
 
 @dataclasses.dataclass(frozen=True)
-class Resize:
-    """An elastic run ends the attempt to go on at another world size (from the checkpoint just taken)."""
-
-    size: int
-    why: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Failed:
     failures: list[Failure]
 
     @property
     def ranks(self) -> list[int]:
         return [f.rank for f in self.failures if f.rank is not None and not f.secondary]
+
+    @property
+    def died_on(self) -> dict[str, str]:
+        """The nodes of ranks whose process died (Ray node id → the worker table's name): maybe lost nodes."""
+        return {f.node_id: f.node or f.node_id[:6] for f in self.failures if f.kind == "died" and f.node_id}
 
 
 Outcome = Succeeded | Stopped | Failed | Resize
@@ -84,12 +81,24 @@ class GiveUp:
     why: str
 
 
-def decide(outcome: Failed, failed_attempts: int, max_failures: int) -> Restart | GiveUp:
-    """Restart while every failure is retriable and the budget lasts; else give up."""
-    why = headline(outcome.failures)
-    if all(f.retriable for f in outcome.failures) and failed_attempts <= max_failures:
-        return Restart(min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * failed_attempts), why)
-    return GiveUp(why)
+class FailurePolicy:
+    """Restart while every failure is retriable and ``max_failures`` lasts; else give up.
+
+    ``failed_attempts``: the failed attempts already counted against the budget (a supervisor that
+    restarts takes up its run's; a user's resume starts afresh).
+    """
+
+    def __init__(self, max_failures: int, failed_attempts: int = 0) -> None:
+        self.max_failures = max_failures
+        self.failed_attempts = failed_attempts
+
+    def decide(self, outcome: Failed) -> Restart | GiveUp:
+        """Counts ``outcome`` against the budget and says what happens next."""
+        self.failed_attempts += 1
+        why = headline(outcome.failures)
+        if all(f.retriable for f in outcome.failures) and self.failed_attempts <= self.max_failures:
+            return Restart(min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * self.failed_attempts), why)
+        return GiveUp(why)
 
 
 def raised(rank: int, outcome: dict[str, Any]) -> Failure:
@@ -152,22 +161,3 @@ def format_error(failures: list[dict[str, Any]], world_size: int, max_failures: 
             lines.append(f"\n--- rank {failure['rank']} traceback (attempt {failure['attempt']}) ---\n"
                          f"{failure['traceback'].rstrip()}")
     return "\n".join(lines)
-
-
-def lost_nodes(outcome: Failed) -> set[str]:
-    """The nodes of ranks that died that Ray has marked dead (waits a little for it to notice)."""
-    suspects = {f.node_id for f in outcome.failures if f.kind == "died" and f.node_id}
-    if not suspects:
-        return set()
-    deadline = time.monotonic() + NODE_DEATH_NOTICE_S
-    while True:
-        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
-        dead = suspects - alive
-        if dead or time.monotonic() > deadline:
-            return dead
-        time.sleep(0.5)
-
-
-def describe_nodes(node_ids: set[str], outcome: Failed) -> str:
-    """The lost nodes as the worker table names them."""
-    return ", ".join(sorted({f.node or str(f.node_id)[:6] for f in outcome.failures if f.node_id in node_ids}))

@@ -1,0 +1,272 @@
+"""The run's controller decides alone: restarts within max_failures, an elastic run's shrink, growth and
+drain, the user's stop, each with no cluster.
+
+The controller's worker group comes from a factory; here :class:`FakeWorkerGroups` stands in for
+``WorkerGroup.start`` and plays each attempt's scripted outcome, and :class:`FakeCluster` stands in for
+what the elastic policy asks Ray (room, lost and draining nodes, the autoscaler). The feed, storage,
+worker table, state machine and both policies are the real ones. The same behaviour on a real cluster
+is in test_fault_tolerance.py and test_elastic.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nbtrain._cluster.elastic.policy import Resize
+from nbtrain._cluster.feed.feed import RunFeed
+from nbtrain._cluster.run.controller import RunController
+from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Succeeded
+from nbtrain._cluster.run.worker_group import StopRequested
+from nbtrain._cluster.run.worker_table import WorkerTable
+from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.storage.run_storage import RunStorage
+from nbtrain._exceptions import NbtrainError
+from nbtrain._options import RunOptions
+from nbtrain._ray_compat import Draining
+from nbtrain._states import RunState
+
+pytestmark = pytest.mark.quick
+
+Script = Callable[["FakeAttempt", Callable[[], "Outcome | None"]], Outcome]
+
+
+class FakeAttempt:
+    """Stands in for one attempt's WorkerGroup: its watch plays a script instead of watching ranks."""
+
+    def __init__(self, number: int, size: int, script: Script) -> None:
+        self.number, self.size, self._script = number, size, script
+        self.pushes: dict[int, int] = {}
+        self.shut_down = False
+
+    def watch(self, table: WorkerTable, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        return self._script(self, interrupt)
+
+    def shutdown(self, table: WorkerTable) -> None:
+        self.shut_down = True
+
+
+class FakeWorkerGroups:
+    """Stands in for ``WorkerGroup.start``: rank r "starts" on node n{r+1} (in the worker table, as the real
+    group records it), and attempt k plays the k-th script."""
+
+    def __init__(self, *scripts: Script) -> None:
+        self._scripts = list(scripts)
+        self.attempts: list[FakeAttempt] = []
+        self.running = threading.Event()
+
+    def start(self, spec: RunSpec, attempt: int, world_size: int, supervisor: Any, datasets: Any,
+              table: WorkerTable, commands: list[dict[str, Any]], stop_requested: Callable[[], bool],
+              on_placed: Callable[[], None], run_dir: Path, say: Callable[[str], None]) -> FakeAttempt:
+        if stop_requested():
+            raise StopRequested
+        on_placed()
+        places = [{"node_id": f"n{rank + 1}", "node_ip": f"10.0.0.{rank + 1}", "hostname": f"h{rank + 1}",
+                   "pid": 1000 + rank, "malloc_tuned": False} for rank in range(world_size)]
+        table.add_group(places, ["cpu"] * world_size, attempt)
+        group = FakeAttempt(attempt, world_size, self._scripts.pop(0))
+        self.attempts.append(group)
+        return group
+
+    @property
+    def sizes(self) -> list[int]:
+        return [a.size for a in self.attempts]
+
+
+class FakeCluster:
+    """Stands in for the cluster the elastic policy reads: ``free`` bundles' room besides the run's own."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.dead: set[str] = set()
+        self.draining_now: set[str] = set()
+        self.asked: list[int] = []        # the sizes at which the run asked for room
+        self.withdrawn = 0
+
+    def starting_size(self, options: RunOptions) -> int:
+        return max(options.min_workers, min(options.max_workers, self.free))
+
+    def room(self, options: RunOptions, held: int, leaving: set[str]) -> int:
+        return held + self.free
+
+    def room_after_shutdown(self, options: RunOptions) -> int:
+        return min(options.max_workers, self.free)
+
+    def lost_nodes(self, suspects: set[str]) -> set[str]:
+        return suspects & self.dead
+
+    def draining(self) -> Draining:
+        return Draining(frozenset(self.draining_now))
+
+    def drain(self, node_id: str, deadline_s: float) -> None:
+        self.draining_now.add(node_id)
+
+    def ask(self, options: RunOptions, size: int) -> list[dict[str, float]]:
+        if size >= options.max_workers:
+            return []
+        self.asked.append(size)
+        return [{"CPU": 1.0}] * options.max_workers
+
+    def withdraw(self, asked: list[dict[str, float]]) -> None:
+        self.withdrawn += bool(asked)
+
+
+def succeed(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+    return Succeeded([b"result"] * attempt.size)
+
+
+def raise_at_step(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+    return Failed([Failure(0, "raised", "Rank 0 raised ValueError at step 3: bad batch", "Traceback ...")])
+
+
+def until_interrupted(then: Callable[[FakeAttempt], None] = lambda attempt: None) -> Script:
+    """Ranks that keep running: the watch ticks until the controller ends the attempt; ``then`` runs each tick."""
+    def play(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            then(attempt)
+            outcome = interrupt()
+            if outcome is not None:
+                return outcome
+            time.sleep(0.01)
+        pytest.fail("the controller never ended the attempt")
+    return play
+
+
+def make_controller(tmp_path: Path, groups: FakeWorkerGroups, cluster: FakeCluster | None = None,
+                    **options: Any) -> tuple[RunController, threading.Event]:
+    lock = threading.RLock()
+    storage = RunStorage(tmp_path, "unit")
+    spec = RunSpec(RunOptions(name="unit", **options), fn_bytes=b"", fn_takes_config=False, launch_folder=None)
+    ended = threading.Event()
+    controller = RunController(spec, None, RunFeed(storage, lock), storage, WorkerTable(lock), supervisor=None,
+                               on_end=ended.set, before_transition=lambda state: None,
+                               start_group=groups.start, cluster=cluster)
+    controller.recover()
+    return controller, ended
+
+
+def run_to_end(controller: RunController, ended: threading.Event) -> RunState:
+    controller.start(fresh_budget=True)
+    assert ended.wait(20), f"the run did not end (state {controller.state})"
+    return controller.state
+
+
+def events(controller: RunController, kind: str) -> list[str]:
+    return [e["message"] for e in controller.feed.events if e["kind"] == kind]
+
+
+def test_a_run_that_fails_once_restarts_within_max_failures(tmp_path):
+    groups = FakeWorkerGroups(raise_at_step, succeed)
+    controller, ended = make_controller(tmp_path, groups, workers=2, max_failures=1)
+    assert run_to_end(controller, ended) == RunState.SUCCEEDED
+    assert controller.attempt == 2 and groups.sizes == [2, 2]
+    assert [f["attempt"] for f in controller.failures] == [1]
+    assert all(attempt.shut_down for attempt in groups.attempts)
+    assert any("attempt 2/2 after: Rank 0 raised ValueError" in said for said in events(controller, "state"))
+    assert controller.results == [b"result", b"result"]
+
+
+def test_a_run_that_fails_past_max_failures_ends_failed_with_every_attempt_said(tmp_path):
+    groups = FakeWorkerGroups(raise_at_step, raise_at_step)
+    controller, ended = make_controller(tmp_path, groups, workers=2, max_failures=1)
+    assert run_to_end(controller, ended) == RunState.FAILED
+    assert controller.error is not None
+    assert "The run failed 2 time(s), more than max_failures=1." in controller.error
+    assert "attempt 1: Rank 0 raised ValueError" in controller.error
+
+
+def test_a_failure_that_cannot_be_retried_ends_the_run_at_once(tmp_path):
+    def lose_the_env(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        return Failed([Failure(None, "runtime_env", "pip could not find torchh", retriable=False)])
+
+    controller, ended = make_controller(tmp_path, FakeWorkerGroups(lose_the_env), workers=2, max_failures=3)
+    assert run_to_end(controller, ended) == RunState.FAILED
+    assert controller.attempt == 1
+
+
+def test_a_stop_during_an_attempt_ends_it_stopped(tmp_path):
+    def tell_running(attempt: FakeAttempt) -> None:
+        groups.running.set()
+
+    groups = FakeWorkerGroups(until_interrupted(tell_running))
+    controller, ended = make_controller(tmp_path, groups, workers=2)
+    controller.start(fresh_budget=True)
+    assert groups.running.wait(10)
+    assert controller.state == RunState.RUNNING
+    assert controller.request_stop(timeout=10) == RunState.STOPPED
+    assert ended.wait(10) and groups.attempts[0].shut_down
+    assert "stopped by the user" in events(controller, "state")[-1]
+
+
+def test_an_elastic_run_shrinks_on_a_lost_node_and_grows_back(tmp_path):
+    cluster = FakeCluster(free=2)
+
+    def lose_node_2(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        cluster.dead, cluster.free = {"n2"}, 1  # the node and its bundle are gone; rank 0's bundle is free again
+        return Failed([Failure(1, "died", "Rank 1's worker process died (pid 1001 on 10.0.0.2): node lost",
+                               node="10.0.0.2", node_id="n2")])
+
+    def node_2_back(attempt: FakeAttempt) -> None:
+        cluster.free = 1
+        if controller.checkpoint_wanted(attempt.number) and controller.checkpoint is None:
+            controller.checkpoint = {"time": time.time() - 60}  # a rank saved one (its rows are all in)
+
+    groups = FakeWorkerGroups(lose_node_2, until_interrupted(node_2_back), succeed)
+    controller, ended = make_controller(tmp_path, groups, cluster, workers=(1, 2), max_failures=0,
+                                        resize_interval_s=0.05)
+    assert run_to_end(controller, ended) == RunState.SUCCEEDED, controller.error
+    assert groups.sizes == [2, 1, 2]
+    assert events(controller, "resize") == ["2 → 1 ranks: lost node 10.0.0.2",
+                                            "room for 2 ranks (now 1): growing at the next checkpoint",
+                                            "1 → 2 ranks: resources freed up"]
+    assert cluster.asked == [1], "below max, the run asked the autoscaler for room"
+    assert cluster.withdrawn == 1, "back at max, it withdrew the request"
+
+
+def test_a_drained_node_s_ranks_leave_at_the_next_checkpoint(tmp_path):
+    cluster = FakeCluster(free=2)
+
+    def checkpoint_when_asked(attempt: FakeAttempt) -> None:
+        if attempt.number == 1 and not said:
+            said.append(controller.drain("n2", deadline_s=60))
+            cluster.free = 0
+        if controller.checkpoint_wanted(attempt.number) and controller.checkpoint is None:
+            controller.checkpoint = {"time": time.time() - 60}
+
+    said: list[str] = []
+    groups = FakeWorkerGroups(until_interrupted(checkpoint_when_asked), succeed)
+    controller, ended = make_controller(tmp_path, groups, cluster, workers=(1, 2))
+    assert run_to_end(controller, ended) == RunState.SUCCEEDED, controller.error
+    assert said == ["Node n2 is draining: ranks 1 checkpoint, then the run goes on without it."]
+    assert groups.sizes == [2, 1]
+    assert "node 10.0.0.2 draining: ranks 1 leave at the next checkpoint (2 → 1 ranks)" in events(controller, "resize")
+    assert controller.failures == []
+
+
+def test_a_lost_node_with_too_little_room_left_counts_as_a_failure(tmp_path):
+    cluster = FakeCluster(free=2)
+
+    def lose_both(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        cluster.dead, cluster.free = {"n1", "n2"}, 0
+        return Failed([Failure(rank, "died", f"Rank {rank} died", node=f"10.0.0.{rank + 1}", node_id=f"n{rank + 1}")
+                       for rank in (0, 1)])
+
+    controller, ended = make_controller(tmp_path, FakeWorkerGroups(lose_both), cluster, workers=(1, 2))
+    assert run_to_end(controller, ended) == RunState.FAILED
+    assert events(controller, "resize") == []
+
+
+def test_a_fixed_size_run_refuses_drain_and_never_resizes(tmp_path):
+    controller, _ = make_controller(tmp_path, FakeWorkerGroups(), workers=2)
+    with pytest.raises(NbtrainError, match=r"run.drain\(\) needs an elastic run"):
+        controller.drain("n1", deadline_s=60)
+    assert controller.sizing.attempt_size(1) == 2
+    assert not controller.checkpoint_wanted(1)
+    with pytest.raises(NbtrainError):
+        controller.sizing.resize(Resize(1, "no"))
