@@ -125,16 +125,47 @@ def private_opener(path: str, flags: int) -> int:
     return fd
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Readers (the lab sidebar, another kernel) never see a half-written file; strict JSON (see _json).
+def write_atomic(path: Path, data: bytes, *, durable: bool = False) -> None:
+    """Write ``data`` as the file ``path`` whole: readers see the old file or the new one, never part.
 
-    The file is 0600 in a 0700 directory (see the module docstring), also when it replaces an older, looser one.
+    Every atomic write in nbtrain goes through here, with one policy: the file is 0600 in a 0700
+    directory (see the module docstring), also when it replaces an older, looser one; the temporary
+    name is unique per process and thread (the supervisor writes from several threads) and removed
+    if the write fails. ``durable=True`` is for what the run cannot make again after a crash of the
+    machine (checkpoints, the run's state, its spec, its final files): the file is fsynced before
+    the rename and its directory after it, so the new name and its content survive together.
     """
     private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads write too
-    with open(tmp, "w", encoding="utf-8", opener=private_opener) as handle:
-        handle.write(_json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb", opener=private_opener) as handle:
+            handle.write(data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the names in ``directory`` durable (a crash of the machine could otherwise lose a new file)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any, *, durable: bool = False) -> None:
+    """Readers (the lab sidebar, another kernel) never see a half-written file; strict JSON (see _json).
+
+    Written by :func:`write_atomic`, whose policy it follows.
+    """
+    write_atomic(path, _json.dumps(data, indent=1).encode("utf-8"), durable=durable)
 
 
 def read_json(path: Path) -> Any | None:

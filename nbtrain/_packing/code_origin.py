@@ -114,13 +114,16 @@ class _OriginKeepingPickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloud
         elif isinstance(obj, (type, types.FunctionType)):
             self.names.add(str(getattr(obj, "__module__", None) or ""))
         elif isinstance(obj, types.CodeType):
-            self.names.update(_names_in(obj))
+            self.names.update(code_names(obj))
         return super().reducer_override(obj)
 
 
-def _names_in(code: types.CodeType) -> set[str]:
-    found = set(code.co_names)
+def code_names(code: types.CodeType) -> list[str]:
+    """Every global or attribute name ``code`` and the functions and classes defined in it mention,
+    each once, in the order they first appear (the names walk that packing, the launch checks and a
+    rank's post-mortem share)."""
+    names = list(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            found |= _names_in(const)
-    return found
+            names.extend(code_names(const))
+    return list(dict.fromkeys(names))

@@ -13,7 +13,7 @@ import builtins
 import linecache
 from typing import Any
 
-from nbtrain._client.launching.serialization import code_names
+from nbtrain._packing.code_origin import code_names
 
 CELL_FILENAME = "<%%ray_train cell>"
 INJECTED = ("config", "rank", "world_size", "local_rank", "device", "nbtrain")

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from nbtrain._views.dashboard.dashboard import in_notebook
-from nbtrain._views.dashboard.static_plot import COLOURS
+from nbtrain._views.dashboard.static_plot import COLOURS, Axes, svg_open
 from nbtrain._views.dashboard.summary_text import STATE_COLOURS
 from nbtrain._views.follower import REDRAW_INTERVAL_S
 
@@ -50,35 +50,20 @@ def rungs(answer: dict[str, Any], options: dict[str, Any] | None = None) -> list
 
 def curves_svg(answer: dict[str, Any], width: int = 520, height: int = 280) -> str:
     """Every trial's metric per iteration: a colour per trial, stopped and failed trials faded."""
-    left, right, top, bottom = 56, 90, 24, 30
+    margins = left, right, top, bottom = 56, 90, 24, 30
     trials = answer.get("trials", [])
     points = [(x, y) for t in trials for x, y in t["curve"] if math.isfinite(y)]
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="nbtrain-sweep-curves" width="{width}" '
-             f'height="{height}" style="font:11px sans-serif;background:#fff">',
-             f'<text x="{left}" y="15" font-weight="bold">{html.escape(str(answer.get("metric")))} per '
-             f'{html.escape(str(answer.get("time_attr", "iteration")))}, every trial</text>']
+    parts = [svg_open(width, height, f'{answer.get("metric")} per {answer.get("time_attr", "iteration")}, every trial',
+                      left, "nbtrain-sweep-curves")]
     if not points:
         return "".join(parts) + f'<text x="{left}" y="{height // 2}">no reports yet</text></svg>'
-    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
-    y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
-
-    def sx(x: float) -> float:
-        return float(left + (x - x0) / (x1 - x0) * (width - left - right))
-
-    def sy(y: float) -> float:
-        return float(height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom))
-
-    parts.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
-                 f'fill="none" stroke="#ccc"/>')
+    axes = Axes.fitted((p[0] for p in points), (p[1] for p in points), width, height, margins)
+    sx, sy = axes.sx, axes.sy
+    parts.append(axes.frame((f"{axes.x0:g}", f"{axes.x1:g}")))
     for mark in rungs(answer):
-        if x0 <= mark <= x1:
+        if axes.x0 <= mark <= axes.x1:
             parts.append(f'<line class="rung" x1="{sx(mark):.1f}" y1="{top}" x2="{sx(mark):.1f}" '
                          f'y2="{height - bottom}" stroke="#999" stroke-dasharray="3,3"/>')
-    for value, y in ((y0, height - bottom), (y1, top)):
-        parts.append(f'<text x="{left - 4}" y="{y + 4}" text-anchor="end">{value:.4g}</text>')
-    parts.append(f'<text x="{left}" y="{height - 12}">{x0:g}</text><text x="{width - right}" '
-                 f'y="{height - 12}" text-anchor="end">{x1:g}</text>')
     for t in trials:
         line = [(x, y) for x, y in t["curve"] if math.isfinite(y)]
         if not line:
@@ -101,14 +86,12 @@ def curves_svg(answer: dict[str, Any], width: int = 520, height: int = 280) -> s
 
 def scatter_svg(answer: dict[str, Any], key: str, width: int = 250, height: int = 200) -> str:
     """One hyperparameter (x) against each trial's best metric (y); log scale over two decades or more."""
-    left, right, top, bottom = 50, 10, 24, 30
+    margins = 50, 10, 24, 30
+    left = margins[0]
     pairs = [(t["config"].get(key), t["best"], t) for t in answer.get("trials", [])
              if t["best"] is not None and math.isfinite(t["best"])]
     numeric = [(float(x), y, t) for x, y, t in pairs if isinstance(x, (int, float)) and not isinstance(x, bool)]
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="nbtrain-sweep-scatter" width="{width}" '
-             f'height="{height}" style="font:11px sans-serif;background:#fff">',
-             f'<text x="{left}" y="15" font-weight="bold">best {html.escape(str(answer.get("metric")))} '
-             f'by {html.escape(key)}</text>']
+    parts = [svg_open(width, height, f'best {answer.get("metric")} by {key}', left, "nbtrain-sweep-scatter")]
     if pairs and not numeric:  # categorical: evenly spaced categories
         categories = sorted({str(x) for x, _, _ in pairs})
         numeric = [(float(categories.index(str(x))), y, t) for x, y, t in pairs]
@@ -120,23 +103,14 @@ def scatter_svg(answer: dict[str, Any], key: str, width: int = 250, height: int 
     xs = [x for x, _, _ in numeric]
     log = not labels and min(xs) > 0 and max(xs) / min(xs) >= 100
     xs_t = [math.log10(x) if log else x for x in xs]
-    x0, x1 = min(xs_t), max(xs_t)
-    y0, y1 = min(y for _, y, _ in numeric), max(y for _, y, _ in numeric)
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
-    parts.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
-                 f'fill="none" stroke="#ccc"/>')
+    axes = Axes.fitted(xs_t, (y for _, y, _ in numeric), width, height, margins)
+    low, high = (labels[0], labels[-1]) if labels else (f"{min(xs):.3g}", f"{max(xs):.3g}")
+    parts.append(axes.frame((low, high + (" (log)" if log else "")), y_format=".3g"))
     for (x, y, t), xt in zip(numeric, xs_t):
-        cx = left + (xt - x0) / (x1 - x0) * (width - left - right)
-        cy = height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)
         opacity = FADED_OPACITY * 2 if t["state"] in ("stopped", "failed") else 1
-        parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" fill="{_colour(t["index"])}" '
+        parts.append(f'<circle cx="{axes.sx(xt):.1f}" cy="{axes.sy(y):.1f}" r="4" fill="{_colour(t["index"])}" '
                      f'fill-opacity="{opacity}"><title>trial {t["index"]}: {html.escape(key)}={x:g}, '
                      f'{y:.4g}</title></circle>')
-    low, high = (labels[0], labels[-1]) if labels else (f"{min(xs):.3g}", f"{max(xs):.3g}")
-    parts.append(f'<text x="{left}" y="{height - 12}">{html.escape(low)}</text><text x="{width - right}" '
-                 f'y="{height - 12}" text-anchor="end">{html.escape(high)}{" (log)" if log else ""}</text>')
-    parts.append(f'<text x="{left - 4}" y="{height - bottom + 4}" text-anchor="end">{y0:.3g}</text>'
-                 f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{y1:.3g}</text>')
     return "".join(parts) + "</svg>"
 
 

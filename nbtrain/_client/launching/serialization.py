@@ -20,6 +20,7 @@ import cloudpickle
 
 from nbtrain._exceptions import NotSerializableError
 from nbtrain._packing import shipping
+from nbtrain._packing.code_origin import code_names
 
 _SKIP_TYPES = (types.ModuleType, type(None), int, float, str, bytes, bool)
 
@@ -111,14 +112,6 @@ def _references(fn: Any) -> Iterator[tuple[str, Any]]:
     for i, default in enumerate(func.__defaults__ or ()):
         yield f"default {i}", default
     yield from (func.__kwdefaults__ or {}).items()
-
-
-def code_names(code: types.CodeType) -> Iterator[str]:
-    """Every global name ``code`` (and the functions and classes defined in it) refers to."""
-    yield from code.co_names
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from code_names(const)
 
 
 def find_unpicklable(fn: Any, _seen: set[int] | None = None) -> tuple[str, Any, str] | None:

@@ -22,7 +22,6 @@ nothing here needs the run's cluster to be up.
 
 from __future__ import annotations
 
-import os
 import pickle
 import shutil
 import threading
@@ -36,7 +35,7 @@ from nbtrain._cluster.storage import post_mortems, storage_uri
 from nbtrain._cluster.storage.history_log import HistoryLog, last_written
 from nbtrain._cluster.storage.run_storage import SPEC_FILE, RunStorage, checkpoint_for_fork
 from nbtrain._exceptions import StorageError
-from nbtrain._paths import private_opener, read_json, run_index_dir, storage_root, write_json_atomic
+from nbtrain._paths import read_json, run_index_dir, storage_root, write_atomic, write_json_atomic
 from nbtrain._states import TERMINAL_STATE_NAMES, RunState
 
 SUMMARY_FILE = "summary.json"  # the supervisor's last summary (workers as last seen, latest values)
@@ -97,19 +96,10 @@ def indexed_names(home: Path | None = None) -> list[str]:
 
 def write_final(directory: Path, summary: dict[str, Any], results: list[bytes] | None, config: bytes) -> None:
     """What a reader needs once the supervisor is gone, written before it exits (each file atomically)."""
-    _write_bytes(directory / CONFIG_FILE, config)
+    write_atomic(directory / CONFIG_FILE, config, durable=True)
     if results is not None:
-        _write_bytes(directory / RESULT_FILE, pickle.dumps(results))
-    write_json_atomic(directory / SUMMARY_FILE, summary)
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb", opener=private_opener) as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+        write_atomic(directory / RESULT_FILE, pickle.dumps(results), durable=True)
+    write_json_atomic(directory / SUMMARY_FILE, summary, durable=True)
 
 
 class StoredRun:

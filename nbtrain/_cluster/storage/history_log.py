@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from nbtrain import _json
-from nbtrain._paths import private_dir, private_opener
+from nbtrain._paths import fsync_dir, private_dir, private_opener
 
 SEGMENT_ROWS = 65_536
 CACHED_INDEXES = 4  # line-offset indexes of sealed segments kept (8 bytes per record each)
@@ -141,7 +141,7 @@ class HistoryLog:
             private_dir(self.dir)
             target = self._segment_path(0)
             os.replace(path, target)
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
             path = target
         self._ends = array("q", ends.tolist())
         return _Segment(0, path, size, len(ends))
@@ -153,7 +153,7 @@ class HistoryLog:
             os.ftruncate(self._fd, last.size)
             os.fsync(self._fd)
         if last.count == 0:
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
 
     # ------------------------------------------------------------------ writing
     def __len__(self) -> int:
@@ -237,7 +237,7 @@ class HistoryLog:
         fd = private_opener(str(nxt.path), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC)
         os.close(self._fd)
         self._fd = fd
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self._indexes[last.path] = np.frombuffer(self._ends, dtype=np.int64).copy()
         self._trim_cache()
         self._ends = array("q")
@@ -376,12 +376,3 @@ def _check_fault() -> None:
     flag = os.environ.get(FAULT_DISK_FULL_ENV)
     if flag and os.path.exists(flag):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC) + f" (simulated: {FAULT_DISK_FULL_ENV})")
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a new segment's name durable (a crash of the machine could otherwise lose the file)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

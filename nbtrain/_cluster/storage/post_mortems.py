@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from nbtrain._paths import private_dir, private_opener
+from nbtrain._paths import private_dir, write_atomic
 
 FOLDER = "post-mortems"
 KEEP_ATTEMPTS = 3
@@ -24,11 +24,7 @@ _NAME = re.compile(r"^a(\d+)-r(\d+)\.pkl$")
 def write(run_dir: Path, attempt: int, rank: int, data: bytes) -> None:
     """Keep one rank's capture (atomically), then drop those of older attempts beyond :data:`KEEP_ATTEMPTS`."""
     folder = private_dir(Path(run_dir) / FOLDER)
-    path = folder / f"a{int(attempt)}-r{int(rank)}.pkl"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb", opener=private_opener) as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    write_atomic(folder / f"a{int(attempt)}-r{int(rank)}.pkl", data)
     attempts = sorted({a for a, _ in kept(run_dir)})
     for old in attempts[:-KEEP_ATTEMPTS]:
         for entry in folder.glob(f"a{old}-r*.pkl"):

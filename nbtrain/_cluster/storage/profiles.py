@@ -14,7 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
-from nbtrain._paths import private_dir, private_opener
+from nbtrain._paths import private_dir, write_atomic
 
 FOLDER = "profiles"
 KEEP_PROFILES = 10
@@ -26,10 +26,7 @@ def write(run_dir: Path, command_id: int, rank: int, data: bytes) -> str:
     root = private_dir(Path(run_dir) / FOLDER)
     folder = private_dir(root / f"profile-{int(command_id)}")
     path = folder / f"rank{int(rank)}.pt.trace.json.gz"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb", opener=private_opener) as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    write_atomic(path, data)
     ids = sorted(int(m[1]) for name in os.listdir(root) if (m := _NAME.match(name)))
     for old in ids[:-KEEP_PROFILES]:
         shutil.rmtree(root / f"profile-{old}", ignore_errors=True)

@@ -18,7 +18,6 @@ checkpoints the ranks write (see :mod:`~nbtrain._cluster.storage.storage_uri`).
 from __future__ import annotations
 
 import io
-import os
 import re
 import tarfile
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.history_log import HistoryLog
 from nbtrain._exceptions import NbtrainError
-from nbtrain._paths import private_dir, private_opener, read_json, write_json_atomic
+from nbtrain._paths import private_dir, read_json, write_atomic, write_json_atomic
 
 KEEP_CHECKPOINTS = 2
 SPEC_FILE = "spec.pkl"
@@ -194,7 +193,7 @@ class RunStorage:
     def save_state(self, state: dict[str, Any]) -> None:
         self._writable()
         self.sync()
-        write_json_atomic(self.dir / "state.json", state)
+        write_json_atomic(self.dir / "state.json", state, durable=True)
 
     def load_state(self) -> dict[str, Any] | None:
         return read_json(self.dir / "state.json")
@@ -211,10 +210,7 @@ class RunStorage:
         """The launch's spec (the pickled function and its options), kept so that an ended run can be forked."""
         if self.read_only or (self.dir / SPEC_FILE).exists():
             return
-        tmp = self.dir / f".{SPEC_FILE}.{os.getpid()}.tmp"
-        with open(tmp, "wb", opener=private_opener) as handle:
-            handle.write(spec_bytes)
-        os.replace(tmp, self.dir / SPEC_FILE)
+        write_atomic(self.dir / SPEC_FILE, spec_bytes, durable=True)
 
     def close(self) -> None:
         """Close the history files (before the run's directory is deleted); safe to call twice."""

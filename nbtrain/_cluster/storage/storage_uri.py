@@ -37,7 +37,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from nbtrain._exceptions import StorageError
-from nbtrain._paths import private_dir, private_opener
+from nbtrain._paths import private_dir, write_atomic
 
 # The schemes ``pyarrow.fs.FileSystem.from_uri`` opens across processes (its ``mock://`` lives in one process).
 REMOTE_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
@@ -151,12 +151,7 @@ def _explained(location: str, doing: str) -> Iterator[None]:
 def write_bytes(location: str, data: bytes) -> None:
     """Write ``data`` to the file at ``location`` whole: readers see the old file or the new one, never part."""
     if not is_remote(location):
-        file = Path(location)
-        private_dir(file.parent)
-        tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb", opener=private_opener) as handle:
-            handle.write(data)
-        os.replace(tmp, file)
+        write_atomic(Path(location), data, durable=True)
         return
     with _explained(location, "writing"):
         _put(*_resolve(location), data)

@@ -4,13 +4,16 @@ JupyterLab does not restore widget state when a notebook is reopened, and
 plotly's widget state is megabytes. So when a run ends the dashboard also
 leaves this static picture (a few KB, no JavaScript) and a text summary, with
 the same markers as the live curves (a resize, a change made while it ran).
+:class:`Axes` is the frame every SVG chart of nbtrain draws in (this one, the
+sweep's curves and its scatter plots).
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nbtrain._views.dashboard.downsample import Points, downsample
@@ -21,6 +24,53 @@ from nbtrain._views.dashboard.summary_text import STATE_COLOURS, elapsed, fmt_du
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 Mark = tuple[float, str, str]  # a vertical line at this step, its label, its colour
+
+
+@dataclass(frozen=True)
+class Axes:
+    """A chart's plot box inside its margins, and the data ranges it maps onto it (a flat range widened by one)."""
+
+    width: int
+    height: int
+    margins: tuple[int, int, int, int]  # left, right, top, bottom
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+
+    @classmethod
+    def fitted(cls, xs: Iterable[float], ys: Iterable[float], width: int, height: int,
+               margins: tuple[int, int, int, int]) -> Axes:
+        xs, ys = list(xs), list(ys)
+        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+        return cls(width, height, margins, x0, x1 if x1 > x0 else x0 + 1, y0, y1 if y1 > y0 else y0 + 1)
+
+    def sx(self, x: float) -> float:
+        left, right = self.margins[:2]
+        return float(left + (x - self.x0) / (self.x1 - self.x0) * (self.width - left - right))
+
+    def sy(self, y: float) -> float:
+        _, _, top, bottom = self.margins
+        return float(self.height - bottom - (y - self.y0) / (self.y1 - self.y0) * (self.height - top - bottom))
+
+    def frame(self, x_labels: tuple[str, str], y_format: str = ".4g") -> str:
+        """The box, the y range at its two ends and the x range under it (labels given as text)."""
+        left, right, top, bottom = self.margins
+        low, high = (html.escape(label) for label in x_labels)
+        return (f'<rect x="{left}" y="{top}" width="{self.width - left - right}" '
+                f'height="{self.height - top - bottom}" fill="none" stroke="#ccc"/>'
+                f'<text x="{left - 4}" y="{self.height - bottom + 4}" text-anchor="end">{self.y0:{y_format}}</text>'
+                f'<text x="{left - 4}" y="{top + 4}" text-anchor="end">{self.y1:{y_format}}</text>'
+                f'<text x="{left}" y="{self.height - 12}">{low}</text>'
+                f'<text x="{self.width - right}" y="{self.height - 12}" text-anchor="end">{high}</text>')
+
+
+def svg_open(width: int, height: int, title: str, left: int, css_class: str = "") -> str:
+    """An SVG picture's opening tag and its bold title above the plot box (``title`` is escaped here)."""
+    klass = f' class="{css_class}"' if css_class else ""
+    return (f'<svg xmlns="http://www.w3.org/2000/svg"{klass} width="{width}" height="{height}" '
+            f'style="font:11px sans-serif;background:#fff">'
+            f'<text x="{left}" y="15" font-weight="bold">{html.escape(title)}</text>')
 
 
 def static_summary(run_name: str, summary: dict[str, Any], history: MetricHistory, marks: Sequence[Mark]) -> str:
@@ -40,32 +90,16 @@ def static_summary(run_name: str, summary: dict[str, Any], history: MetricHistor
 
 def svg_chart(title: str, series: Mapping[str, tuple[Points, Points]],
               width: int = 420, height: int = 240, marks: Sequence[Mark] = ()) -> str:
-    left, right, top, bottom = 52, 10, 24, 30
+    margins = left, right, top, bottom = 52, 10, 24, 30
     points = {name: downsample(xs, ys, 400) for name, (xs, ys) in series.items() if len(xs)}
     finite = [(x, y) for xs, ys in points.values() for x, y in zip(xs, ys) if math.isfinite(y)]
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'style="font:11px sans-serif;background:#fff">',
-             f'<text x="{left}" y="15" font-weight="bold">{html.escape(title)}</text>']
+    parts = [svg_open(width, height, title, left)]
     if not finite:
         parts.append(f'<text x="{left}" y="{height // 2}">no data</text></svg>')
         return "".join(parts)
-    x0, x1 = min(p[0] for p in finite), max(p[0] for p in finite)
-    y0, y1 = min(p[1] for p in finite), max(p[1] for p in finite)
-    x1 = x1 if x1 > x0 else x0 + 1
-    y1 = y1 if y1 > y0 else y0 + 1
-
-    def sx(x: float) -> float:
-        return float(left + (x - x0) / (x1 - x0) * (width - left - right))
-
-    def sy(y: float) -> float:
-        return float(height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom))
-
-    parts.append(f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" '
-                 f'fill="none" stroke="#ccc"/>')
-    for value, y in ((y0, height - bottom), (y1, top)):
-        parts.append(f'<text x="{left - 4}" y="{y + 4}" text-anchor="end">{value:.4g}</text>')
-    parts.append(f'<text x="{left}" y="{height - 12}">{x0:g}</text>'
-                 f'<text x="{width - right}" y="{height - 12}" text-anchor="end">step {x1:g}</text>')
+    axes = Axes.fitted((p[0] for p in finite), (p[1] for p in finite), width, height, margins)
+    sx, sy = axes.sx, axes.sy
+    parts.append(axes.frame((f"{axes.x0:g}", f"step {axes.x1:g}")))
     for i, (name, (xs, ys)) in enumerate(points.items()):
         colour = COLOURS[i % len(COLOURS)]
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys) if math.isfinite(y))
@@ -73,7 +107,7 @@ def svg_chart(title: str, series: Mapping[str, tuple[Points, Points]],
         parts.append(f'<text x="{width - right - 4}" y="{top + 12 + 12 * i}" text-anchor="end" '
                      f'fill="{colour}">{html.escape(name)}</text>')
     for step, label, colour in marks:
-        if x0 <= step <= x1:
+        if axes.x0 <= step <= axes.x1:
             x = sx(step)
             parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" stroke="{colour}" '
                          f'stroke-dasharray="3,3"/><text x="{x + 3:.1f}" y="{top + 10}" fill="{colour}" '

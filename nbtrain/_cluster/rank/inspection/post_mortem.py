@@ -34,6 +34,7 @@ from typing import Any
 import cloudpickle
 
 from nbtrain._captured_values import CapturedRepr, TensorSummary
+from nbtrain._packing.code_origin import code_names
 
 CAPTURE_TIME_S = 5.0          # the whole capture, on its own thread
 SEND_TIMEOUT_S = 10.0         # handing it to the supervisor
@@ -146,7 +147,7 @@ class _Capture:
         frame = self._entries[index].tb_frame
         if frame.f_globals is frame.f_locals:  # module-level code: its globals are its locals
             return
-        for name in _names_in(frame.f_code):
+        for name in code_names(frame.f_code):
             if self._stop:
                 return
             if name not in frame.f_globals or name in frame.f_locals:
@@ -183,14 +184,6 @@ class _Capture:
                                f"kept; incomplete: {', '.join(missing) or 'the globals'}")
             return {"frames": [dict(f, locals=dict(f["locals"]), globals=dict(f["globals"])) for f in self.frames],
                     "sources": dict(self.sources), "skipped": skipped}
-
-
-def _names_in(code: types.CodeType) -> list[str]:
-    names = list(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names.extend(_names_in(const))
-    return list(dict.fromkeys(names))
 
 
 def _repr(value: Any) -> str:
