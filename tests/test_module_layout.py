@@ -1,9 +1,11 @@
-"""The package's layout holds: no import circles between nbtrain's modules, and each sub-package says what
-it holds and which process runs it.
+"""The package's layout holds: no import circles between nbtrain's modules nor between its folders,
+imports point the documented way (views → client → cluster → the shared root), and each sub-package
+says what it holds and which process runs it.
 
 Every ``import`` counts, at module level, inside functions and under ``TYPE_CHECKING`` alike: a
-circle through a function-level import is still two modules that each need the other. One edge is
-exempt, named below with its reason.
+circle through a function-level import is still two modules that each need the other. The edges
+that run against the direction or close a folder circle today are named below, each with its
+reason; a new one fails, and one that is gone must leave its list.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nbtrain"
 EXEMPT = {("nbtrain._views.cell_program", "nbtrain")}
 
 
-def _modules() -> dict[str, Path]:
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
     found = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
@@ -43,8 +45,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {target for target in targets if target in modules and target != name}
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
+def _graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = _modules(package)
     return {name: {t for t in _imports(name, path, modules) if (name, t) not in EXEMPT}
             for name, path in modules.items()}
 
@@ -121,3 +123,132 @@ def test_no_folder_holds_more_modules_than_a_reader_scans_at_once() -> None:
         if len(modules) > MODULES_PER_FOLDER:
             crowded[str(folder.relative_to(PACKAGE.parent))] = len(modules)
     assert crowded == {}, f"group these folders' modules into sub-packages by concern: {crowded}"
+
+
+# ------------------------------------------------------------------------------------------------ direction
+# Which side of nbtrain a module is on, by its top folder: the public modules at the root (nbtrain itself,
+# __main__, the Lightning and Hugging Face integrations) on top, then the views, the lab server, the client
+# side, the cluster side, and at the bottom what every process shares (the root's _-prefixed modules, _packing).
+MAY_IMPORT = {
+    "public": {"public", "_views", "_lab", "_client", "_cluster", "shared"},
+    "_lab": {"_lab", "_client", "_cluster", "shared"},
+    "_views": {"_views", "_client", "_cluster", "shared"},
+    "_client": {"_client", "_cluster", "shared"},
+    "_cluster": {"_cluster", "shared"},
+    "shared": {"shared"},
+}
+
+# The imports against that direction, each from inside a function, each a documented entry point
+# (docs/architecture.md, "Which folder may import which"). Also left out of the folder-circle check below.
+AGAINST_THE_DIRECTION = {
+    # Run.dashboard() opens the run's live view.
+    ("nbtrain._client.run.handle", "nbtrain._views.dashboard.dashboard"),
+    # Sweep.dashboard() opens the sweep's live view.
+    ("nbtrain._client.sweep", "nbtrain._views.sweep_dashboard"),
+    # Run.debug() opens IPython's debugger on a failed rank's post-mortem.
+    ("nbtrain._client.run.debugging", "nbtrain._views.debugging.debugger"),
+    # The storage= option is checked and normalised where it is declared, by the module that reads and writes it.
+    ("nbtrain._options", "nbtrain._cluster.storage.storage_uri"),
+}
+
+
+def _side(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__" or not parts[1].startswith("_"):
+        return "public"
+    return parts[1] if parts[1] in MAY_IMPORT else "shared"
+
+
+def _against_the_direction(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {(name, target) for name, targets in graph.items() for target in targets
+            if _side(target) not in MAY_IMPORT[_side(name)]}
+
+
+# ------------------------------------------------------------------------------------------- folder circles
+# A folder is a package (its __init__ and its modules); the root's modules are left out (the public API on
+# top, the shared modules at the bottom: the direction check above places them). These import edges close
+# a circle between folders today and are not this test's to fix; each names its way out. Any other edge
+# that closes one fails.
+FOLDER_CIRCLE_EDGES = {
+    # _client's root holds faces above its sub-packages (the CLI, the Sweep handle, the TorchTrainer shim)
+    # and helpers below them (connection, warm, cluster_nodes): the faces reach down into launching and run,
+    # which reach back for the helpers. Way out: the faces in a folder of their own, or the helpers in one.
+    ("nbtrain._client.cli", "nbtrain._client.launching.launch"),
+    ("nbtrain._client.cli", "nbtrain._client.run.handle"),
+    ("nbtrain._client.sweep", "nbtrain._client.launching.launch"),
+    ("nbtrain._client.sweep", "nbtrain._client.run.handle"),
+    ("nbtrain._client.sweep", "nbtrain._client.run.stored"),
+    ("nbtrain._client.torch_trainer", "nbtrain._client.launching.launch"),
+    ("nbtrain._client.torch_trainer", "nbtrain._client.run.following"),
+    ("nbtrain._client.torch_trainer", "nbtrain._client.run.handle"),
+    # run.fork() starts a run by launching's one start path, which hands back _client/run's handles.
+    # Way out: the start path below both folders, or fork()'s start in launching.
+    ("nbtrain._client.run.forking", "nbtrain._client.launching.starting"),
+    # The dashboard redraws through _views' follower, which the sweep's view and the text view share.
+    # Way out: the follower beside the dashboard, or the dashboard's use of it passed in.
+    ("nbtrain._views.dashboard.dashboard", "nbtrain._views.follower"),
+    # The rank's API (prepare_loader, the Ray Train seam's start) reaches into its sub-packages, which talk
+    # back to the rank's session. Way out: the session (what both need) in a folder below them.
+    ("nbtrain._cluster.rank.worker_api", "nbtrain._cluster.rank.data.loading"),
+    ("nbtrain._cluster.rank.worker_api", "nbtrain._cluster.rank.data.counted_shard"),
+    ("nbtrain._cluster.rank.worker", "nbtrain._cluster.rank.ray_train.on_import"),
+}
+
+
+def _folder(module: str, modules: dict[str, Path]) -> str:
+    return module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _folder_graph(graph: dict[str, set[str]], modules: dict[str, Path], root: str = "nbtrain",
+                  allowed: set[tuple[str, str]] = FOLDER_CIRCLE_EDGES) -> dict[str, set[str]]:
+    folders: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        source = _folder(name, modules)
+        if source == root:
+            continue
+        folders.setdefault(source, set())
+        for target in targets:
+            into = _folder(target, modules)
+            if into not in (root, source) and (name, target) not in AGAINST_THE_DIRECTION | allowed:
+                folders[source].add(into)
+    for targets in list(folders.values()):
+        for target in targets:
+            folders.setdefault(target, set())
+    return folders
+
+
+def test_imports_point_the_documented_way() -> None:
+    found = _against_the_direction(_graph())
+    assert found - AGAINST_THE_DIRECTION == set(), "views → client → cluster → the shared root; the cluster side " \
+        "never imports the client or the views, the client the views only for an entry point named above"
+    assert AGAINST_THE_DIRECTION - found == set(), "these edges are gone: take them out of AGAINST_THE_DIRECTION"
+
+
+def test_no_folder_imports_another_that_imports_it_back() -> None:
+    graph = _graph()
+    assert _circles(_folder_graph(graph, _modules())) == []
+    present = {(name, target) for name, targets in graph.items() for target in targets}
+    assert FOLDER_CIRCLE_EDGES - present == set(), "these edges are gone: take them out of FOLDER_CIRCLE_EDGES"
+
+
+def test_the_folder_checks_find_a_planted_circle_and_a_wrong_way_import(tmp_path: Path) -> None:
+    package = tmp_path / "nbtrain"
+    files = {  # a folder circle that is no module circle (spec → payload → names), and the cluster importing up
+        "__init__.py": "from nbtrain._client import launching\n",
+        "_paths.py": "",
+        "_client/__init__.py": "",
+        "_client/launching.py": "from nbtrain import _paths\n",
+        "_cluster/__init__.py": "",
+        "_cluster/names.py": "from nbtrain import _paths\n",
+        "_cluster/spec.py": "def folder():\n    from nbtrain._cluster.rank import payload\n",
+        "_cluster/rank/__init__.py": "",
+        "_cluster/rank/payload.py": "from .. import names\n",
+        "_cluster/rank/worker.py": "def back():\n    import nbtrain._client.launching\n",
+    }
+    for name, text in files.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    graph = _graph(package)
+    assert _circles(graph) == []
+    assert _circles(_folder_graph(graph, _modules(package))) == [["nbtrain._cluster", "nbtrain._cluster.rank"]]
+    assert _against_the_direction(graph) == {("nbtrain._cluster.rank.worker", "nbtrain._client.launching")}

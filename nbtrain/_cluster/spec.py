@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from nbtrain._cluster.rank.run_folder import LaunchFolder
+from nbtrain._cluster.run_folder import LaunchFolder
 from nbtrain._options import RunOptions
 
 CONFIG_SUMMARY_CHARS = 300

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from nbtrain._cluster.rank.run_folder import RankFolder
+from nbtrain._cluster.run_folder import RankFolder
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import ray
 
-from nbtrain._cluster.rank import run_folder
+from nbtrain._cluster import run_folder
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.inspection import post_mortem
 from nbtrain._cluster.rank.ray_train import on_import as ray_train_on_import

@@ -25,12 +25,12 @@ from nbtrain._cluster.elastic.sizing import scaling
 from nbtrain._cluster.feed.push_relay import PushRelay, wants_relays
 from nbtrain._cluster.names import NAMESPACE, group_name, relay_name, worker_name
 from nbtrain._cluster.rank.payload import WorkerPayload
-from nbtrain._cluster.rank.run_folder import RankFolder
 from nbtrain._cluster.rank.worker import TrainWorker
 from nbtrain._cluster.run import failure_policy, rank_logs
 from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Succeeded
 from nbtrain._cluster.run.rank_layout import layout_ranks
 from nbtrain._cluster.run.worker_table import WorkerTable
+from nbtrain._cluster.run_folder import RankFolder
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.warm.warm_pool import shape_of
 from nbtrain._packing.runtime_env import for_ranks
