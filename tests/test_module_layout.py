@@ -138,8 +138,9 @@ MAY_IMPORT = {
     "shared": {"shared"},
 }
 
-# The imports against that direction, each from inside a function, each a documented entry point
-# (docs/architecture.md, "Which folder may import which"). Also left out of the folder-circle check below.
+# The imports against that direction, each named in docs/architecture.md ("Which folder may import which"):
+# three entry points into the views, each imported inside the method that opens them, and one shared module
+# reaching the cluster side. Also left out of the folder-circle check below.
 AGAINST_THE_DIRECTION = {
     # Run.dashboard() opens the run's live view.
     ("nbtrain._client.run.handle", "nbtrain._views.dashboard.dashboard"),
