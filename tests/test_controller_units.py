@@ -190,6 +190,16 @@ def test_a_failure_that_cannot_be_retried_ends_the_run_at_once(tmp_path):
     assert controller.attempt == 1
 
 
+def test_a_resumed_run_has_its_failure_budget_afresh(tmp_path):
+    groups = FakeWorkerGroups(raise_at_step, raise_at_step, raise_at_step, succeed)
+    controller, ended = make_controller(tmp_path, groups, workers=2, max_failures=1)
+    assert run_to_end(controller, ended) == RunState.FAILED
+    ended.clear()
+    assert controller.resume(controller.spec, None) == "resumed"
+    assert ended.wait(20) and controller.state == RunState.SUCCEEDED, "one failure after the resume: restarted"
+    assert controller.attempt == 4 and [f["attempt"] for f in controller.failures] == [1, 2, 3]
+
+
 def test_a_stop_during_an_attempt_ends_it_stopped(tmp_path):
     def tell_running(attempt: FakeAttempt) -> None:
         groups.running.set()

@@ -177,8 +177,9 @@ class RunController:
         with self._lock:
             if not self.state.is_terminal:
                 return self.state.value
+            if spec.options != self.spec.options:  # else the policy keeps what it knows (nodes drained)
+                self.sizing = policy.for_run(spec.options, self._cluster, self._say)
             self.spec, self.datasets = spec, datasets
-            self.sizing = policy.for_run(spec.options, self._cluster, self._say)
             self.error, self.stop_requested = None, False
             self._stop.clear()
             self._nan.clear()
