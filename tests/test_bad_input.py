@@ -18,7 +18,7 @@ import time
 import pytest
 
 import nbtrain
-from nbtrain._client.launching import launch as launching
+from nbtrain._client.launching import starting as launching
 from nbtrain._paths import runs_dir
 
 from _helpers import wait_for

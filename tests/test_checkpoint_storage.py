@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import nbtrain
-from nbtrain._client.launching import launch as launching
+from nbtrain._client.launching import starting as launching
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.run_storage import KEEP_CHECKPOINTS, checkpoint_files, prune_checkpoints
 from nbtrain._options import RunOptions

@@ -56,7 +56,7 @@ def test_ranks_that_would_take_every_cpu_leave_ray_data_one(cluster):
 
 @pytest.mark.quick
 def test_a_cluster_with_no_cpu_to_spare_refuses_a_run_with_datasets():
-    from nbtrain._client.launching.data_room import leave_room_for_data
+    from nbtrain._client.launching.room import leave_room_for_data
     from nbtrain._exceptions import ResourcesUnavailableError
     from nbtrain._options import RunOptions
 

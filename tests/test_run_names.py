@@ -14,7 +14,7 @@ import pytest
 from ray import tune
 
 import nbtrain
-from nbtrain._client.launching import launch as launching
+from nbtrain._client.launching import starting as launching
 from nbtrain._cluster.names import find_supervisor
 
 from _helpers import wait_for

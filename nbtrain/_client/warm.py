@@ -51,17 +51,23 @@ def pool_for_launch() -> str:
 
 
 def pool_for(options: RunOptions) -> str | None:
-    """The pool a run with these options leases its workers from (a sweep's trials too), its first
-    workers asked for now (see ``WarmPool.prestart``); None for ``warm=False`` and for an elastic
-    run (its size changes as it goes: it starts and ends its own workers)."""
-    from nbtrain._cluster.warm.warm_pool import shape_of
-
+    """The pool a run with these options leases its workers from (a sweep's trials too); None for
+    ``warm=False`` and for an elastic run (its size changes as it goes: it starts and ends its own workers)."""
     if not options.warm or options.elastic:
         return None
-    name = pool_for_launch()
-    assert _made is not None
-    _made.pool.prestart.remote(shape_of(options), options.max_workers, options.warm_idle_s)
-    return name
+    return pool_for_launch()
+
+
+def prestart(pool: str | None, options: RunOptions) -> None:
+    """Ask ``pool`` for the first workers of a run with these options (see ``WarmPool.prestart``), as many as
+    its supervisor will start with: :func:`~nbtrain._cluster.elastic.sizing.starting_size` decides it for both."""
+    from nbtrain._cluster.elastic.sizing import starting_size
+    from nbtrain._cluster.warm.warm_pool import shape_of
+
+    if pool is None:
+        return
+    assert _made is not None and _made.name == pool
+    _made.pool.prestart.remote(shape_of(options), starting_size(options), options.warm_idle_s)
 
 
 def release_warm() -> int:

@@ -1,6 +1,6 @@
-"""The checks and steps of starting a run that need no :class:`~nbtrain._client.run.handle.Run`: the function's
-signature, what the cluster can hold, a writable ``storage=``, the spec as bytes, the supervisor's start and
-its constructor's error. ``launch()`` (:mod:`.launch`) and ``run.fork()`` (:mod:`.forking`) both use them.
+"""The single checks and steps :mod:`.starting` is made of: the function's signature, the upload of
+``runtime_env``'s local folders, a writable ``storage=``, the spec as bytes, the supervisor's start and its
+constructor's error, the name an ended run's name gives (``NAME-2``) and what is said of it.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
-import math
 import os
 import re
 import socket
@@ -18,7 +17,7 @@ from typing import Any
 from nbtrain._client.launching.serialization import check_values
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import storage_uri
-from nbtrain._exceptions import NbtrainError, ResourcesUnavailableError, StorageError
+from nbtrain._exceptions import NbtrainError, StorageError
 from nbtrain._options import RunOptions
 from nbtrain._packing import code_origin
 from nbtrain._packing.runtime_env import local_paths
@@ -131,34 +130,6 @@ def pickled(spec: RunSpec) -> bytes:
     except Exception:
         check_values({f"config[{key!r}]": value for key, value in (spec.options.config or {}).items()})
         raise
-
-
-def check_resources(workers: int, cpus_per_worker: float, gpus_per_worker: float) -> None:
-    """Refuse at once a request the cluster can never hold, listing what it has."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    total_cpu = sum(n["Resources"].get("CPU", 0) for n in nodes)
-    total_gpu = sum(n["Resources"].get("GPU", 0) for n in nodes)
-    per_node = [(n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes]
-    fits_per_node = sum(min(math.floor(c / cpus_per_worker + 1e-9),
-                            math.floor(g / gpus_per_worker + 1e-9) if gpus_per_worker else 1 << 30)
-                        for c, g in per_node)
-    if fits_per_node >= workers:
-        return
-    picture = "; ".join(f"node {n['NodeManagerAddress']}: {c:g} CPU, {g:g} GPU"
-                        for n, (c, g) in zip(nodes, per_node))
-    want = f"{workers} workers × ({cpus_per_worker:g} CPU, {gpus_per_worker:g} GPU)"
-    need = f"{workers * cpus_per_worker:g} CPU and {workers * gpus_per_worker:g} GPU"
-    if gpus_per_worker and total_gpu == 0:
-        hint = "--gpus-per-worker 0 (this cluster has no GPUs)"
-    elif gpus_per_worker:
-        hint = f"at most {int(total_gpu // gpus_per_worker)} workers with {gpus_per_worker:g} GPU each"
-    else:
-        hint = f"at most {fits_per_node} workers with {cpus_per_worker:g} CPU each, or fewer CPUs per worker"
-    msg = (f"The cluster cannot hold {want} = {need}: it has {total_cpu:g} CPU and {total_gpu:g} GPU in all "
-           f"({picture}), room for {fits_per_node} such worker(s). Ask for {hint}, or add nodes.")
-    raise ResourcesUnavailableError(msg)
 
 
 def check_signature(train_fn: object) -> bool:

@@ -1,5 +1,7 @@
-"""Room for Ray Data beside the ranks, decided before a run with ``datasets=`` starts.
+"""Room on the cluster for a run, decided once before it starts: its ranks fit, with Ray Data beside them.
 
+A request the cluster can never hold is refused at once, listing what the cluster has (a placement group
+would otherwise wait for ever). A run with ``datasets=`` also leaves Ray Data a CPU:
 Ray Data reads and transforms (``map_batches``) as Ray tasks that each ask for one CPU (its
 default). A run's placement group reserves ``workers * cpus_per_worker`` CPUs for its whole life;
 when that is every CPU the cluster has — two ranks on a 2-core laptop or a Binder box — no Data
@@ -17,6 +19,8 @@ refused before it starts, with what to do.
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 from nbtrain._exceptions import ResourcesUnavailableError
 from nbtrain._options import RunOptions
@@ -46,8 +50,45 @@ def leave_room_for_data(options: RunOptions, cluster_cpus: float) -> tuple[RunOp
     return dataclasses.replace(options, cpus_per_worker=share), note
 
 
-def cluster_cpus() -> float:
-    """The CPUs of the cluster's live nodes (what Ray could ever give the run and its data)."""
+def make_room(options: RunOptions, with_data: bool) -> tuple[RunOptions, str | None]:
+    """``options`` whose ranks the cluster can hold (leaving Ray Data a CPU ``with_data``), and the note that
+    says what changed; refuses a run that cannot fit at all. One look at the cluster's nodes."""
+    nodes = [node for node in _nodes() if node["Alive"]]
+    note = None
+    if with_data:
+        options, note = leave_room_for_data(options, float(sum(n["Resources"].get("CPU", 0.0) for n in nodes)))
+    check_resources(nodes, options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
+    return options, note
+
+
+def check_resources(nodes: list[dict[str, Any]], workers: int, cpus_per_worker: float,
+                    gpus_per_worker: float) -> None:
+    """Refuse at once a request ``nodes`` (Ray's live nodes) can never hold, listing what they have."""
+    total_cpu = sum(n["Resources"].get("CPU", 0) for n in nodes)
+    total_gpu = sum(n["Resources"].get("GPU", 0) for n in nodes)
+    per_node = [(n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes]
+    fits_per_node = sum(min(math.floor(c / cpus_per_worker + 1e-9),
+                            math.floor(g / gpus_per_worker + 1e-9) if gpus_per_worker else 1 << 30)
+                        for c, g in per_node)
+    if fits_per_node >= workers:
+        return
+    picture = "; ".join(f"node {n['NodeManagerAddress']}: {c:g} CPU, {g:g} GPU"
+                        for n, (c, g) in zip(nodes, per_node))
+    want = f"{workers} workers × ({cpus_per_worker:g} CPU, {gpus_per_worker:g} GPU)"
+    need = f"{workers * cpus_per_worker:g} CPU and {workers * gpus_per_worker:g} GPU"
+    if gpus_per_worker and total_gpu == 0:
+        hint = "--gpus-per-worker 0 (this cluster has no GPUs)"
+    elif gpus_per_worker:
+        hint = f"at most {int(total_gpu // gpus_per_worker)} workers with {gpus_per_worker:g} GPU each"
+    else:
+        hint = f"at most {fits_per_node} workers with {cpus_per_worker:g} CPU each, or fewer CPUs per worker"
+    msg = (f"The cluster cannot hold {want} = {need}: it has {total_cpu:g} CPU and {total_gpu:g} GPU in all "
+           f"({picture}), room for {fits_per_node} such worker(s). Ask for {hint}, or add nodes.")
+    raise ResourcesUnavailableError(msg)
+
+
+def _nodes() -> list[dict[str, Any]]:
     import ray
 
-    return float(sum(node["Resources"].get("CPU", 0.0) for node in ray.nodes() if node["Alive"]))
+    nodes: list[dict[str, Any]] = ray.nodes()
+    return nodes

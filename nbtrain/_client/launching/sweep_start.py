@@ -1,6 +1,7 @@
 """Starting a sweep: ``nbtrain.tune()`` and the ``%%ray_tune`` magic's path, checked and named.
 
-The sweep's options and its trials' run options are checked here before the cluster is asked anything;
+The sweep's options are checked here, and its trials' run template by the same checks as any run's
+(:func:`~nbtrain._client.launching.starting.checked_spec`), before the sweep's supervisor exists;
 the sweep's supervisor (:mod:`nbtrain._cluster.sweep.sweep_supervisor`) then runs Ray Tune on the cluster,
 and :class:`~nbtrain._client.sweep.Sweep` reads it.
 """
@@ -13,16 +14,8 @@ import time
 from typing import Any
 
 from nbtrain import _options, _sweep_options
-from nbtrain._client import connection, warm
-from nbtrain._client.launching.checks import (
-    check_resources,
-    check_signature,
-    ended_note,
-    numbered_name,
-    owner,
-    with_uploaded_paths,
-)
-from nbtrain._client.launching.serialization import dumps_checked
+from nbtrain._client.launching import starting
+from nbtrain._client.launching.checks import ended_note, numbered_name, owner
 from nbtrain._client.sweep import (
     POLL_TIMEOUT_S,
     SET_BY_THE_SWEEP,
@@ -32,7 +25,7 @@ from nbtrain._client.sweep import (
     _live_sweep_names,
     stored_sweep_names,
 )
-from nbtrain._cluster.spec import RunSpec, SweepSpec
+from nbtrain._cluster.spec import SweepSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError, RunExistsError
 from nbtrain._options import RunOptions, check_keywords
 from nbtrain._packing import code_origin
@@ -117,22 +110,18 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
 
     _check_run_keywords(run_options)
     _check_scheduler(options.scheduler)
-    datasets = run_options.pop("datasets", None)
-    run = with_uploaded_paths(RunOptions(**run_options, workers=options.workers_per_trial, datasets=datasets))
-    asked = options.name or time.strftime("sweep-%Y%m%d-%H%M%S")
-    cluster = connection.current()
-    check_resources(options.workers_per_trial, run.cpus_per_worker, run.gpus_per_worker)
-    takes_config = check_signature(train_fn)
-    if not takes_config:
+    code = starting.Code.of(train_fn)
+    if not code.takes_config:
         msg = "A sweep's training function takes the config: def train(config): ... (the sampled values are in it)."
         raise InvalidOptionError(msg)
-    fn_bytes, modules = dumps_checked(train_fn)
-    trial_run = RunSpec(options=dataclasses.replace(run, datasets=None, config=dict(run.config or {})),
-                        fn_bytes=fn_bytes, fn_takes_config=True, owner=owner(), modules=modules,
-                        warm_pool=warm.pool_for(run))  # a trial's ranks: this notebook session's warm workers
-    holds = packages_to_hold(run.runtime_env)
+    asked = options.name or time.strftime("sweep-%Y%m%d-%H%M%S")
+    # every trial's run is this template with its own name, config and Ray Tune's placement group: checked
+    # (uploads, room for Ray Data, resources, storage, this session's warm pool) as launch() checks a run
+    checked = starting.checked_spec(code, RunOptions(**run_options, workers=options.workers_per_trial))
+    trial_run, datasets, address = checked.spec, checked.datasets, checked.address
+    holds = packages_to_hold(trial_run.options.runtime_env)
     for _ in range(NAME_TRIES):  # another sweep may take the name chosen before this one starts: choose again
-        name = _free_sweep_name(asked, cluster.address)
+        name = _free_sweep_name(asked, address)
         options = dataclasses.replace(options, name=name)
         spec = SweepSpec(options=options, trial_run=trial_run, owner=owner())
         try:
@@ -147,7 +136,7 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
                              f"started. Pick another name.")
     if name != asked:
         print(ended_note(asked, name, kind="sweep"), file=sys.stderr)
-    sweep = Sweep(name, handle, cluster.address)
+    sweep = Sweep(name, handle, address)
     try:
         sweep.cached = ray.get(handle.poll.remote(0, 0.0), timeout=SWEEP_START_S)
     except ray.exceptions.RayActorError as exc:

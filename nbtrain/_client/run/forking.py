@@ -2,8 +2,10 @@
 
 The parent's supervisor (or, once it ended, its files) answers with the parent's launch — the pickled
 function and its options, kept in the run's directory — and the checkpoint (its latest, or the latest
-kept at or before a step). The new run is launched like any other, as if its ranks had saved that
-checkpoint themselves: their ``load_checkpoint()`` returns it. It records its parent and the step.
+kept at or before a step). The new run starts by the path every run takes (:mod:`.starting` in
+``_client/launching``: the same checks, uploads, room for Ray Data, and ``NAME-2`` for an ended run's name), as
+if its ranks had saved that checkpoint themselves: their ``load_checkpoint()`` returns it. It records its parent
+and the step.
 """
 
 from __future__ import annotations
@@ -17,20 +19,11 @@ from typing import Any
 import cloudpickle
 
 from nbtrain import _options
-from nbtrain._client.launching.checks import (
-    check_resources,
-    check_signature,
-    name_taken,
-    owner,
-    pickled,
-    wait_for_supervisor,
-)
-from nbtrain._client.launching.serialization import dumps_checked
+from nbtrain._client.launching import starting
 from nbtrain._cluster.commands import ADJUSTABLE, checked_settings
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._options import RunOptions, check_keywords
-from nbtrain._packing.runtime_env import packages_to_hold
 
 FORK_READ_S = 120.0  # the checkpoint travels through the notebook: large ones take a while
 
@@ -56,21 +49,34 @@ def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: 
     chosen = dataclasses.replace(base, name=name or f"{parent.name}-fork-{time.strftime('%H%M%S')}",
                                  config={**(base.config or {}), **(config or {})}, resume=False, wait=False,
                                  **options)
+    _check_datasets(parent.name, launched, chosen)
     if train_fn is not None:
-        fn_bytes, modules = dumps_checked(train_fn)
-        takes_config = check_signature(train_fn)
+        code = starting.Code.of(train_fn)
     else:
         assert launched is not None
-        fn_bytes, modules, takes_config = launched.fn_bytes, launched.modules, launched.fn_takes_config
+        code = starting.Code(launched.fn_bytes, launched.modules, launched.fn_takes_config)
     meta, data = source
     settings = _optimizer_settings(parent, config or {})
-    spec = RunSpec(options=chosen, fn_bytes=fn_bytes, fn_takes_config=takes_config, owner=owner(),
-                   modules=modules, initial_checkpoint=({**meta, "from_run": parent.name}, data),
-                   parent={"run": parent.name, "step": meta["step"]},
-                   notes=(f"forked from {parent.name} at step {meta['step']}"
-                          + (f" with {', '.join(f'{k}={v!r}' for k, v in (config or {}).items())}" if config else ""),),
-                   settings_at_start=settings or None)
-    return start_new(spec, type(parent))
+    note = (f"forked from {parent.name} at step {meta['step']}"
+            + (f" with {', '.join(f'{k}={v!r}' for k, v in (config or {}).items())}" if config else ""))
+    checked = starting.checked_spec(code, chosen, notes=(note,), named=True,
+                                    initial_checkpoint=({**meta, "from_run": parent.name}, data),
+                                    parent={"run": parent.name, "step": meta["step"]},
+                                    settings_at_start=settings or None)
+    handle, spec = starting.start(checked)
+    return type(parent)(spec.name, handle, checked.address)
+
+
+def _check_datasets(parent: str, launched: RunSpec | None, chosen: RunOptions) -> None:
+    """A run's Ray Datasets are kept nowhere (they travel beside its spec, as the notebook's objects): a fork of a
+    run launched with ``datasets=`` is given them again, each name the parent's ranks read."""
+    wanted = getattr(launched, "dataset_names", ())
+    missing = sorted(set(wanted) - set(chosen.datasets or {}))
+    if missing:
+        listed = ", ".join(f"{key!r}: ..." for key in missing)
+        msg = (f"Run {parent!r} was launched with datasets= ({', '.join(missing)}), which a run does not keep: give "
+               f"them to the fork again, run.fork(datasets={{{listed}}}, ...).")
+        raise InvalidOptionError(msg)
 
 
 def _optimizer_settings(parent: Any, config: dict[str, Any]) -> dict[str, Any]:
@@ -92,27 +98,3 @@ def _optimizer_settings(parent: Any, config: dict[str, Any]) -> dict[str, Any]:
                       "effect only where the training function reads config (a value restored from the checkpoint "
                       "wins).", UserWarning, stacklevel=4)
     return settings
-
-
-def start_new(spec: RunSpec, run_type: type) -> Any:
-    """The forked run's supervisor started as ``launch()`` starts one; a ``run_type`` (the parent's class, so that
-    this module needs no import of it) to follow it."""
-    from nbtrain import _registry
-    from nbtrain._client import connection, warm
-    from nbtrain._client.run.stored import stored_names
-    from nbtrain._cluster.names import find_supervisor
-    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
-    from nbtrain._exceptions import RunExistsError
-
-    cluster = connection.current()
-    options, name = spec.options, spec.name
-    check_resources(options.min_workers, options.cpus_per_worker, options.gpus_per_worker)
-    if find_supervisor(name) is not None or name in stored_names():
-        raise RunExistsError(name_taken(name, cluster.address))
-    spec = dataclasses.replace(spec, warm_pool=warm.pool_for(options))
-    handle = supervisor_actor().options(**supervisor_options(name, packages_to_hold(options.runtime_env))).remote(
-        pickled(spec), None)
-    wait_for_supervisor(handle, name)
-    _registry.record_launch(name, cluster.address, notebook=spec.owner.get("notebook"), workers=options.max_workers,
-                            total_steps=options.total_steps)
-    return run_type(name, handle, cluster.address)

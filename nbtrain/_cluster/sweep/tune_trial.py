@@ -71,6 +71,11 @@ class NbtrainTrial(tune.Trainable):
         self._ended: dict[str, Any] | None = None
 
     def _start(self) -> None:
+        """The trial's run, from the template the notebook checked as every run's spec is checked (see
+        ``_client/launching/starting``). Its start differs where Tune decides: no resource check (Tune reserved
+        the bundles), no numbered name (the sweep's name was; a trial's derives from it), the sweep's supervisor
+        holds the uploaded folders, no registry record (the sweep is the user's handle), and no wait here:
+        :meth:`step` polls the run, and a supervisor that could not start fails the trial there."""
         from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
 
         # DEFAULT scheduling: the supervisor must outlive the trial's placement group, which Tune removes
