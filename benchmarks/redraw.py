@@ -19,6 +19,7 @@ import os
 import statistics
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 from nbtrain._views.dashboard.dashboard import WidgetDashboard
@@ -28,10 +29,10 @@ class StandInRun:
     """The part of :class:`nbtrain.Run` a dashboard reads; rows are handed to its history directly."""
 
     name = "redraw-benchmark"
-    _row_window_start = 0
 
     def __init__(self, ranks: int) -> None:
-        self._cached_summary: dict[str, Any] = {"state": "running", "world_size": ranks, "workers": []}
+        self.reader = SimpleNamespace(summary={"state": "running", "world_size": ranks, "workers": []},
+                                      row_window_start=0, events=[])
 
 
 def batches(ranks: int, steps: int, size: int) -> Iterator[list[dict[str, Any]]]:

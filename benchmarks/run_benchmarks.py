@@ -401,7 +401,7 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
         arrivals.extend((now, row) for row in new_rows)
         # refresh() just fetched the summary too; reading it via run.state would poll a second time
         # and swallow the rows it fetched, so peek at the copy refresh() keeps.
-        state = RunState(run._cached_summary["state"])
+        state = RunState(run.reader.summary["state"])
         if state.is_terminal:
             break
         if time.monotonic() > deadline:

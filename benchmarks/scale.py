@@ -28,6 +28,7 @@ and prints one markdown table each:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import threading
 import time
@@ -109,8 +110,8 @@ def follow(run: Any, dashboard: Any, until: Any) -> list[float]:
         now = time.time()
         latencies.extend(now - row["time"] for row in rows[-2000:])
         history = dashboard.history
-        history.rows_seen = max(history.rows_seen, run._row_window_start)
-        history.add(run._cached_rows(history.rows_seen))
+        history.rows_seen = max(history.rows_seen, run.reader.row_window_start)
+        history.add(run.reader.rows_since(history.rows_seen))
         if until():
             return latencies
         time.sleep(max(0.0, FOLLOW_POLL_S - (time.monotonic() - began)))  # a dashboard's pace
@@ -169,11 +170,10 @@ def simulate_ranks(config: dict[str, Any]) -> None:
         if rank == real.context.rank:  # the real rank's own session reports for it
             fake = real
         else:
-            context = sessions.TrainContext(rank=rank, world_size=ranks, local_rank=rank, local_world_size=ranks,
-                                            node_rank=0, device=real.context.device, attempt=real.context.attempt,
-                                            config={}, run_name=real.context.run_name)
-            fake = sessions.TrainingSession(context, real.supervisor, real.flush_interval_s, None, True, None,
-                                            relay=real.relay)
+            simulated = dataclasses.replace(real.payload, rank=rank, world_size=ranks, local_rank=rank,
+                                            local_world_size=ranks, node_rank=0, config={}, storage=None,
+                                            datasets={}, relay=real.relay, commands=[])
+            fake = sessions.TrainingSession(simulated, real.context.device)
             fake._thread.start()  # the flusher only: the simulated ranks share the real rank's stdout
         began = t.time()
         step = 0
@@ -209,12 +209,12 @@ def measure_rows(rows: int) -> dict[str, Any]:
                              name=f"rows-{rows}")
         dashboard = WidgetDashboard(run)
         started = time.monotonic()
-        latencies = follow(run, dashboard, lambda: run._cached_summary.get("state") in ("succeeded", "failed"))
+        latencies = follow(run, dashboard, lambda: run.reader.summary.get("state") in ("succeeded", "failed"))
         took = time.monotonic() - started
         grown = rss_mb() - before
     drawn = redraw_ms(dashboard)
     run.raise_if_failed()
-    stored = len(run._cached_rows(run._row_window_start)) + run._row_window_start
+    stored = run.reader.rows_fetched
     run.delete()
     return {"rows": rows, "received": stored, "supervisor_mb": watch.peak_rss, "supervisor_uss": watch.peak_uss,
             "supervisor_cpu_s": watch.cpu,
@@ -237,17 +237,17 @@ def measure_ranks(ranks: int, seconds: float, relay: bool) -> dict[str, Any]:
 
         def until() -> bool:
             now = time.monotonic()
-            if "start" not in marks and run._row_window_start + len(run._cached_rows(run._row_window_start)) > ranks:
+            if "start" not in marks and run.reader.rows_fetched > ranks:
                 marks["start"], marks["cpu0"] = now, watch.cpu_now()
             if "start" in marks and "end" not in marks and now - marks["start"] > 0.8 * seconds - 2:
                 marks["end"], marks["cpu1"] = now, watch.cpu_now()
-            return run._cached_summary.get("state") in ("succeeded", "failed")
+            return run.reader.summary.get("state") in ("succeeded", "failed")
 
         latencies = follow(run, dashboard, until)
         grown = rss_mb() - before
     run.raise_if_failed()
     drawn = redraw_ms(dashboard)
-    rows = run._row_window_start + len(run._cached_rows(run._row_window_start))
+    rows = run.reader.rows_fetched
     run.delete()
     cores = (marks.get("cpu1", 0.0) - marks.get("cpu0", 0.0)) / max(marks.get("end", 1.0) - marks.get("start", 0.0),
                                                                    1e-9)

@@ -66,6 +66,8 @@ nitpick_ignore = [
     # run.stacks() and run.profile() return these; their fields are in the methods' Returns
     ("py:class", "nbtrain._client.run.inspection_results.Stacks"),
     ("py:class", "nbtrain._client.run.inspection_results.Profile"),
+    # run.reader is this; its members are listed after Run
+    ("py:class", "nbtrain._client.run.reader.RunReader"),
 ]
 
 # --- HTML

@@ -180,7 +180,7 @@ def test_each_resize_is_marked_on_the_curves_where_the_new_size_resumed():
     events = [{"kind": "resize", "attempt": 1, "message": "room for 2 ranks (now 1): growing at the next checkpoint"},
               {"kind": "resize", "attempt": 1, "message": "1 → 2 ranks: resources freed up"},
               {"kind": "resize", "attempt": 2, "message": "2 → 1 ranks: node 127.0.0.1 (node 65ab12) draining"}]
-    dashboard = WidgetDashboard(SimpleNamespace(name="elastic", _cached_events=lambda: events))
+    dashboard = WidgetDashboard(SimpleNamespace(name="elastic", reader=SimpleNamespace(events=events)))
     dashboard.history.add([{"rank": 0, "step": s, "attempt": 1, "time": 0.0, "loss": 1.0} for s in range(1, 11)])
     dashboard.history.add([{"rank": r, "step": s, "attempt": 2, "time": 0.0, "loss": 1.0}
                            for s in range(9, 21) for r in (0, 1)])

@@ -52,7 +52,7 @@ def test_supervisor_killed_mid_run_twice_loses_and_repeats_no_row(cluster):
     def follow(predicate):
         def step():  # every row the Run fetched, by index (run.state fetches too)
             run.refresh(wait_s=0.5)
-            seen.extend(run._cached_rows(len(seen)))
+            seen.extend(run.reader.rows_since(len(seen)))
             return predicate()
         return step
 
@@ -66,7 +66,7 @@ def test_supervisor_killed_mid_run_twice_loses_and_repeats_no_row(cluster):
         killed.append(pid)
     wait_for(follow(lambda: run.state.is_terminal), 300, message="the run to end")
     run.refresh()
-    seen.extend(run._cached_rows(len(seen)))
+    seen.extend(run.reader.rows_since(len(seen)))
     assert run.state == nbtrain.RunState.SUCCEEDED, run.error
     assert run.attempt == 3
     assert len(set(_keys(seen))) == len(seen), "the notebook saw a row twice"

@@ -64,7 +64,7 @@ def test_finished_runs_hold_no_process_and_read_as_before(cluster):
     # the Run that followed the run live carries on from the files, with the same cursors
     live_rows = ok.metrics
     assert sorted((row["rank"], row["step"]) for row in live_rows) == [(r, s) for r in (0, 1) for s in range(6)]
-    assert isinstance(ok._handle, StoredRunHandle)
+    assert isinstance(ok.reader.channel.handle, StoredRunHandle)
 
     again = nbtrain.attach("done-ok")
     assert again.state == nbtrain.RunState.SUCCEEDED

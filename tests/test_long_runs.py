@@ -26,11 +26,11 @@ def report_many(config):
 
 def test_a_long_run_reads_whole_though_the_notebook_keeps_its_latest_part(cluster):
     run = nbtrain.launch(report_many, name="long", workers=1, config={"rows": ROWS, "lines": LINES})
-    while run.refresh(wait_s=1.0) or run._cached_summary["state"] not in ("succeeded", "failed"):
-        assert len(run._cached_rows(run._row_window_start)) <= run_module.ROW_WINDOW * 3 // 2
+    while run.refresh(wait_s=1.0) or run.reader.summary["state"] not in ("succeeded", "failed"):
+        assert len(run.reader.rows_since(run.reader.row_window_start)) <= run_module.ROW_WINDOW * 3 // 2
     run.raise_if_failed()
-    assert run._row_window_start > 0 and run._log_window_start > 0, "the window never moved: the test proves nothing"
-    assert len(run._cached_rows(0)) < ROWS
+    assert run.reader.row_window_start > 0 and run.reader.log_window_start > 0, "the window never moved: proves nothing"
+    assert len(run.reader.rows_since(0)) < ROWS
 
     rows = run.metrics
     assert [row["step"] for row in rows] == list(range(ROWS))
@@ -69,5 +69,5 @@ def test_every_row_of_a_burst_at_the_end_lands_though_sending_it_outlasts_one_pu
     metrics = run.metrics
     whole = [row["step"] for row in metrics] == list(range(rows))
     assert whole, f"{rows - len(metrics)} of {rows} rows lost; the last that landed is step {metrics[-1]['step']}"
-    final_flush_s = run._cached_summary["ended"] - metrics[-1]["time"]
+    final_flush_s = run.reader.summary["ended"] - metrics[-1]["time"]
     assert final_flush_s > 2 * push_wait_s, f"the last flush took {final_flush_s:.1f} s: the test proves nothing"

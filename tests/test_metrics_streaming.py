@@ -32,7 +32,7 @@ def test_rows_arrive_live_and_the_cursor_neither_drops_nor_repeats(cluster):
         now = time.time()
         latencies += [now - row["sent"] for row in new]
         delivered += new
-        summary = run._cached_summary
+        summary = run.reader.summary
         if summary["state"] == "running":
             counts_while_running.append(len(delivered))
         if nbtrain.RunState(summary["state"]).is_terminal:

@@ -81,9 +81,9 @@ def test_one_long_poll_carries_every_rank_s_rows_of_a_flush(cluster):
     while time.monotonic() < deadline:
         began = time.monotonic()
         rows = run.refresh(wait_s=1.0)
-        if rows and run._cached_summary["state"] == "running":
+        if rows and run.reader.summary["state"] == "running":
             replies.append({row["rank"] for row in rows})
-        if nbtrain.RunState(run._cached_summary["state"]).is_terminal:
+        if nbtrain.RunState(run.reader.summary["state"]).is_terminal:
             break
         time.sleep(max(0.0, 0.25 - (time.monotonic() - began)))  # paced like the dashboard
     both = sum(ranks == {0, 1} for ranks in replies)

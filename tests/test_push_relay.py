@@ -71,10 +71,10 @@ def test_rows_arrive_once_in_order_through_the_relay_and_after_it_dies(cluster, 
 
     def first_halves_in() -> bool:
         run.refresh(wait_s=0.5)
-        return len(run._cached_rows(0)) >= 2 * STEPS_EACH_HALF
+        return len(run.reader.rows_since(0)) >= 2 * STEPS_EACH_HALF
 
     wait_for(first_halves_in, timeout=90, message="both ranks' first rows, through the relay",
-             describe=lambda: (run.state, len(run._cached_rows(0))))
+             describe=lambda: (run.state, len(run.reader.rows_since(0))))
     relays = _relays(name)
     assert len(relays) == 1, relays  # both ranks on the one loopback node: one relay
     relay = ray.get_actor(relays[0], namespace=NAMESPACE)
@@ -103,7 +103,7 @@ def test_a_small_run_starts_no_relay(cluster, tmp_path: Path):
     gate = tmp_path / "gate"
     name = "relay-none"
     run = nbtrain.launch(report_around_a_gate, workers=2, name=name, config={"half": 5, "gate": str(gate)})
-    wait_for(lambda: run.refresh(wait_s=0.5) or len(run._cached_rows(0)) >= 10, timeout=90,
+    wait_for(lambda: run.refresh(wait_s=0.5) or len(run.reader.rows_since(0)) >= 10, timeout=90,
              message="both ranks' first rows")
     assert _relays(name) == []  # its ranks are up and waiting at the gate: no relay beside them
     gate.touch()

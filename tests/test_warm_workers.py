@@ -66,7 +66,7 @@ def _launch_to_first_row(name: str, shape: str):
     """A run of ``shape``, the seconds from launch() to its first row in the notebook, once it succeeded."""
     started = time.monotonic()
     run = nbtrain.launch(leftovers, name=name, workers=2, env={"WARM_TEST_SHAPE": shape})
-    wait_for(lambda: run.refresh(wait_s=0.5) or run._cached_rows(0), 120, message=f"{name}'s first row")
+    wait_for(lambda: run.refresh(wait_s=0.5) or run.reader.rows_since(0), 120, message=f"{name}'s first row")
     took = time.monotonic() - started
     run.wait(timeout=120)
     assert run.state == nbtrain.RunState.SUCCEEDED, run.error
@@ -141,7 +141,7 @@ def test_a_relaunchs_supervisor_takes_the_spare_process_its_previous_run_asked_f
     relaunched = time.time()
     again = nbtrain.launch(reports_until_stopped, name="spare-again", workers=2, env={"WARM_TEST_SHAPE": "spare"})
     try:
-        pid = ray.get(again._handle.__ray_call__.remote(lambda _supervisor: os.getpid()), timeout=60)
+        pid = ray.get(again.reader.channel.handle.__ray_call__.remote(lambda _supervisor: os.getpid()), timeout=60)
         assert psutil.Process(pid).create_time() < relaunched, "the relaunch's supervisor started a new process"
     finally:
         again.stop()

@@ -25,31 +25,30 @@ NODES = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
 
 
 class FakeRun:
-    """As much of :class:`nbtrain.Run` as a dashboard reads."""
+    """As much of :class:`nbtrain.Run` as a dashboard reads: its name and its reader (``run.reader``), here itself."""
 
     def __init__(self, ranks: int, steps: int, lagging: dict[int, int] | None = None) -> None:
         self.name = "wide"
+        self.reader = self
         lagging = lagging or {}
         self.rows = [{"rank": r, "step": s, "attempt": 1, "time": 0.0, "loss": float(r) + 1.0 / (s + 1)}
                      for s in range(steps) for r in range(ranks) if s < lagging.get(r, steps)]
-        self._row_window_start = 0
-        self._caught_up = True  # every row is in `rows`
+        self.row_window_start = 0
+        self.caught_up = True  # every row is in `rows`
+        self.events: list[dict[str, Any]] = []
         workers = [{"rank": r, "node": NODES[r % len(NODES)], "hostname": f"host{r % len(NODES)}", "pid": 100 + r,
                     "device": "cpu", "state": "running", "step": lagging.get(r, steps) - 1, "steps_per_s": 10.0,
                     "rss_mb": 300.0} for r in range(ranks)]
-        self._cached_summary: dict[str, Any] = {"state": "running", "step": steps - 1, "world_size": ranks,
-                                               "attempt": 1, "workers": workers}
+        self.summary: dict[str, Any] = {"state": "running", "step": steps - 1, "world_size": ranks,
+                                        "attempt": 1, "workers": workers}
 
     def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
         return []
 
-    def _cached_rows(self, start: int = 0) -> list[dict[str, Any]]:
-        return self.rows[max(start - self._row_window_start, 0):]
+    def rows_since(self, start: int = 0) -> list[dict[str, Any]]:
+        return self.rows[max(start - self.row_window_start, 0):]
 
-    def _cached_log_entries(self, start: int = 0) -> list[dict[str, Any]]:
-        return []
-
-    def _cached_events(self) -> list[dict[str, Any]]:
+    def logs_since(self, start: int = 0) -> list[dict[str, Any]]:
         return []
 
 
@@ -149,7 +148,7 @@ def test_a_narrow_run_draws_a_line_per_rank_and_its_whole_table():
 
 def test_a_run_that_turns_wide_drops_its_per_rank_lines():
     run = FakeRun(12, 20)
-    run._cached_summary["world_size"] = None  # not known yet: the ranks seen decide
+    run.summary["world_size"] = None  # not known yet: the ranks seen decide
     run.rows = [row for row in run.rows if row["rank"] < 2]
     dashboard = WidgetDashboard(run, ranks=[11])
     dashboard.update()
@@ -162,7 +161,7 @@ def test_a_run_that_turns_wide_drops_its_per_rank_lines():
 
 def test_rows_the_run_no_longer_holds_are_skipped_not_waited_for():
     run = FakeRun(1, 5000)
-    run._row_window_start = 4000
+    run.row_window_start = 4000
     run.rows = run.rows[4000:]
     view = TextProgress(run, stream=open("/dev/null", "w"))  # noqa: SIM115 - closed with the test process
     view.update()
@@ -173,5 +172,5 @@ def test_rows_the_run_no_longer_holds_are_skipped_not_waited_for():
 def test_outside_a_notebook_the_progress_line_names_the_stragglers():
     run = FakeRun(256, 50, lagging={17: 10, 200: 20})
     view = TextProgress(run)
-    assert " 256 workers stragglers 17,200 " in view.line(run._cached_summary)
-    assert " 2 workers 0:00:00" in view.line(FakeRun(2, 5)._cached_summary)
+    assert " 256 workers stragglers 17,200 " in view.line(run.summary)
+    assert " 2 workers 0:00:00" in view.line(FakeRun(2, 5).summary)

@@ -133,13 +133,13 @@ def _result_of(run: Run, state: RunState) -> Any:
     if len(frame) and "rank" in frame:
         frame = frame[frame["rank"] == 0].reset_index(drop=True)
     run.refresh()
-    last: dict[str, Any] = next((row for row in reversed(run._cached_rows()) if row.get("rank") == 0), {})
+    last: dict[str, Any] = next((row for row in reversed(run.reader.rows_since()) if row.get("rank") == 0), {})
     metrics = {key: value for key, value in last.items() if key not in ROW_KEYS}
     files = run.checkpoint_dir()
     error = None
     if state != RunState.SUCCEEDED:
         failures = {f["rank"]: RuntimeError(f["summary"] + ("\n" + f["traceback"] if f["traceback"] else ""))
-                    for f in run._cached_summary.get("failures", []) if f.get("rank") is not None}
+                    for f in run.reader.summary.get("failures", []) if f.get("rank") is not None}
         error = WorkerGroupError(f"nbtrain run {run.name!r} {state.value}.\n{run.error or ''}", failures)
     values = run.result if state == RunState.SUCCEEDED else None
     return Result(metrics=metrics, checkpoint=Checkpoint.from_directory(str(files)) if files else None, error=error,

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from nbtrain._client.run.following import LONG_POLL_S
 from nbtrain._options import default_of
 from nbtrain._states import RunState
 from nbtrain._views.dashboard.history import MetricHistory, take_new_rows
@@ -21,7 +22,6 @@ from nbtrain._views.dashboard.worker_table import stragglers
 
 REDRAW_INTERVAL_S = 0.25
 FOLLOW_POLL_S: float = default_of("flush_interval_s")  # one long poll per default flush tick
-LONG_POLL_S = 1.0
 STRAGGLERS_LISTED = 8        # in the header; the rest are counted
 
 
@@ -113,10 +113,11 @@ class TextProgress(Follower):
                 f"{fmt_duration(elapsed(summary))} {metrics}").rstrip()
 
     def update(self, wait_s: float = 0.0, coalesce: bool = False) -> bool:  # prints every `interval` anyway
-        self.run.refresh(wait_s=wait_s)
+        self.run.reader.refresh(wait_s=wait_s)
         take_new_rows(self.run, self.history)
-        summary = self.run._cached_summary
-        terminal = RunState(summary["state"]).is_terminal and self.run._caught_up  # the final line has the last rows
+        summary = self.run.reader.summary
+        # the final line has the last rows
+        terminal = RunState(summary["state"]).is_terminal and self.run.reader.caught_up
         now = time.monotonic()
         if terminal or now - self._last_print >= self.interval:
             self._last_print = now

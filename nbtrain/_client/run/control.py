@@ -1,17 +1,21 @@
 """Acting on a live run from the notebook: stop it, move it off a node, and steer it — change its optimizer's
 settings, pause it, checkpoint it now, send the ranks a command — at the same step on every rank.
 
-:class:`RunControl` is the part of :class:`~nbtrain._client.run.handle.Run` that writes; every method asks the
-run's supervisor, which decides the step (see :mod:`nbtrain._cluster.run.steering`) and keeps each
-change in the run's history (``run.changes``, ``run.config_at(step)``, the curves' markers).
+:class:`RunControl` is the part of :class:`~nbtrain._client.run.handle.Run` that writes (the Run holds one and
+hands it the run's :class:`~nbtrain._client.run.reader.RunReader`); every method asks the run's supervisor,
+which decides the step (see :mod:`nbtrain._cluster.run.steering`) and keeps each change in the run's history
+(``run.changes``, ``run.config_at(step)``, the curves' markers).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import cloudpickle
 
 from nbtrain._client.cluster_nodes import worker_node_id
+from nbtrain._client.run.reader import RunReader
 from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._cluster.commands import (
     ADJUST,
@@ -31,19 +35,18 @@ _UNSET: Any = object()
 
 
 class RunControl:
-    """Mixed into :class:`~nbtrain._client.run.handle.Run`."""
+    """Stopping, draining, steering and the record of changes: ``run.stop()``, ``run.adjust()``... delegate here."""
 
-    name: str
+    def __init__(self, reader: RunReader) -> None:
+        self.reader = reader
+        self.name = reader.channel.name
+        self._call = reader.channel.call
+        self._steer = reader.channel.steer
 
-    if TYPE_CHECKING:
-        def _call(self, method: str, *args: Any, timeout: float = ...) -> Any: ...
-        @property
-        def state(self) -> RunState: ...
-        @property
-        def _cached_summary(self) -> dict[str, Any]: ...
-        def _fresh_summary(self) -> dict[str, Any]: ...
-        @property
-        def config(self) -> dict[str, Any]: ...
+    @property
+    def state(self) -> RunState:
+        """The run's state now (asks the cluster)."""
+        return RunState(self.reader.fetch_summary()["state"])
 
     def stop(self, timeout: float = 30.0, *, after: str | None = None) -> RunState:
         """Stop the run: its workers are killed and their resources freed before this returns.
@@ -111,39 +114,6 @@ class RunControl:
         if not done:
             raise NbtrainError(said)
         return str(said)
-
-    def fork(self, *, step: int | None = None, config: dict[str, Any] | None = None, name: str | None = None,
-             train_fn: Any = None, **options: Any) -> Any:
-        """Launch a new run from this run's checkpoint, with ``config`` changed: to try another setting
-        from a point this run reached without starting over. Works on live and ended runs.
-
-        The new run's ranks get the parent's checkpoint from :func:`load_checkpoint`; it records its parent
-        and the step (its dashboard header and the sidebar show them).
-
-        Args:
-            step: start from the latest checkpoint kept at or before this step; ``None`` for the latest.
-            config: the config values to change (merged over the parent's).
-            name: the new run's name; default ``<this run>-fork-<time>``.
-            train_fn: a different training function; default the parent's.
-            **options: any other run option of :func:`launch`, e.g. ``workers=4``.
-
-        Returns:
-            The new :class:`Run`, started.
-
-        Raises:
-            InvalidOptionError: ``step``, ``config`` or an option is wrong.
-            NbtrainError: this run has no checkpoint to fork from (at or before ``step``), or kept no
-                copy of its launch and no ``train_fn`` was given.
-            RunExistsError: ``name`` is taken.
-
-        Example::
-
-            child = run.fork(config={"lr": 0.01}, name="lower-lr")
-            nbtrain.compare([run, child], metric="loss")
-        """
-        from nbtrain._client.run.forking import fork
-
-        return fork(self, step=step, config=config, name=name, train_fn=train_fn, options=options)
 
     # ------------------------------------------------------------------ steering
     def adjust(self, *, lr: float | None = None, weight_decay: float | None = None, momentum: float | None = None,
@@ -276,7 +246,7 @@ class RunControl:
         if ranks not in ("0", "all"):
             raise InvalidOptionError(f"run.send(..., ranks=...) is '0' or 'all', not {ranks!r}.")
         issued = self._steer(USER, {"name": command, "payload": payload}, f"sent {command!r}")
-        world = int(self._cached_summary.get("world_size") or 1)
+        world = int(self.reader.summary.get("world_size") or 1)
         wanted = list(range(world)) if ranks == "all" else [0]
         answers = self._call("command_results", issued["id"], wanted, float(timeout), timeout=timeout + READ_TIMEOUT_S)
         missing = [rank for rank in wanted if rank not in answers]
@@ -296,7 +266,17 @@ class RunControl:
         values just before) and ``description`` (``"lr 0.1 → 0.01 at step 1200"``)."""
         return [{"step": change.get("applied_step"), "kind": change["kind"], "args": change["args"],
                  "before": change.get("before"), "description": change["description"]}
-                for change in self._fresh_summary().get("changes") or []]
+                for change in self.reader.fetch_summary().get("changes") or []]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The whole ``config`` dict the run was launched (or last resumed) with; ``{}`` without one.
+
+        Summaries and the dashboard carry only a short ``config_summary``; this asks the run for the dict.
+        Changes made with :meth:`adjust` are not in it: :meth:`config_at` has them.
+        """
+        data = self._call("config")
+        return dict(cloudpickle.loads(data) or {}) if data is not None else {}
 
     def config_at(self, step: int) -> dict[str, Any]:
         """The run's :attr:`config` with the optimizer settings in force at ``step``: what a change made
@@ -325,12 +305,6 @@ class RunControl:
                 elif key not in effective and change["before"] and change["before"].get(key):
                     effective[key] = change["before"][key][0]
         return effective
-
-    def _steer(self, kind: str, args: dict[str, Any], verb: str) -> dict[str, Any]:
-        done, answer = self._call("steer", kind, args, timeout=READ_TIMEOUT_S)
-        if not done:
-            raise NbtrainError(f"Run {self.name!r} cannot be {verb}: {answer}")
-        return dict(answer)
 
     def _step_of(self, command: dict[str, Any], wait: bool) -> int | None:
         if wait:

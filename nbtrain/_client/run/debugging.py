@@ -1,4 +1,4 @@
-"""``run.debug()``: IPython's debugger on the post-mortem of a rank that raised (a mixin of :class:`~nbtrain.Run`).
+"""``run.debug()``: IPython's debugger on the post-mortem of a rank that raised (a part of :class:`~nbtrain.Run`).
 
 Which rank and attempt come from the run's failures (its summary); the post-mortem itself from
 the run's storage, through the supervisor or, once it has exited, the run's files
@@ -14,20 +14,18 @@ from typing import Any
 
 import cloudpickle
 
+from nbtrain._client.run.reader import RunReader
 from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._exceptions import NbtrainError
 
 
 class RunDebugging:
-    """What :class:`~nbtrain.Run` gets from this module: :meth:`debug`."""
+    """``run.debug()`` delegates here."""
 
-    name: str
-
-    def _fresh_summary(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _call(self, method: str, *args: Any, timeout: float = READ_TIMEOUT_S) -> Any:
-        raise NotImplementedError
+    def __init__(self, reader: RunReader) -> None:
+        self.reader = reader
+        self.name = reader.channel.name
+        self._call = reader.channel.call
 
     def debug(self, rank: int | None = None, *, commands: list[str] | str | None = None,
               stdout: Any = None) -> None:
@@ -59,7 +57,7 @@ class RunDebugging:
 
     def _failure_to_debug(self, rank: int | None) -> tuple[int, int]:
         """(attempt, rank) of the failure to open, or the one-line error that says why there is none."""
-        summary = self._fresh_summary()
+        summary = self.reader.fetch_summary()
         failures = [f for f in summary.get("failures") or [] if isinstance(f, dict)]
         raised = [f for f in failures if f.get("kind") == "raised" and f.get("rank") is not None]
         if rank is not None:

@@ -1,38 +1,45 @@
 """What a run keeps beyond its live summary, read when asked: every metric row as one DataFrame, the
 workers' printed output, the training function's return values, its checkpoints.
 
-:class:`RunFiles` is the part of :class:`~nbtrain.Run` that fetches these whole, page by page (the Run
-itself holds only a window of the latest rows and log chunks); like the rest of a Run it only reads.
+:class:`RunFiles` is the part of :class:`~nbtrain.Run` that fetches these whole, page by page (the run's
+:class:`~nbtrain._client.run.reader.RunReader` holds only a window of the latest rows and log chunks); it only reads.
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 
 from nbtrain._client.run.checkpoint_files import load_in_notebook, local_checkpoint_dir
+from nbtrain._client.run.reader import RunReader
 from nbtrain._client.run.stored import READ_TIMEOUT_S
 
 FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of supervisor memory at most
 
 
 class RunFiles:
-    """Mixed into :class:`~nbtrain.Run`."""
+    """A run's whole history and outputs: ``run.metrics``, ``run.logs()``, ``run.result``... delegate here."""
 
-    name: str
-    _lock: threading.Lock
-    _logs: list[dict[str, Any]]
-    _log_base: int
-    _cursors: tuple[int, int, int]
-    _result: list[Any] | None
+    def __init__(self, reader: RunReader) -> None:
+        self.reader = reader
+        self.name = reader.channel.name
+        self._call = reader.channel.call
+        self._result: list[Any] | None = None
 
-    if TYPE_CHECKING:
-        def _call(self, method: str, *args: Any, timeout: float = ...) -> Any: ...
-        def _poll(self, cursor: int, log_cursor: int, event_cursor: int, wait_s: float) -> dict[str, Any]: ...
-        def _catch_up(self) -> None: ...
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every row reported so far, in order, as dicts: ``rank``, ``step``, ``attempt``, ``time`` and the values.
+
+        A long run's older rows are fetched from the cluster page by page (the Run keeps only
+        the latest); for millions of rows :meth:`metrics_frame` is faster and far smaller.
+
+        Example::
+
+            losses = [row["loss"] for row in run.metrics if row["rank"] == 0 and "loss" in row]
+        """
+        return self.reader.all_rows()
 
     def metrics_frame(self) -> Any:
         """Every row reported so far as a pandas DataFrame, for long runs where :attr:`metrics` is slow.
@@ -85,27 +92,12 @@ class RunFiles:
 
             print(run.logs(rank=0)[-2000:])
         """
-        self._catch_up()
-        with self._lock:
-            entries, base, cursors = list(self._logs), self._log_base, self._cursors
-        if base:  # a long run's older chunks are on the cluster only
-            entries = self._fetch_logs(base, cursors) + entries
+        entries = self.reader.all_logs()
         chunks = [entry for entry in entries if rank is None or entry["rank"] == rank]
         if rank is not None:
             return "".join(entry["text"] for entry in chunks)
         return "".join(f"[rank {entry['rank']}] {line}\n" for entry in chunks
                        for line in entry["text"].splitlines() if line.strip())
-
-    def _fetch_logs(self, stop: int, cursors: tuple[int, int, int]) -> list[dict[str, Any]]:
-        """Log chunks ``[0, stop)`` from the cluster, without keeping them."""
-        entries: list[dict[str, Any]] = []
-        while len(entries) < stop:
-            reply = self._poll(cursors[0], len(entries), cursors[2], 0.0)
-            page = reply["logs"][:stop - len(entries)]
-            if not page:
-                break
-            entries.extend(page)
-        return entries
 
     @property
     def result(self) -> list[Any] | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from nbtrain._states import RunState
 
-LONG_POLL_S = 1.0
+LONG_POLL_S = 1.0  # how long one poll waits for news: here, and in a view's thread (nbtrain._views.follower)
 
 
 def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
@@ -36,7 +36,7 @@ def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
             else:  # no view, or it gave up (lost contact): poll here
                 left = LONG_POLL_S if deadline is None else max(0.0, min(LONG_POLL_S, deadline - time.monotonic()))
                 run.refresh(wait_s=left)
-            state = RunState(run._cached_summary.get("state", RunState.PENDING))
+            state = RunState(run.reader.summary.get("state", RunState.PENDING))
             if state.is_terminal:
                 return state
             if deadline is not None and time.monotonic() > deadline:

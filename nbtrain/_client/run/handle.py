@@ -1,44 +1,35 @@
-"""The :class:`Run` handle the notebook holds: a reader of one run's supervisor.
+"""The :class:`Run` handle the notebook holds: one run on the cluster, made of parts.
 
-A ``Run`` keeps cursors into the run's append-only histories and fetches only
-what is new, so re-attaching from a fresh kernel replays the whole history once
-and then follows it live. Reading never writes: not the registry, not a file.
-
-Memory stays bounded however long the run: the Run holds the most recent
-``ROW_WINDOW`` metric rows and ``LOG_WINDOW`` log chunks (what views draw from);
-``run.metrics``, ``run.metrics_frame()`` and ``run.logs()`` fetch older ones from
-the cluster, page by page, only when asked.
-
-While the run goes on, its supervisor answers; once it has ended and the supervisor has exited, a
-short-lived task reads its files (:mod:`nbtrain._client.run.stored`), same cursors: the switch is invisible.
+A ``Run`` holds a :class:`~nbtrain._client.run.reader.RunReader` (what was read of the run, and the channel to
+its supervisor) and the parts that act on it, each given the reader and nothing else: ``RunControl`` (stop,
+steer, the record of changes), ``RunFiles`` (whole history, logs, result, checkpoints), ``RunInspection``
+(stacks, profile) and ``RunDebugging`` (post-mortems). Its public methods delegate to them; views read the run
+through ``run.reader``. Reading never writes: not the registry, not a file.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import threading
-import time
-from typing import Any
-
-import cloudpickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 from nbtrain import _registry
-from nbtrain._client.run.control import RunControl
+from nbtrain._client.run.control import _UNSET, RunControl
 from nbtrain._client.run.debugging import RunDebugging
 from nbtrain._client.run.files import RunFiles
-from nbtrain._client.run.inspection import RunInspection
-from nbtrain._client.run.stored import StoredRunHandle, find_stored
-from nbtrain._cluster.names import find_supervisor, wait_until_name_free
-from nbtrain._exceptions import NbtrainError, RunFailedError, RunNotFoundError
+from nbtrain._client.run.inspection import PROFILE_WAIT_S, RunInspection
+from nbtrain._client.run.inspection_results import Profile, Stacks
+from nbtrain._client.run.reader import POLL_TIMEOUT_S as POLL_TIMEOUT_S
+from nbtrain._client.run.reader import ROW_WINDOW as ROW_WINDOW
+from nbtrain._client.run.reader import RunReader, SupervisorChannel
+from nbtrain._client.run.reader import _readable as _readable
+from nbtrain._client.run.stored import StoredRunHandle
+from nbtrain._cluster.names import wait_until_name_free
+from nbtrain._exceptions import NbtrainError, RunFailedError
 from nbtrain._states import RunState
 
-POLL_TIMEOUT_S = 15.0
-ROW_WINDOW = 50_000   # metric rows kept in the notebook (~25 MB); older ones are fetched when asked
-LOG_WINDOW = 20_000   # log chunks kept likewise
-PAGE_ROWS = 50_000    # rows per poll when fetching a long history
-SUPERVISOR_RESTART_GRACE_S = 60.0
-
 _made_here: list[Run] = []  # the newest Run this process made: launch(), fork(), attach(), the magics all make one
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def last_run_here() -> Run | None:
@@ -47,7 +38,15 @@ def last_run_here() -> Run | None:
     return _made_here[0] if _made_here else None
 
 
-class Run(RunControl, RunFiles, RunDebugging, RunInspection):
+def _doc_of(part_method: Any) -> Callable[[_F], _F]:
+    """Give a delegating method of :class:`Run` the docstring of the part's method it calls (one text for both)."""
+    def give(delegate: _F) -> _F:
+        delegate.__doc__ = part_method.__doc__
+        return delegate
+    return give
+
+
+class Run:
     """A training run on the cluster. Get one from :func:`launch` or :func:`attach`.
 
     Reading ``state``, ``metrics``, ``workers`` or ``logs()`` fetches what is new
@@ -66,29 +65,34 @@ class Run(RunControl, RunFiles, RunDebugging, RunInspection):
 
     def __init__(self, name: str, handle: Any, address: str) -> None:
         self.name = name
-        self._handle = handle
-        self._address = address
-        self._lock = threading.Lock()
-        self._rows: list[dict[str, Any]] = []  # rows from index _row_base on
-        self._row_base = 0
-        self._logs: list[dict[str, Any]] = []  # log chunks from index _log_base on
-        self._log_base = 0
-        self._events: list[dict[str, Any]] = []
-        self._cursors = (0, 0, 0)
-        self._summary: dict[str, Any] = {}
-        self._result: list[Any] | None = None
-        self._has_more = False  # the last poll left rows for the next
-        self._followers: list[Any] = []  # the live views of this Run (dashboard(), %%ray_train's), until close()
+        self._channel = SupervisorChannel(name, handle, address)
+        self._reader = RunReader(self._channel)
+        self._control = RunControl(self._reader)
+        self._files = RunFiles(self._reader)
+        self._inspection = RunInspection(self._reader)
+        self._debugging = RunDebugging(self._reader)
         _made_here[:] = [self]
 
     # ------------------------------------------------------------------ reading
-    def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
-        """Fetch what is new: up to one page of metric rows (``PAGE_ROWS``), every new log chunk and event,
-        and the current summary. One page, so the notebook's memory stays bounded however far behind it is.
+    @property
+    def reader(self) -> RunReader:
+        """What the notebook has read of this run, for views that draw it without asking the cluster each time:
+        ``summary`` (as of the last read), ``rows_since(index)``, ``logs_since(index)``, ``events``,
+        ``caught_up``, and ``refresh(wait_s)`` to fetch what is new. Rows and log chunks keep their index in
+        the run's history, so a view that remembers where it got to misses nothing and sees nothing twice.
 
-        The round trip runs outside the Run's lock, so reading ``run.metrics`` in a cell never queues
-        behind a dashboard's long poll on the same Run; cursors into append-only histories make sure
-        nothing is lost or seen twice whichever answer lands first.
+        Example::
+
+            seen = 0
+            while not run.reader.summary.get("ended"):
+                run.reader.refresh(wait_s=1.0)
+                new = run.reader.rows_since(seen); seen += len(new)
+        """
+        return self._reader
+
+    def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
+        """Fetch what is new: up to one page of metric rows, every new log chunk and event, and the current
+        summary. One page, so the notebook's memory stays bounded however far behind it is.
 
         Args:
             wait_s: when > 0, a long poll: wait up to this long for something new to arrive.
@@ -100,208 +104,54 @@ class Run(RunControl, RunFiles, RunDebugging, RunInspection):
 
             new_rows = run.refresh(wait_s=5)
         """
-        with self._lock:
-            asked = self._cursors
-        reply = self._poll(*asked, wait_s)
-        with self._lock:
-            self._has_more = bool(reply["has_more"])
-            return self._apply(asked, reply)
-
-    def _catch_up(self) -> None:
-        """Refresh until every row reported so far has been fetched (the window keeps the latest)."""
-        self.refresh()
-        while self._has_more:
-            self.refresh()
-
-    def _apply(self, asked: tuple[int, int, int], reply: dict[str, Any]) -> list[dict[str, Any]]:
-        """Add the part of ``reply``, the answer to a poll from cursors ``asked``, not yet here."""
-        have = self._cursors
-        rows: list[dict[str, Any]] = reply["rows"][have[0] - asked[0]:]
-        self._rows.extend(rows)
-        self._logs.extend(reply["logs"][have[1] - asked[1]:])
-        if len(self._rows) > ROW_WINDOW * 3 // 2:  # drop the oldest in chunks, not on every poll
-            cut = len(self._rows) - ROW_WINDOW
-            del self._rows[:cut]
-            self._row_base += cut
-        if len(self._logs) > LOG_WINDOW * 3 // 2:
-            cut = len(self._logs) - LOG_WINDOW
-            del self._logs[:cut]
-            self._log_base += cut
-        self._events.extend(reply["events"][have[2] - asked[2]:])
-        self._cursors = (max(have[0], reply["cursor"]), max(have[1], reply["log_cursor"]),
-                         max(have[2], reply["event_cursor"]))
-        if reply["now"] >= self._summary.get("now", 0.0):  # an answer that was overtaken keeps the newer summary
-            self._summary = _readable({k: v for k, v in reply.items()
-                                       if k not in ("rows", "logs", "events", "cursor", "log_cursor", "event_cursor")})
-        return rows
-
-    def _poll(self, cursor: int, log_cursor: int, event_cursor: int, wait_s: float) -> dict[str, Any]:
-        """One poll; while the supervisor restarts (Ray brings it back) keep asking, within limits."""
-        import ray
-
-        deadline = time.monotonic() + SUPERVISOR_RESTART_GRACE_S
-        while True:
-            handle = self._handle
-            if isinstance(handle, StoredRunHandle):
-                stored: dict[str, Any] = ray.get(handle.poll.remote(cursor, log_cursor, event_cursor),
-                                                 timeout=POLL_TIMEOUT_S)
-                return stored
-            try:
-                # A future, not ray.get: over Ray Client the answer then comes back on the
-                # session's open data stream instead of a new gRPC call per poll, which saves
-                # the Ray Client proxy about a third of its CPU per poll (on a laptop, CPU the
-                # ranks need; benchmarks/README.md has the figures).
-                reply = handle.poll.remote(cursor, log_cursor, event_cursor, PAGE_ROWS, wait_s).future()
-                answer: dict[str, Any] = reply.result(timeout=POLL_TIMEOUT_S + wait_s)
-                return answer
-            except concurrent.futures.TimeoutError:
-                msg = (f"Run {self.name!r}'s supervisor did not answer within {POLL_TIMEOUT_S:.0f} s; "
-                       f"it may be restarting. Try again shortly.")
-                raise NbtrainError(msg) from None
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-                self._after_supervisor_error(deadline)
+        return self._reader.refresh(wait_s)
 
     def _call(self, method: str, *args: Any, timeout: float = POLL_TIMEOUT_S) -> Any:
-        """``ray.get(handle.<method>.remote(*args))`` on the supervisor, or on the run's files once it has exited."""
-        import ray
-
-        deadline = time.monotonic() + SUPERVISOR_RESTART_GRACE_S
-        while True:
-            try:
-                return ray.get(getattr(self._handle, method).remote(*args), timeout=timeout)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-                self._after_supervisor_error(deadline)
-
-    def _after_supervisor_error(self, deadline: float) -> None:
-        """The supervisor did not answer: read the run's files if it has exited, else wait while Ray restarts it."""
-        if find_supervisor(self.name) is None:
-            stored = find_stored(self.name)
-            if stored is None:
-                msg = (f"Run {self.name!r} is gone: it has no supervisor and no files on the cluster. "
-                       f"It was deleted, or its cluster's head node lost its files.")
-                raise RunNotFoundError(msg) from None
-            self._handle = stored
-            return
-        if time.monotonic() > deadline:
-            msg = (f"Run {self.name!r}'s supervisor has not come back within {SUPERVISOR_RESTART_GRACE_S:.0f} s. "
-                   f"Check the cluster (`ray status`), then attach again.")
-            raise RunNotFoundError(msg) from None
-        time.sleep(0.5)  # Ray is restarting it; nothing to wait on but time
-
-    @property
-    def _caught_up(self) -> bool:
-        """Whether the last refresh fetched every row reported so far (a long history comes a page at a time)."""
-        return not self._has_more
-
-    @property
-    def _cached_summary(self) -> dict[str, Any]:
-        """The run's summary as of the last read, without asking the cluster (for redraw loops)."""
-        with self._lock:
-            return dict(self._summary)
-
-    def _cached_rows(self, start: int = 0) -> list[dict[str, Any]]:
-        """Metric rows already fetched, from index ``start`` (or :attr:`_row_window_start`, if later) on.
-
-        A view that reads by index misses nothing, whichever ``refresh()`` (its own or a
-        cell's ``run.metrics``) fetched them, as long as it keeps up with the window.
-        """
-        with self._lock:
-            return self._rows[max(start - self._row_base, 0):]
-
-    @property
-    def _row_window_start(self) -> int:
-        """Index of the first metric row still held in memory (older rows are on the cluster only)."""
-        with self._lock:
-            return self._row_base
-
-    def _cached_log_entries(self, start: int = 0) -> list[dict[str, Any]]:
-        """Log chunks (rank, stream, time, text) already fetched, from index ``start`` (or the window's start) on."""
-        with self._lock:
-            return self._logs[max(start - self._log_base, 0):]
-
-    @property
-    def _log_window_start(self) -> int:
-        with self._lock:
-            return self._log_base
-
-    def _cached_events(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._events)
+        """Ask the run's supervisor (or its files): for the other modules of this package, e.g. forking."""
+        return self._channel.call(method, *args, timeout=timeout)
 
     def _fresh_summary(self) -> dict[str, Any]:
-        self.refresh()
-        return self._summary
+        return self._reader.fetch_summary()
 
     @property
     def state(self) -> RunState:
         """The run's :class:`RunState` now: ``pending``, ``starting``, ``running``, ``restarting``, ``succeeded``,
         ``failed`` or ``stopped`` (the last three are terminal: ``run.state.is_terminal``)."""
-        return RunState(self._fresh_summary()["state"])
+        return self._control.state
 
     @property
+    @_doc_of(RunFiles.metrics)
     def metrics(self) -> list[dict[str, Any]]:
-        """Every row reported so far, in order, as dicts: ``rank``, ``step``, ``attempt``, ``time`` and the values.
-
-        A long run's older rows are fetched from the cluster page by page (the Run keeps only
-        the latest); for millions of rows :meth:`metrics_frame` is faster and far smaller.
-
-        Example::
-
-            losses = [row["loss"] for row in run.metrics if row["rank"] == 0 and "loss" in row]
-        """
-        self._catch_up()
-        with self._lock:
-            if self._row_base == 0:
-                return list(self._rows)
-            cursors, recent = self._cursors, list(self._rows)
-        return self._fetch_rows(0, cursors[0] - len(recent), cursors) + recent
-
-    def _fetch_rows(self, start: int, stop: int, cursors: tuple[int, int, int]) -> list[dict[str, Any]]:
-        """Metric rows ``[start, stop)`` from the cluster, without keeping them."""
-        rows: list[dict[str, Any]] = []
-        while start < stop:
-            reply = self._poll(start, cursors[1], cursors[2], 0.0)
-            page = reply["rows"][:stop - start]
-            if not page:
-                break
-            rows.extend(page)
-            start += len(page)
-        return rows
+        return self._files.metrics
 
     @property
     def workers(self) -> list[dict[str, Any]]:
         """One dict per rank: node, pid, device, state, step, samples/s, memory, heartbeat age, and
         ``malloc_tuned`` (whether the rank keeps freed memory for its next step; see the performance guide)."""
-        return list(self._fresh_summary()["workers"])
+        return list(self._reader.fetch_summary()["workers"])
 
     @property
     def error(self) -> str | None:
         """Every failing rank with its traceback, as text, or ``None``."""
-        error: str | None = self._fresh_summary()["error"]
+        error: str | None = self._reader.fetch_summary()["error"]
         return error
 
     @property
+    @_doc_of(RunControl.config)
     def config(self) -> dict[str, Any]:
-        """The whole ``config`` dict the run was launched (or last resumed) with; ``{}`` without one.
-
-        Summaries and the dashboard carry only a short ``config_summary``; this asks the run for the dict.
-        Changes made with :meth:`adjust` are not in it: :meth:`config_at` has them.
-        """
-        data = self._call("config")
-        return dict(cloudpickle.loads(data) or {}) if data is not None else {}
+        return self._control.config
 
     @property
     def attempt(self) -> int:
         """Which attempt the run is on: 1 for the first (0 before it starts), one more each time it starts again
         from a checkpoint (after a failure, an elastic resize, or ``resume=True``)."""
-        return int(self._fresh_summary()["attempt"])
+        return int(self._reader.fetch_summary()["attempt"])
 
     @property
     def events(self) -> list[dict[str, Any]]:
         """State changes, failures, restarts, stalls and checkpoints, in order, one dict each."""
-        self.refresh()
-        with self._lock:
-            return list(self._events)
+        self._reader.refresh()
+        return self._reader.events
 
     def summary(self) -> dict[str, Any]:
         """The run's summary now, as the dashboard and the sidebar read it (a copy).
@@ -311,9 +161,121 @@ class Run(RunControl, RunFiles, RunDebugging, RunInspection):
             ``workers``, ``error``, ``parent`` (a forked run's ``{"run", "step"}``), ``latest`` (the last
             values reported), ``started`` and ``ended``.
         """
-        return dict(self._fresh_summary())
+        return self._reader.fetch_summary()
+
+    @_doc_of(RunFiles.metrics_frame)
+    def metrics_frame(self) -> Any:
+        return self._files.metrics_frame()
+
+    @_doc_of(RunFiles.logs)
+    def logs(self, rank: int | None = None) -> str:
+        return self._files.logs(rank)
+
+    @property
+    @_doc_of(RunFiles.result)
+    def result(self) -> list[Any] | None:
+        return self._files.result
+
+    @_doc_of(RunFiles.load_checkpoint)
+    def load_checkpoint(self, *, weights_only: bool = True) -> Any | None:
+        return self._files.load_checkpoint(weights_only=weights_only)
+
+    @_doc_of(RunFiles.checkpoint_dir)
+    def checkpoint_dir(self) -> Path | None:
+        return self._files.checkpoint_dir()
+
+    # ------------------------------------------------------------------ looking inside
+    @_doc_of(RunDebugging.debug)
+    def debug(self, rank: int | None = None, *, commands: list[str] | str | None = None, stdout: Any = None) -> None:
+        self._debugging.debug(rank, commands=commands, stdout=stdout)
+
+    @_doc_of(RunInspection.stacks)
+    def stacks(self, *, ranks: list[int] | None = None, timeout: float = 10.0) -> Stacks:
+        return self._inspection.stacks(ranks=ranks, timeout=timeout)
+
+    @_doc_of(RunInspection.profile)
+    def profile(self, steps: int = 20, *, ranks: list[int] | None = None, timeout: float = PROFILE_WAIT_S) -> Profile:
+        return self._inspection.profile(steps, ranks=ranks, timeout=timeout)
 
     # ------------------------------------------------------------------ control
+    @_doc_of(RunControl.stop)
+    def stop(self, timeout: float = 30.0, *, after: str | None = None) -> RunState:
+        return self._control.stop(timeout, after=after)
+
+    @_doc_of(RunControl.drain)
+    def drain(self, node: str, deadline_s: float = 120.0) -> str:
+        return self._control.drain(node, deadline_s)
+
+    @_doc_of(RunControl.adjust)
+    def adjust(self, *, lr: float | None = None, weight_decay: float | None = None, momentum: float | None = None,
+               betas: tuple[float, float] | None = None, grad_clip: float | None = _UNSET,
+               group: int | None = None, wait: bool = False, **others: Any) -> int | None:
+        return self._control.adjust(lr=lr, weight_decay=weight_decay, momentum=momentum, betas=betas,
+                                    grad_clip=grad_clip, group=group, wait=wait, **others)
+
+    @_doc_of(RunControl.pause)
+    def pause(self, *, wait: bool = False) -> int | None:
+        return self._control.pause(wait=wait)
+
+    @_doc_of(RunControl.resume)
+    def resume(self) -> None:
+        self._control.resume()
+
+    @_doc_of(RunControl.checkpoint_now)
+    def checkpoint_now(self, *, wait: bool = False) -> int | None:
+        return self._control.checkpoint_now(wait=wait)
+
+    @_doc_of(RunControl.send)
+    def send(self, command: str, /, *, ranks: str = "0", timeout: float = 60.0, **payload: Any) -> Any:
+        return self._control.send(command, ranks=ranks, timeout=timeout, **payload)
+
+    @property
+    @_doc_of(RunControl.changes)
+    def changes(self) -> list[dict[str, Any]]:
+        return self._control.changes
+
+    @_doc_of(RunControl.config_at)
+    def config_at(self, step: int) -> dict[str, Any]:
+        return self._control.config_at(step)
+
+    def fork(self, *, step: int | None = None, config: dict[str, Any] | None = None, name: str | None = None,
+             train_fn: Any = None, **options: Any) -> Any:
+        """Launch a new run from this run's checkpoint, with ``config`` changed: to try another setting
+        from a point this run reached without starting over. Works on live and ended runs.
+
+        The new run's ranks get the parent's checkpoint from :func:`load_checkpoint`; it records its parent
+        and the step (its dashboard header and the sidebar show them).
+
+        Args:
+            step: start from the latest checkpoint kept at or before this step; ``None`` for the latest.
+            config: the config values to change (merged over the parent's).
+            name: the new run's name; default ``<this run>-fork-<time>``.
+            train_fn: a different training function; default the parent's.
+            **options: any other run option of :func:`launch`, e.g. ``workers=4``. A run's Ray Datasets are
+                kept nowhere: a fork of a run launched with ``datasets=`` is given them again, under the same
+                names (``datasets={"train": ds}``). The parent's uploaded ``runtime_env`` folders are used
+                again; a ``runtime_env=`` given here is uploaded as :func:`launch` uploads it.
+
+        Returns:
+            The new :class:`Run`, started.
+
+        Raises:
+            InvalidOptionError: ``step``, ``config`` or an option is wrong, or the parent's ``datasets=`` were not
+                given again.
+            NbtrainError: this run has no checkpoint to fork from (at or before ``step``), or kept no
+                copy of its launch and no ``train_fn`` was given.
+            RunExistsError: ``name`` is a live run's. An ended run's name is not refused: the fork is ``NAME-2``
+                (``NAME-3``…), said on stderr, as with :func:`launch`.
+
+        Example::
+
+            child = run.fork(config={"lr": 0.01}, name="lower-lr")
+            nbtrain.compare([run, child], metric="loss")
+        """
+        from nbtrain._client.run.forking import fork
+
+        return fork(self, step=step, config=config, name=name, train_fn=train_fn, options=options)
+
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> RunState:
         """Block until the run ends (or ``timeout`` seconds pass) and return its state.
 
@@ -349,7 +311,7 @@ class Run(RunControl, RunFiles, RunDebugging, RunInspection):
         Raises:
             RunFailedError: the run failed (the message has every failing rank's traceback).
         """
-        summary = self._cached_summary
+        summary = self._reader.summary
         if summary.get("state") == RunState.FAILED:
             raise RunFailedError(f"Run {self.name!r} failed.\n{summary.get('error')}")
 
@@ -379,10 +341,10 @@ class Run(RunControl, RunFiles, RunDebugging, RunInspection):
             msg = (f"Run {self.name!r} is still {outcome}, so nothing was deleted. Stop it first with "
                    f"run.stop() (or `nbtrain stop {self.name}`), then delete it.")
             raise NbtrainError(msg)
-        _registry.forget_run(self.name, self._address)
-        if isinstance(self._handle, StoredRunHandle):  # no process to end: the files were the run
+        _registry.forget_run(self.name, self._channel.address)
+        if isinstance(self._channel.handle, StoredRunHandle):  # no process to end: the files were the run
             return
-        ray.kill(self._handle, no_restart=True)
+        ray.kill(self._channel.handle, no_restart=True)
         wait_until_name_free(self.name)  # a launch of the name may follow
 
     def dashboard(self, **options: Any) -> Any:
@@ -407,22 +369,10 @@ class Run(RunControl, RunFiles, RunDebugging, RunInspection):
 
     def close(self) -> None:
         """End this Run's live views (its dashboards) within a second; what they drew stays, and the run goes on."""
-        followers, self._followers = self._followers, []
-        for follower in followers:
-            follower.close()
+        self._reader.close_views()
 
     def __repr__(self) -> str:
-        summary = self._summary
+        summary = self._reader.summary
         state = summary.get("state", "?")
-        return f"<nbtrain.Run {self.name!r} {state}, attempt {summary.get('attempt', '?')}, {len(self._rows)} rows>"
-
-
-def _readable(summary: dict[str, Any]) -> dict[str, Any]:
-    """The summary with its counts as whole numbers or ``None``: a run started by an older nbtrain
-    (``total_steps="100"`` was once accepted) must not break every view that reads it."""
-    for key in ("total_steps", "total_epochs"):
-        if key in summary and not _registry.is_whole(summary[key]):
-            summary[key] = None
-    if "step" in summary and not _registry.is_whole(summary["step"]):
-        summary["step"] = 0
-    return summary
+        rows = self._reader.rows_fetched
+        return f"<nbtrain.Run {self.name!r} {state}, attempt {summary.get('attempt', '?')}, {rows} rows>"

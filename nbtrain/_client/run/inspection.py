@@ -1,5 +1,5 @@
 """Looking inside a live run: ``run.stacks()`` (where every rank is, now) and ``run.profile()`` (torch.profiler for
-the next few steps) — a mixin of :class:`~nbtrain.Run`.
+the next few steps) — a part each :class:`~nbtrain.Run` holds.
 
 Both go the way of the run's other commands (:mod:`nbtrain._cluster.commands`): the supervisor numbers them and
 the ranks' steering listeners learn them at once. ``stacks`` is answered by each rank on that listener's
@@ -10,9 +10,10 @@ does not have, no steps) is one error line, with nothing sent to the ranks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nbtrain._client.run.inspection_results import Profile, Stacks
+from nbtrain._client.run.reader import RunReader
 from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._cluster.commands import MAX_PROFILE_STEPS, PROFILE, STACKS
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
@@ -22,14 +23,13 @@ PROFILE_WAIT_S = 300.0
 
 
 class RunInspection:
-    """What :class:`~nbtrain.Run` gets from this module: :meth:`stacks` and :meth:`profile`."""
+    """``run.stacks()`` and ``run.profile()`` delegate here."""
 
-    name: str
-
-    if TYPE_CHECKING:
-        def _call(self, method: str, *args: Any, timeout: float = ...) -> Any: ...
-        def _steer(self, kind: str, args: dict[str, Any], verb: str) -> dict[str, Any]: ...
-        def _fresh_summary(self) -> dict[str, Any]: ...
+    def __init__(self, reader: RunReader) -> None:
+        self.reader = reader
+        self.name = reader.channel.name
+        self._call = reader.channel.call
+        self._steer = reader.channel.steer
 
     def stacks(self, *, ranks: list[int] | None = None, timeout: float = 10.0) -> Stacks:
         """Every rank's Python stacks now, all its threads, taken from a side thread without pausing it.
@@ -116,7 +116,7 @@ class RunInspection:
 
     def _live_ranks(self, call: str, ranks: Any) -> list[int] | None:
         """``ranks`` checked against the run (None stays None), or the one line that says why not."""
-        summary = self._fresh_summary()
+        summary = self.reader.fetch_summary()
         state = RunState(summary["state"])
         if state.is_terminal:
             what = "stacks to take" if call == "stacks" else "steps to profile"

@@ -76,7 +76,7 @@ def show_dashboard(run: Any, *, follow: str = "background", ranks: Iterable[int]
         if earlier is not None:  # the same cell run again: one long poll for it, not one per run of the cell
             earlier.close()
         _FOLLOWING[key] = view
-        run._followers = [follower for follower in run._followers if not follower.closed] + [view]
+        run.reader.add_view(view)
         view.follow_in_background()
     return view
 
@@ -200,19 +200,19 @@ class WidgetDashboard(Follower):
         return REDRAW_INTERVAL_S - (time.monotonic() - self._drawn_at) if self._undrawn else None
 
     def update(self, wait_s: float = 0.0, coalesce: bool = False) -> bool:
-        self.run.refresh(wait_s=wait_s)  # outside the lock: a long poll must not block Stop's redraw
+        self.run.reader.refresh(wait_s=wait_s)  # outside the lock: a long poll must not block Stop's redraw
         with self._lock:
             # by position in the Run's history, not refresh()'s return value: rows a cell's
             # run.metrics fetched in the meantime are drawn too
             take_new_rows(self.run, self.history)
-            summary = self.run._cached_summary
+            summary = self.run.reader.summary
             self._summary = summary
             wide = max(summary.get("world_size") or 0, len(self.history.ranks())) > WIDE_RANKS
             if wide != self.wide:
                 self.wide, self._drawn_rows = wide, -1
                 self.rank_row.layout.display = None if wide else "none"
             # ended, and every row is here: a long history's last pages come after the final state
-            terminal = RunState(summary["state"]).is_terminal and self.run._caught_up
+            terminal = RunState(summary["state"]).is_terminal and self.run.reader.caught_up
             now = time.monotonic()
             if coalesce and not terminal and now - self._drawn_at < REDRAW_INTERVAL_S:
                 self._undrawn = True  # drawn when due: redraws stay at a few per second
@@ -349,7 +349,7 @@ class WidgetDashboard(Follower):
     def _resize_marks(self) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
         """A dashed line at the step each resized attempt resumed from, labelled with the change ("2 → 1 ranks")."""
         said: dict[int, str] = {}
-        for event in self.run._cached_events():
+        for event in self.run.reader.events:
             if event["kind"] == "resize" and " ranks: " in event["message"] and " → " in event["message"]:
                 said[event["attempt"] + 1] = event["message"].split(":")[0]
         shapes, labels = [], []
@@ -385,7 +385,7 @@ class WidgetDashboard(Follower):
     def _draw_logs(self, summary: dict[str, Any]) -> None:
         import ipywidgets as w
 
-        entries = self.run._cached_log_entries(self._log_cursor)
+        entries = self.run.reader.logs_since(self._log_cursor)
         self._log_cursor += len(entries)
         changed = set()
         for entry in entries:
@@ -420,7 +420,7 @@ class WidgetDashboard(Follower):
             self.logs.set_title(ranks.index(min(failing)), f"rank {min(failing)} log — failed")
 
     def _draw_notice(self) -> None:
-        events = [e for e in self.run._cached_events()
+        events = [e for e in self.run.reader.events
                   if e["kind"] in ("restart", "stall", "stacks", "resize", "note") or
                   (e["kind"] == "state" and e["message"].startswith("restarting"))]
         if events:

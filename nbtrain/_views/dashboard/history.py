@@ -349,7 +349,7 @@ class MetricHistory:
         self.text: dict[int, dict[str, str]] = {}  # rank -> the last text (or true/false) of each metric
 
     def add(self, rows: list[dict[str, Any]]) -> None:
-        """Take a batch of metric rows (as ``run._cached_rows`` gives them), a column at a time."""
+        """Take a batch of metric rows (as ``run.reader.rows_since`` gives them), a column at a time."""
         self.rows_seen += len(rows)
         if not rows:
             return
@@ -439,5 +439,5 @@ class MetricHistory:
 
 def take_new_rows(run: Any, history: MetricHistory) -> None:
     """Rows from where the history left off; rows the Run no longer holds are skipped, not waited for."""
-    history.rows_seen = max(history.rows_seen, run._row_window_start)
-    history.add(run._cached_rows(history.rows_seen))
+    history.rows_seen = max(history.rows_seen, run.reader.row_window_start)
+    history.add(run.reader.rows_since(history.rows_seen))
