@@ -383,7 +383,7 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
                 variant: str = "nbtrain") -> dict[str, Any]:
     import nbtrain
     from nbtrain import RunState
-    from nbtrain._views.follower import FOLLOW_POLL_S
+    from nbtrain._views.dashboard.follower import FOLLOW_POLL_S
 
     arrivals: list[tuple[float, dict[str, Any]]] = []
     poll_costs: list[float] = []

@@ -101,7 +101,7 @@ def rss_mb() -> float:
 
 def follow(run: Any, dashboard: Any, until: Any) -> list[float]:
     """Follow ``run`` like a dashboard; returns report → notebook latencies (s) of the rows seen live."""
-    from nbtrain._views.follower import FOLLOW_POLL_S
+    from nbtrain._views.dashboard.follower import FOLLOW_POLL_S
 
     latencies: list[float] = []
     while True:

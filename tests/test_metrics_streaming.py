@@ -74,7 +74,7 @@ def test_reading_metrics_does_not_wait_behind_a_dashboards_long_poll(cluster):
 
 
 def test_a_dashboard_draws_the_rows_a_cell_fetched_first(cluster):
-    from nbtrain._views.follower import TextProgress
+    from nbtrain._views.dashboard.follower import TextProgress
 
     run = nbtrain.launch(train_steps, config={"steps": 30, "sleep": 0.1}, workers=2, name="shared-reader")
     view = TextProgress(run, stream=io.StringIO())

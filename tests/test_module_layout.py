@@ -185,9 +185,6 @@ FOLDER_CIRCLE_EDGES = {
     # run.fork() starts a run by launching's one start path, which hands back _client/run's handles.
     # Way out: the start path below both folders, or fork()'s start in launching.
     ("nbtrain._client.run.forking", "nbtrain._client.launching.starting"),
-    # The dashboard redraws through _views' follower, which the sweep's view and the text view share.
-    # Way out: the follower beside the dashboard, or the dashboard's use of it passed in.
-    ("nbtrain._views.dashboard.dashboard", "nbtrain._views.follower"),
     # The rank's API (prepare_loader, the Ray Train seam's start) reaches into its sub-packages, which talk
     # back to the rank's session. Way out: the session (what both need) in a folder below them.
     ("nbtrain._cluster.rank.worker_api", "nbtrain._cluster.rank.data.loading"),

@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 from nbtrain._views.dashboard.dashboard import in_notebook
+from nbtrain._views.dashboard.follower import REDRAW_INTERVAL_S
 from nbtrain._views.dashboard.static_plot import COLOURS, Axes, svg_open
 from nbtrain._views.dashboard.summary_text import STATE_COLOURS
-from nbtrain._views.follower import REDRAW_INTERVAL_S
 
 FADED_OPACITY = 0.25
 TERMINAL = ("succeeded", "failed", "stopped")

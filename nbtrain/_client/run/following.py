@@ -16,7 +16,7 @@ from typing import Any
 
 from nbtrain._states import RunState
 
-LONG_POLL_S = 1.0  # how long one poll waits for news: here, and in a view's thread (nbtrain._views.follower)
+LONG_POLL_S = 1.0  # how long one poll waits for news: here, and in a view's thread (nbtrain._views.dashboard.follower)
 
 
 def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,

@@ -1,7 +1,7 @@
 """The live view of a run: widgets in a notebook, one text line elsewhere.
 
 Both read the same :class:`~nbtrain.Run` through its cursor, followed by
-:mod:`~nbtrain._views.follower`; redraws are coalesced (at most one every
+:mod:`~nbtrain._views.dashboard.follower`; redraws are coalesced (at most one every
 ``REDRAW_INTERVAL_S``, a held-back one drawn when due), widgets are updated in
 place (never re-displayed), curves are downsampled before they reach the
 browser, worker logs go to collapsed per-rank panes rather than the cell's
@@ -25,6 +25,7 @@ from typing import Any
 
 from nbtrain._states import RunState
 from nbtrain._views.dashboard.control_row import ControlRow, change_marks
+from nbtrain._views.dashboard.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
 from nbtrain._views.dashboard.history import MetricHistory, take_new_rows
 from nbtrain._views.dashboard.static_plot import COLOURS, static_summary
 from nbtrain._views.dashboard.step_time_plot import StepTimePlot, debug_hint
@@ -46,7 +47,6 @@ from nbtrain._views.dashboard.worker_table import (
     summary_table,
     worker_table,
 )
-from nbtrain._views.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
 
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000
