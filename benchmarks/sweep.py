@@ -113,7 +113,7 @@ def run_nbtrain(lrs: list[float], reports: int, steps_per_report: int, name: str
     from ray import tune
 
     import nbtrain
-    from nbtrain._client.sweep import TERMINAL as SWEEP_ENDED
+    from nbtrain._client.entry.sweep import TERMINAL as SWEEP_ENDED
 
     space = {"lr": tune.grid_search(list(lrs))}
     first_seen: dict[int, float] = {}

@@ -24,11 +24,11 @@ from __future__ import annotations
 from typing import Any
 
 from nbtrain._client.connection import Cluster, connect, disconnect
+from nbtrain._client.entry.sweep import Sweep, Trial, attach_sweep, sweeps
+from nbtrain._client.entry.sweep_start import tune
+from nbtrain._client.entry.torch_trainer import TorchTrainer
 from nbtrain._client.launching.launch import attach, launch, runs
-from nbtrain._client.launching.sweep_start import tune
 from nbtrain._client.run.handle import Run
-from nbtrain._client.sweep import Sweep, Trial, attach_sweep, sweeps
-from nbtrain._client.torch_trainer import TorchTrainer
 from nbtrain._client.warm import release_warm
 from nbtrain._cluster.rank.data.loading import prepare_loader
 from nbtrain._cluster.rank.session import TrainContext

@@ -1,5 +1,5 @@
 """``python -m nbtrain`` is the ``nbtrain`` command."""
 
-from nbtrain._client.cli import main
+from nbtrain._client.entry.cli import main
 
 raise SystemExit(main())

@@ -60,7 +60,7 @@ print(json.dumps({"address": cluster.address}))
 # without --live: nothing can have connected to a cluster, nor started one).
 RUNS = """
 import sys
-from nbtrain._client.cli import main
+from nbtrain._client.entry.cli import main
 code = main(["runs", *sys.argv[1:]])
 print("ray imported" if "ray" in sys.modules else "no ray", file=sys.stderr)
 sys.exit(code)

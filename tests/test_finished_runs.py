@@ -15,7 +15,7 @@ import pytest
 
 import nbtrain
 from nbtrain._client import connection
-from nbtrain._client.cli import cluster_answer
+from nbtrain._client.entry.cli import cluster_answer
 from nbtrain._client.local import local_cluster
 from nbtrain._client.run.stored import StoredRunHandle
 from nbtrain._cluster.names import find_supervisor

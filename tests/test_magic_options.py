@@ -178,7 +178,7 @@ def test_every_magics_help_reads_as_written(ip, capsys):
 def test_every_cli_commands_help_reads_as_written():
     import argparse
 
-    from nbtrain._client.cli import build_parser
+    from nbtrain._client.entry.cli import build_parser
 
     parser = build_parser()
     commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))

@@ -102,7 +102,8 @@ def test_no_module_imports_another_that_imports_it_back() -> None:
 def test_the_circle_check_finds_a_circle() -> None:
     graph = _graph()
     graph["nbtrain._cluster.rank.payload"] = graph["nbtrain._cluster.rank.payload"] | {"nbtrain._cluster.rank.worker"}
-    assert ["nbtrain._cluster.rank.payload", "nbtrain._cluster.rank.worker"] in _circles(graph)
+    assert any({"nbtrain._cluster.rank.payload", "nbtrain._cluster.rank.worker"} <= set(circle)
+               for circle in _circles(graph))
 
 
 def test_every_sub_package_says_what_it_holds() -> None:
@@ -145,7 +146,7 @@ AGAINST_THE_DIRECTION = {
     # Run.dashboard() opens the run's live view.
     ("nbtrain._client.run.handle", "nbtrain._views.dashboard.dashboard"),
     # Sweep.dashboard() opens the sweep's live view.
-    ("nbtrain._client.sweep", "nbtrain._views.sweep_dashboard"),
+    ("nbtrain._client.entry.sweep", "nbtrain._views.sweep_dashboard"),
     # Run.debug() opens IPython's debugger on a failed rank's post-mortem.
     ("nbtrain._client.run.debugging", "nbtrain._views.debugging.debugger"),
     # The storage= option is checked and normalised where it is declared, by the module that reads and writes it.
@@ -171,17 +172,6 @@ def _against_the_direction(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 # a circle between folders today and are not this test's to fix; each names its way out. Any other edge
 # that closes one fails.
 FOLDER_CIRCLE_EDGES = {
-    # _client's root holds faces above its sub-packages (the CLI, the Sweep handle, the TorchTrainer shim)
-    # and helpers below them (connection, warm, cluster_nodes): the faces reach down into launching and run,
-    # which reach back for the helpers. Way out: the faces in a folder of their own, or the helpers in one.
-    ("nbtrain._client.cli", "nbtrain._client.launching.launch"),
-    ("nbtrain._client.cli", "nbtrain._client.run.handle"),
-    ("nbtrain._client.sweep", "nbtrain._client.launching.launch"),
-    ("nbtrain._client.sweep", "nbtrain._client.run.handle"),
-    ("nbtrain._client.sweep", "nbtrain._client.run.stored"),
-    ("nbtrain._client.torch_trainer", "nbtrain._client.launching.launch"),
-    ("nbtrain._client.torch_trainer", "nbtrain._client.run.following"),
-    ("nbtrain._client.torch_trainer", "nbtrain._client.run.handle"),
     # run.fork() starts a run by launching's one start path, which hands back _client/run's handles.
     # Way out: the start path below both folders, or fork()'s start in launching.
     ("nbtrain._client.run.forking", "nbtrain._client.launching.starting"),

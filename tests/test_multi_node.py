@@ -16,7 +16,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 import nbtrain
-from nbtrain._client.cli import main as nbtrain_cli
+from nbtrain._client.entry.cli import main as nbtrain_cli
 from nbtrain._client.local import local_nodes
 
 from _train_fns import elastic_train

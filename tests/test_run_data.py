@@ -23,7 +23,7 @@ import pytest
 import nbtrain
 from nbtrain import _json, _registry
 from nbtrain._client import connection
-from nbtrain._client.cli import cluster_answer
+from nbtrain._client.entry.cli import cluster_answer
 from nbtrain._client.run.handle import _readable
 from nbtrain._cluster.names import find_supervisor
 from nbtrain._cluster.spec import RunSpec, summarize_config

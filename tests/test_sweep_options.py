@@ -44,7 +44,7 @@ def tune_parser():
 
 def test_the_magic_has_a_flag_for_every_sweep_option_and_every_trial_run_option(tune_parser):
     from nbtrain import _options
-    from nbtrain._client.sweep import SET_BY_THE_SWEEP
+    from nbtrain._client.entry.sweep import SET_BY_THE_SWEEP
 
     dests = {action.dest for action in tune_parser._actions if action.option_strings}
     assert set(DECLARED) <= dests

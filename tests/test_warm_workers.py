@@ -92,7 +92,7 @@ def test_a_relaunch_reuses_the_workers_started_afresh_and_reaches_its_first_step
     for pid in _pids(again):
         assert f"pid {pid}" in printed.getvalue()
 
-    from nbtrain._client.cli import cluster_answer  # what the lab sidebar is served
+    from nbtrain._client.entry.cli import cluster_answer  # what the lab sidebar is served
 
     warm = cluster_answer(cluster)["cluster"]["warm"]
     assert warm["idle"] >= 2 and 0 < warm["next_exit_s"] <= 600, warm

@@ -162,7 +162,7 @@ def magics_rst() -> list[str]:
 # --------------------------------------------------------------------------- the nbtrain command
 def cli_subcommands() -> dict[str, tuple[str, argparse.ArgumentParser]]:
     """Each subcommand of ``nbtrain``: its one-line help and its parser."""
-    from nbtrain._client.cli import build_parser
+    from nbtrain._client.entry.cli import build_parser
 
     subparsers = next(action for action in build_parser()._actions
                       if isinstance(action, argparse._SubParsersAction))
@@ -262,7 +262,7 @@ GENERATORS: dict[str, Callable[[], list[str]]] = {
 
 
 SOURCES = ("_options.py", "_sweep_options.py", "_exceptions.py", "_views/magics.py", "_views/magic_flags.py",
-           "_views/debugging/debug_magics.py", "_client/cli.py", "_lab/handlers.py")
+           "_views/debugging/debug_magics.py", "_client/entry/cli.py", "_lab/handlers.py")
 
 
 def _directive(generate: Callable[[], list[str]]) -> type[SphinxDirective]:

@@ -54,7 +54,7 @@ def sweep_option_flags(magic: Callable[..., Any]) -> Callable[..., Any]:
 
 def trial_run_fields() -> list[Any]:
     """The run options a sweep passes on to each of its trials (the rest it sets itself)."""
-    from nbtrain._client.sweep import SET_BY_THE_SWEEP
+    from nbtrain._client.entry.sweep import SET_BY_THE_SWEEP
 
     return [field for field in _options.fields() if field.name not in SET_BY_THE_SWEEP]
 

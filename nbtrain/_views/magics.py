@@ -167,7 +167,7 @@ class NbtrainMagics(Magics):
                ...:     ...
                ...:     nbtrain.report(loss=loss.item())
         """
-        from nbtrain._client.launching.sweep_start import start_sweep
+        from nbtrain._client.entry.sweep_start import start_sweep
 
         args = self._parse(self.ray_tune, line)
         if args is None:
@@ -218,8 +218,8 @@ class NbtrainMagics(Magics):
             ray://127.0.0.1:41837 (local): 1 node(s), CPU 2/4 used
             cifar   running    attempt 1  step 120/400
         """
+        from nbtrain._client.entry.sweep import sweeps
         from nbtrain._client.launching.launch import runs
-        from nbtrain._client.sweep import sweeps
 
         if self._parse(self.ray_status, line) is None:
             return

@@ -3,7 +3,7 @@
 The sweep's options are checked here, and its trials' run template by the same checks as any run's
 (:func:`~nbtrain._client.launching.starting.checked_spec`), before the sweep's supervisor exists;
 the sweep's supervisor (:mod:`nbtrain._cluster.sweep.sweep_supervisor`) then runs Ray Tune on the cluster,
-and :class:`~nbtrain._client.sweep.Sweep` reads it.
+and :class:`~nbtrain._client.entry.sweep.Sweep` reads it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import time
 from typing import Any
 
 from nbtrain import _options, _sweep_options
-from nbtrain._client.launching import starting
-from nbtrain._client.launching.checks import ended_note, numbered_name, owner
-from nbtrain._client.sweep import (
+from nbtrain._client.entry.sweep import (
     POLL_TIMEOUT_S,
     SET_BY_THE_SWEEP,
     TERMINAL,
@@ -25,6 +23,8 @@ from nbtrain._client.sweep import (
     _live_sweep_names,
     stored_sweep_names,
 )
+from nbtrain._client.launching import starting
+from nbtrain._client.launching.checks import ended_note, numbered_name, owner
 from nbtrain._cluster.spec import SweepSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError, RunExistsError
 from nbtrain._options import RunOptions, check_keywords

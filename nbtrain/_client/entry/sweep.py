@@ -1,5 +1,5 @@
 """Hyperparameter sweeps from the notebook: :class:`Sweep`, ``attach_sweep``, ``sweeps`` (``nbtrain.tune()`` starts
-one: :mod:`nbtrain._client.launching.sweep_start`).
+one: :mod:`nbtrain._client.entry.sweep_start`).
 
 A sweep runs Ray Tune on the cluster (see :mod:`nbtrain._cluster.sweep.sweep_supervisor`);
 each trial is an nbtrain run named ``<sweep>-t<N>``. The notebook only reads the

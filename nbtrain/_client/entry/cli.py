@@ -194,7 +194,7 @@ def sweep_records(address: str) -> list[dict[str, Any]] | None:
     "trials": [{"index", "state", "config", "iterations", "last", "best", "stop_reason", "error",
     "waiting_for", "run"}, ...]}``; ``run`` is the trial's run name (None until it started).
     """
-    from nbtrain._client.sweep import attach_sweep, sweeps
+    from nbtrain._client.entry.sweep import attach_sweep, sweeps
     from nbtrain._exceptions import NbtrainError
 
     try:
