@@ -96,11 +96,10 @@ def test_ray_train_lightning_helpers_work_unchanged(cluster):
 
 @pytest.mark.quick
 def test_unknown_lightning_strategy_names_the_choices():
-    from nbtrain._cluster.rank.session import TrainContext, TrainingSession, set_session
+    from nbtrain._cluster.rank.payload import local_payload
+    from nbtrain._cluster.rank.session import TrainingSession, set_session
 
-    context = TrainContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
-                           device=torch.device("cpu"), attempt=1, config={}, run_name="x")
-    set_session(TrainingSession(context, None, 1.0, None, True, None))
+    set_session(TrainingSession(local_payload("x"), torch.device("cpu")))
     try:
         with pytest.raises(nbtrain.InvalidOptionError, match="'ddp' or 'fsdp'"):
             nbtrain.lightning.trainer(strategy="horovod")

@@ -17,17 +17,15 @@ import threading
 import pytest
 import torch
 
-from nbtrain._cluster.rank.session import TrainContext, TrainingSession
+from nbtrain._cluster.rank.payload import local_payload
+from nbtrain._cluster.rank.session import TrainingSession
 
 pytestmark = pytest.mark.quick
 ROWS = 1_000_000
 
 
 def _session() -> TrainingSession:
-    context = TrainContext(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
-                           device=torch.device("cpu"), attempt=1, config={}, run_name="handoff")
-    return TrainingSession(context, supervisor=None, flush_interval_s=0.001, storage=None, weights_only=True,
-                           datasets=None)
+    return TrainingSession(local_payload("handoff", flush_interval_s=0.001), torch.device("cpu"))
 
 
 def test_a_million_rows_collected_every_millisecond_arrive_once_each() -> None:

@@ -50,3 +50,16 @@ class WorkerPayload:
     folder: RankFolder | None = None  # where the run's relative paths go; None: where Ray put it (see run_folder)
     debug_capture_mb: float = 4.0  # a failing rank's post-mortem size cap; 0: none (see post_mortem)
     step_timing: bool = True       # split step time into data wait, compute, communication (see step_timing)
+
+
+def local_payload(run_name: str, **fields: Any) -> WorkerPayload:
+    """A payload for a session with no run around it (tests, benchmarks): rank 0 of 1 on the CPU, no
+    supervisor to push to, no function to run; ``fields`` replace any of these."""
+    values: dict[str, Any] = dict(
+        rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, gpu_index=None,
+        cuda_visible_devices=None, device_name="cpu", attempt=1, run_name=run_name, config={}, supervisor=None,
+        relay=None, flush_interval_s=1.0, storage=None, weights_only=True, precision=None, backend="gloo",
+        master_addr="127.0.0.1", master_port=0, collective_timeout_s=60.0, fn_bytes=b"", fn_takes_config=False,
+        cpus_per_worker=1.0, datasets={}, elastic=False, batch_scale=1.0, lr_scale=1.0, gns=False,
+        adaptive_batch=None, commands=[])
+    return WorkerPayload(**{**values, **fields})

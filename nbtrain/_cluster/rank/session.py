@@ -1,7 +1,7 @@
 """The per-worker training session: what ``report()`` and friends talk to.
 
 ``report()`` is on the training step's hot path, so it only turns tensors into
-numbers and appends a tuple to a deque (about 2 µs). A background thread drains
+numbers and appends a tuple to a deque. A background thread drains
 that deque every ``flush_interval_s`` and sends one push to the supervisor: an actor
 call, or in wide runs a message to its node's push relay's socket (see
 :mod:`~nbtrain._cluster.feed.push_relay`), carrying the rows, a heartbeat and any new
@@ -17,12 +17,14 @@ import io
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nbtrain._cluster.elastic.gradient_noise import NoiseScale
 from nbtrain._cluster.feed.relay_link import Pending, RayPush, RelayLink, open_link
 from nbtrain._cluster.rank.inspection.resources import Resources
 from nbtrain._cluster.rank.inspection.step_timing import StepTimes
+from nbtrain._cluster.rank.payload import WorkerPayload
 from nbtrain._cluster.rank.steering import RankSteering
 from nbtrain._exceptions import NbtrainError
 
@@ -89,34 +91,21 @@ class _LogTee(io.TextIOBase):
 class TrainingSession:
     """State of one rank during one attempt; created by the worker actor."""
 
-    def __init__(self, context: TrainContext, supervisor: Any, flush_interval_s: float,
-                 storage: str | None, weights_only: bool, datasets: dict[str, Any] | None,
-                 relay: Any = None, precision: str | None = None, elastic: bool = False,
-                 batch_scale: float = 1.0, lr_scale: float = 1.0, gns: bool = False,
-                 adaptive_batch: tuple[int, int] | None = None, step_timing: bool = True,
-                 commands: list[dict[str, Any]] | None = None) -> None:
-        self.context = context
-        self.timing = StepTimes() if step_timing else None  # data wait / compute / communication (step_timing)
+    def __init__(self, payload: WorkerPayload, device: Any) -> None:
+        self.payload = payload  # what the supervisor sent this rank: the run's options are read from it
+        self.context = TrainContext(
+            rank=payload.rank, world_size=payload.world_size, local_rank=payload.local_rank,
+            local_world_size=payload.local_world_size, node_rank=payload.node_rank, device=device,
+            attempt=payload.attempt, config=dict(payload.config), run_name=payload.run_name)
+        self.timing = StepTimes() if payload.step_timing else None  # data wait / compute / communication
         # the gradient noise scale, fed by prepare_model's DDP hook; None when not asked for
-        self.noise = NoiseScale() if gns else None
-        self.adaptive_batch = adaptive_batch  # per-rank batch bounds for prepare_loader (see adaptive_batch)
+        self.noise = NoiseScale() if payload.gns else None
         self.batch_size = 0                   # the size of the last batch a prepared loader gave
         self.lr_gain = 1.0                    # AdaScale's gain applied to the prepared optimizers
         self.optimizers: list[Any] = []       # those prepare_optimizer gave back (their lr follows lr_gain)
-        self.batch_scale = batch_scale  # prepare_loader's and prepare_optimizer's factors (elastic runs)
-        self.lr_scale = lr_scale
-        self.elastic = elastic
         self.checkpoint_requested = False  # an elastic run's resize wants one (see steering's poll)
-        self.precision = precision  # the run's precision option: prepare_model's default
         self.grad_scaler: Any = None  # a torch GradScaler once a 16-mixed model was prepared
-        self.supervisor = supervisor
-        self.relay = relay  # this node's push relay (see push_relay); None once it failed: straight to the supervisor
-        self.flush_interval_s = flush_interval_s
-        self.storage = storage
-        self.weights_only = weights_only
-        self.datasets = datasets or {}
-        # Handed from report() and print() to the flusher thread without a lock: appends and the
-        # flusher's popleft() never lose an item between them (a swap of lists could).
+        self.relay = payload.relay  # this node's push relay (see push_relay); None once it failed: to the supervisor
         self.buffer: collections.deque[tuple[int, float, dict[str, Any]]] = collections.deque()
         self.logs: collections.deque[tuple[str, float, str]] = collections.deque()
         self.step = 0          # batches yielded by prepared loaders (or reports)
@@ -129,7 +118,7 @@ class TrainingSession:
         self.seq = 0
         self._resources = Resources()
         self._rate_mark = (time.time(), 0)
-        self._usage = self._resources.sample(context.device)  # read again with the rate, once a second
+        self._usage = self._resources.sample(device)  # read again with the rate, once a second
         self._stop = threading.Event()
         self._flushing = threading.Lock()  # the flusher's ticks and land_reported() take turns
         self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
@@ -142,7 +131,26 @@ class TrainingSession:
         self._waiting_rows: list[dict[str, Any]] = []
         self._waiting_logs: list[tuple[str, float, str]] = []
         self._renamed: set[str] = set()
-        self.steering = RankSteering(self, commands or [])  # the notebook's commands to this live run
+        # report()'s one test: work before a row only while steering has commands due or gns is measured
+        self.report_hook: Callable[[dict[str, Any]], None] | None = None
+        self.commands_due(False)
+        self.steering = RankSteering(self, payload.commands)  # the notebook's commands to this live run
+
+    @property  # the options that other modules read from the session, as the payload has them
+    def supervisor(self) -> Any:
+        return self.payload.supervisor
+
+    @property
+    def datasets(self) -> dict[str, Any]:
+        return self.payload.datasets
+
+    @property
+    def adaptive_batch(self) -> tuple[int, int] | None:
+        return self.payload.adaptive_batch  # per-rank batch bounds for prepare_loader (see adaptive_batch)
+
+    @property
+    def batch_scale(self) -> float:
+        return self.payload.batch_scale  # prepare_loader's factor (elastic runs)
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -170,33 +178,35 @@ class TrainingSession:
 
     # -- hot path --------------------------------------------------------
     def report(self, metrics: dict[str, Any]) -> None:
-        if self.steering.pending:
-            self.steering.at_report()
+        # one row, its values as they are now; all else waits for the flusher (cold, each line costs ~0.5 µs)
+        if self.report_hook is not None:
+            self.report_hook(metrics)
         step = metrics.pop("step", None)
         self.report_calls += 1
         if step is None:
             step = self.step if self.uses_loader else self.report_calls
-        try:
-            step = int(step)
-        except (TypeError, ValueError, OverflowError):
-            msg = f"report(step=...) must be a whole number (the row's step), got {step!r}."
-            raise NbtrainError(msg) from None
+        elif type(step) is not int:
+            step = _whole_step(step)
         self.last_step = step
+        for value in metrics.values():  # the values as they are now, not when the flusher looks
+            if type(value) not in _PLAIN_TYPES:
+                metrics = {key: _to_number(item) for key, item in metrics.items()}
+                break
+        self.buffer.append((step, time.time(), metrics))
+
+    def _before_report(self, metrics: dict[str, Any]) -> None:
+        if self.steering.pending:
+            self.steering.at_report()
         if self.noise is not None:
             noise_scale = self.noise.value
             if noise_scale is not None:
                 metrics.setdefault("gns", noise_scale)
-            if self.adaptive_batch is not None and self.batch_size:
+            if self.payload.adaptive_batch is not None and self.batch_size:
                 metrics.setdefault("batch_size", self.batch_size)
-        now = time.time()
-        numbers = metrics
-        for key, value in metrics.items():  # the values as they are now, not when the flusher looks
-            if type(value) not in _PLAIN_TYPES:
-                if numbers is metrics:
-                    numbers = dict(metrics)
-                numbers[key] = _to_number(value)
-        self.buffer.append((step, now, numbers))
-        self.last_progress = now
+
+    def commands_due(self, due: bool) -> None:
+        """Steering has commands pending (or no more): report() looks at them only then."""
+        self.report_hook = self._before_report if due or self.noise is not None else None
 
     def on_batch(self, batch_size: int) -> None:
         self.step += 1
@@ -209,7 +219,7 @@ class TrainingSession:
 
     # -- background ------------------------------------------------------
     def _flush_loop(self) -> None:
-        while not self._stop.wait(until_next_tick(self.flush_interval_s)):
+        while not self._stop.wait(until_next_tick(self.payload.flush_interval_s)):
             with self._flushing:
                 try:
                     self.flush(state="running")
@@ -307,6 +317,8 @@ class TrainingSession:
                     key = self._renamed_key(key, logs)
                 row[key] = value
             self._waiting_rows.append(row)
+        if rows:  # a report is progress: report() leaves saying so to here
+            self.last_progress = max(self.last_progress, rows[-1][1])
         self._waiting_logs.extend(logs)
         if self._unsent is None:  # the supervisor took the last push: it takes everything
             return
@@ -354,7 +366,7 @@ class TrainingSession:
                 return
             except OSError:
                 self._drop_relay()
-        self._in_flight = RayPush((self.relay or self.supervisor).push.remote(*push))
+        self._in_flight = RayPush((self.relay or self.payload.supervisor).push.remote(*push))
 
     def _drop_relay(self) -> None:
         self.relay = None
@@ -388,6 +400,14 @@ def until_next_tick(interval_s: float) -> float:
 
 
 _PLAIN_TYPES = frozenset({int, float, str, bool, type(None)})
+
+
+def _whole_step(step: Any) -> int:
+    try:
+        return int(step)
+    except (TypeError, ValueError, OverflowError):
+        msg = f"report(step=...) must be a whole number (the row's step), got {step!r}."
+        raise NbtrainError(msg) from None
 
 
 def _to_number(value: Any) -> Any:

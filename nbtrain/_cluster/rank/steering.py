@@ -141,10 +141,16 @@ class RankSteering:
                         command = {**command, "at_step": command["applied_step"]}
                     pending.append(command)
             pending.sort(key=lambda c: (c["at_step"], c["id"]))
-            self.pending = pending  # one reference swap: the training thread reads either list whole
+            self._set_pending(pending)
         self._poked.set()  # a paused rank looks at once
         for command in asked_now:  # here, on the listener's thread: a rank stuck in its step still answers
             self._answer_stacks(command)
+
+    def _set_pending(self, pending: list[dict[str, Any]]) -> None:
+        """With ``_lock`` held: one reference swap (the training thread reads either list whole), and report()
+        told whether it has commands to look at."""
+        self.pending = pending
+        self.session.commands_due(bool(pending))
 
     def _answer_stacks(self, command: dict[str, Any]) -> None:
         timing = self.session.timing
@@ -206,7 +212,7 @@ class RankSteering:
             if (command["kind"] in (USER, PROFILE)) != user or (command["kind"] == ADJUST and not adjust):
                 continue
             with self._lock:
-                self.pending = [c for c in self.pending if c["id"] != command["id"]]
+                self._set_pending([c for c in self.pending if c["id"] != command["id"]])
             self._apply(command, step)
 
     def _apply(self, command: dict[str, Any], step: int) -> None:
@@ -278,7 +284,7 @@ class RankSteering:
         with self._lock:
             pending = [*self.pending, {**command, "at_step": step + 1}]
             pending.sort(key=lambda c: (c["at_step"], c["id"]))
-            self.pending = pending
+            self._set_pending(pending)
 
     def _run_handler(self, command: dict[str, Any]) -> None:
         name, payload = command["args"]["name"], command["args"].get("payload") or {}

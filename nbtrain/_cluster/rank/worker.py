@@ -33,7 +33,7 @@ from nbtrain._cluster import run_folder
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.inspection import post_mortem
 from nbtrain._cluster.rank.ray_train import on_import as ray_train_on_import
-from nbtrain._cluster.rank.session import TrainContext, TrainingSession, set_session
+from nbtrain._cluster.rank.session import TrainingSession, set_session
 from nbtrain._net import free_port
 from nbtrain._packing import shipping
 
@@ -117,17 +117,8 @@ class TrainWorker:
             print(f"nbtrain: Ray gave this rank GPU(s) {payload.cuda_visible_devices}, but torch sees no CUDA "
                   f"device; code using {device} will fail. Install a CUDA build of torch on the cluster, or set "
                   "gpus_per_worker=0.", file=sys.stderr)
-        context = TrainContext(
-            rank=rank, world_size=payload.world_size, local_rank=payload.local_rank,
-            local_world_size=payload.local_world_size, node_rank=payload.node_rank,
-            device=device, attempt=payload.attempt, config=dict(payload.config), run_name=payload.run_name,
-        )
-        session = TrainingSession(context, payload.supervisor, payload.flush_interval_s, payload.storage,
-                                  payload.weights_only, payload.datasets, relay=payload.relay,
-                                  precision=payload.precision, elastic=payload.elastic,
-                                  batch_scale=payload.batch_scale, lr_scale=payload.lr_scale,
-                                  gns=payload.gns, adaptive_batch=payload.adaptive_batch,
-                                  step_timing=payload.step_timing, commands=payload.commands)
+        session = TrainingSession(payload, device)
+        context = session.context
         set_session(session)
         ray_train_on_import.watch()
         session.start()
