@@ -212,11 +212,6 @@ class RunFeed:
                        f"rows are kept in memory until it can")
         self._add_event("storage", message, attempt)
 
-    def notify(self) -> None:
-        """Wake long polls: something a reader sees besides the lists changed (the run's state)."""
-        with self.lock:
-            self.changed.notify_all()
-
     def read(self, cursors: tuple[int, int, int], max_rows: int, wait_s: float, ended: Callable[[], bool],
              running_ranks: Callable[[], list[int]], flush_interval_s: float) -> dict[str, Any]:
         """Everything after ``cursors`` (rows, logs, events); with ``wait_s`` a long poll.
