@@ -160,7 +160,8 @@ def test_stacks_are_answered_as_soon_as_learnt_and_an_earlier_attempts_are_not()
 
     supervisor = _Recorder()
     session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=1, attempt=2, device="cpu"),
-                              timing=None, uses_loader=False, report_calls=0, last_step=0, step=0)
+                              timing=None, uses_loader=False, report_calls=0, last_step=0, step=0,
+                              commands_due=lambda due: None)
     earlier = [{"id": 1, "kind": "adjust", "args": {"lr": 0.1}, "at_step": 3, "applied_step": 3},
                {"id": 2, "kind": "stacks", "args": {"ranks": [0, 1]}, "at_step": 5},
                {"id": 3, "kind": "profile", "args": {"steps": 5, "ranks": [1]}, "at_step": 6}]
