@@ -138,7 +138,7 @@ def latency() -> tuple[list[float], list[int]]:
             run.refresh(wait_s=1.0)
         took, ahead = [], []
         for index in range(CHANGES):
-            furthest = max(w.get("steer_step") or 0 for w in run.workers)
+            furthest = max(w["step"] for w in run.workers)
             started = time.perf_counter()
             applied = run.adjust(lr=0.1 / (index + 2), wait=True)
             took.append(time.perf_counter() - started)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from nbtrain._cluster.commands import Command
 from nbtrain._cluster.elastic.policy import Resize
 from nbtrain._cluster.feed.feed import RunFeed
 from nbtrain._cluster.run.controller import RunController
@@ -61,7 +62,7 @@ class FakeWorkerGroups:
         self.running = threading.Event()
 
     def start(self, spec: RunSpec, attempt: int, world_size: int, supervisor: Any, datasets: Any,
-              table: WorkerTable, commands: list[dict[str, Any]], stop_requested: Callable[[], bool],
+              table: WorkerTable, commands: list[Command], stop_requested: Callable[[], bool],
               on_placed: Callable[[], None], run_dir: Path, say: Callable[[str], None]) -> FakeAttempt:
         if stop_requested():
             raise StopRequested

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from nbtrain._cluster.commands import Heartbeat, SteeringBeat
 from nbtrain._cluster.rank.data.counted_shard import CountedShard
 from nbtrain._cluster.rank.data.loading import batch_size_of
 from nbtrain._cluster.run.worker_table import WorkerTable
@@ -87,10 +88,9 @@ def test_static_chart_marks_the_changes_inside_its_steps_and_leaves_out_the_othe
 
 def beats(table: WorkerTable, rank: int, *beats: tuple[float, int, float | None]) -> None:
     for when, step, samples_per_s in beats:
-        beat = {"time": when, "step": step, "state": "running"}
-        if samples_per_s is not None:
-            beat["samples_per_s"] = samples_per_s
-        table.beat(rank, 1, beat)
+        table.beat(rank, 1, Heartbeat(time=when, step=step, state="running", last_progress=when,
+                                      steering=SteeringBeat(step=step + 1, rate=None, epoch=0),
+                                      samples_per_s=samples_per_s))
 
 
 def test_worker_table_shows_samples_per_s_only_when_batches_have_a_size_else_steps_per_s():

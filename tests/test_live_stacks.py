@@ -86,13 +86,13 @@ def test_stacks_say_which_rank_waits_in_a_collective_and_where_the_other_is(clus
         assert "rank 0 waits in a collective (all_reduce)" in dashboard.controls.answer.value
 
         # bad input: one line each, nothing sent (the stall's watcher may send stacks of its own meanwhile)
-        sent = [c for c in run._call("control", 0, 0, 0.0)[1] if c["args"].get("ranks") != [0, 1]]
+        sent = [c for c in run._call("control", 0, 0, 0.0)[1] if c.args.get("ranks") != [0, 1]]
         with pytest.raises(InvalidOptionError, match=r"run.stacks\(ranks=...\) is a list of the run's ranks, 0 to 1; "
                                                      r"got \[5\]"):
             run.stacks(ranks=[5])
         with pytest.raises(InvalidOptionError, match=r"run.stacks\(timeout=...\)"):
             run.stacks(timeout=0)
-        assert [c for c in run._call("control", 0, 0, 0.0)[1] if c["args"].get("ranks") != [0, 1]] == sent
+        assert [c for c in run._call("control", 0, 0, 0.0)[1] if c.args.get("ranks") != [0, 1]] == sent
     finally:
         run.stop()
     with pytest.raises(NbtrainError, match=r"run.stacks\(\): run 'stacks-live' has ended \(stopped\); it has no "
@@ -156,24 +156,25 @@ def test_stacks_are_answered_as_soon_as_learnt_and_an_earlier_attempts_are_not()
     list; a new attempt does not answer (or profile) again what an earlier attempt was asked."""
     from types import SimpleNamespace
 
+    from nbtrain._cluster.commands import Command
     from nbtrain._cluster.rank.steering import RankSteering
 
     supervisor = _Recorder()
     session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=1, attempt=2, device="cpu"),
                               timing=None, uses_loader=False, report_calls=0, last_step=0, step=0,
                               commands_due=lambda due: None)
-    earlier = [{"id": 1, "kind": "adjust", "args": {"lr": 0.1}, "at_step": 3, "applied_step": 3},
-               {"id": 2, "kind": "stacks", "args": {"ranks": [0, 1]}, "at_step": 5},
-               {"id": 3, "kind": "profile", "args": {"steps": 5, "ranks": [1]}, "at_step": 6}]
+    earlier = [Command(1, "adjust", {"lr": 0.1}, at_step=3, issued=0.0, applied_step=3),
+               Command(2, "stacks", {"ranks": [0, 1]}, at_step=5, issued=0.0),
+               Command(3, "profile", {"steps": 5, "ranks": [1]}, at_step=6, issued=0.0)]
     steering = RankSteering(session, earlier)
     steering.learn(earlier)  # the listener's first answer: every command after the last change
-    assert supervisor.sent == [] and [c["id"] for c in steering.pending] == [1]
+    assert supervisor.sent == [] and [c.id for c in steering.pending] == [1]
 
-    steering.learn([{"id": 4, "kind": "stacks", "args": {"ranks": [1]}, "at_step": 9},
-                    {"id": 5, "kind": "stacks", "args": {"ranks": [0]}, "at_step": 9}])
+    steering.learn([Command(4, "stacks", {"ranks": [1]}, at_step=9, issued=0.0),
+                    Command(5, "stacks", {"ranks": [0]}, at_step=9, issued=0.0)])
     [(method, command_id, rank, ok, answer)] = supervisor.sent
     assert (method, command_id, rank, ok) == ("command_result", 4, 1, True)
     # the training thread is this one (it made the steering), here in this test: its line is the call above
     assert answer["kind"] == "elsewhere" and "test_live_stacks.py" in answer["verdict"], answer["verdict"]
     assert answer["threads"][0]["whose"] == "training"
-    assert [c["id"] for c in steering.pending] == [1]
+    assert [c.id for c in steering.pending] == [1]

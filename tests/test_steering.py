@@ -112,7 +112,7 @@ def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
             run.adjust(lr=1.0)
         with pytest.raises(nbtrain.InvalidOptionError, match="adjust\\(\\) cannot change learning_rate"):
             run.adjust(learning_rate=1.0)
-        with pytest.raises(nbtrain.InvalidOptionError, match="must be a finite number in range, got nan"):
+        with pytest.raises(nbtrain.InvalidOptionError, match=r"adjust\(lr=...\) must be a finite number >= 0, got nan"):
             run.adjust(lr=float("nan"))
     finally:
         if not run.state.is_terminal:
@@ -331,5 +331,5 @@ def test_a_fork_trains_at_its_config_from_its_first_step_though_its_code_restore
     assert change["step"] == 21 and change["args"]["lr"] == 0.2 and change["before"]["lr"] == [0.05], child.changes
     assert "lr 0.05 → 0.2" in change["description"], change  # the history shows the change
     with pytest.raises(nbtrain.InvalidOptionError, match=r"run.fork\(config=\{'lr': ...\}\) must be a finite "
-                                                         r"number in range, got -1"):
+                                                         r"number >= 0, got -1"):
         parent.fork(config={"lr": -1}, name="steering-opt-bad")

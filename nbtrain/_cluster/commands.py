@@ -8,19 +8,21 @@ a stuck rank takes none), and ``profile`` runs torch.profiler on the chosen rank
 steps; neither is one of the run's changes (``run.changes``), and a new attempt does neither again. See
 :mod:`nbtrain._cluster.run.steering` (the supervisor's side) and :mod:`nbtrain._cluster.rank.steering`
 (the ranks').
+
+Everything that travels is a dataclass of this module: the :class:`Command` (notebook ← supervisor →
+ranks) and the rank's :class:`Heartbeat` with its :class:`SteeringBeat` (ranks → supervisor). Each
+setting a live run can change is one :class:`Setting` in :data:`SETTINGS`: the notebook checks a value
+there once (:func:`checked_settings`, one message per setting) and the ranks apply what it returns.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 from nbtrain._exceptions import InvalidOptionError
-
-# The optimizer settings a live run can change, as torch's param groups name them; ``grad_clip`` is
-# nbtrain's own (the max norm it clips gradients to before each update; None: no clipping).
-ADJUSTABLE = ("lr", "weight_decay", "momentum", "betas", "grad_clip")
 
 ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE = (
     "adjust", "pause", "resume", "checkpoint", "stop_after_epoch", "user", "stacks", "profile")
@@ -31,9 +33,73 @@ MAX_PROFILE_STEPS = 1000
 AS_SOON_AS_BACK = -1  # at_step of a command issued while no rank runs: the next attempt's first step
 
 
-@dataclasses.dataclass
+# ---------------------------------------------------------------------- the settings a live run can change
+def _finite(value: Any, good: Callable[[float], bool]) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not good(value):
+        raise ValueError
+    return float(value)
+
+
+def _at_least_zero(value: Any) -> float:
+    return _finite(value, lambda v: v >= 0)
+
+
+def _pair_below_one(value: Any) -> list[float]:
+    if not (isinstance(value, (tuple, list)) and len(value) == 2):
+        raise ValueError
+    return [_finite(beta, lambda v: 0 <= v < 1) for beta in value]
+
+
+def _positive_or_off(value: Any) -> float | None:
+    return None if value is None else _finite(value, lambda v: v > 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One optimizer setting a live run can change: how a value is checked, and the range its error names."""
+
+    name: str
+    checked: Callable[[Any], Any]   # the value as the ranks apply it; ValueError when out of range
+    expected: str                   # what a good value is, for the error
+    in_param_groups: bool = True    # torch's param groups hold it (grad_clip is nbtrain's own)
+
+
+# The optimizer settings a live run can change, as torch's param groups name them; ``grad_clip`` is
+# nbtrain's own (the max norm it clips gradients to before each update; None: no clipping).
+SETTINGS = {setting.name: setting for setting in (
+    Setting("lr", _at_least_zero, "a finite number >= 0"),
+    Setting("weight_decay", _at_least_zero, "a finite number >= 0"),
+    Setting("momentum", _at_least_zero, "a finite number >= 0"),
+    Setting("betas", _pair_below_one, "a pair like (0.9, 0.999), each in [0, 1)"),
+    Setting("grad_clip", _positive_or_off, "a finite number > 0, or None to stop clipping", in_param_groups=False),
+)}
+ADJUSTABLE = tuple(SETTINGS)
+IN_PARAM_GROUPS = tuple(name for name, setting in SETTINGS.items() if setting.in_param_groups)
+NO_SETTING_GIVEN = f"adjust() needs a setting to change: {', '.join(ADJUSTABLE)}."
+
+
+def checked_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """Optimizer settings (keys of ``SETTINGS``) as the ranks apply them, or the error naming the bad one.
+
+    ``where`` names the value in the message, with ``{name}`` for the setting: ``"adjust({name}=...)"``.
+    """
+    settings: dict[str, Any] = {}
+    for key, value in values.items():
+        setting = SETTINGS[key]
+        try:
+            settings[key] = setting.checked(value)
+        except ValueError:
+            raise InvalidOptionError(f"{where.format(name=key)} must be {setting.expected}, got {value!r}.") from None
+    return settings
+
+
+# ---------------------------------------------------------------------- notebook -> supervisor -> ranks
+@dataclasses.dataclass(frozen=True)
 class Command:
-    """One command of a run, in the order issued (``id`` from 1)."""
+    """One command of a run, in the order issued (``id`` from 1), as the supervisor hands it to the notebook
+    and to the ranks. Its ``args`` are the kind's own (read them through the properties below); the saved
+    run and ``run.changes`` keep it as a plain dict (:meth:`as_dict`)."""
 
     id: int
     kind: str
@@ -44,36 +110,65 @@ class Command:
     applied: float | None = None      # when (rank 0's clock)
     before: dict[str, Any] | None = None  # ADJUST: rank 0's values just before (per param group lists)
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        """ADJUST: the settings it changes (keys of :data:`SETTINGS`)."""
+        return {key: value for key, value in self.args.items() if key != "group"}
+
+    @property
+    def group(self) -> int | None:
+        """ADJUST: the one param group it changes; None: every group."""
+        return self.args.get("group")
+
+    @property
+    def ranks(self) -> list[int]:
+        """STACKS, PROFILE: the ranks asked."""
+        return list(self.args["ranks"])
+
+    @property
+    def epoch(self) -> int:
+        """STOP_AFTER_EPOCH: the epoch after which the run stops."""
+        return int(self.args["epoch"])
+
+    @property
+    def steps(self) -> int:
+        """PROFILE: how many steps to profile."""
+        return int(self.args["steps"])
+
+    @property
+    def handler(self) -> tuple[str, dict[str, Any]]:
+        """USER: the ``@on_command`` handler's name and the keyword arguments sent to it."""
+        return self.args["name"], dict(self.args.get("payload") or {})
+
+    def due_at(self, step: int) -> Command:
+        return dataclasses.replace(self, at_step=step)
+
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-def describe(command: dict[str, Any]) -> str:
-    """The change as the curves' marker and the events say it: ``lr 0.1 → 0.01 at step 1200``."""
-    args = command["args"]
-    step = command["applied_step"] if command.get("applied_step") is not None else command["at_step"]
-    where = f" at step {step}" if step >= 0 else " as the ranks come back"
-    if command["kind"] in (RESUME, STOP_AFTER_EPOCH):  # not bound to a step: a resume acts at once
-        where = ""
-    if command["kind"] == ADJUST:
-        before = command.get("before") or {}
-        parts = []
-        for key, value in args.items():
-            if key == "group":
-                continue
-            old = before.get(key)
-            shown_old = _short(old[0] if isinstance(old, list) and len(set(map(repr, old))) == 1 else old)
-            parts.append(f"{key} {shown_old} → {_short(value)}" if old is not None else f"{key} → {_short(value)}")
-        group = f" (param group {args['group']})" if args.get("group") is not None else ""
-        return ", ".join(parts) + group + where
-    if command["kind"] == USER:
-        return f"command {args['name']!r}" + where
-    if command["kind"] == STACKS:
-        return "stacks asked"
-    if command["kind"] == PROFILE:
-        return f"profile of {args['steps']} steps on rank(s) {args['ranks']}" + where
-    return {PAUSE: "paused", RESUME: "resumed", CHECKPOINT: "checkpoint asked",
-            STOP_AFTER_EPOCH: f"stop after epoch {args.get('epoch')}"}[command["kind"]] + where
+    def describe(self) -> str:
+        """The change as the curves' marker and the events say it: ``lr 0.1 → 0.01 at step 1200``."""
+        step = self.applied_step if self.applied_step is not None else self.at_step
+        where = f" at step {step}" if step >= 0 else " as the ranks come back"
+        if self.kind in (RESUME, STOP_AFTER_EPOCH):  # not bound to a step: a resume acts at once
+            where = ""
+        if self.kind == ADJUST:
+            before = self.before or {}
+            parts = []
+            for key, value in self.settings.items():
+                old = before.get(key)
+                shown_old = _short(old[0] if isinstance(old, list) and len(set(map(repr, old))) == 1 else old)
+                parts.append(f"{key} {shown_old} → {_short(value)}" if old is not None else f"{key} → {_short(value)}")
+            group = f" (param group {self.group})" if self.group is not None else ""
+            return ", ".join(parts) + group + where
+        if self.kind == USER:
+            return f"command {self.handler[0]!r}" + where
+        if self.kind == STACKS:
+            return "stacks asked"
+        if self.kind == PROFILE:
+            return f"profile of {self.steps} steps on rank(s) {self.ranks}" + where
+        return {PAUSE: "paused", RESUME: "resumed", CHECKPOINT: "checkpoint asked",
+                STOP_AFTER_EPOCH: f"stop after epoch {self.args.get('epoch')}"}[self.kind] + where
 
 
 def _short(value: Any) -> str:
@@ -82,6 +177,33 @@ def _short(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "(" + ", ".join(_short(item) for item in value) + ")"
     return repr(value) if isinstance(value, str) else str(value)
+
+
+# ---------------------------------------------------------------------- ranks -> supervisor
+@dataclasses.dataclass(frozen=True)
+class SteeringBeat:
+    """What a rank's heartbeat says for steering: where it is, how fast it goes, the settings it has now."""
+
+    step: int                     # the step being taken (where a command's step is counted)
+    rate: float | None            # steps per second, measured by the rank from beat to beat
+    epoch: int
+    settings: dict[str, list[Any]] | None = None  # SETTINGS now, per param group; None: no optimizer given
+    paused_at: int | None = None          # the step it is held at by a pause
+    held_after_epoch: int | None = None   # it finished this epoch and waits for the run's stop
+    epochs_counted: bool = False          # a prepared loader or an integration counts its epochs
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat:
+    """A rank's word on itself, with every push of its rows (see :mod:`nbtrain._cluster.feed.push_relay`)."""
+
+    time: float                   # time.time() at the rank
+    step: int                     # the last step it reported
+    state: str                    # "running", or "paused" while a pause holds it
+    last_progress: float          # when it last made progress (a stall is none for too long)
+    steering: SteeringBeat
+    samples_per_s: float | None = None   # measured about once a second
+    measured: dict[str, float] = dataclasses.field(default_factory=dict)  # step timing, memory (rss_mb, ...)
 
 
 def where_rank_is(rank: int, answer: tuple[bool, Any] | None, wait_s: float) -> str:
@@ -94,26 +216,3 @@ def where_rank_is(rank: int, answer: tuple[bool, Any] | None, wait_s: float) -> 
         return f"rank {rank}: {value}"
     return f"rank {rank} {value['verdict']}"
 
-
-def checked_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
-    """Optimizer settings (keys of ``ADJUSTABLE``) as the ranks apply them, or the error naming the bad one.
-
-    ``where`` names the value in the message, with ``{name}`` for the setting: ``"adjust({name}=...)"``.
-    """
-    settings: dict[str, Any] = {}
-    for key, value in values.items():
-        if key == "betas":
-            if not (isinstance(value, (tuple, list)) and len(value) == 2):
-                raise InvalidOptionError(f"{where.format(name=key)} must be a pair like (0.9, 0.999), got {value!r}.")
-            settings[key] = [_number(where.format(name=key), b, lambda v: 0 <= v < 1) for b in value]
-        elif key == "grad_clip":
-            settings[key] = None if value is None else _number(where.format(name=key), value, lambda v: v > 0)
-        else:
-            settings[key] = _number(where.format(name=key), value, lambda v: v >= 0)
-    return settings
-
-
-def _number(what: str, value: Any, good: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not good(value):
-        raise InvalidOptionError(f"{what} must be a finite number in range, got {value!r}.")
-    return float(value)

@@ -21,10 +21,13 @@ from nbtrain._cluster.commands import (
     ADJUST,
     AS_SOON_AS_BACK,
     CHECKPOINT,
+    NO_SETTING_GIVEN,
     PAUSE,
     RESUME,
+    SETTINGS,
     STOP_AFTER_EPOCH,
     USER,
+    Command,
     checked_settings,
 )
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
@@ -150,14 +153,13 @@ class RunControl:
             run.adjust(lr=run.config_at(run.summary()["step"])["lr"] / 10)
         """
         if others:
-            raise InvalidOptionError(f"adjust() cannot change {', '.join(sorted(others))}: it changes lr, "
-                                     "weight_decay, momentum, betas and grad_clip (per param group with group=).")
+            raise InvalidOptionError(f"adjust() cannot change {', '.join(sorted(others))}: it changes "
+                                     f"{', '.join(SETTINGS)} (per param group with group=).")
         given = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "betas": betas}
         settings = checked_settings({key: value for key, value in given.items() if value is not None}
                                     | ({} if grad_clip is _UNSET else {"grad_clip": grad_clip}), "adjust({name}=...)")
         if not settings:
-            raise InvalidOptionError("adjust() needs a setting to change: lr, weight_decay, momentum, betas or "
-                                     "grad_clip.")
+            raise InvalidOptionError(NO_SETTING_GIVEN)
         if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group < 0):
             raise InvalidOptionError(f"adjust(group=...) is a param group's index (0, 1, ...), not {group!r}.")
         command = self._steer(ADJUST, {**settings, "group": group}, "adjusted")
@@ -248,7 +250,7 @@ class RunControl:
         issued = self._steer(USER, {"name": command, "payload": payload}, f"sent {command!r}")
         world = int(self.reader.summary.get("world_size") or 1)
         wanted = list(range(world)) if ranks == "all" else [0]
-        answers = self._call("command_results", issued["id"], wanted, float(timeout), timeout=timeout + READ_TIMEOUT_S)
+        answers = self._call("command_results", issued.id, wanted, float(timeout), timeout=timeout + READ_TIMEOUT_S)
         missing = [rank for rank in wanted if rank not in answers]
         if missing:
             raise NbtrainError(f"Run {self.name!r}: no answer to {command!r} from rank(s) {missing} within "
@@ -306,14 +308,13 @@ class RunControl:
                     effective[key] = change["before"][key][0]
         return effective
 
-    def _step_of(self, command: dict[str, Any], wait: bool) -> int | None:
+    def _step_of(self, command: Command, wait: bool) -> int | None:
         if wait:
             deadline = time.monotonic() + APPLIED_WAIT_S
-            while command.get("applied_step") is None and time.monotonic() < deadline:
-                command = self._call("command_applied_yet", command["id"], 5.0, timeout=5.0 + READ_TIMEOUT_S)
-            if command.get("applied_step") is None:
+            while command.applied_step is None and time.monotonic() < deadline:
+                command = self._call("command_applied_yet", command.id, 5.0, timeout=5.0 + READ_TIMEOUT_S)
+            if command.applied_step is None:
                 raise NbtrainError(f"Run {self.name!r}: rank 0 did not apply the change within "
                                    f"{APPLIED_WAIT_S:g} s (is it paused, or between attempts?).")
-            return int(command["applied_step"])
-        step = int(command["at_step"])
-        return None if step == AS_SOON_AS_BACK else step
+            return command.applied_step
+        return None if command.at_step == AS_SOON_AS_BACK else command.at_step

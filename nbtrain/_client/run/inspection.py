@@ -60,9 +60,8 @@ class RunInspection:
         wanted = self._live_ranks("stacks", ranks)
         _check_timeout("stacks", timeout)
         issued = self._steer(STACKS, {"ranks": wanted}, "asked for its stacks")
-        asked = issued["args"]["ranks"]
-        answers = self._call("command_results", issued["id"], asked, float(timeout),
-                             timeout=timeout + READ_TIMEOUT_S)
+        asked = issued.ranks
+        answers = self._call("command_results", issued.id, asked, float(timeout), timeout=timeout + READ_TIMEOUT_S)
         return Stacks(self.name, asked, answers, timeout)
 
     def profile(self, steps: int = 20, *, ranks: list[int] | None = None, timeout: float = PROFILE_WAIT_S) -> Profile:
@@ -102,8 +101,8 @@ class RunInspection:
         wanted = self._live_ranks("profile", [0] if ranks is None else ranks)
         _check_timeout("profile", timeout)
         issued = self._steer(PROFILE, {"steps": steps, "ranks": wanted}, "profiled")
-        asked = issued["args"]["ranks"]
-        answers = self._call("command_results", issued["id"], asked, float(timeout), timeout=timeout + READ_TIMEOUT_S)
+        asked = issued.ranks
+        answers = self._call("command_results", issued.id, asked, float(timeout), timeout=timeout + READ_TIMEOUT_S)
         missing = [rank for rank in asked if rank not in answers]
         if missing:
             raise NbtrainError(f"Run {self.name!r}: no profile from rank(s) {missing} within {timeout:g} s (a rank "

@@ -24,6 +24,7 @@ from typing import Any
 
 from nbtrain import _registry
 from nbtrain._client.run.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
+from nbtrain._cluster.commands import Command
 from nbtrain._cluster.names import find_supervisor
 from nbtrain._exceptions import NbtrainError, RunNotFoundError
 
@@ -53,7 +54,7 @@ class SupervisorChannel:
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 self._after_supervisor_error(deadline)
 
-    def steer(self, kind: str, args: dict[str, Any], verb: str) -> dict[str, Any]:
+    def steer(self, kind: str, args: dict[str, Any], verb: str) -> Command:
         """Issue a command to the run's ranks (the supervisor numbers it and picks its step); the command as issued.
 
         Raises:
@@ -62,7 +63,8 @@ class SupervisorChannel:
         done, answer = self.call("steer", kind, args, timeout=READ_TIMEOUT_S)
         if not done:
             raise NbtrainError(f"Run {self.name!r} cannot be {verb}: {answer}")
-        return dict(answer)
+        command: Command = answer
+        return command
 
     def poll(self, cursor: int, log_cursor: int, event_cursor: int, wait_s: float) -> dict[str, Any]:
         """One poll; while the supervisor restarts (Ray brings it back) keep asking, within limits."""

@@ -29,13 +29,14 @@ import secrets
 import sys
 from typing import Any
 
+from nbtrain._cluster.commands import Heartbeat
 from nbtrain._cluster.feed.feed import TICK_GATHER_S
 from nbtrain._cluster.feed.relay_link import FAILED, FRAME, LANDED, OPEN_TIMEOUT_S
 
 AUTO_MIN_WORLD = 16
 AUTO_MIN_NODE_RANKS = 2
 
-Push = tuple[int, int, int, list[dict[str, Any]], dict[str, Any], list[tuple[str, float, str]]]
+Push = tuple[int, int, int, list[dict[str, Any]], Heartbeat, list[tuple[str, float, str]]]
 
 
 def wants_relays(feed_relay: str, world_size: int, ranks_on_node: int) -> bool:
@@ -102,7 +103,7 @@ class PushRelay:
             writer.close()
 
     async def push(self, rank: int, attempt: int, seq: int, rows: list[dict[str, Any]],
-                   beat: dict[str, Any], logs: list[tuple[str, float, str]]) -> None:
+                   beat: Heartbeat, logs: list[tuple[str, float, str]]) -> None:
         """Hand one rank's push on with the others of its tick; returns once the supervisor took it."""
         tick = self._open
         if tick is None:  # the tick's first push: it sends the tick on when all are in, or soon after

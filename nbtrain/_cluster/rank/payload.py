@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from nbtrain._cluster.commands import Command
 from nbtrain._cluster.run_folder import RankFolder
 
 
@@ -46,7 +47,7 @@ class WorkerPayload:
     lr_scale: float           # prepare_optimizer's learning rate factor (likewise)
     gns: bool                 # measure the gradient noise scale (see gradient_noise)
     adaptive_batch: tuple[int, int] | None  # per-rank batch bounds (see adaptive_batch)
-    commands: list[dict[str, Any]]  # the run's commands so far (see steering): changes a new attempt re-applies
+    commands: list[Command]  # the run's commands so far (see steering): changes a new attempt re-applies
     folder: RankFolder | None = None  # where the run's relative paths go; None: where Ray put it (see run_folder)
     debug_capture_mb: float = 4.0  # a failing rank's post-mortem size cap; 0: none (see post_mortem)
     step_timing: bool = True       # split step time into data wait, compute, communication (see step_timing)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nbtrain._cluster.commands import Heartbeat
 from nbtrain._cluster.elastic.gradient_noise import NoiseScale
 from nbtrain._cluster.feed.relay_link import Pending, RayPush, RelayLink, open_link
 from nbtrain._cluster.rank.inspection.resources import Resources
@@ -244,19 +245,18 @@ class TrainingSession:
                 self._send("running")
                 self._send_the_rest("running")
 
-    def _heartbeat(self, state: str) -> dict[str, Any]:
+    def _heartbeat(self, state: str) -> Heartbeat:
         now = time.time()
         mark_time, mark_samples = self._rate_mark
-        beat: dict[str, Any] = {"time": now, "step": self.current_step(), "epoch": self.epoch,
-                                "state": "paused" if self.steering.paused_at is not None else state,
-                                "last_progress": self.last_progress, **self.steering.beat()}
+        samples_per_s, measured = None, dict(self._usage)
         if now - mark_time >= 1.0:  # /proc reads and averages: not on every tick's push
-            beat["samples_per_s"] = (self.samples - mark_samples) / (now - mark_time)
+            samples_per_s = (self.samples - mark_samples) / (now - mark_time)
             self._rate_mark = (now, self.samples)
             self._usage = self._resources.sample(self.context.device)
-            beat.update(self.timing.window() if self.timing is not None else {})
-        beat.update(self._usage)
-        return beat
+            measured = {**(self.timing.window() if self.timing is not None else {}), **self._usage}
+        return Heartbeat(time=now, step=self.current_step(), last_progress=self.last_progress,
+                         state="paused" if self.steering.paused_at is not None else state,
+                         steering=self.steering.beat(), samples_per_s=samples_per_s, measured=measured)
 
     def flush(self, state: str, wait: bool = False) -> None:
         """Send what was reported since the last push (and a heartbeat) to the supervisor.

@@ -23,12 +23,15 @@ from nbtrain._cluster.commands import (
     ADJUST,
     AS_SOON_AS_BACK,
     CHECKPOINT,
+    IN_PARAM_GROUPS,
     PAUSE,
     PROFILE,
     RESUME,
     STACKS,
     STOP_AFTER_EPOCH,
     USER,
+    Command,
+    SteeringBeat,
 )
 from nbtrain._cluster.rank.inspection import stacks
 from nbtrain._cluster.rank.inspection.profiling import StepProfile
@@ -37,7 +40,6 @@ CONTROL_WAIT_S = 1.0   # a rank's question for new commands waits this long for 
 CALL_TIMEOUT_S = 10.0
 RETRY_S = 1.0
 PAUSE_CHECK_S = 0.5    # a paused rank looks again this often (a resume wakes it at once)
-OPTIMIZER_KEYS = ("lr", "weight_decay", "momentum", "betas")
 
 _handlers: dict[str, Callable[..., Any]] = {}  # @on_command registrations in this process
 
@@ -56,9 +58,9 @@ def on_command(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 class RankSteering:
     """The commands one rank knows, applied by the optimizers' step hooks; made by its session."""
 
-    def __init__(self, session: Any, known: list[dict[str, Any]]) -> None:
+    def __init__(self, session: Any, known: list[Command]) -> None:
         self.session = session
-        self.pending: list[dict[str, Any]] = []   # not yet applied, by (at_step, id): the hooks' fast path
+        self.pending: list[Command] = []   # not yet applied, by (at_step, id): the hooks' fast path
         self.seen = 0                              # the last command id learnt
         self.optimizers: list[Any] = []
         self.updates = 0                           # optimizer updates this attempt (a step for loops that count none)
@@ -78,13 +80,13 @@ class RankSteering:
         self.training_thread = threading.get_ident()  # made by the session, on the thread that runs the function
         self.profiling: StepProfile | None = None
         # stacks and profiles an earlier attempt was asked for: not this one's to answer
-        self._earlier = {c["id"] for c in known if c["kind"] == STACKS or
-                         (c["kind"] == PROFILE and c["at_step"] != AS_SOON_AS_BACK)}
+        self._earlier = {c.id for c in known
+                         if c.kind == STACKS or (c.kind == PROFILE and c.at_step != AS_SOON_AS_BACK)}
         self._replaying = True
-        self.learn([c for c in known if c["kind"] == ADJUST])  # a new attempt: the changes made so far
+        self.learn([c for c in known if c.kind == ADJUST])  # a new attempt: the changes made so far
         self._replaying = False
         # the rest (pauses, checkpoints asked, user commands) belonged to earlier attempts: never again
-        self.seen = max((c["id"] for c in known), default=0)
+        self.seen = max((c.id for c in known), default=0)
 
     # ------------------------------------------------------------------ its own thread
     def start(self) -> None:
@@ -114,45 +116,44 @@ class RankSteering:
             session.checkpoint_requested = bool(checkpoint)
             self.learn(commands)
 
-    def learn(self, commands: list[dict[str, Any]]) -> None:
+    def learn(self, commands: list[Command]) -> None:
         asked_now = []
         rank = self.session.context.rank
         with self._lock:
             pending = list(self.pending)
             for command in commands:
-                if command["id"] <= self.seen:
+                if command.id <= self.seen:
                     continue
-                self.seen = command["id"]
-                if command["kind"] in (STACKS, PROFILE) and (
-                        command["id"] in self._earlier or rank not in command["args"]["ranks"]):
+                self.seen = command.id
+                if command.kind in (STACKS, PROFILE) and (command.id in self._earlier or rank not in command.ranks):
                     continue
-                if command["kind"] == STACKS:
+                if command.kind == STACKS:
                     asked_now.append(command)
-                elif command["kind"] == RESUME:
-                    pending = [c for c in pending if c["kind"] != PAUSE]  # a pause not reached yet is off
+                elif command.kind == RESUME:
+                    pending = [c for c in pending if c.kind != PAUSE]  # a pause not reached yet is off
                     self._resumed.set()
-                elif command["kind"] == PAUSE:
+                elif command.kind == PAUSE:
                     self._resumed.clear()
                     pending.append(command)
-                elif command["kind"] == STOP_AFTER_EPOCH:
-                    self.stop_after_epoch = int(command["args"]["epoch"])
+                elif command.kind == STOP_AFTER_EPOCH:
+                    self.stop_after_epoch = command.epoch
                 else:
-                    if self._replaying and command.get("applied_step") is not None:
-                        command = {**command, "at_step": command["applied_step"]}
+                    if self._replaying and command.applied_step is not None:
+                        command = command.due_at(command.applied_step)
                     pending.append(command)
-            pending.sort(key=lambda c: (c["at_step"], c["id"]))
+            pending.sort(key=lambda c: (c.at_step, c.id))
             self._set_pending(pending)
         self._poked.set()  # a paused rank looks at once
         for command in asked_now:  # here, on the listener's thread: a rank stuck in its step still answers
             self._answer_stacks(command)
 
-    def _set_pending(self, pending: list[dict[str, Any]]) -> None:
+    def _set_pending(self, pending: list[Command]) -> None:
         """With ``_lock`` held: one reference swap (the training thread reads either list whole), and report()
         told whether it has commands to look at."""
         self.pending = pending
         self.session.commands_due(bool(pending))
 
-    def _answer_stacks(self, command: dict[str, Any]) -> None:
+    def _answer_stacks(self, command: Command) -> None:
         timing = self.session.timing
         value: Any
         try:
@@ -160,7 +161,7 @@ class RankSteering:
                                                  allreduce_in_flight=bool(timing and timing.allreduce_in_flight))
         except Exception as exc:  # noqa: BLE001 - the notebook gets why
             ok, value = False, f"its stacks could not be taken: {type(exc).__name__}: {exc}"
-        self.session.supervisor.command_result.remote(command["id"], self.session.context.rank, ok, value)
+        self.session.supervisor.command_result.remote(command.id, self.session.context.rank, ok, value)
 
     # ------------------------------------------------------------------ the training thread
     def steer(self, optimizer: Any, schedulers: tuple[Any, ...] = ()) -> Any:
@@ -207,19 +208,19 @@ class RankSteering:
     def _apply_due(self, user: bool, adjust: bool = True) -> None:
         step = self.step()
         for command in list(self.pending):
-            if command["at_step"] > step and command["at_step"] != AS_SOON_AS_BACK:
+            if command.at_step > step and command.at_step != AS_SOON_AS_BACK:
                 break
-            if (command["kind"] in (USER, PROFILE)) != user or (command["kind"] == ADJUST and not adjust):
+            if (command.kind in (USER, PROFILE)) != user or (command.kind == ADJUST and not adjust):
                 continue
             with self._lock:
-                self._set_pending([c for c in self.pending if c["id"] != command["id"]])
+                self._set_pending([c for c in self.pending if c.id != command.id])
             self._apply(command, step)
 
-    def _apply(self, command: dict[str, Any], step: int) -> None:
-        kind, args = command["kind"], command["args"]
+    def _apply(self, command: Command, step: int) -> None:
+        kind = command.kind
         before = self.values() if kind == ADJUST else None
         if kind == ADJUST:
-            self._adjust(args)
+            self._adjust(command.settings, command.group)
         elif kind == CHECKPOINT:
             self.checkpoint_wanted = True
         elif kind == USER:
@@ -228,17 +229,17 @@ class RankSteering:
             self._profile(command, step)
             return
         if kind != USER and not self._replaying:  # every rank says where: the supervisor checks they agree
-            self.session.supervisor.command_applied.remote(command["id"], self.session.context.rank, step, before,
+            self.session.supervisor.command_applied.remote(command.id, self.session.context.rank, step, before,
                                                            time.time())
         if kind == PAUSE:
             self._hold(step)
 
-    def _adjust(self, args: dict[str, Any]) -> None:
-        group_index = args.get("group")
-        for key, value in args.items():
+    def _adjust(self, settings: dict[str, Any], group_index: int | None) -> None:
+        """Apply settings checked by the notebook (:func:`nbtrain._cluster.commands.checked_settings`)."""
+        for key, value in settings.items():
             if key == "grad_clip":
-                self.grad_clip = None if value is None else float(value)
-            elif key != "group":
+                self.grad_clip = value
+            else:
                 for optimizer in self.optimizers:
                     for index, group in enumerate(optimizer.param_groups):
                         if group_index is None or index == group_index:
@@ -259,7 +260,7 @@ class RankSteering:
             self.paused_at = None
             self.session.last_progress = time.time()  # the time paused is not a stall
 
-    def _profile(self, command: dict[str, Any], step: int) -> None:
+    def _profile(self, command: Command, step: int) -> None:
         """Start the profile, or count one more of its steps; until its last, it waits in ``pending`` for the
         next step (so the hooks' fast path stays one test)."""
         profiling = self.profiling
@@ -268,12 +269,12 @@ class RankSteering:
                 self.profiling = StepProfile(command, self.session.context.device)
             except Exception as exc:  # noqa: BLE001 - e.g. the code runs a profiler of its own: training goes on
                 self.session.supervisor.command_result.remote(
-                    command["id"], self.session.context.rank, False,
+                    command.id, self.session.context.rank, False,
                     f"Rank {self.session.context.rank} could not start torch.profiler: {type(exc).__name__}: {exc}")
                 return
-        elif profiling.command_id != command["id"]:
+        elif profiling.command_id != command.id:
             self.session.supervisor.command_result.remote(
-                command["id"], self.session.context.rank, False,
+                command.id, self.session.context.rank, False,
                 f"Rank {self.session.context.rank} is profiling already (profile {profiling.command_id}, "
                 f"{profiling.done} of {profiling.steps} steps done); ask again once it has answered.")
             return
@@ -282,12 +283,12 @@ class RankSteering:
             profiling.finish(self.session)
             return
         with self._lock:
-            pending = [*self.pending, {**command, "at_step": step + 1}]
-            pending.sort(key=lambda c: (c["at_step"], c["id"]))
+            pending = [*self.pending, command.due_at(step + 1)]
+            pending.sort(key=lambda c: (c.at_step, c.id))
             self._set_pending(pending)
 
-    def _run_handler(self, command: dict[str, Any]) -> None:
-        name, payload = command["args"]["name"], command["args"].get("payload") or {}
+    def _run_handler(self, command: Command) -> None:
+        name, payload = command.handler
         handler = _handlers.get(name)
         rank = self.session.context.rank
         if handler is None:
@@ -299,9 +300,9 @@ class RankSteering:
             except Exception as exc:  # noqa: BLE001 - the notebook gets it; training goes on
                 ok, value = False, f"Rank {rank}: {name!r} raised {type(exc).__name__}: {exc}"
         try:
-            self.session.supervisor.command_result.remote(command["id"], rank, ok, value)
+            self.session.supervisor.command_result.remote(command.id, rank, ok, value)
         except Exception as exc:  # noqa: BLE001 - a value that cannot be sent
-            self.session.supervisor.command_result.remote(command["id"], rank, False,
+            self.session.supervisor.command_result.remote(command.id, rank, False,
                                                           f"Rank {rank}: its answer could not be sent: {exc}")
 
     def stop_requested(self) -> bool:
@@ -327,14 +328,14 @@ class RankSteering:
         """The adjustable settings now, per param group of every steered optimizer (betas as lists)."""
         found: dict[str, list[Any]] = {}
         groups = [group for optimizer in self.optimizers for group in optimizer.param_groups]
-        for key in OPTIMIZER_KEYS:
+        for key in IN_PARAM_GROUPS:
             if groups and all(key in group for group in groups):
                 found[key] = [list(group[key]) if key == "betas" else group[key] for group in groups]
         if self.optimizers:
             found["grad_clip"] = [self.grad_clip]
         return found
 
-    def beat(self) -> dict[str, Any]:
+    def beat(self) -> SteeringBeat:
         """What the heartbeat carries for steering: the step being taken and the rate of steps (measured here,
         on the flusher's thread, from one beat to the next), so the supervisor can pick a step ahead."""
         step, now = self.step(), time.monotonic()
@@ -343,28 +344,21 @@ class RankSteering:
             rate = (step - last_step) / (now - last_time)
             self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
         self._beat_mark = (step, now)
-        beat: dict[str, Any] = {"steer_step": step, "steer_rate": self._rate}
-        if self.optimizers:
-            beat["hyper"] = self.values()
-        if self.paused_at is not None:
-            beat["paused_at"] = self.paused_at
-        if self.held_after_epoch is not None:
-            beat["held_after_epoch"] = self.held_after_epoch
-        if self.epochs_counted or self.session.uses_loader:
-            beat["epochs_counted"] = True
-        return beat
+        return SteeringBeat(step=step, rate=self._rate, epoch=self.session.epoch,
+                            settings=self.values() if self.optimizers else None, paused_at=self.paused_at,
+                            held_after_epoch=self.held_after_epoch,
+                            epochs_counted=self.epochs_counted or self.session.uses_loader)
 
 
 def _set(optimizer: Any, group: dict[str, Any], key: str, value: Any) -> None:
+    """One checked setting into one param group (betas back to torch's tuple; an LR's schedule follows it)."""
     if key == "lr":
         old = group["lr"]
-        group["lr"] = float(value)
+        group["lr"] = value
         if old:
-            _rescale_schedules(optimizer, group, float(value) / old)
-    elif key == "betas":
-        group["betas"] = (float(value[0]), float(value[1]))
+            _rescale_schedules(optimizer, group, value / old)
     else:
-        group[key] = float(value)
+        group[key] = tuple(value) if key == "betas" else value
 
 
 def _rescale_schedules(optimizer: Any, group: dict[str, Any], factor: float) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import ray
 
+from nbtrain._cluster.commands import Command
 from nbtrain._cluster.elastic import policy
 from nbtrain._cluster.elastic.policy import Cluster, RayCluster, Resize
 from nbtrain._cluster.feed.feed import RunFeed, nan_keys
@@ -56,7 +57,7 @@ class AttemptGroup(Protocol):
 
 # WorkerGroup.start's signature: spec, attempt, world size, supervisor, datasets, table, commands,
 # stop_requested, on_placed, run_dir, say
-StartGroup = Callable[[RunSpec, int, int, Any, "dict[str, Any] | None", WorkerTable, "list[dict[str, Any]]",
+StartGroup = Callable[[RunSpec, int, int, Any, "dict[str, Any] | None", WorkerTable, "list[Command]",
                        Callable[[], bool], Callable[[], None], Path, Callable[[str], None]], AttemptGroup]
 
 
@@ -126,7 +127,7 @@ class RunController:
         self._storage.save_state({
             "launch": self._launch_id, "state": self.state.value, "attempt": self.attempt, "failures": self.failures,
             "error": self.error, "checkpoint": self.checkpoint, "started": self.started,
-            "ended": self.ended, "stop_requested": self.stop_requested, "commands": self.steering.all(),
+            "ended": self.ended, "stop_requested": self.stop_requested, "commands": self.steering.saved(),
         })
 
     def recover(self) -> None:
@@ -321,12 +322,13 @@ class RunController:
             stalled.append((rank, message))
         if stalled:  # where each rank is: an event next (a stall that ends the attempt waits for it first)
             attempt, ends = self.attempt, options.on_stall in ("fail", "restart")
-            stall_stacks.ask(self.steering, self.table.snapshot(),
+            stall_stacks.ask(self.steering, self.table.steering_now(),
                              lambda said: self.feed.event("stacks", said, attempt), wait=ends)
             if ends:
                 rank, message = stalled[0]
                 return Failed([Failure(rank, "stalled", message, retriable=options.on_stall == "restart")])
-        held = [w.get("held_after_epoch") for w in self.table.snapshot() if w["state"] in ("running", "stalled")]
+        running = self.table.running_ranks()
+        held = [said.held_after_epoch for rank, said in self.table.steering_now().items() if rank in running]
         if held and None not in held:
             self.feed.event("state", f"every rank finished epoch {held[0]}: stopping, as run.stop(after='epoch') "
                                      "asked (held at the next epoch's start, so run.result stays None: check "

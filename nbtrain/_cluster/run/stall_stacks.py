@@ -13,24 +13,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
-from nbtrain._cluster.commands import STACKS, where_rank_is
+from nbtrain._cluster.commands import STACKS, SteeringBeat, where_rank_is
 from nbtrain._cluster.run.steering import RunSteering
 
 WAIT_S = 10.0
 
 
-def ask(steering: RunSteering, workers: list[dict[str, Any]], record: Callable[[str], None], wait: bool) -> None:
+def ask(steering: RunSteering, running: dict[int, SteeringBeat], record: Callable[[str], None], wait: bool) -> None:
     """Ask the running ranks for their stacks; ``record`` the event once they answered (or :data:`WAIT_S`)."""
     try:
-        command = steering.issue(STACKS, {"ranks": None}, workers, live=True)
+        command = steering.issue(STACKS, {"ranks": None}, running, live=True)
     except ValueError:
         return  # no rank runs now: nothing to ask
-    ranks = command["args"]["ranks"]
+    ranks = command.ranks
 
     def tell() -> None:
-        answers = steering.results(command["id"], ranks, WAIT_S)
+        answers = steering.results(command.id, ranks, WAIT_S)
         record("Stacks at the stall: " + "; ".join(where_rank_is(rank, answers.get(rank), WAIT_S) for rank in ranks)
                + ". run.stacks() shows every thread of each rank, now.")
 

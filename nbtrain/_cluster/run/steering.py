@@ -14,6 +14,7 @@ settings as the first.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -22,8 +23,8 @@ from typing import Any
 
 from nbtrain._cluster.commands import (
     ADJUST,
-    ADJUSTABLE,
     AS_SOON_AS_BACK,
+    NO_SETTING_GIVEN,
     NOT_CHANGES,
     PAUSE,
     PROFILE,
@@ -31,7 +32,7 @@ from nbtrain._cluster.commands import (
     STACKS,
     STOP_AFTER_EPOCH,
     Command,
-    describe,
+    SteeringBeat,
 )
 
 LEAD_S = 0.5          # how far ahead of the furthest rank a command's step is, in time at the current rate
@@ -57,39 +58,38 @@ class RunSteering:
                                          at_step=0, issued=time.time()))
 
     # ------------------------------------------------------------------ the notebook asks
-    def issue(self, kind: str, args: dict[str, Any], ranks: list[dict[str, Any]], live: bool) -> dict[str, Any]:
-        """A new command, with the step it takes effect at; ``ranks``: the worker table's rows."""
+    def issue(self, kind: str, args: dict[str, Any], running: dict[int, SteeringBeat], live: bool) -> Command:
+        """A new command, with the step it takes effect at; ``running``: what each rank taking steps last said
+        (the worker table's :meth:`~nbtrain._cluster.run.worker_table.WorkerTable.steering_now`)."""
         if kind == ADJUST:
-            self._check_adjust(args, ranks, live)
-        running = [row for row in ranks if row.get("state") in ("running", "paused", "stalled")]
+            self._check_adjust(args, running, live)
         if kind in (STACKS, PROFILE):
-            args = {**args, "ranks": _asked_ranks(kind, args.get("ranks"), running)}
+            args = {**args, "ranks": _asked_ranks(kind, args.get("ranks"), sorted(running))}
         if kind == PAUSE and self._paused():
             raise ValueError("the run is paused already (or about to be); resume it first.")
         if kind == RESUME and not self._paused():
             raise ValueError("the run is not paused; nothing to resume.")
         if kind == STOP_AFTER_EPOCH:
-            if running and not any(row.get("epochs_counted") for row in running):
+            if running and not any(said.epochs_counted for said in running.values()):
                 raise ValueError("its ranks count no epochs: stop(after='epoch') needs a loader from "
                                  "nbtrain.prepare_loader (or Lightning's / Hugging Face's trainer through "
                                  "nbtrain); stop() it, or checkpoint_now() first.")
-            epochs = [row.get("epoch") or 0 for row in running]
-            args = {**args, "epoch": max(epochs, default=0)}
+            args = {**args, "epoch": max((said.epoch for said in running.values()), default=0)}
         with self._changed:
             command = Command(id=len(self.commands) + 1, kind=kind, args=args, at_step=_step_ahead(running),
                               issued=time.time())
             self.commands.append(command)
             self._changed.notify_all()
         self._persist()
-        return command.as_dict()
+        return command
 
-    def _check_adjust(self, args: dict[str, Any], ranks: list[dict[str, Any]], live: bool) -> None:
+    def _check_adjust(self, args: dict[str, Any], running: dict[int, SteeringBeat], live: bool) -> None:
         settings = {key: value for key, value in args.items() if key != "group"}
         if not settings:
-            raise ValueError(f"adjust() needs a setting to change: {', '.join(ADJUSTABLE)}.")
-        known = next((row["hyper"] for row in sorted(ranks, key=lambda r: r["rank"]) if row.get("hyper")), None)
+            raise ValueError(NO_SETTING_GIVEN)
+        known = next((said.settings for said in running.values() if said.settings), None)
         if known is None:
-            if live and any(row.get("state") == "running" for row in ranks):
+            if live and running:
                 raise ValueError("its code gives nbtrain no optimizer to adjust. Call "
                                  "nbtrain.prepare_optimizer(optimizer) or nbtrain.steerable(optimizer) in the "
                                  "training function (Lightning: nbtrain.lightning.trainer(); Hugging Face: "
@@ -110,20 +110,23 @@ class RunSteering:
 
     def stop_after_epoch(self) -> int | None:
         """The epoch ``run.stop(after="epoch")`` named, if it was asked."""
-        return next((int(command.args["epoch"]) for command in reversed(self.commands)
-                     if command.kind == STOP_AFTER_EPOCH), None)
+        return next((command.epoch for command in reversed(self.commands) if command.kind == STOP_AFTER_EPOCH), None)
 
     # ------------------------------------------------------------------ the ranks ask and answer
-    def since(self, seen: int, wait_s: float = 0.0) -> list[dict[str, Any]]:
+    def since(self, seen: int, wait_s: float = 0.0) -> list[Command]:
         """The commands after the ``seen``-th, waiting up to ``wait_s`` for one."""
         deadline = time.monotonic() + wait_s
         with self._changed:
             while len(self.commands) <= seen and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
-            return [command.as_dict() for command in self.commands[seen:]]
+            return self.commands[seen:]
 
-    def all(self) -> list[dict[str, Any]]:
+    def all(self) -> list[Command]:
         return self.since(0)
+
+    def saved(self) -> list[dict[str, Any]]:
+        """The commands as the run's saved state keeps them (read back by ``RunSteering(saved=...)``)."""
+        return [command.as_dict() for command in self.all()]
 
     def applied(self, command_id: int, rank: int, step: int, before: dict[str, Any] | None, when: float,
                 world_size: int) -> None:
@@ -132,8 +135,9 @@ class RunSteering:
             steps = self._applied_by.setdefault(command_id, {})
             steps[rank] = step
             if rank == 0 and command.applied_step is None:
-                command.applied_step, command.applied, command.before = step, when, before
-                message = describe(command.as_dict())
+                command = dataclasses.replace(command, applied_step=step, applied=when, before=before)
+                self.commands[command_id - 1] = command
+                message = command.describe()
             else:
                 message = ""
             disagree = len(steps) == world_size and len(set(steps.values())) > 1
@@ -151,7 +155,7 @@ class RunSteering:
             self._results.setdefault(command_id, {})[rank] = (ok, value)
             command = self.commands[command_id - 1]
             if command.applied_step is None and rank == 0:
-                command.applied = time.time()
+                self.commands[command_id - 1] = dataclasses.replace(command, applied=time.time())
             self._changed.notify_all()
 
     def results(self, command_id: int, ranks: list[int], wait_s: float) -> dict[int, tuple[bool, Any]]:
@@ -163,23 +167,21 @@ class RunSteering:
                 self._changed.wait(left)
             return dict(self._results.get(command_id, {}))
 
-    def when_applied(self, command_id: int, wait_s: float) -> dict[str, Any]:
+    def when_applied(self, command_id: int, wait_s: float) -> Command:
         deadline = time.monotonic() + wait_s
         with self._changed:
-            command = self.commands[command_id - 1]
-            while command.applied is None and (left := deadline - time.monotonic()) > 0:
+            while self.commands[command_id - 1].applied is None and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
-            return command.as_dict()
+            return self.commands[command_id - 1]
 
     def changes(self) -> list[dict[str, Any]]:
         """The commands applied (or waiting), for ``run.changes`` and the curves' markers."""
-        return [{**command, "description": describe(command)} for command in self.all()
-                if command["kind"] not in NOT_CHANGES]
+        return [{**command.as_dict(), "description": command.describe()} for command in self.all()
+                if command.kind not in NOT_CHANGES]
 
 
-def _asked_ranks(kind: str, asked: list[int] | None, running: list[dict[str, Any]]) -> list[int]:
+def _asked_ranks(kind: str, asked: list[int] | None, live: list[int]) -> list[int]:
     """The ranks a ``stacks`` or ``profile`` command is for (None: every rank running), each one running."""
-    live = sorted(int(row["rank"]) for row in running)
     what = "stacks" if kind == STACKS else "a profile"
     if not live:
         raise ValueError(f"no rank is running now, to take {what} of (it may be starting or restarting; ask "
@@ -192,12 +194,12 @@ def _asked_ranks(kind: str, asked: list[int] | None, running: list[dict[str, Any
     return sorted(set(asked))
 
 
-def _step_ahead(running: list[dict[str, Any]]) -> int:
+def _step_ahead(running: dict[int, SteeringBeat]) -> int:
     if not running:
         return AS_SOON_AS_BACK
-    paused = {int(row["paused_at"]) for row in running if row.get("paused_at") is not None}
-    if len(paused) == 1 and all(row.get("paused_at") is not None for row in running):  # held at one step
-        return paused.pop()  # every rank holds there: the command is due there
-    furthest = max(int(row.get("steer_step") or 0) for row in running)
-    rate = max(float(row.get("steer_rate") or row.get("steps_per_s") or 0.0) for row in running)
+    held = {said.paused_at for said in running.values()}
+    if len(held) == 1 and (step := held.pop()) is not None:  # every rank holds at one step: it is due there
+        return step
+    furthest = max(said.step for said in running.values())
+    rate = max(said.rate or 0.0 for said in running.values())
     return furthest + max(MIN_LEAD_STEPS, math.ceil(rate * LEAD_S))

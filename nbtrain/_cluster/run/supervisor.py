@@ -35,6 +35,7 @@ from typing import Any
 import cloudpickle
 import ray
 
+from nbtrain._cluster.commands import Command, Heartbeat
 from nbtrain._cluster.feed.feed import RunFeed
 from nbtrain._cluster.feed.metric_loggers import MetricLoggers
 from nbtrain._cluster.feed.push_relay import Push
@@ -192,7 +193,7 @@ class RunSupervisor:
 
     # ------------------------------------------------------------------ worker-facing
     def push(self, rank: int, attempt: int, seq: int, rows: list[dict[str, Any]],
-             beat: dict[str, Any], logs: list[tuple[str, float, str]]) -> None:
+             beat: Heartbeat, logs: list[tuple[str, float, str]]) -> None:
         """Rows, heartbeat and log text from one rank; called fire-and-forget by its flusher."""
         nan_rows = self._feed.accept(rank, attempt, seq, rows, logs)
         if nan_rows is None:  # a push seen before
@@ -241,7 +242,7 @@ class RunSupervisor:
             return False, str(refused)
 
     @ray.method(concurrency_group=RANKS)
-    def control(self, attempt: int, seen: int, wait_s: float) -> tuple[bool, list[dict[str, Any]]]:
+    def control(self, attempt: int, seen: int, wait_s: float) -> tuple[bool, list[Command]]:
         """Each rank's standing question (see rank/steering): the notebook's commands after the ``seen``-th,
         as soon as there are any (else after ``wait_s``), and whether a checkpoint is wanted (elastic)."""
         commands = self._run.steering.since(seen, wait_s)
@@ -259,11 +260,11 @@ class RunSupervisor:
         """A command from the notebook: (True, the command with its step) or (False, why it was refused)."""
         with self._feed.lock:
             state = self._run.state
-            ranks = self._table.snapshot()
+            running = self._table.steering_now()
         if state.is_terminal:
             return False, f"it has ended ({state.value}); only a live run can be steered."
         try:
-            return True, self._run.steering.issue(kind, args, ranks, live=state == RunState.RUNNING)
+            return True, self._run.steering.issue(kind, args, running, live=state == RunState.RUNNING)
         except ValueError as refused:
             return False, str(refused)
 
@@ -272,7 +273,7 @@ class RunSupervisor:
         return self._run.steering.results(command_id, ranks, wait_s)
 
     @ray.method(concurrency_group=READERS)
-    def command_applied_yet(self, command_id: int, wait_s: float) -> dict[str, Any]:
+    def command_applied_yet(self, command_id: int, wait_s: float) -> Command:
         """The command once rank 0 applied it (waiting up to ``wait_s``), else as it stands."""
         return self._run.steering.when_applied(command_id, wait_s)
 
@@ -328,6 +329,7 @@ class RunSupervisor:
         run = self._run
         options = run.spec.options
         workers = self._table.snapshot()
+        steering = self._table.last_said()
         for worker in workers:
             worker["latest"] = dict(self._feed.latest_by_rank.get(worker["rank"], {}))
         return {
@@ -342,8 +344,9 @@ class RunSupervisor:
             "total_steps": options.total_steps, "total_epochs": options.total_epochs,
             "step": min([w.get("step", 0) for w in workers] or [0]), "owner": run.spec.owner,
             "latest": dict(self._feed.latest), "launch": run.spec.launch_id,
-            "paused_at": min((w["paused_at"] for w in workers if w.get("paused_at") is not None), default=None),
-            "hyper": next((w["hyper"] for w in sorted(workers, key=lambda w: w["rank"]) if w.get("hyper")), None),
+            "paused_at": min((said.paused_at for said in steering.values() if said.paused_at is not None),
+                             default=None),
+            "hyper": next((said.settings for said in steering.values() if said.settings), None),
             "changes": run.steering.changes(),
         }
 

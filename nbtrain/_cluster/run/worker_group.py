@@ -21,6 +21,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from nbtrain._cluster.commands import Command
 from nbtrain._cluster.elastic.sizing import scaling
 from nbtrain._cluster.feed.push_relay import PushRelay, wants_relays
 from nbtrain._cluster.names import NAMESPACE, group_name, relay_name, worker_name
@@ -73,7 +74,7 @@ class WorkerGroup:
 
     @classmethod
     def start(cls, spec: RunSpec, attempt: int, world_size: int, supervisor: Any, datasets: dict[str, Any] | None,
-              table: WorkerTable, commands: list[dict[str, Any]], stop_requested: Callable[[], bool],
+              table: WorkerTable, commands: list[Command], stop_requested: Callable[[], bool],
               on_placed: Callable[[], None], run_dir: Path, say: Callable[[str], None]) -> WorkerGroup:
         """Place, start and launch ``world_size`` ranks; raises :class:`StartFailed` or :class:`StopRequested`
         after removing whatever it had started. ``say`` tells the run's events (a rank started again)."""
@@ -221,7 +222,7 @@ class WorkerGroup:
                 ).remote(supervisor, count)
 
     def _payloads(self, places: list[dict[str, Any]], supervisor: Any,
-                  datasets: dict[str, Any] | None, commands: list[dict[str, Any]]) -> list[WorkerPayload]:
+                  datasets: dict[str, Any] | None, commands: list[Command]) -> list[WorkerPayload]:
         options = self.spec.options
         layout = layout_ranks(places, options.gpus_per_worker)
         batch_scale, lr_scale = scaling(options, self.world_size)

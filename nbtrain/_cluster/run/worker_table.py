@@ -7,25 +7,30 @@ summaries. Guarded by the supervisor's lock.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
 
+from nbtrain._cluster.commands import Heartbeat, SteeringBeat
 from nbtrain._states import WorkerState
 
 _LIVE = (WorkerState.STARTING, WorkerState.RUNNING, WorkerState.STALLED, WorkerState.PAUSED)
+_STEPPING = (WorkerState.RUNNING, WorkerState.PAUSED, WorkerState.STALLED)  # ranks a command's step is counted from
 
 
 class WorkerTable:
     def __init__(self, lock: threading.RLock) -> None:
         self._lock = lock
         self._rows: dict[int, dict[str, Any]] = {}
+        self._steering: dict[int, SteeringBeat] = {}  # each rank's last word for steering (see steering_now)
         self._attempt = 0
         self._recovered: list[tuple[int, float]] = []  # stalled ranks that made progress again, and for how long not
 
     def reset(self, attempt: int) -> None:
         with self._lock:
             self._rows = {}
+            self._steering = {}
             self._attempt = attempt
             self._recovered = []
 
@@ -43,7 +48,7 @@ class WorkerTable:
                     "attempt": attempt, "malloc_tuned": place["malloc_tuned"],
                 }
 
-    def beat(self, rank: int, attempt: int, beat: dict[str, Any]) -> None:
+    def beat(self, rank: int, attempt: int, beat: Heartbeat) -> None:
         """A rank's heartbeat; ignored if it belongs to an earlier attempt.
 
         ``samples_per_s`` counts only samples whose batch size is known (batches from
@@ -55,19 +60,18 @@ class WorkerTable:
             worker = self._rows.get(rank)
             if worker is None or attempt != self._attempt:
                 return
-            state = beat.pop("state", None)
-            samples_rate = beat.pop("samples_per_s", None)
-            if samples_rate:
+            if beat.samples_per_s:
                 worker["batch_size_known"] = True
-            if worker.get("batch_size_known") and samples_rate is not None:
-                worker["samples_per_s"] = samples_rate
+            if worker.get("batch_size_known") and beat.samples_per_s is not None:
+                worker["samples_per_s"] = beat.samples_per_s
             self._rate_steps(worker, beat)
-            worker.pop("paused_at", None)  # a beat says it only while the rank is paused
-            worker.update(beat)
-            worker["last_heartbeat"] = beat["time"]
-            if state == "running" and worker["state"] in (WorkerState.STARTING, WorkerState.PAUSED):
+            worker.update(beat.measured)
+            worker.update(step=beat.step, epoch=beat.steering.epoch, last_progress=beat.last_progress,
+                          last_heartbeat=beat.time)
+            self._steering[rank] = beat.steering
+            if beat.state == "running" and worker["state"] in (WorkerState.STARTING, WorkerState.PAUSED):
                 worker["state"] = WorkerState.RUNNING
-            elif state == "paused" and worker["state"] in (WorkerState.RUNNING, WorkerState.STALLED):
+            elif beat.state == "paused" and worker["state"] in (WorkerState.RUNNING, WorkerState.STALLED):
                 worker["state"] = WorkerState.PAUSED
                 worker["stalled_at_progress"] = None
             stalled_at = worker.get("stalled_at_progress")
@@ -79,10 +83,8 @@ class WorkerTable:
                 self._recovered.append((rank, worker["last_progress"] - stalled_at))
 
     @staticmethod
-    def _rate_steps(worker: dict[str, Any], beat: dict[str, Any]) -> None:
-        step, when = beat.get("step"), beat.get("time")
-        if not isinstance(step, int) or not isinstance(when, (int, float)):
-            return
+    def _rate_steps(worker: dict[str, Any], beat: Heartbeat) -> None:
+        step, when = beat.step, beat.time
         mark: tuple[float, int] | None = worker.get("step_mark")
         if mark is None or step < mark[1]:  # first beat, or a restart from a checkpoint
             worker["step_mark"] = (when, step)
@@ -91,6 +93,27 @@ class WorkerTable:
         if when - mark_time >= 1.0:
             worker["steps_per_s"] = (step - mark_step) / (when - mark_time)
             worker["step_mark"] = (when, step)
+
+    def last_said(self) -> dict[int, SteeringBeat]:
+        """What each rank of this attempt last said for steering, whatever its state now, by rank."""
+        with self._lock:
+            return dict(sorted(self._steering.items()))
+
+    def steering_now(self) -> dict[int, SteeringBeat]:
+        """What each rank that takes steps (running, paused or stalled) last said for steering, by rank; a rank
+        that has not measured its rate yet has the table's steps/s."""
+        with self._lock:
+            found = {}
+            for rank in sorted(self._rows):
+                worker, said = self._rows[rank], self._steering.get(rank)
+                if worker["state"] not in _STEPPING:
+                    continue
+                if said is None:
+                    said = SteeringBeat(step=int(worker.get("step") or 0), rate=None, epoch=0)
+                if said.rate is None and worker.get("steps_per_s") is not None:
+                    said = dataclasses.replace(said, rate=worker["steps_per_s"])
+                found[rank] = said
+            return found
 
     def mark(self, rank: int, state: WorkerState) -> dict[str, Any]:
         """Set one rank's state; returns a copy of its row (empty if unknown)."""

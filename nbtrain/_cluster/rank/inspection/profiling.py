@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any
 
+from nbtrain._cluster.commands import Command
+
 MAX_TRACE_BYTES = 50 * 1024 * 1024  # gzipped; a bigger trace is not kept (the table still comes)
 TOP_OPERATORS = 15
 
@@ -29,12 +31,12 @@ TOP_OPERATORS = 15
 class StepProfile:
     """One profile in progress on this rank (made on the training thread, which starts and stops it)."""
 
-    def __init__(self, command: dict[str, Any], device: Any) -> None:
+    def __init__(self, command: Command, device: Any) -> None:
         import torch
         from torch.profiler import ProfilerActivity, profile
 
-        self.command_id = int(command["id"])
-        self.steps = int(command["args"]["steps"])
+        self.command_id = command.id
+        self.steps = command.steps
         self.done = 0
         self.on_gpu = getattr(device, "type", "cpu") == "cuda" and torch.cuda.is_available()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_gpu else [])
