@@ -24,12 +24,13 @@ from __future__ import annotations
 from typing import Any
 
 from nbtrain._client.connection import Cluster, connect, disconnect
+from nbtrain._client.entry.launch import attach, launch, runs
 from nbtrain._client.entry.sweep import Sweep, Trial, attach_sweep, sweeps
 from nbtrain._client.entry.sweep_start import tune
 from nbtrain._client.entry.torch_trainer import TorchTrainer
-from nbtrain._client.launching.launch import attach, launch, runs
 from nbtrain._client.run.handle import Run
 from nbtrain._client.warm import release_warm
+from nbtrain._cluster.rank.data.counted_shard import get_dataset_shard
 from nbtrain._cluster.rank.data.loading import prepare_loader
 from nbtrain._cluster.rank.session import TrainContext
 from nbtrain._cluster.rank.steering import on_command
@@ -37,7 +38,6 @@ from nbtrain._cluster.rank.worker_api import (
     backward,
     checkpoint_requested,
     get_context,
-    get_dataset_shard,
     load_checkpoint,
     prepare_model,
     prepare_optimizer,

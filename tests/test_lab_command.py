@@ -18,8 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from nbtrain._client.entry import cli
-from nbtrain._client.launching import launch
+from nbtrain._client.entry import cli, launch
 from nbtrain._client.local import local_cluster
 from nbtrain._net import port_is_open
 

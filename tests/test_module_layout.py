@@ -172,13 +172,9 @@ def _against_the_direction(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
 # a circle between folders today and are not this test's to fix; each names its way out. Any other edge
 # that closes one fails.
 FOLDER_CIRCLE_EDGES = {
-    # run.fork() starts a run by launching's one start path, which hands back _client/run's handles.
-    # Way out: the start path below both folders, or fork()'s start in launching.
-    ("nbtrain._client.run.forking", "nbtrain._client.launching.starting"),
-    # The rank's API (prepare_loader, the Ray Train seam's start) reaches into its sub-packages, which talk
-    # back to the rank's session. Way out: the session (what both need) in a folder below them.
-    ("nbtrain._cluster.rank.worker_api", "nbtrain._cluster.rank.data.loading"),
-    ("nbtrain._cluster.rank.worker_api", "nbtrain._cluster.rank.data.counted_shard"),
+    # The worker actor puts Ray Train's seam in place (ray_train/on_import), and the seam talks back to the
+    # rank's session and API beside the worker. Way out: the worker (the rank's top) in a folder above them,
+    # or the session and the API in one below.
     ("nbtrain._cluster.rank.worker", "nbtrain._cluster.rank.ray_train.on_import"),
 }
 

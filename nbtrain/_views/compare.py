@@ -44,7 +44,7 @@ def compare(runs: Iterable[Any], metric: str = "loss", *, x: str = "step") -> Co
         child = run.fork(config={"lr": 0.01})
         nbtrain.compare([run, child], metric="loss")
     """
-    from nbtrain._client.launching.launch import attach
+    from nbtrain._client.entry.launch import attach
 
     if x not in X_CHOICES:
         raise InvalidOptionError(f"compare(x=...) is 'step' or 'time', not {x!r}.")

@@ -201,7 +201,7 @@ class LaunchPanel:
         if problems:
             msg = "The launch form has invalid values: " + "; ".join(problems)
             raise NbtrainError(msg)
-        from nbtrain._client.launching.launch import start
+        from nbtrain._client.entry.launch import start
         from nbtrain._client.run.following import block_until_done
 
         options = RunOptions(**self.launch_options, **self.form_options())

@@ -104,7 +104,7 @@ class NbtrainMagics(Magics):
                ...:         ...
                ...:         nbtrain.report(loss=loss.item())
         """
-        from nbtrain._client.launching.launch import start
+        from nbtrain._client.entry.launch import start
         from nbtrain._client.run.following import block_until_done
 
         args = self._parse(self.ray_train, line)
@@ -218,8 +218,8 @@ class NbtrainMagics(Magics):
             ray://127.0.0.1:41837 (local): 1 node(s), CPU 2/4 used
             cifar   running    attempt 1  step 120/400
         """
+        from nbtrain._client.entry.launch import runs
         from nbtrain._client.entry.sweep import sweeps
-        from nbtrain._client.launching.launch import runs
 
         if self._parse(self.ray_status, line) is None:
             return
@@ -262,7 +262,7 @@ class NbtrainMagics(Magics):
             In [2]: %ray_connect
             In [3]: %ray_attach cifar --out run
         """
-        from nbtrain._client.launching.launch import attach
+        from nbtrain._client.entry.launch import attach
 
         args = self._parse(self.ray_attach, line)
         if args is None:
@@ -288,7 +288,7 @@ class NbtrainMagics(Magics):
             In [5]: %ray_stop cifar
             Run 'cifar' stopped.
         """
-        from nbtrain._client.launching.launch import attach
+        from nbtrain._client.entry.launch import attach
         from nbtrain._client.run.handle import last_run_here
 
         args = self._parse(self.ray_stop, line)

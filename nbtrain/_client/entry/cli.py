@@ -154,7 +154,7 @@ def cluster_answer(cluster: Cluster) -> dict[str, Any]:
     is left out: readers keep what they knew of it. ``sweeps`` is left out when they could not be
     read: readers keep what they knew of them too.
     """
-    from nbtrain._client.launching.launch import run_summaries
+    from nbtrain._client.entry.launch import run_summaries
     from nbtrain._options import NAME_PATTERN
     from nbtrain._registry import record_from_summary
 
@@ -229,7 +229,7 @@ def _warm_summary() -> dict[str, Any]:
 
 
 def _attached(args: argparse.Namespace, verb: str) -> Run:
-    from nbtrain._client.launching.launch import attach
+    from nbtrain._client.entry.launch import attach
     from nbtrain._exceptions import NbtrainError
 
     address = _address_for(args.name, args.address)

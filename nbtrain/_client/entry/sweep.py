@@ -14,9 +14,9 @@ import time
 from typing import Any
 
 from nbtrain._client import connection
-from nbtrain._client.launching.launch import attach
+from nbtrain._client.entry.launch import attach
+from nbtrain._client.head_tasks import on_head
 from nbtrain._client.run.handle import Run
-from nbtrain._client.run.stored import on_head
 from nbtrain._cluster.names import NAMESPACE, sweep_actor_name
 from nbtrain._exceptions import NbtrainError, RunNotFoundError, SweepFailedError
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._client.launching.launch import launch
+from nbtrain._client.entry.launch import launch
 from nbtrain._client.run.handle import Run
 from nbtrain._cluster.rank.session import ROW_KEYS
 from nbtrain._exceptions import InvalidOptionError

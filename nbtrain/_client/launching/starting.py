@@ -7,7 +7,10 @@ cluster can hold, a writable ``storage=``, the warm pool — and the spec pickle
 starts a supervisor for it: a live run's name is refused, an ended run's gives the next free ``NAME-2``…,
 a launch that another one beats to the name chooses again, and the run is recorded for the sidebar.
 :func:`resume` hands the same checked spec to an ended run instead. A sweep checks its trials' template
-here too (see :mod:`.sweep_start`); Ray Tune then starts each trial's run on the cluster.
+here too (see :mod:`~nbtrain._client.entry.sweep_start`); Ray Tune then starts each trial's run on the cluster.
+
+It hands back the supervisor's actor handle, not a :class:`~nbtrain.Run`: ``launch()`` (in ``_client/entry``) and
+``run.fork()`` (in ``_client/run``) wrap it, and both import this folder, which imports neither of theirs.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from nbtrain import _registry
 from nbtrain._client import connection, warm
+from nbtrain._client.head_tasks import is_stored, stored_names, stored_summary
 from nbtrain._client.launching import room
 from nbtrain._client.launching.checks import (
     check_signature,
@@ -34,7 +38,6 @@ from nbtrain._client.launching.checks import (
     with_uploaded_paths,
 )
 from nbtrain._client.launching.serialization import check_values, dumps_checked
-from nbtrain._client.run.stored import StoredRunHandle, find_stored, stored_names
 from nbtrain._cluster.names import find_supervisor, run_names, wait_until_name_free
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import RunExistsError, RunNotFoundError
@@ -145,8 +148,8 @@ def resume(checked: Checked) -> Any:
 
     name, address = checked.spec.name, checked.address
     existing = find_supervisor(name)
-    stored = find_stored(name) if existing is None else None
-    if existing is None and stored is None:
+    stored = is_stored(name) if existing is None else False
+    if existing is None and not stored:
         msg = f"resume=True needs an existing run named {name!r}, and there is none on {address}."
         raise RunNotFoundError(msg)
     handle = existing
@@ -157,11 +160,11 @@ def resume(checked: Checked) -> Any:
             state = "retired"  # it exited as the run had ended: resume from the files
         if state == "retired":
             wait_until_name_free(name)
-            stored = find_stored(name)
+            stored = is_stored(name)
         elif state != "resumed":
             msg = f"Run {name!r} cannot be resumed: it is {state}; only an ended run can be. Attach to it instead."
             raise RunExistsError(msg)
-    if stored is not None:  # resume an ended run from its files: a new supervisor takes them up
+    if stored:  # resume an ended run from its files: a new supervisor takes them up
         handle = _resume_stored(checked)
     _record(checked.spec, address)
     return handle
@@ -174,7 +177,7 @@ def _resume_stored(checked: Checked) -> Any:
     from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
 
     name = checked.spec.name
-    launch_id = ray.get(StoredRunHandle(name).summary.remote(), timeout=ANSWER_S).get("launch")
+    launch_id = stored_summary(name).get("launch")
     # the one spec pickled again: it must name the files' launch, known only now that the run has exited
     spec_bytes = pickled(dataclasses.replace(checked.spec, launch_id=launch_id or checked.spec.launch_id))
     holds = packages_to_hold(checked.spec.options.runtime_env)

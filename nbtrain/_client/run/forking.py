@@ -2,10 +2,11 @@
 
 The parent's supervisor (or, once it ended, its files) answers with the parent's launch — the pickled
 function and its options, kept in the run's directory — and the checkpoint (its latest, or the latest
-kept at or before a step). The new run starts by the path every run takes (:mod:`.starting` in
-``_client/launching``: the same checks, uploads, room for Ray Data, and ``NAME-2`` for an ended run's name), as
-if its ranks had saved that checkpoint themselves: their ``load_checkpoint()`` returns it. It records its parent
-and the step.
+kept at or before a step). The new run starts by the path every run takes
+(:mod:`~nbtrain._client.launching.starting`: the same checks, uploads, room for Ray Data, and ``NAME-2`` for an
+ended run's name), as if its ranks had saved that checkpoint themselves: their ``load_checkpoint()`` returns it.
+It records its parent and the step. ``_client/launching`` imports nothing of ``_client/run``: the start path hands
+back the supervisor's handle, and this module makes the fork's ``Run`` of it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""The names a training function uses on a worker: ``report``, ``prepare_model``, ...
+"""The names a training function uses on a worker: ``report``, ``prepare_model``, checkpoints, ...
 
-Each one finds the rank's :class:`~nbtrain._session.TrainingSession`; called
-in the notebook they raise an error that says to use the ``Run`` object instead.
+Each one finds the rank's :class:`~nbtrain._cluster.rank.session.TrainingSession`; called
+in the notebook they raise an error that says to use the ``Run`` object instead. The data's
+names (``prepare_loader``, ``get_dataset_shard``) are in :mod:`nbtrain._cluster.rank.data`, which
+talks to the session itself: this module does not import it.
 """
 
 from __future__ import annotations
@@ -15,13 +17,10 @@ from typing import Any
 
 from nbtrain._cluster.elastic import gradient_noise
 from nbtrain._cluster.rank import parallel, sharded_checkpoint
-from nbtrain._cluster.rank.data.counted_shard import CountedShard
-from nbtrain._cluster.rank.data.loading import batch_size_of
 from nbtrain._cluster.rank.inspection import step_timing
 from nbtrain._cluster.rank.session import TrainContext, current_session
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.run_storage import checkpoint_source, load_trusted, storage_checkpoint, unpack_directory
-from nbtrain._exceptions import NbtrainError
 
 RUN_PRECISION = "run"  # prepare_model's default precision: the run's ``precision`` option
 
@@ -406,31 +405,3 @@ def checkpoint_to_resume() -> tuple[dict[str, Any], bytes | str] | None:
     meta, data, path = found
     session.step = session.report_calls = session.last_step = int(meta.get("step", 0))
     return meta, checkpoint_source(data, path, meta.get("format", "torch"))
-
-
-def get_dataset_shard(name: str = "train") -> Any:
-    """This rank's shard of a Ray Dataset passed as ``datasets={name: ds}`` to ``launch()``.
-
-    Args:
-        name: the key in ``datasets=``.
-
-    Returns:
-        This rank's shard, with Ray's ``DataIterator`` methods (``iter_torch_batches``...), its
-        batches counted as ``report()``'s steps.
-
-    Raises:
-        NbtrainError: called outside a training function, or the run has no dataset ``name``.
-
-    Example::
-
-        for batch in nbtrain.get_dataset_shard("train").iter_torch_batches(batch_size=64):
-            ...
-    """
-    session = current_session()
-    try:
-        return CountedShard(session.datasets[name], lambda batch: session.on_batch(batch_size_of(batch)),
-                            session.timing)
-    except KeyError:
-        known = ", ".join(sorted(session.datasets)) or "none"
-        msg = f"No dataset named {name!r} was passed to launch(datasets=...); this run has: {known}."
-        raise NbtrainError(msg) from None

@@ -41,7 +41,7 @@ class DebugMagics(Magics):
             ipdb> p loss
             In [7]: %ray_debug cifar --commands "where; p loss"
         """
-        from nbtrain._client.launching.launch import attach
+        from nbtrain._client.entry.launch import attach
 
         tokens = line.split()
         if "--help" in tokens or "-h" in tokens:

@@ -31,8 +31,9 @@ import ray
 import ray.train
 import ray.train.torch  # functions reach ray.train.torch as an attribute of ray.train
 
+from nbtrain._cluster.rank.data.counted_shard import get_dataset_shard
 from nbtrain._cluster.rank.session import TrainingSession
-from nbtrain._cluster.rank.worker_api import checkpoint_to_resume, get_dataset_shard, store_checkpoint
+from nbtrain._cluster.rank.worker_api import checkpoint_to_resume, store_checkpoint
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._cluster.storage.run_storage import checkpoint_files, pack_directory
 from nbtrain._exceptions import NbtrainError

@@ -3,8 +3,8 @@
 The magic, the launch panel and the lab sidebar all come here. ``launch()``
 turns its keyword arguments into one :class:`~nbtrain._options.RunOptions`
 (validated there) and starts the run by the one path every run takes
-(:mod:`.starting`: the spec checked once, then its supervisor); the returned
-:class:`~nbtrain._client.run.handle.Run` only reads.
+(:mod:`~nbtrain._client.launching.starting`: the spec checked once, then its supervisor);
+the returned :class:`~nbtrain._client.run.handle.Run` only reads.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from typing import Any
 
 from nbtrain import _options
 from nbtrain._client import connection
+from nbtrain._client.head_tasks import stored_names, stored_summaries
 from nbtrain._client.launching import starting
 from nbtrain._client.run.following import block_until_done
 from nbtrain._client.run.handle import POLL_TIMEOUT_S, Run
-from nbtrain._client.run.stored import find_stored, stored_names, stored_summaries
+from nbtrain._client.run.stored import find_stored
 from nbtrain._cluster.names import find_supervisor, run_names
 from nbtrain._exceptions import RunNotFoundError
 from nbtrain._options import RunOptions, refuses_unknown_keywords
