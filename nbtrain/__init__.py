@@ -6,6 +6,7 @@ Driver side::
     nbtrain.connect()                              # embedded local cluster, or "ray://head:10001"
     run = nbtrain.launch(train, config={"lr": 0.01}, workers=2)
     run.dashboard()
+    nbtrain.launch_script("train.py", args=["--epochs", "5"], workers=2)   # a torchrun script, unchanged
 
 Worker side (inside the training function): ``get_context``, ``report``,
 ``prepare_model`` (DDP or FSDP, mixed precision), ``prepare_optimizer``, ``backward``,
@@ -25,6 +26,7 @@ from typing import Any
 
 from nbtrain._client.connection import Cluster, connect, disconnect
 from nbtrain._client.entry.launch import attach, launch, runs
+from nbtrain._client.entry.script_launch import launch_script
 from nbtrain._client.entry.sweep import Sweep, Trial, attach_sweep, sweeps
 from nbtrain._client.entry.sweep_start import tune
 from nbtrain._client.entry.torch_trainer import TorchTrainer
@@ -96,6 +98,7 @@ __all__ = [
     "get_context",
     "get_dataset_shard",
     "launch",
+    "launch_script",
     "load_checkpoint",
     "on_command",
     "prepare_loader",

@@ -54,6 +54,8 @@ SMALL: dict[str, dict[str, object]] = {
     "09_elastic.ipynb": {"steps": 400, "step_time": 0.05},
     "10_steer_and_compare.ipynb": {"batches": 10, "step_time": 0.05},
     "11_debug_and_profile.ipynb": {"steps": 12, "straggler_steps": 375, "straggler_window_s": 2.0},
+    # papermill runs each notebook in a folder of its own: the script is named by its path
+    "12_torchrun_script.ipynb": {"script": str(NOTEBOOKS_DIR / "torchrun_script" / "train.py"), "epochs": 2},
 }
 
 # What each tutorial promises, as its cells print it: (pattern, check of every match, the promise in words).
@@ -130,6 +132,13 @@ PROMISES: dict[str, list[Promise]] = {
         (r"loss is NaN at step (\d+)", lambda found: found[0] == "7", "the failing rank's error"),
         (r"(Rank \d+) is a straggler", lambda found: found == ["Rank 1"], "rank 1 is flagged as the straggler"),
         (r"rank 0's top operator over (\d+) steps", _last_above(0), "a profile of rank 0 with its trace")],
+    "12_torchrun_script.ipynb": [
+        (r"(\w+): final loss ([\d.]+) after (\d+) attempts",
+         lambda found: found[-1][0] == "succeeded" and float(found[-1][1]) < 0.01 and found[-1][2] == "2",
+         "the unchanged torchrun script trains, fails once, and attempt 2 resumes from its own snapshot"),
+        (r"line magic: (\w+), (\d+) metric rows", lambda found: found[-1][0] == "succeeded" and int(found[-1][1]) > 0,
+         "the line magic runs the script, with curves from its SummaryWriter"),
+        (r"pasted script: (\w+)", lambda found: found[-1] == "succeeded", "a pasted script's __main__ block runs")],
 }
 
 

@@ -4,13 +4,16 @@ Only the notebook names the body actually uses are shipped (found from the
 compiled code's names, nested functions included), not the whole namespace:
 a 10 GB DataFrame sitting in the notebook stays there unless the cell uses it.
 On the worker the body runs with ``config``, ``rank``, ``world_size`` and
-``nbtrain`` defined; a variable named ``result`` becomes that rank's result.
+``nbtrain`` defined; a variable named ``result`` becomes that rank's result. Its ``__name__`` is
+``"__main__"``, as in the notebook, so a pasted script's ``if __name__ == "__main__":`` block runs,
+with ``sys.argv`` set from the magic's ``--args``.
 """
 
 from __future__ import annotations
 
 import builtins
 import linecache
+import sys
 from typing import Any
 
 from nbtrain._packing.code_origin import code_names
@@ -45,12 +48,13 @@ class CellProgram:
     """
 
     def __init__(self, source: str, captured: dict[str, Any], name: str | None = None,
-                 magic_line: str | None = None) -> None:
+                 magic_line: str | None = None, argv: tuple[str, ...] = ()) -> None:
         self.filename = name or CELL_FILENAME
         self.lines = ([magic_line.rstrip("\n") + "\n"] if magic_line is not None else []) + source.splitlines(True)
         self.source = "\n" * (len(self.lines) - len(source.splitlines(True))) + source
         compile(self.source, self.filename, "exec")  # syntax errors surface in the notebook, not on workers
         self.captured = captured
+        self.argv = argv  # sys.argv[1:] while the body runs (the magic's --args)
 
     def __call__(self, config: dict[str, Any]) -> Any:
         import nbtrain
@@ -58,9 +62,13 @@ class CellProgram:
         linecache.cache[self.filename] = (sum(map(len, self.lines)), None, self.lines, self.filename)
         ctx = nbtrain.get_context()
         scope: dict[str, Any] = {
-            "__name__": "__ray_train_cell__", "__builtins__": builtins, **self.captured,
+            "__name__": "__main__", "__builtins__": builtins, **self.captured,
             "config": config, "rank": ctx.rank, "world_size": ctx.world_size,
             "local_rank": ctx.local_rank, "device": ctx.device, "nbtrain": nbtrain,
         }
-        exec(compile(self.source, self.filename, "exec"), scope)
+        saved_argv, sys.argv = sys.argv, [self.filename, *self.argv]
+        try:
+            exec(compile(self.source, self.filename, "exec"), scope)
+        finally:
+            sys.argv = saved_argv
         return scope.get("result")

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbtrain._client import connection
 from nbtrain._client.launching.serialization import check_values
 from nbtrain._exceptions import NbtrainError, RunFailedError, SweepFailedError
 from nbtrain._packing.code_origin import cell_name
+from nbtrain._packing.script import ScriptProgram
 from nbtrain._views.cell_program import CellProgram, referenced_names
 from nbtrain._views.magic_flags import (
     options_from_args,
@@ -85,15 +86,22 @@ class NbtrainMagics(Magics):
     # ------------------------------------------------------------------ %%ray_train
     @magic_arguments()
     @argument("--out", "-o", default=None, metavar="VAR", help="store the Run in this notebook variable")
+    @argument("--args", default=None, metavar="ARGS",
+              help='a pasted script\'s sys.argv[1:] on the ranks, as one quoted string: --args "--epochs 5"')
     @run_option_flags
-    @cell_magic
-    def ray_train(self, line: str, cell: str) -> Any:
+    @line_cell_magic
+    def ray_train(self, line: str, cell: str | None = None) -> Any:
         """Run this cell's body on every DDP worker; the output becomes the run's live dashboard.
 
         Inside the cell: ``config``, ``rank``, ``world_size``, ``device`` and the
-        ``nbtrain`` worker API; notebook names the cell uses are sent along.
+        ``nbtrain`` worker API; notebook names the cell uses are sent along. The cell's
+        ``__name__`` is ``"__main__"``, so a pasted script's ``if __name__ == "__main__":``
+        block runs (``--args`` gives its ``sys.argv``).
         Blocks until the run ends (interrupt ■ stops it) unless ``--bg``.
         Every option of ``nbtrain.launch()`` is a flag (listed below).
+
+        As a line magic it runs a script as torchrun does (``nbtrain.launch_script``): the
+        options before the script, the script's own arguments after it.
 
         Example::
 
@@ -103,32 +111,40 @@ class NbtrainMagics(Magics):
                ...:     for x, y in nbtrain.prepare_loader(loader):
                ...:         ...
                ...:         nbtrain.report(loss=loss.item())
+
+            In [4]: %ray_train --workers 2 train.py --epochs 5
         """
         from nbtrain._client.entry.launch import start
         from nbtrain._client.run.following import block_until_done
 
-        args = self._parse(self.ray_train, line)
+        options_line, script, script_args = (line, None, []) if cell is not None else _split_at_script(line)
+        args = self._parse(self.ray_train, options_line)
         if args is None:
             return None
-        if not cell.strip():
+        if cell is None and script is None:
+            raise UsageError("%ray_train needs a script: %ray_train --workers 2 train.py --epochs 5 (or %%ray_train "
+                             "with the training code in the cell).")
+        if cell is not None and not cell.strip():
             msg = "The %%ray_train cell is empty: put the per-worker training code below the magic line."
             raise UsageError(msg)
         if args.out is not None and not args.out.isidentifier():
             raise UsageError(f"--out needs a Python variable name, got {args.out!r}.")
         if args.resume and not args.name:
             raise UsageError("--resume continues an existing run: name it with --name NAME.")
-        source = self.shell.transform_cell(cell)
-        try:
-            captured = referenced_names(source, self.shell.user_ns)
-        except SyntaxError as exc:
-            msg = f"The %%ray_train cell has a syntax error on line {exc.lineno}: {exc.msg}."
-            raise UsageError(msg) from None
+        if script is not None and (args.args is not None or args.config):
+            raise UsageError("A script's arguments follow it: %ray_train --workers 2 train.py --epochs 5 (--args and "
+                             "--config are for a %%ray_train cell).")
         try:
             options = options_from_args(args, self.shell.user_ns)
+            program: ScriptProgram | CellProgram
+            if script is not None:
+                program = ScriptProgram.of(script, script_args)
+                if options.name is None:
+                    options = dataclasses.replace(options, name=program.default_run_name())
+            else:
+                program = self._cell(line, cell or "", args)
             connection.current()
-            check_values(captured)
-            run = start(CellProgram(source, captured, cell_name(), f"%%ray_train {line}"),
-                        dataclasses.replace(options, wait=False))
+            run = start(program, dataclasses.replace(options, wait=False))
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
         if args.out:
@@ -146,6 +162,22 @@ class NbtrainMagics(Magics):
         except RunFailedError as error:
             raise _ends_the_cell(error) from None
         return None
+
+    def _cell(self, line: str, cell: str, args: Any) -> CellProgram:
+        source = self.shell.transform_cell(cell)
+        try:
+            captured = referenced_names(source, self.shell.user_ns)
+        except SyntaxError as exc:
+            raise UsageError(f"The %%ray_train cell has a syntax error on line {exc.lineno}: {exc.msg}.") from None
+        check_values(captured)
+        given = args.args or ""
+        if len(given) >= 2 and given[0] == given[-1] and given[0] in "'\"":
+            given = given[1:-1]  # IPython's parser keeps a quoted flag value's quotes
+        try:
+            argv = tuple(shlex.split(given))
+        except ValueError as exc:
+            raise UsageError(f"--args {args.args!r} cannot be split as a shell would: {exc}.") from None
+        return CellProgram(source, captured, cell_name(), f"%%ray_train {line}", argv=argv)
 
     # ------------------------------------------------------------------ %%ray_tune
     @magic_arguments()
@@ -314,6 +346,19 @@ class NbtrainMagics(Magics):
             return parse_argstring(magic, line)
         except UsageError as exc:
             raise UsageError(_with_suggestion(str(exc), magic, line)) from None
+
+
+def _split_at_script(line: str) -> tuple[str, str | None, list[str]]:
+    """``%ray_train``'s line: the options before the script (its first ``.py`` word), the script, its
+    arguments after it — as torchrun's and ``%run``'s command lines read."""
+    try:
+        words = shlex.split(line, posix=True)
+    except ValueError as exc:
+        raise UsageError(f"%ray_train {line!r} cannot be split as a shell would: {exc}.") from None
+    at = next((index for index, word in enumerate(words) if word.endswith(".py") and not word.startswith("-")), None)
+    if at is None:
+        return line, None, []
+    return shlex.join(words[:at]), words[at], words[at + 1:]
 
 
 def _with_suggestion(message: str, magic: Any, line: str) -> str:

@@ -329,7 +329,6 @@ class RunSupervisor:
         run = self._run
         options = run.spec.options
         workers = self._table.snapshot()
-        steering = self._table.last_said()
         for worker in workers:
             worker["latest"] = dict(self._feed.latest_by_rank.get(worker["rank"], {}))
         return {
@@ -344,9 +343,7 @@ class RunSupervisor:
             "total_steps": options.total_steps, "total_epochs": options.total_epochs,
             "step": min([w.get("step", 0) for w in workers] or [0]), "owner": run.spec.owner,
             "latest": dict(self._feed.latest), "launch": run.spec.launch_id,
-            "paused_at": min((said.paused_at for said in steering.values() if said.paused_at is not None),
-                             default=None),
-            "hyper": next((said.settings for said in steering.values() if said.settings), None),
+            **self._table.steering_summary(),
             "changes": run.steering.changes(),
         }
 

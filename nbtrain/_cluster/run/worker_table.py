@@ -94,10 +94,13 @@ class WorkerTable:
             worker["steps_per_s"] = (step - mark_step) / (when - mark_time)
             worker["step_mark"] = (when, step)
 
-    def last_said(self) -> dict[int, SteeringBeat]:
-        """What each rank of this attempt last said for steering, whatever its state now, by rank."""
+    def steering_summary(self) -> dict[str, Any]:
+        """The run's summary of its ranks' last word for steering, whatever their state now: ``paused_at``
+        (the step a pause holds them at) and ``hyper`` (the lowest rank's optimizer settings)."""
         with self._lock:
-            return dict(sorted(self._steering.items()))
+            said = [self._steering[rank] for rank in sorted(self._steering)]
+        return {"paused_at": min((s.paused_at for s in said if s.paused_at is not None), default=None),
+                "hyper": next((s.settings for s in said if s.settings), None)}
 
     def steering_now(self) -> dict[int, SteeringBeat]:
         """What each rank that takes steps (running, paused or stalled) last said for steering, by rank; a rank
