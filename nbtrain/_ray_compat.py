@@ -4,11 +4,21 @@ Nothing else in ``nbtrain`` imports ``ray._private``, ``ray._raylet``, ``ray.cor
 ``ray.experimental.internal_kv`` or ``ray.train.v2._internal``, or reads a private attribute of a Ray
 object (``tests/test_ray_compat.py``). Each entry says which internal it uses, the public API it uses
 instead where Ray has one, and what degrades, visibly, when it fails (a probe never fails a run; a
-fallback taken says so once on stderr, :func:`say_once`). The entries, by the process that calls them:
+fallback taken says so once on stderr, :func:`say_once`).
+
+Every entry was read in each Ray release nbtrain supports (``TESTED_RAY_MINORS``: 2.54 to 2.60, each
+release's wheel): they are the same in all of them but two, both on the Ray Train seam, which
+``NbtrainTrainFnUtils`` absorbs by taking any arguments: ``TrainFnUtils.get_preemption_info`` is abstract
+from Ray 2.58 (absent before), and ``get_all_reported_checkpoints`` takes ``timeout_s`` from 2.56. Ray's own
+``_enable_token_auth`` (2.59 on) is not used: :func:`use_token` does what it does, as 2.54 allows.
+One concept, kept whole: every reach into Ray's internals, in one file that a new Ray release is read
+against, entry by entry.
+
+The entries, by the process that calls them:
 
 - every process: ``HEAD_NODE_RESOURCE``, ``on_head_node``, ``is_head_node``;
-- the notebook's kernel: ``init_with_metadata``, ``kernel_ray_lacks_token``, ``ping_client_server``,
-  ``turn_off_auto_init``, ``upload_local_paths``;
+- the notebook's kernel: ``init_with_metadata``, ``init_driver``, ``use_token``, ``kernel_ray_lacks_token``,
+  ``ping_client_server``, ``cluster_metadata``, ``turn_off_auto_init``, ``upload_local_paths``;
 - an added local node's process: ``start_worker_node``, ``stop_node``;
 - a run's supervisor and the warm pool: ``prestart_worker``, ``worker_setup_hook_env``, ``actor_key``,
   ``draining_nodes`` (``Draining``), ``free_resources_outside``, ``drain_node``, ``standing_request``;
@@ -31,11 +41,12 @@ if TYPE_CHECKING:  # at run time, read on first use (__getattr__): importing thi
     from ray.train.v2.api.context import LocalTrainContext
 
 __all__ = [
-    "HEAD_NODE_RESOURCE", "Draining", "LocalTrainContext", "TrainFnUtils", "actor_key", "drain_node",
-    "draining_nodes", "driver_pid", "free_resources_outside", "init_with_metadata", "is_head_node",
+    "HEAD_NODE_RESOURCE", "Draining", "LocalTrainContext", "TrainFnUtils", "actor_key", "cluster_metadata",
+    "drain_node", "draining_nodes", "driver_pid", "free_resources_outside", "init_driver", "init_with_metadata",
+    "is_head_node",
     "kernel_ray_lacks_token", "on_head_node", "ping_client_server", "prestart_worker", "reason", "say_once",
     "set_train_fn_utils", "standing_request", "start_worker_node", "stop_node", "turn_off_auto_init",
-    "upload_local_paths", "worker_setup_hook_env",
+    "upload_local_paths", "use_token", "worker_setup_hook_env",
 ]
 
 
@@ -91,6 +102,92 @@ def init_with_metadata(address: str, metadata: Sequence[tuple[str, str]], **kwar
     import ray
 
     return ray.init(address, _metadata=list(metadata), **kwargs)
+
+
+def init_driver(address: str, node_ip_address: str | None, **kwargs: Any) -> Any:
+    """``ray.init(address, **kwargs)`` as a driver of the cluster whose GCS is ``address`` (this process must be
+    on one of its nodes), on ``node_ip_address`` where given (a loopback cluster's ``127.0.0.1``).
+
+    Public instead: ``ray.init(address)``, which picks the node's address itself: on a cluster bound to
+    127.0.0.1 it picks the machine's other address, finds no raylet there and fails. Degrades: a Ray that
+    refuses ``_node_ip_address`` makes ``connect()`` fail with Ray's error for the argument.
+    """
+    import ray
+
+    if node_ip_address:
+        kwargs["_node_ip_address"] = node_ip_address
+    return ray.init(address, **kwargs)
+
+
+class _TokenSetting(NamedTuple):
+    mode: str | None
+    token: str | None
+
+
+_before_token: list[_TokenSetting] = []  # what use_token replaced, for use_token(None) to put back
+
+
+def use_token(token: str | None) -> None:
+    """Make this process's Ray send ``token`` on every channel (a driver's channels are Ray's own, so the
+    per-call header of :func:`init_with_metadata` cannot reach them); ``None`` puts back what was there.
+
+    Sets ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` in this process's environment (what Ray's token
+    loader reads), re-reads Ray's config and empties the loader's cache, as Ray's own ``_enable_token_auth``
+    does from 2.59 on. Public instead: the same two variables set before ``import ray``, which a kernel
+    that imported Ray first cannot do. Degrades: where the config or loader cannot be reached, said once
+    on stderr; then Ray's own error (``UNAUTHENTICATED``) comes from ``connect()``.
+    """
+    if token is None and not _before_token:
+        return
+    if token is not None and not _before_token:
+        _before_token.append(_TokenSetting(os.environ.get("RAY_AUTH_MODE"), os.environ.get("RAY_AUTH_TOKEN")))
+    setting = _TokenSetting("token", token) if token is not None else _before_token.pop()
+    for name, value in (("RAY_AUTH_MODE", setting.mode), ("RAY_AUTH_TOKEN", setting.token)):
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    import importlib
+
+    try:
+        raylet: Any = importlib.import_module("ray._raylet")  # compiled; its stub lacks these names
+        raylet.Config.initialize("")
+        raylet.AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError) as exc:
+        say_once(f"cannot make this kernel's Ray use the cluster's token ({reason(exc)})")
+
+
+def cluster_metadata(host: str, port: int, metadata: Sequence[tuple[str, str]], timeout_s: float,
+                     credentials: Any = None) -> dict[str, Any]:
+    """What the GCS at ``host:port`` says the cluster runs (``ray_version``, ``python_version``, ...): the record
+    every ``ray start --head`` writes (Ray's ``CLUSTER_METADATA`` key), read with one ``InternalKVGet`` on a
+    channel of nbtrain's, sending ``metadata`` (the token); raises ``grpc.RpcError`` as the server answers
+    (``UNIMPLEMENTED``: not a GCS; ``UNAUTHENTICATED``: the token).
+
+    Public instead: none before connecting (``ray.init`` checks the same record, but only after it has
+    started its own connection, and says a mismatch after the cluster's protocol may already have failed).
+    Degrades: without the GCS's protos, ``{}`` (said once): versions are compared once connected.
+    """
+    import grpc
+
+    try:
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError as exc:
+        say_once(f"cannot read the cluster's versions before connecting ({reason(exc)})")
+        return {}
+    target = f"{host}:{port}"
+    channel = grpc.insecure_channel(target) if credentials is None else grpc.secure_channel(target, credentials)
+    try:
+        reply = gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel).InternalKVGet(
+            gcs_service_pb2.InternalKVGetRequest(key=b"CLUSTER_METADATA", namespace=b"cluster"),
+            timeout=timeout_s, metadata=list(metadata))
+    finally:
+        channel.close()
+    try:
+        found: dict[str, Any] = json.loads(reply.value.decode())
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def kernel_ray_lacks_token() -> bool:

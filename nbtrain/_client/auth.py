@@ -34,6 +34,14 @@ Ray Client reports a dead address, a missing token and a wrong token all as
 ``ConnectionError: ray client connection timeout`` after ~30 s. :func:`preflight`
 tells them apart first, in milliseconds: is anything listening on the port
 (TCP), and does a Ray Client *ping* with our token come back ``UNAUTHENTICATED``?
+
+A kernel that joins the cluster as a Ray driver (a GCS address) sends the token
+through Ray's own channels (:func:`nbtrain._ray_compat.use_token`): the only token
+it knows for that address. :func:`preflight_gcs` first reads the cluster's
+versions from its GCS with the token, which tells a dead address, a refused token
+and a port of another kind apart as fast. Each kind of server answers a call of the
+other's with ``UNIMPLEMENTED`` before it looks at the token, so a Ray Client port
+given as a GCS address (or the reverse) is named as such.
 """
 
 from __future__ import annotations
@@ -43,14 +51,15 @@ import os
 import socket
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from nbtrain._client import tls
+from nbtrain._client.cluster_address import ClusterAddress
 from nbtrain._client.local import local_cluster
 from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import port_is_open
 from nbtrain._paths import nbtrain_home, private_dir, read_json, write_json_atomic
-from nbtrain._ray_compat import kernel_ray_lacks_token, ping_client_server
+from nbtrain._ray_compat import cluster_metadata, kernel_ray_lacks_token, ping_client_server
 
 PREFLIGHT_TIMEOUT_S = 3.0
 
@@ -67,7 +76,7 @@ class ResolvedToken(NamedTuple):
 def resolve_token(token: str | None, address: str) -> ResolvedToken:
     """The token for ``address``, and only a token meant for it.
 
-    In order: ``token``; the embedded cluster's own token (for its address only); the
+    In order: ``token``; the embedded cluster's own token (for its addresses only); the
     token given earlier for this address (:func:`remember_token`); Ray's usual places,
     ``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``, unless what is
     there is the embedded cluster's token or one given for another address. The token
@@ -76,7 +85,7 @@ def resolve_token(token: str | None, address: str) -> ResolvedToken:
     if token:
         return ResolvedToken(token, "token=")
     local = local_cluster.status()
-    if local is not None and local.address == address:
+    if local is not None and address in (local.address, local.gcs_address):
         return ResolvedToken(read_token(local.token_path), "the embedded cluster's token")
     remembered = remembered_tokens()
     if remembered.get(address):
@@ -203,7 +212,84 @@ def preflight(address: str, host: str, port: int, token: str | None, *, source: 
             if code != grpc.StatusCode.UNIMPLEMENTED and (hint := tls.mismatch_hint(address, host, port,
                                                                                       PREFLIGHT_TIMEOUT_S)):
                 raise ConnectionFailedError(hint) from None
+            if code == grpc.StatusCode.UNIMPLEMENTED and _answers_as_gcs(host, port):
+                gcs = ClusterAddress(host, port, driver=True).text
+                msg = (f"{address} is the cluster's GCS port, not its Ray Client port. From a kernel on a node "
+                       f"of the cluster, join it as a Ray driver: nbtrain.connect({gcs!r}); from elsewhere, "
+                       f"give the head's Ray Client port: nbtrain.connect('ray://{host}:10001') "
+                       f"(--ray-client-server-port, 10001 by default).")
+                raise ConnectionFailedError(msg) from None
             msg = (f"Something is listening at {address}, but it does not answer as a Ray Client server "
                    f"({code.name}). Check the port: it must be the head's Ray Client port "
                    f"(--ray-client-server-port, 10001 by default), not the GCS or dashboard port.")
             raise ConnectionFailedError(msg) from None
+
+
+def _answers_as_gcs(host: str, port: int) -> bool:
+    """Whether ``host:port`` is a GCS (asked without a token: a GCS refuses that, which still says what it is)."""
+    import grpc
+
+    try:
+        cluster_metadata(host, port, [], PREFLIGHT_TIMEOUT_S, tls.channel_credentials(f"{host}:{port}"))
+    except grpc.RpcError as exc:
+        return bool(exc.code() == grpc.StatusCode.UNAUTHENTICATED)
+    return True
+
+
+def _answers_as_client_server(host: str, port: int) -> bool:
+    import grpc
+
+    try:
+        ping_client_server(host, port, [], PREFLIGHT_TIMEOUT_S, tls.channel_credentials(f"ray://{host}:{port}"))
+    except grpc.RpcError as exc:
+        return bool(exc.code() == grpc.StatusCode.UNAUTHENTICATED)
+    return True
+
+
+def preflight_gcs(target: ClusterAddress, token: str | None, *, source: str = "",
+                  withheld: Sequence[str] = ()) -> dict[str, Any]:
+    """What the cluster whose GCS is ``target`` runs (its ``ray_version`` and ``python_version``), read with
+    ``token``; raises :class:`ConnectionFailedError` naming the cause when it will not take a driver."""
+    address = target.text
+    try:
+        socket.getaddrinfo(target.host, target.port)
+    except socket.gaierror:
+        msg = f"Cannot resolve the host in {address}. Check the spelling of the head node's name."
+        raise ConnectionFailedError(msg) from None
+    if not port_is_open(target.host, target.port, timeout=PREFLIGHT_TIMEOUT_S):
+        msg = (f"Nothing is listening at {address}. Check that the Ray head is running (`ray status` on the head) "
+               f"and that {target.port} is its GCS port (`ray start --head --port={target.port}`, 6379 by default).")
+        raise ConnectionFailedError(msg)
+    import grpc
+
+    try:
+        return cluster_metadata(target.host, target.port, grpc_metadata(token), PREFLIGHT_TIMEOUT_S * 2,
+                                tls.channel_credentials(address))
+    except grpc.RpcError as exc:
+        code = exc.code()
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        if token:
+            origin = f" ({source})" if source else ""
+            msg = (f"The cluster at {address} rejected the authentication token{origin}. Pass the cluster's "
+                   f"token: nbtrain.connect({address!r}, token=...) or set RAY_AUTH_TOKEN (on the head: "
+                   f"`ray get-auth-token`).")
+        else:
+            msg = (f"The cluster at {address} requires a token (RAY_AUTH_MODE=token) and none was given. Pass "
+                   f"`token=` or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH (on the head: `ray get-auth-token`).")
+            if withheld:
+                msg += (" Not sent, because nbtrain sends a cluster's token only to that cluster: "
+                        + "; ".join(withheld) + ".")
+        raise ConnectionFailedError(msg)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and (
+            hint := tls.mismatch_hint(address, target.host, target.port, PREFLIGHT_TIMEOUT_S)):
+        raise ConnectionFailedError(hint)
+    if code == grpc.StatusCode.UNIMPLEMENTED and _answers_as_client_server(target.host, target.port):
+        client = ClusterAddress(target.host, target.port, driver=False).text
+        msg = (f"{address} is a Ray Client port, not the cluster's GCS: connect over Ray Client with "
+               f"nbtrain.connect({client!r}), or, from a kernel on a node of the cluster, give its GCS "
+               f"address (`ray start --head --port`, 6379 by default) to join it as a Ray driver.")
+        raise ConnectionFailedError(msg)
+    msg = (f"Something is listening at {address}, but it does not answer as a Ray GCS ({code.name}). Check the "
+           f"port: a kernel on the cluster joins it at its GCS port (6379 by default); over Ray Client the "
+           f"address is ray://host:10001.")
+    raise ConnectionFailedError(msg)

@@ -1,4 +1,11 @@
-"""Connecting the notebook to a Ray cluster, always over Ray Client (``ray://``).
+"""Connecting the notebook to a Ray cluster: over Ray Client (``ray://host:10001``), or as a Ray driver of
+a cluster whose node the kernel runs on (its GCS address ``host:6379``, or ``"auto"``); which an address
+means is :mod:`nbtrain._client.cluster_address`'s to say. Runs are detached actors owned by the cluster,
+so nothing of a run depends on how the notebook reached it: every feature works the same either way.
+
+Before anything is started, the cluster is asked what it runs (its GCS's record, where this machine can
+reach the GCS: a driver's address, the embedded cluster), and a Ray, Python or nbtrain that differs from
+the notebook's is said first, both versions and the ``pip install`` that matches the notebook to it.
 
 Which token, how it is sent (per connection, whatever was imported first) and
 the fast check that names a dead address or a refused token live in
@@ -8,6 +15,7 @@ sidebar once (:func:`nbtrain._registry.record_connection`); reading it never wri
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
@@ -17,29 +25,31 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from packaging.version import InvalidVersion, Version
-
-from nbtrain._client import auth
+from nbtrain._client import auth, cluster_address, version_check
+from nbtrain._client.cluster_address import ClusterAddress
+from nbtrain._client.cluster_address import parse as parse_address
 from nbtrain._client.local import local_cluster, local_head
+from nbtrain._client.version_check import check_ray_supported
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
-from nbtrain._ray_compat import init_with_metadata, is_head_node, turn_off_auto_init
+from nbtrain._ray_compat import init_driver, init_with_metadata, is_head_node, turn_off_auto_init, use_token
 from nbtrain._registry import record_connection
-from nbtrain._version import TESTED_RAY_MINORS, __version__
 
-DEFAULT_CLIENT_PORT = 10001
-MIN_RAY = (2, 54)  # 2.52-2.53: the dashboard agent's HTTP job endpoint skips the token check
+# How connect() without an address reaches the embedded cluster, chosen by benchmarks/connect_modes.py
+# (its docstring has the table): as a driver of its GCS, or over Ray Client. The other stays tested
+# (tests/test_connect_driver.py reaches the embedded cluster by its other address).
+EMBEDDED_AS_DRIVER = False
 CONNECT_ATTEMPTS = 3
 Progress = Callable[[str], None]
 
 
 @dataclasses.dataclass
 class Cluster:
-    """The connected cluster, from :func:`connect`: its ``address`` (``ray://host:port``), ``kind``
-    (``"local"`` for the embedded cluster, else ``"remote"``), and the ``ray_version`` and ``python_version``
-    it runs. Its methods ask Ray now, so they need the connection to be live.
+    """The connected cluster, from :func:`connect`: its ``address`` (``ray://host:port`` over Ray Client,
+    ``host:port`` for a driver), ``kind`` (``"local"`` for the embedded cluster, else ``"remote"``), the
+    ``ray_version`` and ``python_version`` it runs, and ``via`` (``"client"`` or ``"driver"``). Its methods
+    ask Ray now, so they need the connection to be live.
 
     Example::
 
@@ -51,6 +61,7 @@ class Cluster:
     kind: str
     ray_version: str
     python_version: str
+    via: str = "client"
 
     def resources(self) -> dict[str, tuple[float, float]]:
         """What the cluster has and what is in use right now, e.g. to size a launch's ``workers``.
@@ -129,7 +140,11 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
             timeout: float = 120.0) -> Cluster:
     """Connect the notebook to a Ray cluster and return it.
 
-    ``address`` is ``ray://host:port`` (the Ray Client port, 10001 by default).
+    ``address`` is ``ray://host:port`` (the Ray Client port, 10001 by default), or, for a
+    kernel that runs on a node of the cluster (JupyterLab on the head, a KubeRay or Anyscale
+    workspace), the cluster's GCS address ``host:port`` (6379 by default) or ``"auto"`` (the
+    cluster on this node, as ``ray.init("auto")`` finds it): the kernel then joins the cluster
+    as a Ray driver, without Ray Client, and everything works as over Ray Client.
     Without one, ``$RAY_ADDRESS`` is used, else the embedded local cluster: a Ray
     head on 127.0.0.1 started in the background (and reused later), with token
     authentication on. ``token`` authenticates to a cluster running with
@@ -140,13 +155,18 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     except a token that belongs to another cluster (the embedded one's included):
     a cluster never receives another's token. The token goes with this connection
     only, so it works whether or not ``ray`` was imported first, and changes no
-    environment variable. Needs Ray >= 2.54 in the notebook and on the cluster.
+    environment variable (except as a driver, where Ray's own channels carry it: then
+    ``RAY_AUTH_MODE`` and ``RAY_AUTH_TOKEN`` are set in the kernel until :func:`disconnect`).
+    Needs the same Ray (2.54 to 2.60), Python and nbtrain in the notebook and on the cluster:
+    a difference is said first, with the command that matches the notebook to the cluster
+    (``pip install nbtrain "ray[client,default,train]==2.56.1"``).
     A cluster running Ray's own TLS (``RAY_USE_TLS=1``) is reached over TLS when the
     kernel's environment has ``RAY_USE_TLS=1`` and ``RAY_TLS_SERVER_CERT``,
     ``RAY_TLS_SERVER_KEY``, ``RAY_TLS_CA_CERT`` (its certificate, its key, the CA).
 
     Args:
-        address: ``ray://host:port``; ``None`` for ``$RAY_ADDRESS`` or the embedded cluster.
+        address: ``ray://host:port``, ``host:port`` (a GCS), ``"auto"``; ``None`` for ``$RAY_ADDRESS`` or the
+            embedded cluster.
         token: the cluster's token (prefer ``$RAY_AUTH_TOKEN`` or a kept one in notebooks).
         num_cpus: CPUs of the embedded cluster when this call starts it (default: the machine's).
         num_gpus: GPUs of the embedded cluster when this call starts it.
@@ -164,7 +184,8 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
     Example::
 
         cluster = nbtrain.connect()                      # local
-        cluster = nbtrain.connect("ray://head:10001")     # remote
+        cluster = nbtrain.connect("ray://head:10001")     # remote, over Ray Client
+        cluster = nbtrain.connect("auto")                 # a kernel on the cluster, as a Ray driver
     """
     say = progress or _default_progress
     cluster = open_session(address, token=token, num_cpus=num_cpus, num_gpus=num_gpus, progress=say, timeout=timeout)
@@ -183,37 +204,98 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
     check_connect_arguments(address, token)
     check_ray_supported(_ray_version(), "notebook")
     say = progress or _default_progress
+    target, local = _target(address, num_cpus, num_gpus, say)
+    kind = "local" if local else "remote"
+    resolved = auth.resolve_token(token, target.text)
+    if (_current is not None and _current.address == target.text and resolved.value == _current_token
+            and _ray_connected()):
+        return _current
+    disconnect()
+    began = time.monotonic()
+    _check_cluster_first(target, local, resolved)
+    if token and local is None:  # the cluster took it: later connections to this address find it
+        auth.remember_token(target.text, token)
+    if not target.driver:
+        auth.check_kernel_ray(target.text)
+    turn_off_auto_init()  # a Ray call while disconnected raises from now on, never starts a Ray here
+    say(f"Connecting to {target.text} {target.mode}…")
+    context = _open(target, resolved.value, local, timeout, say)
+    if not target.driver:  # what the session's server runs, before anything is started there
+        try:
+            version_check.check_against_notebook({"ray": context.ray_version, "python": context.python_version})
+        except VersionMismatchError:
+            disconnect()
+            raise
+    anchor, versions = _start_session_anchor(context, lower_session_priority=local is not None and not target.driver)
+    check_ray_supported(versions["ray"], "cluster")
+    version_check.check_against_notebook(versions)
+    _current_anchor = anchor
+    _current = Cluster(address=target.text, kind=kind, ray_version=versions["ray"], python_version=versions["python"],
+                       via="driver" if target.driver else "client")
+    _current_token = resolved.value
+    say(f"Connected to {target.text} {target.mode} in {time.monotonic() - began:.1f} s")
+    return _current
+
+
+def _target(address: str | None, num_cpus: int | None, num_gpus: int | None,
+            say: Progress) -> tuple[ClusterAddress, local_cluster.LocalClusterInfo | None]:
+    """Where to connect and how (:mod:`~nbtrain._client.cluster_address`), and the embedded cluster's info
+    when that is where (also when ``$RAY_ADDRESS`` or an explicit address names it: Binder, `nbtrain lab`)."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address and address.strip().lower() in ("local", "auto-local"):
         address = None
     if address is None:
-        address = local_cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, progress=say).address
+        info = local_cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, progress=say)
+        target = parse_address(info.gcs_address if EMBEDDED_AS_DRIVER else info.address)
+    elif address.strip().lower() == "auto":
+        target = cluster_address.on_this_node()
     else:
-        address = _normalise(address)
-    local = _embedded(address)  # also when RAY_ADDRESS names it (Binder, `nbtrain lab`)
-    kind = "local" if local else "remote"
-    resolved = auth.resolve_token(token, address)
-    if (_current is not None and _current.address == address and resolved.value == _current_token
-            and _ray_connected()):
-        return _current
-    disconnect()
-    host, port = _host_port(address)
-    auth.preflight(address, host, port, resolved.value, source=resolved.source, withheld=resolved.withheld)
-    if token and local is None:  # the cluster took it: later connections to this address find it
-        auth.remember_token(address, token)
-    auth.check_kernel_ray(address)
+        target = parse_address(address)
+    return target, _embedded(target.text)
+
+
+def _check_cluster_first(target: ClusterAddress, local: local_cluster.LocalClusterInfo | None,
+                         resolved: auth.ResolvedToken) -> None:
+    """Before anything is started: the address answers, takes the token, and runs this Ray and Python.
+
+    A GCS (a driver's address, or the embedded cluster's, whose GCS this machine reaches) says what it
+    runs in one call; over Ray Client to another machine the session's server says it, once it has started.
+    """
+    if target.driver:
+        metadata = auth.preflight_gcs(target, resolved.value, source=resolved.source, withheld=resolved.withheld)
+    else:
+        auth.preflight(target.text, target.host, target.port, resolved.value, source=resolved.source,
+                       withheld=resolved.withheld)
+        metadata = {}
+        if local is not None:  # a shortcut only: the session's server says the same a few seconds later
+            with contextlib.suppress(ConnectionFailedError):
+                metadata = auth.preflight_gcs(parse_address(local.gcs_address), resolved.value)
+    if metadata.get("ray_version") and metadata.get("python_version"):
+        check_ray_supported(str(metadata["ray_version"]), "cluster")
+        version_check.check_against_notebook({"ray": str(metadata["ray_version"]),
+                                              "python": str(metadata["python_version"])})
+
+
+def _open(target: ClusterAddress, token: str | None, local: local_cluster.LocalClusterInfo | None,
+          timeout: float, say: Progress) -> Any:
+    """``ray.init`` for ``target``: once as a driver; over Ray Client, up to :data:`CONNECT_ATTEMPTS` times."""
     import ray
 
-    turn_off_auto_init()  # a Ray call while disconnected raises from now on, never starts a Ray here
-    say(f"Connecting to {address}…")
+    if target.driver:
+        use_token(token)
+        try:
+            return init_driver(target.text, target.node_ip_address, namespace=NAMESPACE, log_to_driver=False,
+                               logging_level="ERROR")
+        except Exception as exc:  # noqa: BLE001 - Ray raises several types here
+            use_token(None)
+            raise _explain_connect_error(target.text, exc) from None
     began = time.monotonic()
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:
-            context = init_with_metadata(address, auth.grpc_metadata(resolved.value), namespace=NAMESPACE,
-                                         log_to_driver=False, logging_level="ERROR")
-            break
+            return init_with_metadata(target.text, auth.grpc_metadata(token), namespace=NAMESPACE,
+                                      log_to_driver=False, logging_level="ERROR")
         except Exception as exc:  # noqa: BLE001 - Ray Client raises several types here
-            error = _explain_connect_error(address, exc, local.temp_dir if local else None)
+            error = _explain_connect_error(target.text, exc, local.temp_dir if local else None)
             # The preflight proved the server answers. Ray Client starts one server process per
             # session; on a busy head that start occasionally fails and a new session succeeds.
             # On a busy 2-core head one session start takes 20-45 s, so the budget allows 3 of them.
@@ -222,17 +304,10 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
                 raise error from None
             if ray.is_initialized():
                 ray.shutdown()
-            say(f"Connecting to {address} failed ({type(exc).__name__}); "
+            say(f"Connecting to {target.text} failed ({type(exc).__name__}); "
                 f"trying again ({attempt + 1}/{CONNECT_ATTEMPTS})…")
             time.sleep(2.0 * attempt)
-    anchor, versions = _start_session_anchor(context, lower_session_priority=local is not None)
-    check_ray_supported(versions["ray"], "cluster")
-    _check_versions(versions)
-    _current_anchor = anchor
-    _current = Cluster(address=address, kind=kind, ray_version=versions["ray"], python_version=versions["python"])
-    _current_token = resolved.value
-    say(f"Connected to {address} in {time.monotonic() - began:.1f} s")
-    return _current
+    raise AssertionError("unreachable")
 
 
 def disconnect() -> None:
@@ -249,6 +324,7 @@ def disconnect() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+    use_token(None)  # a driver's token leaves the kernel's environment with the connection
     _current = _current_token = _current_anchor = None
 
 
@@ -266,31 +342,13 @@ def check_connect_arguments(address: object, token: object) -> None:
     """Name the parameter and its expected form before anything is started or sent."""
     if address is not None and not isinstance(address, str):
         msg = (f"connect(address=...) must be a string like 'ray://head:10001' (the head node's Ray Client "
-               f"port), or None for the embedded local cluster; got {type(address).__name__} {address!r}.")
+               f"port), 'head:6379' or 'auto' (a kernel on the cluster), or None for the embedded local cluster; "
+               f"got {type(address).__name__} {address!r}.")
         raise ConnectionFailedError(msg)
     if token is not None and not isinstance(token, str):
         msg = (f"connect(token=...) must be a string, the cluster's token (on the head: `ray get-auth-token`), "
                f"or None; got {type(token).__name__}.")
         raise ConnectionFailedError(msg)
-
-
-def _normalise(address: str) -> str:
-    address = address.strip()
-    if "://" not in address:
-        address = f"ray://{address}"
-    parsed = urlparse(address)
-    if parsed.scheme != "ray":
-        msg = (f"nbtrain connects over Ray Client, so the address must look like ray://host:10001, "
-               f"not {address!r}. Use the head node's Ray Client port (10001 unless changed).")
-        raise ConnectionFailedError(msg)
-    if parsed.port is None:
-        address = f"ray://{parsed.hostname}:{DEFAULT_CLIENT_PORT}"
-    return address
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    parsed = urlparse(address)
-    return parsed.hostname or "127.0.0.1", parsed.port or DEFAULT_CLIENT_PORT
 
 
 def _explain_connect_error(address: str, exc: Exception, local_temp_dir: str | None = None) -> Exception:
@@ -301,11 +359,22 @@ def _explain_connect_error(address: str, exc: Exception, local_temp_dir: str | N
             check_ray_supported(cluster_ray.group(1), "cluster")
         except VersionMismatchError as too_old:
             return too_old
+    cluster_python = re.search(r"cluster was started with:\s*Ray: \S+\s*Python: (\S+)", text)
+    if cluster_ray and cluster_python:
+        try:
+            version_check.check_against_notebook({"ray": cluster_ray.group(1), "python": cluster_python.group(1)})
+        except VersionMismatchError as differs:
+            return differs
     if "version" in text.lower() and ("mismatch" in text.lower() or "differ" in text.lower()):
         return VersionMismatchError(
             f"Ray refused the connection to {address} because versions differ: {text}. "
             f"This notebook has Python {platform.python_version()} and Ray {_ray_version()}; "
             f"install the cluster's versions in the notebook's environment (or vice versa).")
+    if "://" not in address and ("expects this IP address" in text or "raylet" in text.lower()):
+        return ConnectionFailedError(
+            f"Could not join {address} as a Ray driver: {type(exc).__name__}: {text.splitlines()[0] if text else ''}. "
+            f"A driver must run on a node of the cluster; from another machine connect over Ray Client: "
+            f"nbtrain.connect('ray://<head>:10001').")
     message = f"Could not connect to {address}: {type(exc).__name__}: {text}"
     server_log = _client_server_log(text, local_temp_dir)
     if server_log:
@@ -335,9 +404,10 @@ def _ray_version() -> str:
 
 
 def _embedded(address: str) -> local_cluster.LocalClusterInfo | None:
-    """The embedded local cluster, when ``address`` is its (named by ``$RAY_ADDRESS`` too: same environment check)."""
+    """The embedded local cluster, when ``address`` is its (its Ray Client or GCS address, named by
+    ``$RAY_ADDRESS`` too: same environment check)."""
     info = local_cluster.status()
-    if info is None or info.address != address:
+    if info is None or address not in (info.address, info.gcs_address):
         return None
     local_head.check_environment(info)
     return info
@@ -363,62 +433,8 @@ def _start_session_anchor(context: Any, lower_session_priority: bool = False) ->
     except (ImportError, ray.exceptions.RayError) as exc:
         if "No module named 'nbtrain'" not in str(exc):
             raise
-        versions = {"ray": context.ray_version, "python": context.python_version,
+        versions = {"ray": getattr(context, "ray_version", _ray_version()),  # a driver's context has no such field
+                    "python": getattr(context, "python_version", platform.python_version()),
                     "nbtrain": "missing: No module named 'nbtrain'"}
         return None, versions
     return anchor, versions
-
-
-def _check_versions(cluster: dict[str, str]) -> None:
-    check_versions(cluster, {"ray": _ray_version(), "python": platform.python_version(), "nbtrain": __version__})
-
-
-def check_ray_supported(version: str, side: str) -> None:
-    """Refuse, on ``side`` ("notebook" or "cluster"), a Ray older than :data:`MIN_RAY` (it cannot be made
-    safe) or outside the Ray releases nbtrain is tested with (``TESTED_RAY_MINORS``)."""
-    try:
-        release = Version(version).release
-    except InvalidVersion:
-        return  # not a version Ray publishes (a local build): nothing to judge by
-    where = "in this notebook's environment" if side == "notebook" else "on the cluster"
-    fix = ("in the kernel's environment and restart the kernel" if side == "notebook"
-           else "on every node of the cluster and restart it")
-    if release[:2] >= MIN_RAY:
-        if ".".join(map(str, release[:2])) in TESTED_RAY_MINORS:
-            return
-        tested, newest = " and ".join(TESTED_RAY_MINORS), TESTED_RAY_MINORS[-1]
-        msg = (f"Ray {version} {where} is not one nbtrain {__version__} is tested with (Ray {tested}): nbtrain "
-               f"relies on Ray internals (Ray Train's seam, the raylet, the autoscaler's state) that a Ray release "
-               f"may change. Install a tested Ray {fix}: `pip install \"ray[client,default]=={newest}.*\"`, "
-               f"or an nbtrain release tested with Ray {version}.")
-        raise VersionMismatchError(msg)
-    minimum = ".".join(map(str, MIN_RAY))
-    msg = (f"Ray {version} {where} is too old: nbtrain needs Ray >= {minimum}, because Ray before 2.52 "
-           f"has no token authentication and in 2.52-2.53 the dashboard agent's HTTP job endpoint does "
-           f"not check the token, so anyone who can reach that port can run code on the cluster. "
-           f"Upgrade Ray {fix}: `pip install -U \"ray[client,default]>={minimum}\"`.")
-    raise VersionMismatchError(msg)
-
-
-def check_versions(cluster: dict[str, str], local: dict[str, str]) -> None:
-    """Raise :class:`VersionMismatchError` naming both sides when Ray, Python (major.minor) or nbtrain differ."""
-    problems = []
-    if cluster["ray"] != local["ray"]:
-        problems.append(f"Ray {local['ray']} in the notebook but Ray {cluster['ray']} on the cluster")
-    if cluster["python"].split(".")[:2] != local["python"].split(".")[:2]:
-        problems.append(f"Python {local['python']} in the notebook but Python {cluster['python']} on the cluster")
-    if local.get("nbtrain") and not cluster.get("nbtrain", "").startswith("missing") \
-            and cluster.get("nbtrain") and cluster["nbtrain"] != local["nbtrain"]:
-        problems.append(f"nbtrain {local['nbtrain']} in the notebook but nbtrain {cluster['nbtrain']} on the cluster "
-                        f"(the run's code and spec cross between them pickled)")
-    if problems:
-        msg = ("The notebook and the cluster run different versions: " + "; ".join(problems) +
-               f". Install matching versions in the notebook's environment, "
-               f"e.g. `pip install ray[client]=={cluster['ray']}`"
-               + (f" and `pip install nbtrain=={cluster['nbtrain']}`" if "nbtrain" in " ".join(problems) else "")
-               + ", or the notebook's versions on every node of the cluster.")
-        raise VersionMismatchError(msg)
-    if cluster.get("nbtrain", "").startswith("missing"):
-        msg = (f"nbtrain cannot be imported on the cluster's nodes ({cluster['nbtrain']}). Install it there "
-               "(`pip install nbtrain` in the image/nodes) so workers can run the training loop.")
-        raise ConnectionFailedError(msg)

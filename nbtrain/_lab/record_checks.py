@@ -20,9 +20,10 @@ from typing import Any
 
 from nbtrain._options import NAME_PATTERN
 
-# A DNS name or IPv4 address, or a bracketed IPv6 address; a port of up to 5 digits.
+# Ray Client's ray:// or a GCS (a driver's), then a DNS name or IPv4 address, or a bracketed IPv6 address;
+# a port of up to 5 digits.
 SAFE_ADDRESS = re.compile(
-    r"^ray://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}$")
+    r"^(?:ray://)?(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}$")
 
 _TEXT_FIELDS = ("state", "notebook", "error", "parent")
 _NUMBER_FIELDS = ("created", "updated", "ended", "workers", "attempt", "paused_at")
@@ -49,7 +50,7 @@ def record_problem(run: dict[str, Any]) -> str | None:
                 "at most 100)")
     address = run.get("address")
     if address not in (None, "") and not valid_address(address):
-        return f"its cluster address {str(address)[:120]!r} is not of the form ray://host:port"
+        return f"its cluster address {str(address)[:120]!r} is not of the form ray://host:port or host:port"
     if not isinstance(run.get("state"), str):
         return "its state is not text"
     for key in _TEXT_FIELDS:
