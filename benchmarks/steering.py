@@ -5,8 +5,9 @@
 
 1. **The step, nothing pending** (no cluster): ``optimizer.step()`` of a small SGD (one 4→1 linear layer, so
    the hooks' share is as large as it can be) with and without nbtrain's step hooks, 200 000 steps,
-   interleaved, best of 7 rounds; the difference per step. The hooks are a pre-hook and a post-hook
-   that each test whether anything is pending.
+   interleaved, best of 7 rounds; the difference per step. The hooks are torch's global optimizer
+   pre-hook and post-hook (registered while a run's session runs, so they see every optimizer): with
+   nothing pending, a set lookup and a truth test, and an identity test and a truth test.
 2. **Not profiling costs nothing** (no cluster): a training step of a small MLP (64→256→256→10, batch 32: forward,
    backward, SGD update) plain and with nbtrain's step hooks and nothing pending, blocks of 200 steps alternating,
    the best of 40 blocks each: the hooks' share of the step in %, the case of every step of a run that is not
@@ -41,18 +42,21 @@ def hook_cost() -> tuple[float, float]:
 
     torch.set_num_threads(1)
     session = SimpleNamespace(uses_loader=False, report_calls=0, last_step=0, step=0,
-                              context=SimpleNamespace(rank=0))
+                              context=SimpleNamespace(rank=0), commands_due=lambda due: None)
 
     def seconds_per_step(steered: bool) -> float:
         model = torch.nn.Linear(4, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.ones(1, 4)).sum().backward()
+        steering = RankSteering(session, [])
         if steered:
-            RankSteering(session, []).steer(optimizer)
+            steering.steer(optimizer)
         started = time.perf_counter()
         for _ in range(STEPS):
             optimizer.step()
-        return (time.perf_counter() - started) / STEPS
+        took = (time.perf_counter() - started) / STEPS
+        getattr(steering, "unhook", lambda: None)()  # torch's global hooks: gone before the plain round
+        return took
 
     plain, steered = [], []
     for _ in range(ROUNDS):
@@ -70,24 +74,29 @@ def profiling_cost() -> tuple[float, float, float]:
     (a shared 2-core box) moves both alike."""
     import torch
 
+    from nbtrain._cluster.commands import PROFILE, Command
     from nbtrain._cluster.rank.inspection.profiling import StepProfile
     from nbtrain._cluster.rank.steering import RankSteering
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     session = SimpleNamespace(uses_loader=False, report_calls=0, last_step=0, step=0,
-                              context=SimpleNamespace(rank=0))
+                              context=SimpleNamespace(rank=0), commands_due=lambda due: None)
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
 
-    def trainer(steered: bool) -> tuple[Any, Any]:
+    def trainer(steered: bool) -> tuple[Any, Any, Any]:
         model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                     torch.nn.ReLU(), torch.nn.Linear(256, 10))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        steering = RankSteering(session, [])
         if steered:
-            RankSteering(session, []).steer(optimizer)
-        return model, optimizer
+            steering.steer(optimizer)
+            getattr(steering, "unhook", lambda: None)()  # the hooks are torch's global ones: on for its blocks only
+        return model, optimizer, steering if steered else None
 
-    def seconds_per_step(model: Any, optimizer: Any, profile: Any = None) -> float:
+    def seconds_per_step(model: Any, optimizer: Any, steering: Any, profile: Any = None) -> float:
+        if steering is not None:
+            getattr(steering, "hook", lambda: None)()
         started = time.perf_counter()
         for _ in range(MLP_BLOCK):
             optimizer.zero_grad()
@@ -95,7 +104,10 @@ def profiling_cost() -> tuple[float, float, float]:
             optimizer.step()
             if profile is not None:
                 profile.step()
-        return (time.perf_counter() - started) / MLP_BLOCK
+        took = (time.perf_counter() - started) / MLP_BLOCK
+        if steering is not None:
+            getattr(steering, "unhook", lambda: None)()
+        return took
 
     plain, hooked = trainer(False), trainer(True)
     plain_s, hooked_s = [], []
@@ -104,7 +116,7 @@ def profiling_cost() -> tuple[float, float, float]:
         hooked_s.append(seconds_per_step(*hooked))
     profiled_s = []
     for _ in range(3):
-        profile = StepProfile({"id": 1, "args": {"steps": MLP_BLOCK}}, torch.device("cpu"))
+        profile = StepProfile(Command(1, PROFILE, {"steps": MLP_BLOCK, "ranks": [0]}, 0, 0.0), torch.device("cpu"))
         profiled_s.append(seconds_per_step(*hooked, profile=profile))
         profile._profiler.stop()
     return min(plain_s), min(hooked_s), min(profiled_s)

@@ -50,8 +50,8 @@ class NbtrainCallback(TrainerCallback):
         """The notebook may steer the Trainer's optimizer (``run.adjust``, pause, commands)."""
         steering = current_session().steering
         steering.epochs_counted = True
-        if optimizer is not None:  # Accelerate wraps it; the hooks go on the torch optimizer inside
-            steering.steer(getattr(optimizer, "optimizer", optimizer), (lr_scheduler,) if lr_scheduler else ())
+        if optimizer is not None:  # Accelerate's wrapper: steered as the torch optimizer inside, with the scheduler
+            steering.steer(optimizer, (lr_scheduler,) if lr_scheduler else ())
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         current_session().steering.at_epoch_start(int(state.epoch or 0))  # run.stop(after="epoch")

@@ -48,7 +48,7 @@ def test_ranks_that_would_take_every_cpu_leave_ray_data_one(cluster):
                          name="datasets-room")
     assert run.wait(timeout=240) == nbtrain.RunState.SUCCEEDED, run.error
     assert sorted(run.result[0] + run.result[1]) == [10 * i for i in range(64)]
-    notes = [event["message"] for event in run.events if event["kind"] == "note"]
+    notes = [event["message"] for event in run.events if event["kind"] == "note" and "Ray Data" in event["message"]]
     assert notes == [f"Ray Data needs a CPU for its tasks beside the ranks: each of the 2 ranks reserves "
                      f"{(cpus - 1) / 2:g} CPU instead of {cpus / 2:g} on this {cpus:g}-CPU cluster (a reservation, "
                      "not a limit: the ranks still use every core)"]

@@ -92,9 +92,12 @@ def test_a_rank_applies_a_command_at_its_step_on_a_real_optimizer():
         {"lr": 0.01, "betas": (0.8, 0.9), "grad_clip": 1.0}, "{name}"), "group": None},
         {0: steering.beat()}, live=True)
     steering.learn([issued])
-    for _ in range(issued.at_step):
-        model(torch.ones(1, 2)).sum().backward()
-        optimizer.step()
+    try:
+        for _ in range(issued.at_step):
+            model(torch.ones(1, 2)).sum().backward()
+            optimizer.step()
+    finally:
+        steering.unhook()  # steer() registered torch's global step hooks, as a rank's session does
     group = optimizer.param_groups[0]
     assert (group["lr"], group["betas"], steering.grad_clip) == (0.01, (0.8, 0.9), 1.0)
     [(command_id, rank, step, before, _)] = applied

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import io
 import sys
 import threading
 import time
@@ -23,8 +22,10 @@ from typing import Any
 from nbtrain._cluster.commands import Heartbeat
 from nbtrain._cluster.elastic.gradient_noise import NoiseScale
 from nbtrain._cluster.feed.relay_link import Pending, RayPush, RelayLink, open_link
+from nbtrain._cluster.rank import their_code
 from nbtrain._cluster.rank.inspection.resources import Resources
 from nbtrain._cluster.rank.inspection.step_timing import StepTimes
+from nbtrain._cluster.rank.log_tee import LogTee
 from nbtrain._cluster.rank.payload import WorkerPayload
 from nbtrain._cluster.rank.steering import RankSteering
 from nbtrain._exceptions import NbtrainError
@@ -58,37 +59,6 @@ class TrainContext:
     run_name: str
 
 
-class _LogTee(io.TextIOBase):
-    """Keeps what a rank prints (for its log pane) and still writes it to Ray's log file."""
-
-    def __init__(self, session: TrainingSession, stream: str, original: Any) -> None:
-        self._session = session
-        self._stream = stream
-        self._original = original
-
-    def write(self, text: str) -> int:
-        if text:
-            self._session.logs.append((self._stream, time.time(), text))
-            try:
-                self._original.write(text)
-            except Exception:  # noqa: BLE001 - a closed Ray log must not break training
-                pass
-        return len(text)
-
-    def flush(self) -> None:
-        try:
-            self._original.flush()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def isatty(self) -> bool:
-        return False
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return "utf-8"
-
-
 class TrainingSession:
     """State of one rank during one attempt; created by the worker actor."""
 
@@ -119,11 +89,13 @@ class TrainingSession:
         self.seq = 0
         self._resources = Resources()
         self._rate_mark = (time.time(), 0)
+        self._updates_seen = 0
         self._usage = self._resources.sample(device)  # read again with the rate, once a second
         self._stop = threading.Event()
         self._flushing = threading.Lock()  # the flusher's ticks and land_reported() take turns
         self._thread = threading.Thread(target=self._flush_loop, name="nbtrain-flush", daemon=True)
         self._saved_stdio: tuple[Any, Any] | None = None
+        self._undo_patches: Callable[[], None] | None = None  # what their_code put in place for the user's code
         self._in_flight: Pending | None = None  # the last push until it is known to have landed or failed
         self._link: RelayLink | None = None  # the socket to this node's relay, once opened (see relay_link)
         self._link_tried = False
@@ -156,12 +128,22 @@ class TrainingSession:
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
         self._saved_stdio = (sys.stdout, sys.stderr)
-        sys.stdout = _LogTee(self, "stdout", sys.stdout)
-        sys.stderr = _LogTee(self, "stderr", sys.stderr)
+        sys.stdout = LogTee(self.logs, "stdout", sys.stdout)
+        sys.stderr = LogTee(self.logs, "stderr", sys.stderr)
         self._thread.start()
         self.steering.start()
+        self.steering.hook()  # every optimizer the code steps is steered (torch's global step hooks)
+        self._undo_patches = their_code.install(self, lambda: active_session() is self)
+
+    def _undo_their_code(self) -> None:
+        """The user's code is over: torch and its libraries as they were (a warm worker runs other runs)."""
+        undo, self._undo_patches = self._undo_patches, None
+        self.steering.unhook()
+        if undo is not None:
+            undo()  # the SummaryWriter rows still being filled are reported here, before the last push
 
     def close(self, state: str) -> None:
+        self._undo_their_code()
         self._stop.set()
         self.steering.stop()
         self._thread.join(timeout=PUSH_ORDER_WAIT_S + 5)
@@ -195,6 +177,14 @@ class TrainingSession:
                 break
         self.buffer.append((step, time.time(), metrics))
 
+    def write_row(self, step: int | None, metrics: dict[str, Any]) -> None:
+        """A row the code wrote elsewhere (a SummaryWriter's scalars, see their_code), its values numbers already.
+
+        Unlike :meth:`report` it leaves the steps that steering counts alone: a script may write on rank 0
+        only, and every rank must apply a change at the same optimizer update. ``step`` None: the rank's step.
+        """
+        self.buffer.append((self.current_step() if step is None else step, time.time(), metrics))
+
     def _before_report(self, metrics: dict[str, Any]) -> None:
         if self.steering.pending:
             self.steering.at_report()
@@ -216,7 +206,10 @@ class TrainingSession:
         self.last_progress = time.time()
 
     def current_step(self) -> int:
-        return int(self.step if self.uses_loader else self.last_step)
+        """The step the rank is at: its loader's batches, else its last reported step, else its optimizer updates."""
+        if self.uses_loader:
+            return int(self.step)
+        return int(self.last_step) if self.report_calls else self.steering.updates
 
     # -- background ------------------------------------------------------
     def _flush_loop(self) -> None:
@@ -247,6 +240,9 @@ class TrainingSession:
 
     def _heartbeat(self, state: str) -> Heartbeat:
         now = time.time()
+        if self.steering.updates != self._updates_seen:  # an optimizer update is progress (code that reports nothing)
+            self._updates_seen = self.steering.updates
+            self.last_progress = max(self.last_progress, now)
         mark_time, mark_samples = self._rate_mark
         samples_per_s, measured = None, dict(self._usage)
         if now - mark_time >= 1.0:  # /proc reads and averages: not on every tick's push

@@ -1,11 +1,17 @@
 """A rank's part in steering a live run: it learns the notebook's commands and applies them at their step.
 
 A thread of its own waits on the supervisor for new commands (a long poll, answered the moment one is
-issued). Each command carries the step at which
-it takes effect; a torch optimizer step pre-hook — registered by ``prepare_optimizer``,
-``nbtrain.steerable`` or the Lightning / Hugging Face integrations — applies what is due before that
-step's update, on every rank at the same step, so DDP replicas stay identical. With nothing pending
-the hook is one truth test of a list. User commands (``@nbtrain.on_command``) run in the step
+issued). Each command carries the step at which it takes effect; torch's global optimizer step
+pre-hook, registered while the rank's session runs (:meth:`RankSteering.hook`), applies what is due
+before that step's update, on every rank at the same step, so DDP replicas stay identical. Being
+global, the hook reaches every optimizer the code steps, with no nbtrain call: the first time one
+steps it is adopted (``prepare_optimizer``, ``nbtrain.steerable`` and the Lightning / Hugging Face
+integrations adopt theirs earlier, with their LR schedulers). Wrappers are seen through: an
+optimizer whose step does not fire torch's hooks (Accelerate's ``AcceleratedOptimizer``,
+Lightning's ``LightningOptimizer``, nbtrain's ``ScaledOptimizer``) is adopted as the optimizer it
+holds; one whose step does and steps an inner optimizer (``ZeroRedundancyOptimizer``) is adopted
+itself and its inner one left alone, so a change is applied once. With nothing pending the hook
+is a set lookup and one truth test. User commands (``@nbtrain.on_command``) run in the step
 post-hook, after the update, when the model is consistent, and so does a profile (:mod:`.profiling`),
 which stays in the pending list, one step ahead, until its last step. ``stacks`` is answered on the
 listener's thread as soon as it is learnt (:mod:`.stacks`).
@@ -35,6 +41,7 @@ from nbtrain._cluster.commands import (
 )
 from nbtrain._cluster.rank.inspection import stacks
 from nbtrain._cluster.rank.inspection.profiling import StepProfile
+from nbtrain._cluster.rank.their_code import optimizers as wrappers
 
 CONTROL_WAIT_S = 1.0   # a rank's question for new commands waits this long for one (elastic runs: also a checkpoint)
 CALL_TIMEOUT_S = 10.0
@@ -62,7 +69,10 @@ class RankSteering:
         self.session = session
         self.pending: list[Command] = []   # not yet applied, by (at_step, id): the hooks' fast path
         self.seen = 0                              # the last command id learnt
-        self.optimizers: list[Any] = []
+        self.optimizers: list[Any] = []            # adopted: the ones a change is applied to
+        self._met: set[Any] = set()                # every optimizer the hooks saw: adopted, or inside one
+        self._counted: Any = None                  # the first adopted: its updates are counted
+        self._hooks: tuple[Any, ...] = ()          # torch's handles of the global hooks, while hooked
         self.updates = 0                           # optimizer updates this attempt (a step for loops that count none)
         self.grad_clip: float | None = None
         self.paused_at: int | None = None
@@ -164,17 +174,40 @@ class RankSteering:
         self.session.supervisor.command_result.remote(command.id, self.session.context.rank, ok, value)
 
     # ------------------------------------------------------------------ the training thread
+    def hook(self) -> None:
+        """Register torch's global optimizer step hooks (once): every optimizer stepped in this process from now
+        on is steered. The session calls it as it starts, :meth:`unhook` as it ends (a warm worker runs other
+        runs later)."""
+        if self._hooks:
+            return
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._hooks = (register_optimizer_step_pre_hook(self._before_update),
+                       register_optimizer_step_post_hook(self._after_update))
+
+    def unhook(self) -> None:
+        hooks, self._hooks = self._hooks, ()
+        for handle in hooks:
+            handle.remove()
+
     def steer(self, optimizer: Any, schedulers: tuple[Any, ...] = ()) -> Any:
-        """Hook ``optimizer`` (once): due commands are applied before each of its updates. ``schedulers``: LR
-        schedulers of it that hold it through a wrapper (Accelerate's), where it cannot find them itself."""
-        optimizer._nbtrain_schedulers = [*getattr(optimizer, "_nbtrain_schedulers", []), *schedulers]
-        if getattr(optimizer, "_nbtrain_steered", False):
-            return optimizer
-        optimizer.register_step_pre_hook(self._before_update)
-        optimizer.register_step_post_hook(self._after_update)
-        optimizer._nbtrain_steered = True
-        self.optimizers.append(optimizer)
+        """Adopt ``optimizer`` now, rather than at its first step, with ``schedulers``: LR schedulers of it that
+        hold it through a wrapper (Accelerate's), where a change cannot find them itself. A wrapper is adopted as
+        the optimizer inside it (see the module's docstring). Returns ``optimizer`` as given."""
+        self.hook()
+        inner = wrappers.stepped(optimizer)
+        inner._nbtrain_schedulers = [*getattr(inner, "_nbtrain_schedulers", []), *schedulers]
+        if inner not in self._met:
+            self._adopt(inner)
         return optimizer
+
+    def _adopt(self, optimizer: Any) -> None:
+        """Off the step's fast path: the first step of an optimizer not met before (or ``steer``)."""
+        self._met.add(optimizer)
+        self._met.update(wrappers.inside(optimizer))  # a ZeroRedundancyOptimizer's local one: steered through it
+        self.optimizers.append(optimizer)
+        if self._counted is None:
+            self._counted = optimizer
 
     def step(self) -> int:
         """The step being taken, as the run's rows will number it: the loader's batch count, else the one after
@@ -185,6 +218,15 @@ class RankSteering:
         return int(session.last_step) + 1 if session.report_calls else self.updates + 1
 
     def _before_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # every optimizer step in the process comes here: with nothing pending, one lookup and one test
+        if optimizer not in self._met:
+            self._adopt(optimizer)
+        if self.pending or self.grad_clip is not None:
+            self._before_adopted(optimizer)
+
+    def _before_adopted(self, optimizer: Any) -> None:
+        if optimizer not in self.optimizers:
+            return  # inside an adopted one, whose own hook applied what was due
         if self.pending:
             self._apply_due(user=False)
         if self.grad_clip is not None:
@@ -194,9 +236,9 @@ class RankSteering:
             torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
 
     def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if optimizer is self.optimizers[0]:
+        if optimizer is self._counted:
             self.updates += 1
-        if self.pending:
+        if self.pending and optimizer in self.optimizers:  # not inside a step (ZeRO syncs after its inner one)
             self._apply_due(user=True)
 
     def at_report(self) -> None:

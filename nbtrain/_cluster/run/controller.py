@@ -42,6 +42,11 @@ from nbtrain._cluster.storage.run_storage import RunStorage
 from nbtrain._packing.runtime_env import pip_problem, setup_failure
 from nbtrain._states import RunState, check_transition
 
+# said once, at the end of the first attempt whose ranks sent no metric row: unchanged code may log nowhere nbtrain sees
+NO_ROWS_NOTE = ("No metric rows came from this run: its code reports nothing nbtrain sees, so the dashboard has no "
+                "curves (the ranks' logs are there). For live curves call nbtrain.report(loss=...) in the training "
+                "loop, or write scalars with torch.utils.tensorboard.SummaryWriter(...).add_scalar(tag, value, step): "
+                "each rank's become its rows.")
 FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long without one
 
 
@@ -302,6 +307,8 @@ class RunController:
             outcome = group.watch(self.table, self._interrupt)
             # pushes travel beside the outcome: let the last rows land before readers see the end
             self.feed.wait_for_pushes(self.attempt, group.pushes, FINAL_PUSHES_IDLE_S)
+            if self.feed.row_count == 0 and not any(e["message"] == NO_ROWS_NOTE for e in self.feed.events):
+                self.feed.event("note", NO_ROWS_NOTE, self.attempt)
             return outcome
         finally:
             group.shutdown(self.table)
