@@ -7,9 +7,11 @@ instead where Ray has one, and what degrades, visibly, when it fails (a probe ne
 fallback taken says so once on stderr, :func:`say_once`).
 
 Every entry was read in each Ray release nbtrain supports (``TESTED_RAY_MINORS``: 2.54 to 2.60, each
-release's wheel): they are the same in all of them but two, both on the Ray Train seam, which
-``NbtrainTrainFnUtils`` absorbs by taking any arguments: ``TrainFnUtils.get_preemption_info`` is abstract
-from Ray 2.58 (absent before), and ``get_all_reported_checkpoints`` takes ``timeout_s`` from 2.56. Ray's own
+release's wheel; the oldest-Ray tier runs 2.54): they are the same in all of them but two, both on the
+Ray Train seam, which ``NbtrainTrainFnUtils`` absorbs by taking any arguments: ``TrainFnUtils.get_preemption_info``
+is abstract from Ray 2.58 (absent before), and ``get_all_reported_checkpoints`` takes ``timeout_s`` from 2.56.
+One public API differs too, absorbed here: ``ray.train.Result`` takes ``return_value`` from 2.56 on
+(:func:`train_result`). Ray's own
 ``_enable_token_auth`` (2.59 on) is not used: :func:`use_token` does what it does, as 2.54 allows.
 One concept, kept whole: every reach into Ray's internals, in one file that a new Ray release is read
 against, entry by entry.
@@ -23,6 +25,7 @@ The entries, by the process that calls them:
 - a run's supervisor and the warm pool: ``prestart_worker``, ``worker_setup_hook_env``, ``actor_key``,
   ``draining_nodes`` (``Draining``), ``free_resources_outside``, ``drain_node``, ``standing_request``;
 - a session's anchor: ``driver_pid``;
+- the notebook's Ray Train shim: ``train_result``;
 - the ranks' Ray Train seam: ``TrainFnUtils``, ``set_train_fn_utils``, ``LocalTrainContext``, imported
   on first use (:func:`__getattr__`), so that importing this module does not import Ray Train.
 """
@@ -43,10 +46,9 @@ if TYPE_CHECKING:  # at run time, read on first use (__getattr__): importing thi
 __all__ = [
     "HEAD_NODE_RESOURCE", "Draining", "LocalTrainContext", "TrainFnUtils", "actor_key", "cluster_metadata",
     "drain_node", "draining_nodes", "driver_pid", "free_resources_outside", "init_driver", "init_with_metadata",
-    "is_head_node",
-    "kernel_ray_lacks_token", "on_head_node", "ping_client_server", "prestart_worker", "reason", "say_once",
-    "set_train_fn_utils", "standing_request", "start_worker_node", "stop_node", "turn_off_auto_init",
-    "upload_local_paths", "use_token", "worker_setup_hook_env",
+    "is_head_node", "kernel_ray_lacks_token", "on_head_node", "ping_client_server", "prestart_worker", "reason",
+    "say_once", "set_train_fn_utils", "standing_request", "start_worker_node", "stop_node", "train_result",
+    "turn_off_auto_init", "upload_local_paths", "use_token", "worker_setup_hook_env",
 ]
 
 
@@ -188,6 +190,24 @@ def cluster_metadata(host: str, port: int, metadata: Sequence[tuple[str, str]], 
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
+
+
+def train_result(return_value: Any = None, **fields: Any) -> Any:
+    """``ray.train.Result(**fields)`` with the training function's ``return_value``, on every supported Ray.
+
+    Public instead: ``Result(..., return_value=)`` itself, from Ray 2.56 on (2.54 and 2.55 have no such
+    field). Degrades: on those, the value is set as the result's attribute of that name, so
+    ``result.return_value`` reads the same; ``dataclasses.fields(result)`` does not list it.
+    """
+    import dataclasses
+
+    from ray.train import Result
+
+    if any(field.name == "return_value" for field in dataclasses.fields(Result)):
+        return Result(**fields, return_value=return_value)
+    result = Result(**fields)
+    result.return_value = return_value  # Ray 2.54-2.55: no such field
+    return result
 
 
 def kernel_ray_lacks_token() -> bool:

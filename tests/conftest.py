@@ -43,7 +43,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "what it needs, if anything): scripts/run-tests runs the two lanes side by side")
 
 
+# The oldest-Ray tier (scripts/run-tests runs `-m oldest_ray` in a virtualenv with the oldest Ray nbtrain
+# supports): one existing test for each thing a Ray release could break, marked here rather than copied.
+OLDEST_RAY_TIER = (
+    "test_connect.py::test_client_port_refuses_a_connection_without_the_token",
+    "test_metrics_streaming.py::test_rows_arrive_live_and_the_cursor_neither_drops_nor_repeats",
+    "test_magic_runs.py::test_showing_a_dashboard_again_leaves_one_long_poll_and_the_feed_flowing",
+    "test_warm_workers.py::test_a_relaunch_reuses_the_workers_started_afresh_and_reaches_its_first_step_sooner",
+    "test_steering.py::test_a_live_run_is_steered_on_every_rank_at_the_same_step",
+    "test_post_mortem.py::test_the_debugger_shows_the_failing_ranks_locals_and_source",
+    "test_ray_train_code.py::test_the_user_guide_example_runs_unchanged_under_the_drop_in_trainer",
+    "test_multi_node.py::test_a_drained_node_gets_a_checkpoint_and_the_run_goes_on_without_it",
+    "test_tune_sweeps.py::test_asha_stops_bad_trials_early_and_best_is_the_known_best",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.removeprefix("tests/") in OLDEST_RAY_TIER:
+            item.add_marker(pytest.mark.oldest_ray)
     lane = config.getoption("--lane")
     if lane is None:
         return

@@ -22,6 +22,7 @@ from nbtrain._client.entry.launch import launch
 from nbtrain._client.run.handle import Run
 from nbtrain._cluster.rank.session import ROW_KEYS
 from nbtrain._exceptions import InvalidOptionError
+from nbtrain._ray_compat import train_result
 from nbtrain._states import RunState
 
 # Ray Train's FailureConfig(max_failures=-1) means "retry forever"; nbtrain's budget is a whole number.
@@ -126,7 +127,7 @@ def _from_run_config(run_config: Any) -> dict[str, Any]:
 
 def _result_of(run: Run, state: RunState) -> Any:
     """Ray Train's ``Result`` for an ended run: rank 0's last metrics and every report as a DataFrame."""
-    from ray.train import Checkpoint, Result
+    from ray.train import Checkpoint
     from ray.train.v2.api.exceptions import WorkerGroupError
 
     frame = run.metrics_frame()
@@ -142,6 +143,6 @@ def _result_of(run: Run, state: RunState) -> Any:
                     for f in run.reader.summary.get("failures", []) if f.get("rank") is not None}
         error = WorkerGroupError(f"nbtrain run {run.name!r} {state.value}.\n{run.error or ''}", failures)
     values = run.result if state == RunState.SUCCEEDED else None
-    return Result(metrics=metrics, checkpoint=Checkpoint.from_directory(str(files)) if files else None, error=error,
-                  path=str(files.parent) if files else "", metrics_dataframe=frame,
-                  return_value=values[0] if values else None)
+    return train_result(metrics=metrics, checkpoint=Checkpoint.from_directory(str(files)) if files else None,
+                        error=error, path=str(files.parent) if files else "", metrics_dataframe=frame,
+                        return_value=values[0] if values else None)
