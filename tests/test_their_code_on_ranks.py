@@ -44,7 +44,12 @@ def own_process_group(config):
 
     dist.init_process_group("gloo", init_method="env://")
     assert dist.is_initialized() and dist.get_world_size() == int(os.environ["WORLD_SIZE"]) == 2
-    assert dist.get_rank() == int(os.environ["RANK"]) and os.environ["TORCHELASTIC_RUN_ID"]
+    assert dist.get_rank() == int(os.environ["RANK"])
+    torchrun_sets = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                     "TORCHELASTIC_RESTART_COUNT", "OMP_NUM_THREADS")
+    assert not [name for name in torchrun_sets if name not in os.environ]
+    assert os.environ["TORCHELASTIC_RUN_ID"] == "their-own-process-group" and os.environ["GROUP_WORLD_SIZE"] == "1"
     dist.init_process_group("gloo")  # again: said once
     dist.init_process_group(backend="nccl")  # for a backend this CPU rank has not: the run's group
     torch.manual_seed(dist.get_rank())  # different starts: DDP's first broadcast makes them one

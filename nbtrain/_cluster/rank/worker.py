@@ -186,12 +186,19 @@ def _fault_exit_while_starting() -> None:
 
 
 def _torchrun_environment(payload: WorkerPayload) -> dict[str, str]:
-    """The variables torchrun sets, so libraries that read them (Lightning, Hugging Face, Ray's Lightning
-    environment) see this rank; the process group is already joined when the function runs."""
+    """The variables torchrun sets, so code written for it and libraries that read them (Lightning, Hugging Face,
+    Accelerate, Ray's Lightning environment) see this rank; the process group is already joined when the function
+    runs (see their_code.process_group). ``TORCHELASTIC_RUN_ID`` (the run's name) is torch's and Lightning's sign
+    that the processes were started for them (``is_torchelastic_launched()``, ``TorchElasticEnvironment``);
+    ``OMP_NUM_THREADS``, set by torchrun too unless given, keeps Accelerate from resetting torch's thread count."""
+    nodes = -(-payload.world_size // max(1, payload.local_world_size))  # as torchrun has it when nodes hold alike
     return {"RANK": str(payload.rank), "WORLD_SIZE": str(payload.world_size), "LOCAL_RANK": str(payload.local_rank),
             "LOCAL_WORLD_SIZE": str(payload.local_world_size), "GROUP_RANK": str(payload.node_rank),
-            "NODE_RANK": str(payload.node_rank), "MASTER_ADDR": payload.master_addr,
-            "MASTER_PORT": str(payload.master_port)}
+            "GROUP_WORLD_SIZE": str(nodes), "ROLE_RANK": str(payload.rank), "ROLE_WORLD_SIZE": str(payload.world_size),
+            "ROLE_NAME": "default", "NODE_RANK": str(payload.node_rank), "MASTER_ADDR": payload.master_addr,
+            "MASTER_PORT": str(payload.master_port), "TORCHELASTIC_RUN_ID": payload.run_name,
+            "TORCHELASTIC_RESTART_COUNT": str(max(0, payload.attempt - 1)),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(max(1, int(payload.cpus_per_worker)))}
 
 
 def _join_process_group(payload: WorkerPayload, listener: socket.socket | None) -> None:

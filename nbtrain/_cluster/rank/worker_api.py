@@ -180,17 +180,20 @@ def prepare_optimizer(optimizer: Any) -> Any:
 
 
 def steerable(optimizer: Any) -> Any:
-    """``optimizer``, steerable from the notebook (``run.adjust(lr=...)``, pause, checkpoint now, commands),
-    for code that does not call :func:`prepare_optimizer`; returns it unchanged otherwise.
+    """``optimizer``, steerable from the notebook (``run.adjust(lr=...)``, pause, checkpoint now, commands) from
+    now on; returns it unchanged.
 
-    The change is applied by a step pre-hook of the optimizer, before the update of the step
-    the run's supervisor chose, on every rank alike.
+    Every torch optimizer the code steps is steered anyway, from its first step, with no call (torch's
+    global optimizer step hooks, on while the run's function runs): this adopts it before then, so its
+    settings show from the start. A wrapper (Accelerate's ``AcceleratedOptimizer``, Lightning's) is steered
+    as the optimizer it steps. A change is applied before the update of the step the run's supervisor
+    chose, on every rank alike.
 
     Args:
-        optimizer: a ``torch.optim.Optimizer``.
+        optimizer: a ``torch.optim.Optimizer``, or a wrapper of one.
 
     Returns:
-        The same optimizer.
+        The same object.
 
     Raises:
         NbtrainError: called outside a training function (in the notebook: use the ``Run``).

@@ -3,8 +3,8 @@
 Everything here runs in each rank's process, put in place as the rank's session starts and undone as
 it ends (a warm worker runs other runs later), by :func:`install`:
 
-- :mod:`.process_group`: the code's own ``init_process_group`` gets the group nbtrain joined, its
-  ``destroy_process_group`` is left to nbtrain, and torchrun's remaining variables are set;
+- :mod:`.process_group`: the code's own ``init_process_group`` gets the group nbtrain joined, and its
+  ``destroy_process_group`` is left to nbtrain (torchrun's variables are the worker's);
 - :mod:`.summary_writer`: ``SummaryWriter`` scalars also become the rank's metric rows;
 - :mod:`.own_processes`: ``torch.multiprocessing.spawn`` and in-process torchrun raise, saying what to write;
 - :mod:`.epochs`: a ``DistributedSampler``'s ``set_epoch`` counts the rank's epochs, for

@@ -10,16 +10,12 @@ device, and the log line names both. A ``destroy_process_group()`` of the defaul
 nbtrain, which tears the group down after the function returned, so a library that asks
 ``is_initialized()`` after the code's destroy still sees the group it expects.
 
-The variables torchrun sets and the worker does not are set here for the attempt, among them
-``TORCHELASTIC_RUN_ID``, by which torch (``is_torchelastic_launched()``) and Lightning
-(``TorchElasticEnvironment``) know that the processes were started for them; and ``OMP_NUM_THREADS``
-(torchrun sets it too), which keeps Accelerate from resetting torch's thread count.
+The variables torchrun sets are the worker's (``_torchrun_environment``).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +24,7 @@ from nbtrain._exceptions import NbtrainError
 
 
 def install(session: Any, running: Callable[[], bool]) -> Callable[[], None]:
-    """Put the patches and variables in place for ``session``; returns what undoes them. ``running()``: whether
+    """Put the patches in place for ``session``; returns what undoes them. ``running()``: whether
     the code still runs (after it, the worker destroys the group itself, through the same function)."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -66,35 +62,13 @@ def install(session: Any, running: Callable[[], bool]) -> Callable[[], None]:
     for module in (c10d, dist):
         module.init_process_group = init_process_group
         module.destroy_process_group = destroy_process_group
-    variables = _torchrun_variables(session)
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
 
     def undo() -> None:
         for module in (c10d, dist):
             module.init_process_group = original_init
             module.destroy_process_group = original_destroy
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         _forget_accelerate()
     return undo
-
-
-def _torchrun_variables(session: Any) -> dict[str, str]:
-    """What torchrun sets beyond the worker's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-    MASTER_ADDR and MASTER_PORT (a variable the rank already has is left as it is)."""
-    payload, ctx = session.payload, session.context
-    nodes = max(1, -(-ctx.world_size // max(1, ctx.local_world_size)))
-    variables = {
-        "ROLE_RANK": str(ctx.rank), "ROLE_WORLD_SIZE": str(ctx.world_size), "ROLE_NAME": "default",
-        "GROUP_WORLD_SIZE": str(nodes), "TORCHELASTIC_RUN_ID": ctx.run_name,
-        "TORCHELASTIC_RESTART_COUNT": str(max(0, ctx.attempt - 1)),
-        "OMP_NUM_THREADS": str(max(1, int(payload.cpus_per_worker))),
-    }
-    return {name: value for name, value in variables.items() if name not in os.environ}
 
 
 def _forget_accelerate() -> None:
