@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from nbtrain._exceptions import InvalidOptionError, NbtrainError, NotSerializableError
+from nbtrain._exceptions import InvalidOptionError, NotSerializableError
 from nbtrain._packing.shipping import COMPILED_SUFFIXES, MAX_SHIPPED_BYTES, SKIPPED_DIRS
 
 LARGEST_SENT_FILE = 1 * 2**20  # a bigger file beside the script (data, checkpoints) stays where it is
@@ -41,8 +41,8 @@ NEVER_SENT_SUFFIXES = (".ipynb", ".pyc", ".pt", ".pth", ".ckpt", ".safetensors",
 STDERR_LINES_KEPT = 12  # of a failing script's stderr, in its failure
 
 
-class ScriptExited(NbtrainError):
-    """The script called ``sys.exit`` with a failing code (an argparse error exits with 2)."""
+class ScriptExited(Exception):
+    """The script called ``sys.exit`` with a failing code (an argparse error exits with 2): the rank's failure."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,6 +85,33 @@ def dumps_with_modules(fn: Any) -> tuple[bytes, tuple[str, ...]]:
     return data, tuple(f"{name}@{digest[:7]}" for name in local)
 
 
+def import_local_modules(names: list[str]) -> list[str]:
+    """Import here the user's own modules among ``names`` (files beside the notebook, found without running
+    them) that the notebook has not imported: a ``%%ray_train`` cell's ``from datautils import ...`` then
+    travels with the run like any module the notebook uses. One that fails to import here is left to the
+    ranks, which say why. Returns the names imported."""
+    import importlib
+    import importlib.util
+
+    installed, imported = _installed_roots(), []
+    for name in dict.fromkeys(name.partition(".")[0] for name in names):
+        if name in sys.modules or name in NEVER_SHIPPED:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = getattr(spec, "origin", None)
+        if spec is None or not origin or not os.path.isfile(origin) or os.path.realpath(origin).startswith(installed):
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - e.g. it needs a GPU: the ranks import it themselves, or say why
+            continue
+        imported.append(name)
+    return imported
+
+
 def loads(data: bytes) -> Any:
     """On the rank: the training function, its shipped modules importable first."""
     import cloudpickle

@@ -24,6 +24,19 @@ _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open"})
 _NOT_A_BUILTIN = object()
 
 
+def imported_modules(source: str) -> list[str]:
+    """The modules ``source`` imports by absolute name (``import a.b``, ``from c import d``), in order."""
+    import ast
+
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append(node.module)
+    return found
+
+
 def referenced_names(source: str, namespace: dict[str, Any]) -> dict[str, Any]:
     """The notebook values ``source`` refers to (modules included; they pickle by name).
 
@@ -52,7 +65,9 @@ class CellProgram:
         self.filename = name or CELL_FILENAME
         self.lines = ([magic_line.rstrip("\n") + "\n"] if magic_line is not None else []) + source.splitlines(True)
         self.source = "\n" * (len(self.lines) - len(source.splitlines(True))) + source
-        compile(self.source, self.filename, "exec")  # syntax errors surface in the notebook, not on workers
+        # syntax errors surface in the notebook, not on workers; the code travels compiled, so the modules
+        # it imports (the user's own among them: see shipping.import_local_modules) go with it
+        self.code = compile(self.source, self.filename, "exec")
         self.captured = captured
         self.argv = argv  # sys.argv[1:] while the body runs (the magic's --args)
 
@@ -68,7 +83,7 @@ class CellProgram:
         }
         saved_argv, sys.argv = sys.argv, [self.filename, *self.argv]
         try:
-            exec(compile(self.source, self.filename, "exec"), scope)
+            exec(self.code, scope)
         finally:
             sys.argv = saved_argv
         return scope.get("result")

@@ -20,9 +20,10 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from nbtrain._client import connection
 from nbtrain._client.launching.serialization import check_values
 from nbtrain._exceptions import NbtrainError, RunFailedError, SweepFailedError
+from nbtrain._packing import shipping
 from nbtrain._packing.code_origin import cell_name
 from nbtrain._packing.script import ScriptProgram
-from nbtrain._views.cell_program import CellProgram, referenced_names
+from nbtrain._views.cell_program import CellProgram, imported_modules, referenced_names
 from nbtrain._views.magic_flags import (
     options_from_args,
     run_option_flags,
@@ -170,6 +171,7 @@ class NbtrainMagics(Magics):
         except SyntaxError as exc:
             raise UsageError(f"The %%ray_train cell has a syntax error on line {exc.lineno}: {exc.msg}.") from None
         check_values(captured)
+        shipping.import_local_modules(imported_modules(source))
         given = args.args or ""
         if len(given) >= 2 and given[0] == given[-1] and given[0] in "'\"":
             given = given[1:-1]  # IPython's parser keeps a quoted flag value's quotes
@@ -217,6 +219,7 @@ class NbtrainMagics(Magics):
             options, run_options = sweep_options_from_args(args, self.shell.user_ns)
             connection.current()
             check_values(captured)
+            shipping.import_local_modules(imported_modules(source))
             sweep = start_sweep(CellProgram(source, captured, cell_name(), f"%%ray_tune {line}"),
                                 dataclasses.replace(options, wait=False), run_options)
         except NbtrainError as exc:
