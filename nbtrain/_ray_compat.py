@@ -19,7 +19,8 @@ against, entry by entry.
 The entries, by the process that calls them:
 
 - every process: ``HEAD_NODE_RESOURCE``, ``on_head_node``, ``is_head_node``;
-- the notebook's kernel: ``init_with_metadata``, ``init_driver``, ``use_token``, ``kernel_ray_lacks_token``,
+- the notebook's kernel: ``init_with_metadata``, ``init_driver``, ``use_token``, ``client_session_lost``,
+  ``kernel_ray_lacks_token``,
   ``ping_client_server``, ``cluster_metadata``, ``turn_off_auto_init``, ``upload_local_paths``;
 - an added local node's process: ``start_worker_node``, ``stop_node``;
 - a run's supervisor and the warm pool: ``prestart_worker``, ``worker_setup_hook_env``, ``actor_key``,
@@ -44,7 +45,8 @@ if TYPE_CHECKING:  # at run time, read on first use (__getattr__): importing thi
     from ray.train.v2.api.context import LocalTrainContext
 
 __all__ = [
-    "HEAD_NODE_RESOURCE", "Draining", "LocalTrainContext", "TrainFnUtils", "actor_key", "cluster_metadata",
+    "HEAD_NODE_RESOURCE", "Draining", "LocalTrainContext", "TrainFnUtils", "actor_key", "client_session_lost",
+    "cluster_metadata",
     "drain_node", "draining_nodes", "driver_pid", "free_resources_outside", "init_driver", "init_with_metadata",
     "is_head_node", "kernel_ray_lacks_token", "on_head_node", "ping_client_server", "prestart_worker", "reason",
     "say_once", "set_train_fn_utils", "standing_request", "start_worker_node", "stop_node", "train_result",
@@ -208,6 +210,26 @@ def train_result(return_value: Any = None, **fields: Any) -> Any:
     result = Result(**fields)
     result.return_value = return_value  # Ray 2.54-2.55: no such field
     return result
+
+
+def client_session_lost() -> bool:
+    """Whether this process's Ray Client session failed for good: its data channel gave up reconnecting
+    (the session's server ended, or the connection was gone longer than Ray Client's grace period).
+
+    Public instead: ``ray.is_initialized()``, which stays True after that, so a lost session looked
+    connected (every call then raised Ray's ConnectionError, and ``connect()`` kept the dead session).
+    Degrades: False, said once on stderr: a lost session is found by the first call that fails.
+    """
+    try:
+        from ray.util.client import ray as client
+
+        if not client.is_connected():
+            return False  # not a Ray Client session (a driver, or nothing)
+        data_client = client.get_context().client_worker.data_client
+        return bool(data_client._in_shutdown)
+    except Exception as exc:  # noqa: BLE001 - a probe: a failure is reported, never raised
+        say_once(f"cannot tell whether the Ray Client session is alive ({reason(exc)})")
+        return False
 
 
 def kernel_ray_lacks_token() -> bool:

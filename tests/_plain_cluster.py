@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -49,11 +50,13 @@ class PlainCluster:
         return env
 
     def processes(self) -> list[psutil.Process]:
-        marker = str(self.root)
+        """This cluster's processes: those naming its temp dir, and those naming its GCS address (Ray
+        Client's proxy and its per-session servers name nothing else, and outlive `ray start`'s parent)."""
+        gcs = re.compile(rf"(^|[=\s])127\.0\.0\.1:{self.gcs_port}$")  # this port, not one it is a prefix of
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             with contextlib.suppress(psutil.Error):
-                if any(marker in part for part in proc.info["cmdline"] or ()):
+                if any(str(self.root) in part or gcs.search(part) for part in proc.info["cmdline"] or ()):
                     found.append(proc)
         return found
 

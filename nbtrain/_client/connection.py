@@ -33,7 +33,14 @@ from nbtrain._client.local import local_cluster, local_head
 from nbtrain._client.version_check import check_ray_supported
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
-from nbtrain._ray_compat import init_driver, init_with_metadata, is_head_node, turn_off_auto_init, use_token
+from nbtrain._ray_compat import (
+    client_session_lost,
+    init_driver,
+    init_with_metadata,
+    is_head_node,
+    turn_off_auto_init,
+    use_token,
+)
 from nbtrain._registry import record_connection
 
 # How connect() without an address reaches the embedded cluster, chosen by benchmarks/connect_modes.py
@@ -132,7 +139,7 @@ def current() -> Cluster:
 def _ray_connected() -> bool:
     import ray
 
-    return bool(ray.is_initialized())
+    return bool(ray.is_initialized()) and not client_session_lost()
 
 
 def connect(address: str | None = None, *, token: str | None = None, num_cpus: int | None = None,

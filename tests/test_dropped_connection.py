@@ -1,0 +1,100 @@
+"""A run started over Ray Client loses nothing when the notebook's connection is gone for 60 s (issue 45).
+
+Ray Client's server keeps one "specific server" process per client session on the head, and ends a
+session's non-detached work ~30 s after its connection drops. The kernel here (a Python process kept
+alive) starts a 2-rank run over Ray Client on a plain loopback cluster; the test then ends that session's
+server by its own PID, found among the processes of the cluster it started, and waits 60 s. The kernel
+connects again: the run went on (its supervisor is detached: the cluster's, not the session's), ``attach``
+shows it running, and the handle the kernel held from before the drop (what its dashboard reads) resumes
+from its cursor with every row of both ranks, none lost, none twice.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import _plain_cluster
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(480)]
+
+STEPS = 900  # 0.1 s a step: the run outlasts the 60 s without a connection
+
+KERNEL = r'''
+import json, sys, time
+import nbtrain
+from nbtrain._exceptions import NotConnectedError
+
+ADDRESS, TOKEN, STEPS = sys.argv[1], sys.argv[2], int(sys.argv[3])
+nbtrain.connect(ADDRESS, token=TOKEN, progress=lambda _m: None)
+
+def steps(config):
+    import time as _time
+    for step in range(config["steps"]):
+        nbtrain.report(step=step, sent=_time.time())
+        _time.sleep(0.1)
+
+run = nbtrain.launch(steps, workers=2, name="dropped", config={"steps": STEPS})
+while len(run.metrics) < 10:
+    run.refresh(wait_s=1)
+print("READY", len(run.metrics), flush=True)
+sys.stdin.readline()  # the test ended this session's server and waited 60 s
+try:
+    nbtrain.attach("dropped")
+    print("STILL-CONNECTED?", flush=True)
+except NotConnectedError as exc:
+    print("LOST", str(exc).splitlines()[0], flush=True)
+dropped_at = time.time()
+began = time.monotonic()
+nbtrain.connect(ADDRESS, progress=lambda _m: None)  # the token was kept for this address
+reconnect_s = time.monotonic() - began
+attached = nbtrain.attach("dropped")
+state_after_gap = str(attached.state)
+while not run.state.is_terminal:
+    run.refresh(wait_s=1)
+while run.refresh():  # the rest of the history, page by page
+    pass
+by_rank = {rank: [r["step"] for r in run.metrics if r["rank"] == rank] for rank in (0, 1)}
+during_gap = sum(1 for r in run.metrics if dropped_at - 60 < r["sent"] < dropped_at)
+print("RESULT " + json.dumps({"state_after_gap": state_after_gap, "final": str(run.state), "by_rank": by_rank,
+                              "during_gap": during_gap, "reconnect_s": reconnect_s}), flush=True)
+'''
+
+
+def _session_servers(cluster: _plain_cluster.PlainCluster) -> list[psutil.Process]:
+    """Ray Client's per-session servers of this cluster (each names the cluster's GCS address)."""
+    return [proc for proc in cluster.processes() if "specific-server" in " ".join(proc.cmdline())]
+
+
+def test_a_run_goes_on_through_60_s_without_the_notebooks_connection_and_nothing_is_lost():
+    with _plain_cluster.running() as cluster:
+        kernel = subprocess.Popen([sys.executable, "-c", KERNEL, cluster.client_address, cluster.token, str(STEPS)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=cluster.driver_env())
+        try:
+            ready = kernel.stdout.readline()
+            assert ready.startswith("READY"), ready + kernel.stderr.read()[-4000:]
+            [server] = _session_servers(cluster)  # this kernel's session: the only one on this cluster
+            server.send_signal(signal.SIGKILL)
+            server.wait(timeout=30)
+            time.sleep(60)
+            kernel.stdin.write("go on\n")
+            kernel.stdin.flush()
+            out, err = kernel.communicate(timeout=300)
+        finally:
+            if kernel.poll() is None:
+                kernel.kill()
+        lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.splitlines() if " " in line}
+        assert "RESULT" in lines, out[-3000:] + err[-6000:]
+        assert "LOST" in lines, out[-3000:]  # the notebook really had no connection
+        result = json.loads(lines["RESULT"])
+        assert result["state_after_gap"] == "running"
+        assert result["final"] == "succeeded"
+        assert result["during_gap"] >= 2 * 300, "the run did not go on while the notebook was away"
+        for rank, steps in result["by_rank"].items():
+            assert steps == list(range(STEPS)), (rank, len(steps))
