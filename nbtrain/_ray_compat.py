@@ -12,14 +12,15 @@ Ray Train seam, which ``NbtrainTrainFnUtils`` absorbs by taking any arguments: `
 is abstract from Ray 2.58 (absent before), and ``get_all_reported_checkpoints`` takes ``timeout_s`` from 2.56.
 One public API differs too, absorbed here: ``ray.train.Result`` takes ``return_value`` from 2.56 on
 (:func:`train_result`). Ray's own
-``_enable_token_auth`` (2.59 on) is not used: :func:`use_token` does what it does, as 2.54 allows.
+``_enable_token_auth`` (2.59 on) is not used: :func:`driver_token` does what it does, as 2.54 allows.
 One concept, kept whole: every reach into Ray's internals, in one file that a new Ray release is read
 against, entry by entry.
 
 The entries, by the process that calls them:
 
 - every process: ``HEAD_NODE_RESOURCE``, ``on_head_node``, ``is_head_node``;
-- the notebook's kernel: ``init_with_metadata``, ``init_driver``, ``use_token``, ``client_session_lost``,
+- the notebook's kernel: ``init_with_metadata``, ``init_driver``, ``driver_token``, ``forget_driver_token``,
+  ``client_session_lost``,
   ``kernel_ray_lacks_token``,
   ``ping_client_server``, ``cluster_metadata``, ``turn_off_auto_init``, ``upload_local_paths``;
 - an added local node's process: ``start_worker_node``, ``stop_node``;
@@ -33,11 +34,12 @@ The entries, by the process that calls them:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # at run time, read on first use (__getattr__): importing this must not import Ray Train
@@ -45,12 +47,36 @@ if TYPE_CHECKING:  # at run time, read on first use (__getattr__): importing thi
     from ray.train.v2.api.context import LocalTrainContext
 
 __all__ = [
-    "HEAD_NODE_RESOURCE", "Draining", "LocalTrainContext", "TrainFnUtils", "actor_key", "client_session_lost",
+    "HEAD_NODE_RESOURCE",
+    "Draining",
+    "LocalTrainContext",
+    "TrainFnUtils",
+    "actor_key",
+    "client_session_lost",
     "cluster_metadata",
-    "drain_node", "draining_nodes", "driver_pid", "free_resources_outside", "init_driver", "init_with_metadata",
-    "is_head_node", "kernel_ray_lacks_token", "on_head_node", "ping_client_server", "prestart_worker", "reason",
-    "say_once", "set_train_fn_utils", "standing_request", "start_worker_node", "stop_node", "train_result",
-    "turn_off_auto_init", "upload_local_paths", "use_token", "worker_setup_hook_env",
+    "drain_node",
+    "draining_nodes",
+    "driver_pid",
+    "driver_token",
+    "forget_driver_token",
+    "free_resources_outside",
+    "init_driver",
+    "init_with_metadata",
+    "is_head_node",
+    "kernel_ray_lacks_token",
+    "on_head_node",
+    "ping_client_server",
+    "prestart_worker",
+    "reason",
+    "say_once",
+    "set_train_fn_utils",
+    "standing_request",
+    "start_worker_node",
+    "stop_node",
+    "train_result",
+    "turn_off_auto_init",
+    "upload_local_paths",
+    "worker_setup_hook_env",
 ]
 
 
@@ -123,40 +149,59 @@ def init_driver(address: str, node_ip_address: str | None, **kwargs: Any) -> Any
     return ray.init(address, **kwargs)
 
 
-class _TokenSetting(NamedTuple):
-    mode: str | None
-    token: str | None
+_token_held: list[bool] = []  # non-empty while this process's Ray holds a token driver_token gave it
 
 
-_before_token: list[_TokenSetting] = []  # what use_token replaced, for use_token(None) to put back
+@contextlib.contextmanager
+def driver_token(token: str | None) -> Iterator[None]:
+    """While ``ray.init`` joins a cluster as a driver: this process's Ray in token mode with ``token`` (a
+    driver's channels are Ray's own, so the per-call header of :func:`init_with_metadata` cannot reach them).
 
+    Ray's token loader reads ``RAY_AUTH_MODE`` and ``RAY_AUTH_TOKEN`` from the environment: they are set,
+    Ray's config re-read and the loader's cache emptied and filled (what Ray's own ``_enable_token_auth``
+    does from 2.59 on), and on leaving the variables are put back as they were: Ray keeps the mode and
+    the token it read, and no process the kernel starts later inherits the token.
+    :func:`forget_driver_token` ends the mode, after ``ray.shutdown()``.
 
-def use_token(token: str | None) -> None:
-    """Make this process's Ray send ``token`` on every channel (a driver's channels are Ray's own, so the
-    per-call header of :func:`init_with_metadata` cannot reach them); ``None`` puts back what was there.
-
-    Sets ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` in this process's environment (what Ray's token
-    loader reads), re-reads Ray's config and empties the loader's cache, as Ray's own ``_enable_token_auth``
-    does from 2.59 on. Public instead: the same two variables set before ``import ray``, which a kernel
-    that imported Ray first cannot do. Degrades: where the config or loader cannot be reached, said once
-    on stderr; then Ray's own error (``UNAUTHENTICATED``) comes from ``connect()``.
+    Public instead: the same two variables set before ``import ray`` and left there, which a kernel that
+    imported Ray first cannot do, and which every process it starts would inherit. Degrades: where the
+    config or loader cannot be reached, said once on stderr; then Ray's own error (``UNAUTHENTICATED``)
+    comes from ``connect()``.
     """
-    if token is None and not _before_token:
-        return
-    if token is not None and not _before_token:
-        _before_token.append(_TokenSetting(os.environ.get("RAY_AUTH_MODE"), os.environ.get("RAY_AUTH_TOKEN")))
-    setting = _TokenSetting("token", token) if token is not None else _before_token.pop()
-    for name, value in (("RAY_AUTH_MODE", setting.mode), ("RAY_AUTH_TOKEN", setting.token)):
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    names = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+    before = {name: os.environ.get(name) for name in names}
+    if token is not None:
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+        _reload_token_state(load=True)
+        _token_held.append(True)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def forget_driver_token() -> None:
+    """After ``ray.shutdown()``: this process's Ray back to what its environment says (as for
+    :func:`driver_token`); nothing when no token was given. Degrades: as for :func:`driver_token`."""
+    if _token_held:
+        _token_held.clear()
+        _reload_token_state(load=False)
+
+
+def _reload_token_state(load: bool) -> None:
     import importlib
 
     try:
         raylet: Any = importlib.import_module("ray._raylet")  # compiled; its stub lacks these names
         raylet.Config.initialize("")
-        raylet.AuthenticationTokenLoader.instance().reset_cache()
+        loader = raylet.AuthenticationTokenLoader.instance()
+        loader.reset_cache()
+        if load:
+            loader.has_token()  # read now, while the environment holds it
     except (ImportError, AttributeError) as exc:
         say_once(f"cannot make this kernel's Ray use the cluster's token ({reason(exc)})")
 

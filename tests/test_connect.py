@@ -49,14 +49,15 @@ def test_every_listening_socket_of_the_local_cluster_is_on_loopback(cluster):
 
 @pytest.mark.quick
 def test_client_port_refuses_a_connection_without_the_token(cluster):
-    target = parse_address(cluster.address)
+    address = local_cluster.status().address  # its Ray Client port, whichever way this session connected
+    target = parse_address(address)
     host, port = target.host, target.port
     began = time.monotonic()
     with pytest.raises(nbtrain.ConnectionFailedError, match="requires a token"):
-        preflight(cluster.address, host, port, token=None)
+        preflight(address, host, port, token=None)
     with pytest.raises(nbtrain.ConnectionFailedError, match="rejected the authentication token"):
-        preflight(cluster.address, host, port, token="not-the-token")
-    preflight(cluster.address, host, port, token=read_token(local_cluster.status().token_path))
+        preflight(address, host, port, token="not-the-token")
+    preflight(address, host, port, token=read_token(local_cluster.status().token_path))
     assert time.monotonic() - began < 5
 
 

@@ -36,7 +36,7 @@ tells them apart first, in milliseconds: is anything listening on the port
 (TCP), and does a Ray Client *ping* with our token come back ``UNAUTHENTICATED``?
 
 A kernel that joins the cluster as a Ray driver (a GCS address) sends the token
-through Ray's own channels (:func:`nbtrain._ray_compat.use_token`): the only token
+through Ray's own channels (:func:`nbtrain._ray_compat.driver_token`): the only token
 it knows for that address. :func:`preflight_gcs` first reads the cluster's
 versions from its GCS with the token, which tells a dead address, a refused token
 and a port of another kind apart as fast. Each kind of server answers a call of the

@@ -1,8 +1,9 @@
-"""The embedded local cluster: a Ray head on 127.0.0.1 that the notebook reaches over ``ray://``.
+"""The embedded local cluster: a Ray head on 127.0.0.1 that the notebook reaches over ``ray://`` (``connect()``'s
+default), or joins as a Ray driver of its GCS (its ``gcs_address``; ``connection.EMBEDDED_AS_DRIVER``).
 
 Why a real head rather than ``ray.init()`` in the kernel: runs must outlive the
 kernel (restart it, the run goes on), and the notebook should talk to a laptop
-exactly as it talks to a 100-GPU cluster, through Ray Client.
+as it talks to a cluster it runs on (a driver), or to a 100-GPU one (Ray Client).
 
 The head is started as ``ray start --head --block`` in its own process session,
 so stopping it means signalling that one process group: we never run a bare
