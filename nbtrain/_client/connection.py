@@ -46,7 +46,7 @@ from nbtrain._registry import record_connection
 
 # How connect() without an address reaches the embedded cluster: as a driver of its GCS, or over Ray
 # Client. benchmarks/connect_modes.py (its docstring has the table) measured the driver faster to
-# connect (0.9 s cold, 0.55 s warm, against 2.5 s and 1.9 s) with no session server on the head, and the
+# connect (0.87-0.90 s cold, 0.53-0.55 s warm, against 2.1-2.5 s and 1.9 s) with no session server on the head, and the
 # same launch, feed and kernel restarts; with it on, the quick tier passes, but four tests of the full
 # suite still assume a Ray Client session (the session server's priority, the registry's ray:// address,
 # two more: see issue 45's report), so Ray Client stays the default until they are made to read either.
