@@ -44,13 +44,9 @@ from nbtrain._ray_compat import (
 )
 from nbtrain._registry import record_connection
 
-# How connect() without an address reaches the embedded cluster: as a driver of its GCS, or over Ray
-# Client. benchmarks/connect_modes.py (its docstring has the table) measured the driver faster to
-# connect (0.87-0.90 s cold, 0.53-0.55 s warm, against 2.1-2.5 s and 1.9 s) with no session server on the head, and the
-# same launch, feed and kernel restarts; with it on, the quick tier passes, but four tests of the full
-# suite still assume a Ray Client session (the session server's priority, the registry's ray:// address,
-# two more: see issue 45's report), so Ray Client stays the default until they are made to read either.
-# Both ways are tested: tests/test_connect_driver.py::test_the_embedded_cluster_is_reached_both_ways.
+# connect() without an address reaches the embedded cluster over Ray Client, or as a driver of its GCS
+# (benchmarks/connect_modes.py: ~3x sooner to connect, no session server, the rest equal). Ray Client stays
+# the default until four tests of the full suite that assume it read either (issue 45's report).
 EMBEDDED_AS_DRIVER = False
 CONNECT_ATTEMPTS = 3
 Progress = Callable[[str], None]
