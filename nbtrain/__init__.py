@@ -34,6 +34,7 @@ from nbtrain._client.run.handle import Run
 from nbtrain._client.warm import release_warm
 from nbtrain._cluster.rank.data.counted_shard import get_dataset_shard
 from nbtrain._cluster.rank.data.loading import prepare_loader
+from nbtrain._cluster.rank.reporting import report
 from nbtrain._cluster.rank.session import TrainContext
 from nbtrain._cluster.rank.steering import on_command
 from nbtrain._cluster.rank.worker_api import (
@@ -43,7 +44,6 @@ from nbtrain._cluster.rank.worker_api import (
     load_checkpoint,
     prepare_model,
     prepare_optimizer,
-    report,
     save_checkpoint,
     steerable,
     stop_requested,

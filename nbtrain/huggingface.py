@@ -23,8 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nbtrain._cluster.rank.reporting import report
 from nbtrain._cluster.rank.session import current_session
-from nbtrain._cluster.rank.worker_api import report, store_checkpoint
+from nbtrain._cluster.rank.worker_api import store_checkpoint
 from nbtrain._cluster.storage.run_storage import pack_directory
 
 try:

@@ -28,8 +28,9 @@ import tempfile
 from typing import Any
 
 from nbtrain._cluster.rank import parallel
+from nbtrain._cluster.rank.reporting import report
 from nbtrain._cluster.rank.session import current_session
-from nbtrain._cluster.rank.worker_api import RUN_PRECISION, checkpoint_to_resume, report, store_checkpoint
+from nbtrain._cluster.rank.worker_api import RUN_PRECISION, checkpoint_to_resume, store_checkpoint
 from nbtrain._cluster.storage.run_storage import pack_directory
 from nbtrain._exceptions import InvalidOptionError
 

@@ -22,11 +22,12 @@ from typing import Any
 from nbtrain._cluster.commands import Heartbeat
 from nbtrain._cluster.elastic.gradient_noise import NoiseScale
 from nbtrain._cluster.feed.relay_link import Pending, RayPush, RelayLink, open_link
-from nbtrain._cluster.rank import their_code
+from nbtrain._cluster.rank import reporting, their_code
 from nbtrain._cluster.rank.inspection.resources import Resources
 from nbtrain._cluster.rank.inspection.step_timing import StepTimes
 from nbtrain._cluster.rank.log_tee import LogTee
 from nbtrain._cluster.rank.payload import WorkerPayload
+from nbtrain._cluster.rank.reporting import NOT_IN_A_RUN, Reporter
 from nbtrain._cluster.rank.steering import RankSteering
 from nbtrain._exceptions import NbtrainError
 
@@ -77,13 +78,9 @@ class TrainingSession:
         self.checkpoint_requested = False  # an elastic run's resize wants one (see steering's poll)
         self.grad_scaler: Any = None  # a torch GradScaler once a 16-mixed model was prepared
         self.relay = payload.relay  # this node's push relay (see push_relay); None once it failed: to the supervisor
-        self.buffer: collections.deque[tuple[int, float, dict[str, Any]]] = collections.deque()
+        self.reporter = Reporter()  # report()'s rows and the counts that number them (see reporting)
         self.logs: collections.deque[tuple[str, float, str]] = collections.deque()
-        self.step = 0          # batches yielded by prepared loaders (or reports)
         self.epoch = 0
-        self.uses_loader = False
-        self.report_calls = 0
-        self.last_step = 0
         self.samples = 0
         self.last_progress = time.time()
         self.seq = 0
@@ -104,8 +101,6 @@ class TrainingSession:
         self._waiting_rows: list[dict[str, Any]] = []
         self._waiting_logs: list[tuple[str, float, str]] = []
         self._renamed: set[str] = set()
-        # report()'s one test: work before a row only while steering has commands due or gns is measured
-        self.report_hook: Callable[[dict[str, Any]], None] | None = None
         self.commands_due(False)
         self.steering = RankSteering(self, payload.commands)  # the notebook's commands to this live run
 
@@ -159,23 +154,38 @@ class TrainingSession:
                 self._flushing.release()
             self._drop_relay()  # a warm worker lives on: its socket must not
 
-    # -- hot path --------------------------------------------------------
+    # -- what report() counts (kept by the reporter, read here by steering, loaders and checkpoints) --
+    @property
+    def step(self) -> int:
+        return self.reporter.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.reporter.step = value
+
+    @property
+    def uses_loader(self) -> bool:
+        return self.reporter.uses_loader
+
+    @uses_loader.setter
+    def uses_loader(self, value: bool) -> None:
+        self.reporter.uses_loader = value
+
+    @property
+    def report_calls(self) -> int:
+        return self.reporter.calls
+
+    @property
+    def last_step(self) -> int:
+        return self.reporter.last_step
+
+    def resume_at(self, step: int) -> None:
+        """A checkpoint loaded: steps, reports and loaders count on from its step."""
+        reporter = self.reporter
+        reporter.step = reporter.calls = reporter.last_step = step
+
     def report(self, metrics: dict[str, Any]) -> None:
-        # one row, its values as they are now; all else waits for the flusher (cold, each line costs ~0.5 µs)
-        if self.report_hook is not None:
-            self.report_hook(metrics)
-        step = metrics.pop("step", None)
-        self.report_calls += 1
-        if step is None:
-            step = self.step if self.uses_loader else self.report_calls
-        elif type(step) is not int:
-            step = _whole_step(step)
-        self.last_step = step
-        for value in metrics.values():  # the values as they are now, not when the flusher looks
-            if type(value) not in _PLAIN_TYPES:
-                metrics = {key: _to_number(item) for key, item in metrics.items()}
-                break
-        self.buffer.append((step, time.time(), metrics))
+        self.reporter.report(metrics)
 
     def write_row(self, step: int | None, metrics: dict[str, Any]) -> None:
         """A row the code wrote elsewhere (a SummaryWriter's scalars, see their_code), its values numbers already.
@@ -183,7 +193,7 @@ class TrainingSession:
         Unlike :meth:`report` it leaves the steps that steering counts alone: a script may write on rank 0
         only, and every rank must apply a change at the same optimizer update. ``step`` None: the rank's step.
         """
-        self.buffer.append((self.current_step() if step is None else step, time.time(), metrics))
+        self.reporter.rows.append((self.current_step() if step is None else step, time.time(), metrics))
 
     def _before_report(self, metrics: dict[str, Any]) -> None:
         if self.steering.pending:
@@ -197,7 +207,7 @@ class TrainingSession:
 
     def commands_due(self, due: bool) -> None:
         """Steering has commands pending (or no more): report() looks at them only then."""
-        self.report_hook = self._before_report if due or self.noise is not None else None
+        self.reporter.hook = self._before_report if due or self.noise is not None else None
 
     def on_batch(self, batch_size: int) -> None:
         self.step += 1
@@ -303,7 +313,8 @@ class TrainingSession:
 
     def _collect(self) -> None:
         """Move what was reported into the rows waiting to be sent (as rows), within the bounds."""
-        rows = [self.buffer.popleft() for _ in range(len(self.buffer))]
+        reported = self.reporter.rows
+        rows = [reported.popleft() for _ in range(len(reported))]
         logs = [self.logs.popleft() for _ in range(len(self.logs))]
         ctx = self.context
         for step, when, metrics in rows:
@@ -395,32 +406,6 @@ def until_next_tick(interval_s: float) -> float:
     return left + interval_s if left < interval_s / 4 else left
 
 
-_PLAIN_TYPES = frozenset({int, float, str, bool, type(None)})
-
-
-def _whole_step(step: Any) -> int:
-    try:
-        return int(step)
-    except (TypeError, ValueError, OverflowError):
-        msg = f"report(step=...) must be a whole number (the row's step), got {step!r}."
-        raise NbtrainError(msg) from None
-
-
-def _to_number(value: Any) -> Any:
-    if isinstance(value, (int, float, str, bool)) or value is None:
-        return value
-    item = getattr(value, "item", None)
-    if callable(item):
-        try:
-            return item()
-        except Exception:  # noqa: BLE001 - multi-element tensors fall through to float()
-            pass
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return str(value)
-
-
 _current: TrainingSession | None = None
 _lock = threading.Lock()
 
@@ -429,6 +414,7 @@ def set_session(session: TrainingSession | None) -> None:
     global _current
     with _lock:
         _current = session
+        reporting.current = session.reporter if session is not None else None
 
 
 def active_session() -> TrainingSession | None:
@@ -439,8 +425,6 @@ def active_session() -> TrainingSession | None:
 def current_session() -> TrainingSession:
     session = _current
     if session is None:
-        msg = ("This nbtrain function only works inside a training function run by "
-               "nbtrain.launch() or %%ray_train, on a worker. In the notebook, use the Run object instead.")
-        raise NbtrainError(msg)
+        raise NbtrainError(NOT_IN_A_RUN)
     return session
 

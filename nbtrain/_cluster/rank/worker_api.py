@@ -43,48 +43,6 @@ def get_context() -> TrainContext:
     return current_session().context
 
 
-def report(metrics: dict[str, Any] | None = None, /, **more: Any) -> None:
-    """Record metrics for this rank; returns at once (the rows are sent in the background).
-
-    Metrics come as keywords, as a dict (Ray Train's ``report({...})`` style), or both.
-    Each call is one row with ``rank``, ``step``, ``attempt`` and ``time`` added.
-    ``step`` defaults to the number of batches drawn from loaders made by
-    :func:`prepare_loader` (or, without one, the number of ``report`` calls);
-    pass ``step=`` (a whole number) to set it yourself. A metric named ``rank``,
-    ``attempt`` or ``time`` cannot replace the row's own: it is kept as
-    ``user_rank``, ``user_attempt`` or ``user_time`` (the rank's log says so once).
-    Values may be numbers (tensors and numpy scalars become numbers), text, or
-    NaN and infinities, which are kept as they are everywhere. A value is turned
-    into a number here, in the call: a tensor changed in place afterwards keeps the
-    reported value. On a GPU that means ``.item()``, which waits for the step's
-    queued kernels (as ``loss.item()`` in your own code would); report a Python
-    number, or report every few steps, where that wait matters.
-
-    Args:
-        metrics: a dict of metrics (optional).
-        **more: metrics as keywords; ``step=`` sets the row's step.
-
-    Raises:
-        NbtrainError: called outside a training function (in the notebook: use the ``Run``).
-
-    Example::
-
-        nbtrain.report(loss=loss.item(), lr=scheduler.get_last_lr()[0])
-        nbtrain.report({"loss": loss.item()}, epoch=epoch)
-    """
-    if metrics is None:
-        current_session().report(more)
-        return
-    if not isinstance(metrics, dict):
-        raise TypeError(f"report() takes a dict of metrics or keywords, not {type(metrics).__name__}: "
-                        "write nbtrain.report(loss=0.5) or nbtrain.report({'loss': 0.5}).")
-    twice = sorted(set(metrics) & set(more))
-    if twice:
-        raise TypeError(f"report() was given {', '.join(map(repr, twice))} both in the dict and as a keyword: "
-                        "pass each metric once.")
-    current_session().report({**metrics, **more})
-
-
 def prepare_model(model: Any, *, strategy: str | None = "ddp", precision: str | None = RUN_PRECISION,
                   auto_wrap_policy: Iterable[type] | Callable[[Any], bool] | None = None,
                   fsdp_kwargs: dict[str, Any] | None = None, **ddp_kwargs: Any) -> Any:
@@ -406,5 +364,5 @@ def checkpoint_to_resume() -> tuple[dict[str, Any], bytes | str] | None:
     if found is None:
         return None
     meta, data, path = found
-    session.step = session.report_calls = session.last_step = int(meta.get("step", 0))
+    session.resume_at(int(meta.get("step", 0)))
     return meta, checkpoint_source(data, path, meta.get("format", "torch"))
