@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from nbtrain._client.local.local_head import LocalClusterInfo
-from nbtrain._cluster.rank.worker import FAULT_START_EXIT_ENV
+from nbtrain._cluster.rank.actor.worker import FAULT_START_EXIT_ENV
 from nbtrain._paths import read_json
 
 from _helpers import venv_with_these_packages

@@ -1,7 +1,7 @@
 """One attempt's ranks: placed together, started, watched to the end, and torn down.
 
 :meth:`WorkerGroup.start` is a factory: it reserves a placement group, starts
-one :class:`~nbtrain._cluster.rank.worker.TrainWorker` actor per rank, asks each
+one :class:`~nbtrain._cluster.rank.actor.worker.TrainWorker` actor per rank, asks each
 where it landed, and builds each rank's :class:`WorkerPayload`. If anything
 fails or the user stops the run on the way, it removes what it had made before
 raising, so a failed start leaves no actor and no reserved CPU behind. A rank
@@ -25,8 +25,8 @@ from nbtrain._cluster.commands import Command
 from nbtrain._cluster.elastic.sizing import scaling
 from nbtrain._cluster.feed.push_relay import PushRelay, wants_relays
 from nbtrain._cluster.names import NAMESPACE, group_name, relay_name, worker_name
+from nbtrain._cluster.rank.actor.worker import TrainWorker
 from nbtrain._cluster.rank.payload import WorkerPayload
-from nbtrain._cluster.rank.worker import TrainWorker
 from nbtrain._cluster.run import failure_policy, rank_logs
 from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Succeeded
 from nbtrain._cluster.run.rank_layout import layout_ranks

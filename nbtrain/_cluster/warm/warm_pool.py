@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from nbtrain._cluster.rank.worker import TrainWorker
+from nbtrain._cluster.rank.actor.worker import TrainWorker
 from nbtrain._packing.runtime_env import environment_key, for_ranks
 from nbtrain._ray_compat import actor_key
 
