@@ -70,7 +70,8 @@ class RunSteering:
         if kind == RESUME and not self._paused():
             raise ValueError("the run is not paused; nothing to resume.")
         if kind == STOP_AFTER_EPOCH:
-            if running and not any(said.epochs_counted for said in running.values()):
+            stepping = any(said.step > 1 for said in running.values())  # a loader or integration says so by then
+            if stepping and not any(said.epochs_counted for said in running.values()):
                 raise ValueError("its ranks count no epochs: stop(after='epoch') needs a loader from "
                                  "nbtrain.prepare_loader (or Lightning's / Hugging Face's trainer through "
                                  "nbtrain); stop() it, or checkpoint_now() first.")
