@@ -5,8 +5,10 @@ resumes from it; bad input is one line each."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -112,3 +114,59 @@ def test_bad_input_is_refused_before_any_rank_starts(cluster, tmp_path):
     assert isinstance(result.error_in_exec, UsageError)
     assert "%ray_train needs a script" in str(result.error_in_exec)
     assert not os.path.exists(tmp_path / "snapshot.pt")
+
+
+SLOW_SCRIPT = '''import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def train_step(model, optimizer, step):
+    optimizer.zero_grad()
+    loss = model(torch.ones(4, 2)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    if step == int(os.environ.get("FAIL_AT", "-1")):
+        scale = loss.item() * 10  # a local the debugger reads
+        raise ValueError(f"bad step {step}")
+    time.sleep(0.02)
+
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, 100_000):
+        train_step(model, optimizer, step)
+'''
+
+
+def test_a_script_run_has_what_every_run_has(cluster, tmp_path):
+    """Stacks name the script's line, a profile of its steps, adjust on its own optimizer, stop; and a failing
+    script's post-mortem opens on its own frames."""
+    from _helpers import wait_for
+
+    (tmp_path / "slow.py").write_text(SLOW_SCRIPT)
+    run = nbtrain.launch_script(tmp_path / "slow.py", workers=2, name="script-inspected")
+    try:
+        wait_for(lambda: (run.summary().get("step") or 0) >= 5, timeout=120, message="the script's first steps")
+        stacks = run.stacks()
+        assert "slow.py" in str(stacks) and "train_step" in str(stacks), str(stacks)
+        profile = run.profile(steps=3)
+        assert profile.tables[0], profile
+        applied = run.adjust(lr=0.01, wait=True)
+        assert run.changes[-1]["step"] == applied and run.changes[-1]["args"]["lr"] == 0.01
+        assert run.stop() == nbtrain.RunState.STOPPED
+    finally:
+        if not run.state.is_terminal:
+            run.stop()
+    failing = nbtrain.launch_script(tmp_path / "slow.py", workers=2, name="script-debugged", env={"FAIL_AT": "3"})
+    with pytest.raises(RunFailedError, match="ValueError: bad step 3"):
+        failing.wait(timeout=120)
+    out = io.StringIO()
+    failing.debug(commands="where; p scale", stdout=out)
+    said = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())  # the debugger's colours
+    assert "slow.py" in said and "train_step()" in said and "raise ValueError" in said, said
