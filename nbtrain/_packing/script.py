@@ -25,7 +25,6 @@ import io
 import os
 import runpy
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -34,7 +33,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from nbtrain._exceptions import InvalidOptionError, NotSerializableError
-from nbtrain._packing.shipping import COMPILED_SUFFIXES, MAX_SHIPPED_BYTES, SKIPPED_DIRS
+from nbtrain._packing.shipping import COMPILED_SUFFIXES, MAX_SHIPPED_BYTES, SKIPPED_DIRS, unpacked
 
 LARGEST_SENT_FILE = 1 * 2**20  # a bigger file beside the script (data, checkpoints) stays where it is
 NEVER_SENT_SUFFIXES = (".ipynb", ".pyc", ".pt", ".pth", ".ckpt", ".safetensors", ".bin", *COMPILED_SUFFIXES)
@@ -87,7 +86,7 @@ class ScriptProgram:
         return f"{Path(self.script).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def __call__(self, config: dict[str, Any] | None = None) -> Any:
-        folder = self._unpacked()
+        folder = unpacked(self.archive, "nbtrain-scripts", self.digest)
         _forget_modules_from(folder)
         saved_argv, saved_path = sys.argv, list(sys.path)
         sys.argv = [self.script, *self.args]
@@ -109,18 +108,6 @@ class ScriptProgram:
             sys.path[:] = saved_path
         return None
 
-    def _unpacked(self) -> Path:
-        root = Path(tempfile.gettempdir()) / "nbtrain-scripts" / self.digest
-        if not root.exists():
-            root.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{self.digest}-", dir=root.parent))
-            with zipfile.ZipFile(io.BytesIO(self.archive)) as archive:
-                archive.extractall(staging)
-            try:
-                staging.rename(root)
-            except OSError:  # another rank of this node unpacked the same files first
-                pass
-        return root
 
 
 def _from_script(tb: TracebackType | None, script: Path) -> TracebackType | None:

@@ -51,21 +51,28 @@ class Shipment:
         """On the rank: the modules importable (this version of them), then the function."""
         import cloudpickle
 
-        root = Path(tempfile.gettempdir()) / "nbtrain-shipped" / self.digest
-        if not root.exists():
-            root.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{self.digest}-", dir=root.parent))
-            with zipfile.ZipFile(io.BytesIO(self.archive)) as archive:
-                archive.extractall(staging)
-            try:
-                staging.rename(root)
-            except OSError:  # another rank of this node unpacked the same files first
-                pass
+        root = unpacked(self.archive, "nbtrain-shipped", self.digest)
         for name in list(sys.modules):
             if name.partition(".")[0] in self.modules:
                 del sys.modules[name]  # an earlier run's version, on a warm worker
         sys.path[:] = [str(root)] + [entry for entry in sys.path if "nbtrain-shipped" not in entry]
         return cloudpickle.loads(self.function)
+
+
+def unpacked(archive: bytes, kind: str, digest: str) -> Path:
+    """On the rank: ``archive`` unzipped once per node into ``<tmp>/<kind>/<digest>`` (staged, then renamed,
+    so that ranks sharing the node never see half of it)."""
+    root = Path(tempfile.gettempdir()) / kind / digest
+    if not root.exists():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=root.parent))
+        with zipfile.ZipFile(io.BytesIO(archive)) as files:
+            files.extractall(staging)
+        try:
+            staging.rename(root)
+        except OSError:  # another rank of this node unpacked the same files first
+            pass
+    return root
 
 
 def dumps_with_modules(fn: Any) -> tuple[bytes, tuple[str, ...]]:
