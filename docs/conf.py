@@ -16,6 +16,9 @@ DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS.parent))  # this checkout's nbtrain, not an installed one
 sys.path.insert(0, str(DOCS / "_ext"))
 
+import os  # noqa: E402
+import re  # noqa: E402
+
 from nbtrain._version import __version__  # noqa: E402
 
 project = "nbtrain"
@@ -40,9 +43,35 @@ templates_path: list[str] = []
 
 # --- MyST and notebooks: shown as stored, never executed here (the tests execute them)
 nb_execution_mode = "off"
-myst_enable_extensions = ["colon_fence", "deflist"]
+myst_enable_extensions = ["colon_fence", "deflist", "substitution"]
 myst_heading_anchors = 3
 suppress_warnings = ["myst.header"]  # notebooks start with a title cell, then use ### freely
+
+
+
+def github_repository() -> str | None:
+    """``owner/name`` of nbtrain's public GitHub repository, for the Binder badge; ``None`` while there is none.
+
+    nbtrain has no public repository yet, so nothing is assumed: ``$NBTRAIN_GITHUB_REPOSITORY`` names it, or
+    Read the Docs' clone URL when it is on GitHub.
+    """
+    named = os.environ.get("NBTRAIN_GITHUB_REPOSITORY", "").strip()
+    if not named:
+        clone = os.environ.get("READTHEDOCS_GIT_CLONE_URL", "")
+        found = re.match(r"(?:https://|git@)github\.com[/:]([\w.-]+/[\w.-]+?)(?:\.git)?/?$", clone)
+        named = found.group(1) if found else ""
+    if named and not re.fullmatch(r"[\w.-]+/[\w.-]+", named):
+        raise ValueError(f"NBTRAIN_GITHUB_REPOSITORY={named!r}: give it as owner/name, e.g. my-org/nbtrain")
+    return named or None
+
+
+BINDER_REPOSITORY = github_repository()
+myst_substitutions = {
+    "version": __version__,
+    "binder_badge": (f"[![Binder](https://mybinder.org/badge_logo.svg)](https://mybinder.org/v2/gh/{BINDER_REPOSITORY}"
+                     "/HEAD?urlpath=lab/tree/notebooks/01_quickstart.ipynb)") if BINDER_REPOSITORY
+                    else "*Binder: this build names no public repository (see [Binder](#binder) below).*",
+}
 
 # --- API reference from docstrings (Google style, as nbtrain's docstrings are written)
 autosummary_generate = False  # the overview tables link to the entries on the same page
@@ -72,7 +101,7 @@ nitpick_ignore = [
 
 # --- HTML
 html_theme = "pydata_sphinx_theme"
-html_title = "nbtrain"
+html_title = f"nbtrain {__version__}"  # the version, in every page's header
 html_static_path = ["_static"]
 html_theme_options = {
     "navigation_with_keys": False,

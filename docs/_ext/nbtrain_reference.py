@@ -121,15 +121,45 @@ def magics() -> list[tuple[str, Any]]:
     return found
 
 
-def _argument_rows(parser: argparse.ArgumentParser, skip: set[str]) -> list[list[str]]:
+DEFAULT_IN_HELP = re.compile(r"\s*\(default:? ([^()]*)\)")  # "the node's CPUs (default: 1)"
+DEFAULT_AFTER = re.compile(r";\s*default:? ([^()]*)\)")  # "(implies --live; default: ...)"
+
+
+def default_of(action: argparse.Action, *, strict: bool) -> tuple[str, str]:
+    """What an argument is when it is left out, and its help without that: ``("off", "ask the cluster")``.
+
+    An argument whose default is ``None`` means something the code decides later ("this machine's CPUs");
+    its help says what, as ``(default: ...)``, and that moves to the default column. ``strict``: every
+    argument must say one (the CLI's do); else such an argument's column stays empty (a magic's ``--out``).
+    """
+    help_text = action.help or ""
+    said = [found.strip() for found in DEFAULT_IN_HELP.findall(help_text) + DEFAULT_AFTER.findall(help_text)]
+    if said:
+        return "; ".join(said), DEFAULT_AFTER.sub(")", DEFAULT_IN_HELP.sub("", help_text))
+    if not action.option_strings and action.nargs in (argparse.REMAINDER, "*"):
+        return "none", help_text
+    if not action.option_strings and action.nargs != "?":
+        return "required", help_text
+    if isinstance(action, argparse._StoreTrueAction):
+        return "off", help_text
+    if isinstance(action, argparse._StoreFalseAction):
+        return "on", help_text
+    if action.default in (None, argparse.SUPPRESS):
+        if not strict:
+            return "", help_text
+        raise ValueError(f"{'/'.join(action.option_strings)} has no default and its help does not say what "
+                         "leaving it out does: end the help with '(default: ...)'")
+    return code(repr(action.default)), help_text
+
+
+def _argument_rows(parser: argparse.ArgumentParser, skip: set[str], *, strict: bool = False) -> list[list[str]]:
     rows = []
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction) or action.dest in skip:
             continue
         name = ", ".join(code(flag) for flag in action.option_strings) or code(action.metavar or action.dest)
-        default = "" if action.default in (None, False, argparse.SUPPRESS) or not action.option_strings \
-            else code(repr(action.default))
-        help_text = escape(action.help or "")
+        default, help_text = default_of(action, strict=strict)
+        help_text = escape(help_text)
         if action.choices and not isinstance(action, argparse._SubParsersAction):
             help_text += ("; " if help_text else "") + "one of " + ", ".join(code(choice) for choice in action.choices)
         rows.append([name, default, help_text])
@@ -180,7 +210,7 @@ def cli_rst() -> list[str]:
         lines += [".. code-block:: text", ""]
         lines += ["   " + line for line in parser.format_usage().replace("usage: ", "").strip().splitlines()]
         lines += [""]
-        rows = _argument_rows(parser, set())
+        rows = _argument_rows(parser, set(), strict=True)
         if rows:
             lines += list_table(["argument", "default", "what it does"], rows, "25 15 60")
     return lines
