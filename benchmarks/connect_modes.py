@@ -37,8 +37,8 @@ The driver connects 2.5-3.6x sooner and needs no session server (167 MB on a lap
 notebook); the kernel holds 8 MB more; launch, feed and restarts are the same within this machine's
 noise (feed p50 ranged 35-80 ms for both across repetitions).
 
-``connection.EMBEDDED_AS_DRIVER`` chooses the way for ``connect()`` without an address; it stays Ray Client
-for now (its comment says why), and each way is reachable by the embedded cluster's other address and
+``local_head.NOTEBOOKS_JOIN_AS_DRIVER`` chooses the way for ``connect()`` without an address: the driver,
+by these figures, and each way is reachable by the embedded cluster's other address and
 tested (``tests/test_connect_driver.py::test_the_embedded_cluster_is_reached_both_ways``).
 """
 

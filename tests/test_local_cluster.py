@@ -166,8 +166,9 @@ def test_two_kernels_connecting_at_once_share_one_private_head(fresh_home, tmp_p
         outputs = [kernel.communicate(timeout=240) for kernel in kernels]
         answers = [json.loads(out.splitlines()[-1]) for out, _err in outputs if out.strip()]
         for answer in answers:  # every head the kernels reached, for the cleanup below
-            port = answer["address"].rsplit(":", 1)[1]
-            heads.update(_ray_processes_naming(f"--ray-client-server-port={port}")["head"])
+            port = answer["address"].rsplit(":", 1)[1]  # its GCS's as a driver, its Ray Client server's else
+            flag = "--ray-client-server-port" if answer["address"].startswith("ray://") else "--port"
+            heads.update(_ray_processes_naming(f"{flag}={port}")["head"])
         assert [kernel.returncode for kernel in kernels] == [0, 0], [err for _out, err in outputs]
         assert len(answers) == 2 and answers[0] == answers[1], answers
 
@@ -178,7 +179,7 @@ def test_two_kernels_connecting_at_once_share_one_private_head(fresh_home, tmp_p
         assert processes["head"] == [info.pid] and len(processes["gcs_server"]) == 1, processes
         said = "\n".join(err for _out, err in outputs)
         assert "Another process is starting the local Ray cluster; waiting for it" in said
-        assert "Reusing the local Ray cluster at " + info.address in said
+        assert f"Reusing the local Ray cluster at {info.gcs_address} (Ray Client: {info.address})" in said
 
         # private: the home, the cluster's state, token, log and lock (Ray's temp dir is inside the home)
         assert _loose(fresh_home, skip=fresh_home / "ray") == []

@@ -85,7 +85,7 @@ def resolve_token(token: str | None, address: str) -> ResolvedToken:
     if token:
         return ResolvedToken(token, "token=")
     local = local_cluster.status()
-    if local is not None and address in (local.address, local.gcs_address):
+    if local is not None and address in local.addresses:
         return ResolvedToken(read_token(local.token_path), "the embedded cluster's token")
     remembered = remembered_tokens()
     if remembered.get(address):

@@ -44,10 +44,6 @@ from nbtrain._ray_compat import (
 )
 from nbtrain._registry import record_connection
 
-# connect() without an address reaches the embedded cluster over Ray Client, or as a driver of its GCS
-# (benchmarks/connect_modes.py: ~3x sooner to connect, no session server, the rest equal). Ray Client stays
-# the default until four tests of the full suite that assume it read either (issue 45's report).
-EMBEDDED_AS_DRIVER = False
 CONNECT_ATTEMPTS = 3
 Progress = Callable[[str], None]
 
@@ -254,7 +250,7 @@ def _target(address: str | None, num_cpus: int | None, num_gpus: int | None,
         address = None
     if address is None:
         info = local_cluster.start(num_cpus=num_cpus, num_gpus=num_gpus, progress=say)
-        target = parse_address(info.gcs_address if EMBEDDED_AS_DRIVER else info.address)
+        target = parse_address(info.connect_address)
     elif address.strip().lower() == "auto":
         target = cluster_address.on_this_node()
     else:
@@ -415,7 +411,7 @@ def _embedded(address: str) -> local_cluster.LocalClusterInfo | None:
     """The embedded local cluster, when ``address`` is its (its Ray Client or GCS address, named by
     ``$RAY_ADDRESS`` too: same environment check)."""
     info = local_cluster.status()
-    if info is None or address not in (info.address, info.gcs_address):
+    if info is None or address not in info.addresses:
         return None
     local_head.check_environment(info)
     return info

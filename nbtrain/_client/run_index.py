@@ -31,10 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlsplit
 
+from nbtrain._client import cluster_address
 from nbtrain._client.local import local_cluster
 from nbtrain._cluster.run.stored_run import StoredRun, indexed_names
+from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import port_is_open
 from nbtrain._registry import (
     FILE_FIELDS,
@@ -55,7 +56,7 @@ class ClusterSeen:
     """A cluster as this machine sees it without asking it anything."""
 
     address: str
-    up: bool                       # its Ray Client port accepts connections
+    up: bool                       # its port (Ray Client's or the GCS's) accepts connections
     started: float | None = None   # when it started: this home's embedded cluster (running) only
 
 
@@ -65,7 +66,7 @@ def look(addresses: set[str]) -> dict[str, ClusterSeen]:
     seen: dict[str, ClusterSeen] = {}
     local = local_cluster.status()
     if local is not None:
-        seen[local.address] = ClusterSeen(local.address, True, local.started)
+        seen.update((address, ClusterSeen(address, True, local.started)) for address in local.addresses)
     others = sorted(address for address in addresses if address and address not in seen)
     if others:
         with ThreadPoolExecutor(max_workers=min(16, len(others))) as pool:
@@ -75,11 +76,10 @@ def look(addresses: set[str]) -> dict[str, ClusterSeen]:
 
 def _answers(address: str) -> bool:
     try:
-        parts = urlsplit(address)
-        host, port = parts.hostname, parts.port
-    except ValueError:
+        target = cluster_address.parse(address)
+    except ConnectionFailedError:
         return False
-    return host is not None and port is not None and port_is_open(host, port, timeout=PROBE_TIMEOUT_S)
+    return port_is_open(target.host, target.port, timeout=PROBE_TIMEOUT_S)
 
 
 def read_files(registry: list[RunRecord], home: Path | None = None

@@ -47,7 +47,8 @@ class NbtrainMagics(Magics):
     # ------------------------------------------------------------------ %ray_connect
     @magic_arguments()
     @argument("address", nargs="?", default=None,
-              help="ray://host:port of the cluster's Ray Client server; omit for the embedded local cluster")
+              help="ray://host:10001 (the cluster's Ray Client server), or host:6379 (its GCS) or auto "
+                   "for a kernel on a node of the cluster; omit for the embedded local cluster")
     @argument("--token-file", default=None, metavar="PATH",
               help="read the cluster's token from this file (e.g. a copy of `ray get-auth-token` output)")
     @argument("--ask-token", action="store_true", help="ask for the token at a hidden prompt")
@@ -69,8 +70,9 @@ class NbtrainMagics(Magics):
         Example::
 
             In [1]: %ray_connect
-            Local Ray cluster ready at ray://127.0.0.1:41837 (11.2 s)
+            Local Ray cluster ready at 127.0.0.1:41837 (Ray Client: ray://127.0.0.1:41901) (11.2 s)
             In [2]: %ray_connect ray://head.example.com:10001 --token-file ~/.ray/head_token
+            In [3]: %ray_connect auto          # JupyterLab on the cluster's head: a Ray driver, no Ray Client
         """
         args = self._parse(self.ray_connect, line)
         if args is None:

@@ -48,7 +48,7 @@ def _connect(address: str | None) -> Cluster:
 def cmd_cluster(args: argparse.Namespace) -> int:
     if args.action == "start":
         info = local_cluster.start(num_cpus=args.num_cpus, num_gpus=args.num_gpus, progress=_say)
-        print(info.address)
+        print(info.connect_address)
         return 0
     if args.action == "stop":
         stopped = local_cluster.stop()
@@ -70,7 +70,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if running is None:
         print("stopped")
         return 1
-    print(f"running at {running.address} (pid {running.pid}, {running.num_cpus} CPUs)")
+    print(f"running at {running.connect_address} (Ray Client: {running.address}) "
+          f"(pid {running.pid}, {running.num_cpus} CPUs)")
     for node in added_nodes.nodes():
         gpus = f", {node.num_gpus} GPUs" if node.num_gpus else ""
         print(f"  added node: pid {node.pid}, {node.num_cpus} CPUs{gpus}")
@@ -235,7 +236,8 @@ def _attached(args: argparse.Namespace, verb: str) -> Run:
     address = _address_for(args.name, args.address)
     if address is None:  # connecting without one would start a local cluster, where the run is not
         msg = (f"The registry does not say which cluster runs {args.name!r}; "
-               f"give it: nbtrain {verb} {args.name} --address ray://HOST:PORT (or set $RAY_ADDRESS).")
+               f"give it: nbtrain {verb} {args.name} --address ray://HOST:10001 (or HOST:6379, or auto, on a "
+               f"node of the cluster; or set $RAY_ADDRESS).")
         raise NbtrainError(msg)
     _connect(address)
     return attach(args.name)
@@ -268,7 +270,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if address:
         _say(f"JupyterLab on 127.0.0.1; notebooks connect to $RAY_ADDRESS={address} (no local cluster started)")
     else:
-        address = local_cluster.start(progress=_say).address
+        address = local_cluster.start(progress=_say).connect_address
         _say(f"JupyterLab on 127.0.0.1 with the local Ray cluster at {address}")
     command = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", *jupyter_args]
     if not _names_a_path(jupyter_args) and (notebook := _default_notebook()) is not None:
@@ -334,7 +336,8 @@ def _default_notebook() -> Path | None:
     return candidate if candidate.exists() else None
 
 
-ADDRESS_HELP = "the cluster's ray://HOST:PORT (default: where the registry says the run is, else $RAY_ADDRESS)"
+ADDRESS_HELP = ("the cluster: ray://HOST:10001 over Ray Client, or HOST:6379 (its GCS) or auto on a node of it "
+                "(default: where the registry says the run is, else $RAY_ADDRESS)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,8 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(seconds) for what only it knows: a live run's workers, stragglers and pause, and the sweeps.")
     runs.add_argument("--json", action="store_true", help="the cluster and its runs as one JSON object (the sidebar's)")
     runs.add_argument("--live", action="store_true", help="ask the cluster (connects; seconds) instead of the files")
-    runs.add_argument("--address", default=None, help="ask this cluster, ray://HOST:PORT (implies --live; "
-                                                      "default: the registry's cluster, else $RAY_ADDRESS)")
+    runs.add_argument("--address", default=None, help="ask this cluster: ray://HOST:10001, or HOST:6379 or auto on a "
+                                                      "node of it (implies --live; default: the registry's cluster, "
+                                                      "else $RAY_ADDRESS)")
     runs.set_defaults(func=cmd_runs)
     stop = sub.add_parser("stop", help="stop a run")
     stop.add_argument("name", help="the run's name")

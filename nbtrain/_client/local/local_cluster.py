@@ -1,5 +1,5 @@
-"""The embedded local cluster: a Ray head on 127.0.0.1 that the notebook reaches over ``ray://`` (``connect()``'s
-default), or joins as a Ray driver of its GCS (its ``gcs_address``; ``connection.EMBEDDED_AS_DRIVER``).
+"""The embedded local cluster: a Ray head on 127.0.0.1 that the notebook joins as a Ray driver of its GCS
+(``connect()``'s default: ``LocalClusterInfo.connect_address``), or reaches over Ray Client (``ray://``).
 
 Why a real head rather than ``ray.init()`` in the kernel: runs must outlive the
 kernel (restart it, the run goes on), and the notebook should talk to a laptop
@@ -222,7 +222,7 @@ def start(
             if running is None:
                 return _start_with_retries(num_cpus, num_gpus, say, timeout, attempts)
     check_environment(running)
-    say(f"Reusing the local Ray cluster at {running.address}")
+    say(f"Reusing the local Ray cluster at {running.gcs_address} (Ray Client: {running.address})")
     return running
 
 
@@ -333,7 +333,8 @@ def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeo
         time.sleep(0.25)
     lower_head_bookkeeping_priority(proc.pid)
     write_json_atomic(_state_file(), dataclasses.asdict(info))
-    say(f"Local Ray cluster ready at {info.address} ({time.monotonic() - began:.1f} s)")
+    say(f"Local Ray cluster ready at {info.gcs_address} (Ray Client: {info.address}) "
+        f"({time.monotonic() - began:.1f} s)")
     return info
 
 

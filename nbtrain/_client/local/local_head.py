@@ -19,6 +19,12 @@ from nbtrain._exceptions import VersionMismatchError
 from nbtrain._net import LOOPBACK
 from nbtrain._version import __version__
 
+# A notebook on this machine joins the embedded cluster as a Ray driver of its GCS, not over its Ray Client
+# server: benchmarks/connect_modes.py measured it 2.5-3.6x sooner to connect, with no session server on the
+# head (167 MB per notebook), the feed, launch and restarts the same. The Ray Client way stays reachable by
+# its `address` and tested (tests/test_connect_driver.py).
+NOTEBOOKS_JOIN_AS_DRIVER = True
+
 
 @dataclasses.dataclass
 class LocalClusterInfo:
@@ -54,6 +60,17 @@ class LocalClusterInfo:
     @property
     def gcs_address(self) -> str:
         return f"{LOOPBACK}:{self.gcs_port}"
+
+    @property
+    def connect_address(self) -> str:
+        """The address a notebook on this machine connects with (``connect()``, ``nbtrain lab``'s kernels)."""
+        return self.gcs_address if NOTEBOOKS_JOIN_AS_DRIVER else self.address
+
+    @property
+    def addresses(self) -> tuple[str, str]:
+        """Both ways to it, :attr:`connect_address` first: a run launched either way belongs to this cluster."""
+        other = self.address if self.connect_address == self.gcs_address else self.gcs_address
+        return (self.connect_address, other)
 
 
 def _command_line(pid: int) -> list[str]:
@@ -114,7 +131,7 @@ def check_environment(info: LocalClusterInfo) -> None:
         return (f"Python {env['python'] or '?'} (sys.prefix {env['prefix'] or '?'}), "
                 f"nbtrain {env['nbtrain_version'] or '?'} from {env['nbtrain_location'] or '?'}")
 
-    msg = (f"The local Ray cluster at {info.address} (pid {info.pid}) was started from another environment "
+    msg = (f"The local Ray cluster at {info.connect_address} (pid {info.pid}) was started from another environment "
            f"(different {differs}), so its workers would run that environment's nbtrain, not this notebook's.\n"
            f"  the cluster runs:  {describe(there)}\n"
            f"  this notebook runs: {describe(here)}\n"
