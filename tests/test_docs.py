@@ -33,7 +33,7 @@ def _documented(api: str, module: str) -> set[str]:
     for line in api.splitlines():
         if (match := re.match(r"\.\. currentmodule:: (\S+)", line)) is not None:
             current = match.group(1)
-        elif (match := re.match(r"\.\. auto(?:function|class|exception):: (\S+)", line)) and current == module:
+        elif (match := re.match(r"\.\. auto(?:function|class|exception):: (\w+)", line)) and current == module:
             found.add(match.group(1))
     return found
 
@@ -85,12 +85,34 @@ def test_every_option_magic_and_command_is_in_its_reference():
         assert f".. {directive}::" in (DOCS / "reference" / page).read_text(), (page, directive)
 
 
+SECTIONS = {"getting-started": "Getting started", "tutorials": "Tutorials", "guides": "Guides",
+            "reference/index": "Reference", "contributing": "Development"}
+
+
+def _toctree_entries(page: Path) -> list[str]:
+    """The documents a page's ``{toctree}`` blocks list, as paths from ``docs/`` without suffix."""
+    entries = []
+    for block in re.findall(r"```\{toctree\}\n(.*?)```", page.read_text(), re.S):
+        for line in block.splitlines():
+            if line.strip() and not line.startswith(":"):
+                entries.append(str((page.parent / line.strip()).resolve().relative_to(DOCS)))
+    return entries
+
+
 @pytest.mark.quick
 def test_every_page_and_tutorial_is_in_the_site():
-    index = (DOCS / "index.md").read_text()
-    pages = {path.stem for path in DOCS.glob("*.md")} | {path.stem for path in DOCS.glob("*.rst")}
-    unlisted = sorted(page for page in pages - {"index"} if not re.search(rf"^{page}$", index, re.M))
-    assert not unlisted, f"docs/index.md's toctrees leave out {unlisted}"
+    """The index's toctree is the five sections (the header's tabs, each one's pages in the left sidebar);
+    every other page is in exactly one section's toctree."""
+    assert _toctree_entries(DOCS / "index.md") == list(SECTIONS)
+    for section, title in SECTIONS.items():
+        assert (DOCS / f"{section}.md").read_text().startswith(f"# {title}\n"), section
+    listed = [entry for section in SECTIONS for entry in _toctree_entries(DOCS / f"{section}.md")]
+    pages = {str(path.relative_to(DOCS).with_suffix("")) for path in DOCS.rglob("*")
+             if path.suffix in (".md", ".rst") and not path.relative_to(DOCS).parts[0].startswith("_")
+             and path.relative_to(DOCS).parts[0] != "tutorials"}
+    unlisted = sorted(pages - {"index"} - set(SECTIONS) - set(listed))
+    assert not unlisted, f"no section's toctree lists {unlisted}"
+    assert len(listed) == len(set(listed)), "a page is in two sections"
     assert "tutorials/*" in (DOCS / "tutorials.md").read_text()
     quickstart = (ROOT / "notebooks" / "01_quickstart.ipynb").read_text()
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb"))[1:]:
@@ -134,9 +156,78 @@ def test_the_site_builds(tmp_path: Path):
 
 @pytest.mark.quick
 def test_every_guide_with_code_says_which_tutorial_or_test_runs_it():
-    """The guides' code needs a cluster, so the site does not execute it: each guide with Python code names
-    the tutorial (executed by tests/test_notebooks.py) or the test that runs the same calls."""
-    untested = [page.name for page in sorted(DOCS.glob("*.md"))
-                if "```python" in page.read_text()
-                and not re.search(r"notebooks/\d\d_\w+\.ipynb|tests/test_\w+\.py", page.read_text())]
+    """The guides' code needs a cluster, so the site does not execute it: each guide with Python code links
+    the tutorial that runs the same calls (executed by tests/test_notebooks.py), or names the test in a comment
+    the reader does not see (``% tested by: tests/test_x.py``), and that test exists."""
+    untested = []
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+        named = re.findall(r"^\s*% (?:tested|measured) by: (.*)$", text, re.M)
+        for test in re.findall(r"tests/\w+\.py", " ".join(named)):
+            assert (ROOT / test).exists(), f"{page.name} says {test} runs its code, and there is no such file"
+        if "```python" in text and not named and not re.search(r"\]\(tutorials/\d\d_\w+\.ipynb\)", text):
+            untested.append(page.name)
     assert not untested, f"say which tutorial or test runs the code of {untested}"
+
+
+USER_PAGES = sorted(path for path in [*DOCS.glob("*.md"), *DOCS.glob("*.rst"), *(DOCS / "reference").glob("*")]
+                    if path.stem not in ("development", "architecture", "contributing"))
+
+
+def _what_the_reader_sees(text: str) -> str:
+    """A page's text without the comments the site does not show (MyST ``%``, HTML, reST ``..`` lines)."""
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    return "\n".join(line for line in text.splitlines()
+                     if not re.match(r"\s*% ", line) and not re.match(r"\s*\.\. [^:]*(?::[^:].*)?$", line))
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda path: str(path.relative_to(DOCS)))
+def test_every_tutorial_a_page_mentions_is_a_link_to_its_rendered_page(page: Path):
+    """``notebooks/05_fault_tolerance.ipynb`` in code font is a dead end on the site: the page links the
+    tutorial's rendered page (``tutorials/05_fault_tolerance.ipynb``) instead. Commands in code blocks may
+    name the file (``nbtrain lab notebooks/01_quickstart.ipynb``)."""
+    prose = re.sub(r"^([ \t]*)(```|~~~).*?^\1\2", "", _what_the_reader_sees(page.read_text()), flags=re.M | re.S)
+    prose = re.sub(r"^\.\. code-block::.*?(?=^\S)", "", prose, flags=re.M | re.S)
+    unlinked = [match.group(0) for match in re.finditer(r"(?:notebooks/)?\b\d\d_\w+\.ipynb", prose)
+                if not prose[:match.start()].endswith("](tutorials/")]
+    assert not unlinked, f"{page.name} names tutorials without linking them: {unlinked}"
+    for target in re.findall(r"\]\(tutorials/(\d\d_\w+\.ipynb)", prose):
+        assert (ROOT / "notebooks" / target).exists(), f"{page.name} links a tutorial that does not exist: {target}"
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda path: str(path.relative_to(DOCS)))
+def test_user_pages_send_readers_to_tutorials_and_guides_not_test_files(page: Path):
+    """What runs a page's code is said in a comment for the maintainers; the reader gets links. Performance is
+    the exception for benchmarks: its figures come with the command that measures them."""
+    seen = _what_the_reader_sees(page.read_text())
+    paths = re.findall(r"\btests/\w+" + ("" if page.stem == "performance" else r"|\bbenchmarks/\w+"), seen)
+    assert not paths, f"{page.name} points readers at {paths}"
+
+
+@pytest.mark.quick
+def test_every_cli_argument_says_what_leaving_it_out_does():
+    """The CLI reference's default column is filled for every argument: from argparse's default, or from the
+    ``(default: ...)`` its help ends with when the default is decided later (``None``)."""
+    for name, (_help, parser) in reference.cli_subcommands().items():
+        for row in reference._argument_rows(parser, set(), strict=True):
+            assert row[1].strip(), (name, row)
+    page = "\n".join(reference.cli_rst())
+    assert "this machine's" in page and "where the registry says the run is" in page
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("cls", ["Run", "Sweep"])
+def test_the_api_reference_groups_every_public_member_without_the_constructor(cls: str):
+    """Run and Sweep come from nbtrain's functions, so their entries show no constructor, and their members
+    are listed one by one under a heading each (following, steering, ...): a new member must be given one."""
+    import nbtrain
+
+    api = (DOCS / "reference" / "api.rst").read_text()
+    assert f".. autoclass:: {cls}()\n   :no-members:" in api
+    entry = api.split(f".. autoclass:: {cls}()", 1)[1].split("\n.. ", 1)[0]
+    listed = set(re.findall(r"\.\. auto(?:method|property):: (\w+)", entry))
+    public = {name for name in dir(getattr(nbtrain, cls)) if not name.startswith("_")}
+    assert public <= listed, f"give {sorted(public - listed)} a place among {cls}'s groups in docs/reference/api.rst"
+    assert listed <= public, f"docs/reference/api.rst lists {sorted(listed - public)}, which {cls} no longer has"

@@ -133,7 +133,11 @@ def default_of(action: argparse.Action, *, strict: bool) -> tuple[str, str]:
     argument must say one (the CLI's do); else such an argument's column stays empty (a magic's ``--out``).
     """
     help_text = action.help or ""
-    said = [found.strip() for found in DEFAULT_IN_HELP.findall(help_text) + DEFAULT_AFTER.findall(help_text)]
+    said = []
+    for clause in help_text.split("; "):  # "start: the head's CPUs (default: ...); add-node: the node's (default 1)"
+        label = re.match(r"(?!default:)([\w-]+(?: / [\w-]+)*): ", clause)  # the action it is for: "add-node: "
+        for found in DEFAULT_IN_HELP.findall(clause) + re.findall(r"^default:? ([^()]*)\)", clause):
+            said.append(f"{label.group(1)}: {found.strip()}" if label else found.strip())
     if said:
         return "; ".join(said), DEFAULT_AFTER.sub(")", DEFAULT_IN_HELP.sub("", help_text))
     if not action.option_strings and action.nargs in (argparse.REMAINDER, "*"):
