@@ -3,7 +3,8 @@
 Feeds a :class:`~nbtrain._views.dashboard.dashboard.WidgetDashboard` (over a stand-in run, no
 cluster, no browser) rows of 3 metrics in batches the size the feed delivers, then
 times its redraw: building the traces from the history, and the whole
-``_draw_curves`` (plotly FigureWidget updates included, without a frontend). Sizes:
+``_draw_curves`` (the charts widget's messages included, without a frontend), both with nothing new
+and after one more step's rows (what a live run's redraw costs). Sizes:
 10^5, 10^6 and 10^7 rows from 1 rank, and 256 ranks x 10^4 steps (drawn as the band
 with 3 chosen ranks). Prints a markdown table::
 
@@ -67,7 +68,13 @@ def measure(ranks: int, steps: int, batch: int, chosen: list[int], repeats: int)
     total = time.perf_counter() - began
     gc.collect()
     dashboard._draw_curves()  # creates the figures; later redraws update them in place
-    build, redraw = [], []
+    build, redraw, grown = [], [], []
+    for step in range(steps, steps + repeats):
+        dashboard.history.add([{"rank": rank, "step": step, "attempt": 1, "time": 0.0, "loss": 1.0 / (step + 1),
+                                "accuracy": 0.5, "lr": 1e-3} for rank in range(ranks)])
+        start = time.perf_counter()
+        dashboard._draw_curves()
+        grown.append(time.perf_counter() - start)
     for _ in range(repeats):
         start = time.perf_counter()
         drawn = [dashboard.curve_traces(metrics) for metrics in dashboard.history.groups().values()]
@@ -79,7 +86,8 @@ def measure(ranks: int, steps: int, batch: int, chosen: list[int], repeats: int)
     return {"ranks": ranks, "rows": ranks * steps, "held": dashboard.history.stored_points(),
             "arrays_mb": dashboard.history.nbytes / 2**20, "rss_mb": rss_mb() - before,
             "ingest_s": ingest, "feed_s": total, "build_ms": 1000 * statistics.median(build),
-            "redraw_ms": 1000 * statistics.median(redraw), "traces": sum(len(t) for t in drawn),
+            "redraw_ms": 1000 * statistics.median(redraw),
+            "grown_ms": 1000 * statistics.median(grown), "traces": sum(len(t) for t in drawn),
             "max_points": points}
 
 
@@ -91,7 +99,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500, help="rows per batch, as the feed delivers (500)")
     parser.add_argument("--repeats", type=int, default=20, help="redraws timed per size; the median is shown (20)")
     args = parser.parse_args()
-    measure(2, 100, args.batch, [], 1)  # imports plotly and ipywidgets: not counted in the first size's memory
+    measure(2, 100, args.batch, [], 1)  # imports the widget libraries: not counted in the first size's memory
     cases = [(1, int(float(size)), []) for size in args.sizes.split(",")]
     cases.append((args.wide_ranks, args.wide_steps, [0, 17, args.wide_ranks - 1]))
     results = []
@@ -99,12 +107,13 @@ def main() -> None:
         results.append(measure(ranks, steps, args.batch, chosen, args.repeats))
         print(f"done: {ranks} rank(s) x {steps} steps", flush=True)
     print("\n| ranks x steps | rows fed | points held | history arrays | RSS growth | ingest (feed incl. "
-          "making rows) | traces, most points in one | build traces | redraw (FigureWidget) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "making rows) | traces, most points in one | build traces | redraw, nothing new | redraw, one step more |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['ranks']} x {r['rows'] // r['ranks']:,} | {r['rows']:,} | {r['held']:,} | "
               f"{r['arrays_mb']:.1f} MB | {r['rss_mb']:.0f} MB | {r['ingest_s']:.1f} s ({r['feed_s']:.1f} s) | "
-              f"{r['traces']}, {r['max_points']:,} | {r['build_ms']:.1f} ms | {r['redraw_ms']:.1f} ms |")
+              f"{r['traces']}, {r['max_points']:,} | {r['build_ms']:.1f} ms | {r['redraw_ms']:.1f} ms | "
+              f"{r['grown_ms']:.1f} ms |")
 
 
 if __name__ == "__main__":

@@ -61,7 +61,9 @@ class PlainCluster:
         return found
 
 
-def start(python: str = sys.executable, num_cpus: int = 4) -> PlainCluster:
+def start(python: str = sys.executable, num_cpus: int = 4, default_ports: bool = False) -> PlainCluster:
+    """``default_ports``: the GCS on 6379 and Ray Client on 10001, as ``ray start --head`` and KubeRay lay a
+    head out (the other ports stay free ones)."""
     root = Path(tempfile.mkdtemp(prefix="nbt-pc-", dir="/tmp"))  # short: Ray's socket paths live under it
     token = secrets.token_hex(32)
     token_path = root / "token"
@@ -70,6 +72,10 @@ def start(python: str = sys.executable, num_cpus: int = 4) -> PlainCluster:
     ports = {name: free_port() for name in (
         "port", "ray-client-server-port", "node-manager-port", "object-manager-port",
         "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")}
+    if default_ports:
+        ports.update({"port": 6379, "ray-client-server-port": 10001})
+        taken = [port for port in (6379, 10001) if port_is_open("127.0.0.1", port)]
+        assert not taken, f"a cluster laid out as Ray's defaults needs 127.0.0.1:{taken} free"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
                RAY_TMPDIR=str(root), RAY_enable_metrics_collection="0", GRPC_ENABLE_FORK_SUPPORT="false",
@@ -108,8 +114,8 @@ def stop(cluster: PlainCluster) -> None:
 
 
 @contextlib.contextmanager
-def running(python: str = sys.executable, num_cpus: int = 4) -> Iterator[PlainCluster]:
-    cluster = start(python, num_cpus)
+def running(python: str = sys.executable, num_cpus: int = 4, default_ports: bool = False) -> Iterator[PlainCluster]:
+    cluster = start(python, num_cpus, default_ports)
     try:
         yield cluster
     finally:

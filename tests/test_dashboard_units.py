@@ -188,9 +188,9 @@ def test_each_resize_is_marked_on_the_curves_where_the_new_size_resumed():
 
     dashboard._draw_curves()
 
-    figure = dashboard._figures["loss"]
-    assert [shape.x0 for shape in figure.layout.shapes] == [9, 18]
-    assert [label.text for label in figure.layout.annotations] == ["1 → 2 ranks", "2 → 1 ranks"]
+    marks = dashboard.charts.spec("loss")["marks"]
+    assert [mark["x"] for mark in marks] == [9, 18]
+    assert [mark["text"] for mark in marks] == ["1 → 2 ranks", "2 → 1 ranks"]
 
 
 def _stripes_at(label: str) -> str:

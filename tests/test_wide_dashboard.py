@@ -53,7 +53,7 @@ class FakeRun:
 
 
 def trace_names(dashboard: WidgetDashboard) -> list[str]:
-    return [trace.name for trace in dashboard._figures["loss"].data]
+    return dashboard.charts.trace_names("loss")
 
 
 def shown_ranks(dashboard: WidgetDashboard) -> list[int]:
@@ -69,10 +69,11 @@ def wide() -> WidgetDashboard:
 
 def test_a_wide_run_draws_the_mean_and_a_min_max_band_not_a_line_per_rank(wide):
     assert trace_names(wide) == ["loss min across ranks", "loss min–max across ranks", "loss mean"]
-    low, high, mean = wide._figures["loss"].data
-    assert high.fill == "tonexty" and len(mean.x) == 50
-    assert low.y[-1] == pytest.approx(0.02) and high.y[-1] == pytest.approx(255.02)
-    assert mean.y[-1] == pytest.approx(np.mean([r + 0.02 for r in range(256) if r not in (17, 200)]))
+    (_, low), (_, high), (steps, mean) = (wide.charts.points("loss", name) for name in trace_names(wide))
+    assert [trace.get("band") for trace in wide.charts.spec("loss")["traces"]] == ["low", "high", None]
+    assert len(steps) == 50
+    assert low[-1] == pytest.approx(0.02) and high[-1] == pytest.approx(255.02)
+    assert mean[-1] == pytest.approx(np.mean([r + 0.02 for r in range(256) if r not in (17, 200)]))
     assert wide.rank_row.layout.display is None  # the "ranks:" box shows for wide runs
 
 
@@ -80,7 +81,7 @@ def test_chosen_ranks_get_lines_of_their_own_on_demand():
     dashboard = WidgetDashboard(FakeRun(256, 50), ranks=[0, 17])
     dashboard.update()
     assert trace_names(dashboard)[3:] == ["loss rank 0", "loss rank 17"]
-    assert list(dashboard._figures["loss"].data[4].y[:2]) == [18.0, 17.5]
+    assert list(dashboard.charts.points("loss", "loss rank 17")[1][:2]) == [18.0, 17.5]
 
     dashboard.rank_box.value = "200-201, 5"
     assert trace_names(dashboard)[3:] == ["loss rank 5", "loss rank 200", "loss rank 201"]
@@ -155,8 +156,9 @@ def test_a_run_that_turns_wide_drops_its_per_rank_lines():
     assert trace_names(dashboard) == ["loss rank 0", "loss rank 1", "loss mean"]
     run.rows += [{"rank": r, "step": 20, "attempt": 1, "time": 0.0, "loss": 1.0} for r in range(12)]
     dashboard.update()
-    assert trace_names(dashboard) == ["loss mean", "loss min across ranks", "loss min–max across ranks",
+    assert trace_names(dashboard) == ["loss min across ranks", "loss min–max across ranks", "loss mean",
                                       "loss rank 11"]
+    assert set(dashboard.charts._points["loss"]) == set(trace_names(dashboard)), "the views dropped the ranks' lines"
 
 
 def test_rows_the_run_no_longer_holds_are_skipped_not_waited_for():

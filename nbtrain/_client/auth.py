@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from nbtrain._client import tls
+from nbtrain._client import cluster_address, tls
 from nbtrain._client.cluster_address import ClusterAddress
 from nbtrain._client.local import local_cluster
 from nbtrain._exceptions import ConnectionFailedError
@@ -62,6 +62,7 @@ from nbtrain._paths import nbtrain_home, private_dir, read_json, write_json_atom
 from nbtrain._ray_compat import cluster_metadata, kernel_ray_lacks_token, ping_client_server
 
 PREFLIGHT_TIMEOUT_S = 3.0
+BESIDE_TIMEOUT_S = 0.5  # a GCS beside a Ray Client server answers in ms, or is not there to ask
 
 
 class ResolvedToken(NamedTuple):
@@ -244,6 +245,29 @@ def _answers_as_client_server(host: str, port: int) -> bool:
     except grpc.RpcError as exc:
         return bool(exc.code() == grpc.StatusCode.UNAUTHENTICATED)
     return True
+
+
+def versions_beside(target: ClusterAddress, token: str | None) -> dict[str, Any]:
+    """What a Ray Client server's cluster runs, read at once from the GCS beside it, where the head keeps the
+    default layout (Ray Client on 10001, the GCS on 6379: ``ray start --head``'s and KubeRay's) and its GCS
+    answers from here; else ``{}``, quietly.
+
+    Over Ray Client the cluster's versions are known only once the session's server has started on the head
+    (2-3 s, measured); this says a mismatch before that. Only the default layout is read: on a head whose ports
+    were changed, 6379 may well be another cluster's.
+    """
+    if target.driver or target.port != cluster_address.CLIENT_PORT:
+        return {}
+    gcs = ClusterAddress(target.host, cluster_address.GCS_PORT, driver=True)
+    if not port_is_open(gcs.host, gcs.port, timeout=BESIDE_TIMEOUT_S):
+        return {}
+    import grpc
+
+    try:
+        return cluster_metadata(gcs.host, gcs.port, grpc_metadata(token), BESIDE_TIMEOUT_S,
+                                tls.channel_credentials(gcs.text))
+    except (grpc.RpcError, ConnectionFailedError):
+        return {}
 
 
 def preflight_gcs(target: ClusterAddress, token: str | None, *, source: str = "",

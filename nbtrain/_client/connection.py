@@ -263,17 +263,21 @@ def _check_cluster_first(target: ClusterAddress, local: local_cluster.LocalClust
     """Before anything is started: the address answers, takes the token, and runs this Ray and Python.
 
     A GCS (a driver's address, or the embedded cluster's, whose GCS this machine reaches) says what it
-    runs in one call; over Ray Client to another machine the session's server says it, once it has started.
+    runs in one call; over Ray Client to another machine, the GCS beside its server where the head keeps the
+    default ports (:func:`~nbtrain._client.auth.versions_beside`), else the session's server once started.
     """
     if target.driver:
         metadata = auth.preflight_gcs(target, resolved.value, source=resolved.source, withheld=resolved.withheld)
     else:
         auth.preflight(target.text, target.host, target.port, resolved.value, source=resolved.source,
                        withheld=resolved.withheld)
-        metadata = {}
-        if local is not None:  # a shortcut only: the session's server says the same a few seconds later
+        # a shortcut only: the session's server says the same 2-3 s later
+        if local is not None:
+            metadata = {}
             with contextlib.suppress(ConnectionFailedError):
                 metadata = auth.preflight_gcs(parse_address(local.gcs_address), resolved.value)
+        else:
+            metadata = auth.versions_beside(target, resolved.value)
     if metadata.get("ray_version") and metadata.get("python_version"):
         check_ray_supported(str(metadata["ray_version"]), "cluster")
         version_check.check_against_notebook({"ray": str(metadata["ray_version"]),

@@ -252,7 +252,7 @@ class NbtrainMagics(Magics):
         Example::
 
             In [4]: %ray_status
-            ray://127.0.0.1:41837 (local): 1 node(s), CPU 2/4 used
+            127.0.0.1:41837 (local): 1 node(s), CPU 2/4 used
             cifar   running    attempt 1  step 120/400
         """
         from nbtrain._client.entry.launch import runs

@@ -17,6 +17,7 @@ from typing import Any
 from nbtrain._states import RunState
 
 LONG_POLL_S = 1.0  # how long one poll waits for news: here, and in a view's thread (nbtrain._views.dashboard.follower)
+VIEWS_DRAW_END_S = 30.0  # a run's end waits this long at most for its dashboards to draw it (the rows' last pages)
 
 
 def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
@@ -32,12 +33,15 @@ def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
     try:
         while True:
             if view_thread is not None and view_thread.is_alive():
+                # the view ends its thread once it has drawn the end: returning before that (the state is
+                # terminal a moment before the last picture is drawn) let the summary land after the cell
                 view_thread.join(0.2)
             else:  # no view, or it gave up (lost contact): poll here
                 left = LONG_POLL_S if deadline is None else max(0.0, min(LONG_POLL_S, deadline - time.monotonic()))
                 run.refresh(wait_s=left)
             state = RunState(run.reader.summary.get("state", RunState.PENDING))
-            if state.is_terminal:
+            if state.is_terminal and (view_thread is None or not view_thread.is_alive()):
+                run.reader.await_views(VIEWS_DRAW_END_S)
                 return state
             if deadline is not None and time.monotonic() > deadline:
                 msg = (f"Run {run.name!r} is still {state.value} after {timeout:g} s; it keeps going. "

@@ -259,6 +259,18 @@ class RunReader:
         with self._lock:
             self._views = [kept for kept in self._views if not kept.closed] + [view]
 
+    def await_views(self, timeout: float) -> None:
+        """Wait, ``timeout`` seconds at most, for the live views following this run to draw its end: a cell
+        that waited for the run then ends after its dashboards' last picture, which so lands while a cell runs
+        (a thread's output goes with the kernel's latest request; nbclient keeps it only while that runs)."""
+        with self._lock:
+            views = list(self._views)
+        deadline = time.monotonic() + timeout
+        for view in views:
+            thread = getattr(view, "thread", None)
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
     def close_views(self) -> None:
         """End the live views added so far (what they drew stays)."""
         with self._lock:

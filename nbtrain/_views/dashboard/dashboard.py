@@ -24,10 +24,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from nbtrain._states import RunState
+from nbtrain._views.dashboard.charts_widget import ChartsWidget
 from nbtrain._views.dashboard.control_row import ControlRow, change_marks
 from nbtrain._views.dashboard.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
 from nbtrain._views.dashboard.history import MetricHistory, take_new_rows
-from nbtrain._views.dashboard.static_plot import COLOURS, static_summary
+from nbtrain._views.dashboard.static_plot import COLOURS, static_summary, summary_line
 from nbtrain._views.dashboard.step_time_plot import StepTimePlot, debug_hint
 from nbtrain._views.dashboard.summary_text import (
     STATE_COLOURS,
@@ -50,6 +51,7 @@ from nbtrain._views.dashboard.worker_table import (
 
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000
+MEAN_COLOUR = "#222222"
 WIDE_RANKS = 8               # above this many ranks: a band across ranks, a summarised and paged worker table
 
 
@@ -69,6 +71,10 @@ def show_dashboard(run: Any, *, follow: str = "background", ranks: Iterable[int]
     (``run.dashboard(ranks=[0, 17, 200])``); the "ranks:" box changes them later.
     """
     view: Any = WidgetDashboard(run, ranks=ranks) if in_notebook() else TextProgress(run)
+    try:  # drawn before it is shown: what the run has (all of it, when it ended) is on the page from the start
+        view.update()
+    except Exception as exc:  # noqa: BLE001 - the follower retries; the view says why it is empty meanwhile
+        view.note_problem(f"Could not read the run yet ({exc}); retrying…")
     view.display()
     if follow == "background":
         key = (_running_cell(), run.name)
@@ -99,7 +105,8 @@ def _running_cell() -> str | None:
 
 
 class WidgetDashboard(Follower):
-    """ipywidgets + plotly FigureWidget view of a run."""
+    """ipywidgets (header, table, logs, controls) and our own charts widget (curves, step times), shown as
+    one output whose static fallback is the summary (:class:`DashboardOutput`)."""
 
     def __init__(self, run: Any, ranks: Iterable[int] = ()) -> None:
         import ipywidgets as w
@@ -110,14 +117,13 @@ class WidgetDashboard(Follower):
         self.wide = False
         self.page = 0
         self._summary: dict[str, Any] = {}
-        self._figures: dict[str, Any] = {}
-        self._marks_drawn: dict[str, Any] = {}  # group -> the resize marks its figure shows
         self._lock = threading.Lock()
         self._drawn_rows = -1
         self._drawn_at = 0.0        # monotonic time of the last redraw
         self._undrawn = False       # rows or a summary taken since then, waiting for the throttle
         self._finished = False
         self._static_handle: Any = None
+        self._shown_in: int | None = None  # the execution count of the cell that displayed it
         self.header = w.HTML()
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="60%"))
         self.progress_label = w.HTML()
@@ -127,7 +133,7 @@ class WidgetDashboard(Follower):
         self.rank_note = w.HTML(RANK_HINT)
         self.rank_box.observe(self._on_ranks, names="value")
         self.rank_row = w.HBox([self.rank_box, self.rank_note], layout=w.Layout(display="none"))
-        self.figure_box = w.HBox(layout=w.Layout(flex_flow="row wrap"))
+        self.charts = ChartsWidget()
         self.worker_summary = w.HTML()
         self.page_previous = w.Button(description="previous", icon="chevron-left", layout=w.Layout(width="auto"))
         self.page_next = w.Button(description="next", icon="chevron-right", layout=w.Layout(width="auto"))
@@ -145,10 +151,11 @@ class WidgetDashboard(Follower):
                                     tooltip="Stop the run: all workers are stopped and their resources freed")
         self.stop_button.on_click(self._on_stop)
         self.controls = ControlRow(run, self.note_problem, self.stop_button)
+        self.final = w.HTML()  # the finished run's summary line, in the live view (the fallback has it too)
         self.widget = w.VBox([
-            self.header, w.HBox([self.progress, self.progress_label]), self.notice, self.rank_row, self.figure_box,
+            self.header, w.HBox([self.progress, self.progress_label]), self.notice, self.rank_row, self.charts,
             self.worker_summary, self.pager, self.worker_table, self.step_times.widget, self.debug_hint, self.logs,
-            self.controls.widget,
+            self.controls.widget, self.final,
         ])
         self.widget.add_class("nbtrain-dashboard")
         self._log_text: dict[int, str] = {}
@@ -156,13 +163,27 @@ class WidgetDashboard(Follower):
 
     # ------------------------------------------------------------------ display
     def display(self) -> None:
-        from IPython.display import HTML, display
+        """Show the dashboard: one output, the live widget with the summary as its static fallback."""
+        from IPython.display import display
 
-        display(self.widget)
-        self._static_handle = display(HTML(""), display_id=True)
+        fallback = self._fallback(self._summary if self._finished else None)
+        self._static_handle = display(DashboardOutput(self.widget, fallback), display_id=True)
+        self._shown_in = _execution_count()
 
     def _ipython_display_(self) -> None:
-        self.display()
+        # `run.dashboard()` as a cell's last line: IPython displays the returned view too; it was shown already
+        if self._static_handle is None or self._shown_in != _execution_count():
+            self.display()
+
+    def _fallback(self, summary: dict[str, Any] | None = None) -> str:
+        """The text/html of the dashboard's output: where widgets do not render, the run's name and state;
+        once it ended, its static summary."""
+        if summary is None:
+            return (f'<div class="nbtrain-summary nbtrain-live-fallback">Run <b>{html.escape(self.run.name)}</b>: '
+                    f"its live dashboard is a widget; this front end does not show widgets.</div>")
+        _shapes, labels = self._resize_marks()
+        marks = [(label["x"], label["text"], label["font"]["color"]) for label in labels]
+        return static_summary(self.run.name, summary, self.history, marks)
 
     def _on_stop(self, _button: Any) -> None:
         self.stop_button.disabled = True
@@ -220,10 +241,7 @@ class WidgetDashboard(Follower):
             self._drawn_at, self._undrawn = now, False
             self._draw_header(summary)
             self.controls.update(summary)
-            last_draw = terminal and not self._finished
-            if last_draw:  # what stays on the page: new figures holding the whole picture from their start,
-                self._close_figures()  # whatever the live figures' page views made of the stream of updates
-            if last_draw or self.history.rows_seen != self._drawn_rows:
+            if self.history.rows_seen != self._drawn_rows:
                 self._draw_curves()
                 self._drawn_rows = self.history.rows_seen
             self._draw_workers(summary)
@@ -232,6 +250,7 @@ class WidgetDashboard(Follower):
             if terminal and not self._finished:
                 self._finished = True
                 self.stop_button.disabled = True
+                self.charts.freeze()
                 self._leave_static_summary(summary)
             return terminal
 
@@ -283,68 +302,39 @@ class WidgetDashboard(Follower):
                 f'{"s" if len(late) > 1 else ""} {listed}</span>')
 
     def curve_traces(self, metrics: list[str]) -> list[tuple[str, Any, Any, dict[str, Any]]]:
-        """(name, x, y, scatter options) of one figure: per-rank lines and the mean, or in a wide run
-        the mean, its min-max band and the chosen ranks' lines."""
+        """(name, x, y, style) of one chart: per-rank lines and the mean, or in a wide run the mean, its
+        min-max band and the chosen ranks' lines. One metric: a colour per rank and a dark mean; several
+        (loss, val_loss): a colour per metric, its ranks' lines faint."""
         traces: list[tuple[str, Any, Any, dict[str, Any]]] = []
+        alone = len(metrics) == 1
         for index, metric in enumerate(metrics):
+            colour = COLOURS[index % len(COLOURS)]
             steps, mean, low, high = self.history.band(metric)
             if not self.wide:
                 for rank in self.history.ranks(metric):
                     xs, ys = self.history.points(metric, rank, MAX_POINTS_PER_TRACE)
-                    traces.append((f"{metric} rank {rank}", xs, ys, {"line": {"width": 1.0}, "opacity": 0.5}))
-                traces.append((f"{metric} mean", steps, mean, {"line": {"width": 2.5}}))
+                    traces.append((f"{metric} rank {rank}", xs, ys,
+                                   {"color": COLOURS[rank % len(COLOURS)] if alone else colour, "width": 1.0,
+                                    "opacity": 0.6 if alone else 0.35}))
+                traces.append((f"{metric} mean", steps, mean, {"color": MEAN_COLOUR if alone else colour,
+                                                                "width": 2.5}))
                 continue
-            colour = COLOURS[index % len(COLOURS)]
-            red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
-            traces.append((f"{metric} min across ranks", steps, low,
-                           {"line": {"width": 0, "color": colour}, "showlegend": False}))
-            traces.append((f"{metric} min–max across ranks", steps, high,
-                           {"line": {"width": 0, "color": colour}, "fill": "tonexty",
-                            "fillcolor": f"rgba({red},{green},{blue},0.2)"}))
-            traces.append((f"{metric} mean", steps, mean, {"line": {"width": 2.5, "color": colour}}))
-            for rank in self.chosen_ranks:
+            traces.append((f"{metric} min across ranks", steps, low, {"color": colour, "band": "low"}))
+            traces.append((f"{metric} min–max across ranks", steps, high, {"color": colour, "band": "high"}))
+            traces.append((f"{metric} mean", steps, mean, {"color": colour, "width": 2.5}))
+            for number, rank in enumerate(self.chosen_ranks):
                 xs, ys = self.history.points(metric, rank, MAX_POINTS_PER_TRACE)
                 if len(xs):
-                    traces.append((f"{metric} rank {rank}", xs, ys, {"line": {"width": 1.0}}))
+                    traces.append((f"{metric} rank {rank}", xs, ys,
+                                   {"color": COLOURS[(index + number + 1) % len(COLOURS)], "width": 1.0}))
         return traces
 
     def _draw_curves(self) -> None:
-        import plotly.graph_objects as go
-
+        shapes, labels = self._resize_marks()
+        marks = [{"x": label["x"], "text": label["text"], "color": label["font"]["color"],
+                  "dash": shape["line"]["dash"]} for shape, label in zip(shapes, labels)]
         for group, metrics in self.history.groups().items():
-            figure = self._figures.get(group)
-            traces = self.curve_traces(metrics)
-            marks = self._resize_marks()
-            if figure is None:  # born with its traces and marks: the page's first picture of it is whole
-                self._figures[group] = go.FigureWidget(
-                    data=[go.Scatter(x=xs, y=ys, name=name, mode="lines", **options)
-                          for name, xs, ys, options in traces],
-                    layout=dict(title=dict(text=group, x=0.02), height=280, width=460,
-                                margin=dict(l=50, r=10, t=40, b=40), xaxis_title="step",
-                                legend=dict(font=dict(size=10)), uirevision=group,
-                                shapes=marks[0], annotations=marks[1]))
-                self._marks_drawn[group] = marks
-                self.figure_box.children = tuple(self._figures.values())
-                continue
-            if self._marks_drawn.get(group) != marks:
-                figure.layout.shapes, figure.layout.annotations = marks
-                self._marks_drawn[group] = marks
-            wanted = {name for name, *_ in traces}
-            if any(trace.name not in wanted for trace in figure.data):  # ranks unchosen, or the run turned wide
-                figure.data = tuple(trace for trace in figure.data if trace.name in wanted)
-            with figure.batch_update():
-                existing = {trace.name: trace for trace in figure.data}
-                for name, xs, ys, options in traces:
-                    if name in existing:
-                        existing[name].x, existing[name].y = xs, ys
-                    else:
-                        figure.add_scatter(x=xs, y=ys, name=name, mode="lines", **options)
-
-    def _close_figures(self) -> None:
-        for figure in self._figures.values():
-            figure.close()
-        self._figures.clear()
-        self._marks_drawn.clear()
+            self.charts.draw(group, group, self.curve_traces(metrics), marks)
 
     def _resize_marks(self) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
         """A dashed line at the step each resized attempt resumed from, labelled with the change ("2 → 1 ranks")."""
@@ -429,9 +419,30 @@ class WidgetDashboard(Follower):
                                  f'{html.escape(last["message"])}</span>')
 
     def _leave_static_summary(self, summary: dict[str, Any]) -> None:
-        from IPython.display import HTML
-
-        _shapes, labels = self._resize_marks()
-        marks = [(label["x"], label["text"], label["font"]["color"]) for label in labels]
+        """Once, when the run has ended and every row is drawn: the summary line in the live view, and the
+        static picture as the output's fallback (what nbconvert's HTML and GitHub show)."""
+        self.final.value = summary_line(self.run.name, summary, self.history)
         if self._static_handle is not None:
-            self._static_handle.update(HTML(static_summary(self.run.name, summary, self.history, marks)))
+            self._static_handle.update(DashboardOutput(self.widget, self._fallback(summary)))
+
+
+class DashboardOutput:
+    """One MIME bundle: the widget's view, and ``data`` (HTML) for front ends that show no widgets."""
+
+    def __init__(self, widget: Any, data: str) -> None:
+        self.widget, self.data = widget, data
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0,
+                                                             "model_id": self.widget.model_id},
+                "text/html": self.data,
+                "text/plain": "nbtrain dashboard (a widget; the summary shows where widgets do not)"}
+
+
+def _execution_count() -> int | None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return getattr(shell, "execution_count", None)

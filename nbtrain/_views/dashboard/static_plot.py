@@ -73,18 +73,23 @@ def svg_open(width: int, height: int, title: str, left: int, css_class: str = ""
             f'<text x="{left}" y="15" font-weight="bold">{html.escape(title)}</text>')
 
 
-def static_summary(run_name: str, summary: dict[str, Any], history: MetricHistory, marks: Sequence[Mark]) -> str:
-    """The HTML a finished run's dashboard leaves: one line of outcome, a chart per metric group, the failure."""
-    charts = [svg_chart(group, {f"{metric} mean": history.mean(metric) for metric in metrics}, marks=marks)
-              for group, metrics in history.groups().items()]
+def summary_line(run_name: str, summary: dict[str, Any], history: MetricHistory) -> str:
+    """The finished run in one line of HTML, coloured by its state: never empty, whatever it reported."""
     state = summary["state"]
     latest = ", ".join(f"{k}={v:.4g}" for k, v in sorted(history.latest.items()))
     text = (f"Run {run_name}: {state} after {fmt_duration(elapsed(summary))}, "
             f"{summary.get('world_size')} workers, attempt {summary.get('attempt')}, "
             f"{history.rows_seen} metric rows. Final: {latest or 'no metrics'}.")
+    return f'<p class="nbtrain-final" style="color:{STATE_COLOURS.get(state, "#000")}">{html.escape(text)}</p>'
+
+
+def static_summary(run_name: str, summary: dict[str, Any], history: MetricHistory, marks: Sequence[Mark]) -> str:
+    """The HTML a finished run's dashboard leaves: one line of outcome, a chart per metric group, the failure."""
+    charts = [svg_chart(group, {f"{metric} mean": history.mean(metric) for metric in metrics}, marks=marks)
+              for group, metrics in history.groups().items()]
     error = summary.get("error")
-    return (f'<div class="nbtrain-summary"><p style="color:{STATE_COLOURS.get(state, "#000")}">'
-            f"{html.escape(text)}</p>{''.join(charts)}" + debug_hint(run_name, summary)
+    return (f'<div class="nbtrain-summary">{summary_line(run_name, summary, history)}{"".join(charts)}'
+            + debug_hint(run_name, summary)
             + (f'<pre style="color:#d62728">{html.escape(error)}</pre>' if error else "") + "</div>")
 
 

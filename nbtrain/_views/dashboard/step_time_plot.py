@@ -15,33 +15,27 @@ PARTS = (("data_ms", "data wait", "#ff7f0e"), ("compute_ms", "compute", "#1f77b4
 
 
 class StepTimePlot:
-    """A plotly FigureWidget of stacked bars, updated in place (never re-displayed)."""
+    """Stacked bars in a :class:`~nbtrain._views.dashboard.charts_widget.ChartsWidget`, updated in place."""
 
     def __init__(self) -> None:
         import ipywidgets as w
 
         self.widget = w.Box(layout=w.Layout(display="none"))
-        self.figure: Any = None
+        self.chart: Any = None  # made at the first timed step: a run without step timing saves none
 
     def draw(self, workers: list[dict[str, Any]]) -> None:
         timed = [w for w in workers if w.get("step_ms") is not None]
         if not timed:
             return
-        labels = [f"rank {w['rank']}" + (" (straggler)" if w.get("straggler") else "") for w in timed]
-        if self.figure is None:
-            import plotly.graph_objects as go
+        if self.chart is None:
+            from nbtrain._views.dashboard.charts_widget import ChartsWidget
 
-            self.figure = go.FigureWidget(
-                data=[go.Bar(x=labels, y=[w.get(key) or 0.0 for w in timed], name=name, marker_color=colour)
-                      for key, name, colour in PARTS],
-                layout=dict(title=dict(text="time per step (ms)", x=0.02), barmode="stack", height=260, width=460,
-                            margin=dict(l=50, r=10, t=40, b=40), legend=dict(font=dict(size=10))))
-            self.widget.children = (self.figure,)
+            self.chart = ChartsWidget()
+            self.widget.children = (self.chart,)
             self.widget.layout.display = None
-            return
-        with self.figure.batch_update():
-            for trace, (key, _name, _colour) in zip(self.figure.data, PARTS):
-                trace.x, trace.y = labels, [w.get(key) or 0.0 for w in timed]
+        labels = [f"rank {w['rank']}" + (" (straggler)" if w.get("straggler") else "") for w in timed]
+        self.chart.bars("step-time", "time per step (ms)", labels,
+                        [(name, colour, [float(w.get(key) or 0.0) for w in timed]) for key, name, colour in PARTS])
 
 
 def debug_hint(run_name: str, summary: dict[str, Any]) -> str:
