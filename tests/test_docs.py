@@ -231,3 +231,25 @@ def test_the_api_reference_groups_every_public_member_without_the_constructor(cl
     public = {name for name in dir(getattr(nbtrain, cls)) if not name.startswith("_")}
     assert public <= listed, f"give {sorted(public - listed)} a place among {cls}'s groups in docs/reference/api.rst"
     assert listed <= public, f"docs/reference/api.rst lists {sorted(listed - public)}, which {cls} no longer has"
+
+
+@pytest.mark.quick
+def test_the_binder_badge_names_a_repository_only_when_the_build_is_told_one(monkeypatch: pytest.MonkeyPatch):
+    """nbtrain has no public repository yet: no badge to a made-up owner; one for the repository named."""
+    import runpy
+
+    def badge() -> str:
+        return runpy.run_path(str(DOCS / "conf.py"))["myst_substitutions"]["binder_badge"]
+
+    monkeypatch.delenv("NBTRAIN_GITHUB_REPOSITORY", raising=False)
+    monkeypatch.delenv("READTHEDOCS_GIT_CLONE_URL", raising=False)
+    assert "mybinder.org/v2" not in badge()
+    assert "{{ binder_badge }}" in (DOCS / "tutorials.md").read_text()
+    assert "OWNER" not in (DOCS / "tutorials.md").read_text()
+    monkeypatch.setenv("READTHEDOCS_GIT_CLONE_URL", "https://github.com/acme/nbtrain.git")
+    assert "https://mybinder.org/v2/gh/acme/nbtrain/HEAD?urlpath=lab/tree/notebooks/01_quickstart.ipynb" in badge()
+    monkeypatch.setenv("NBTRAIN_GITHUB_REPOSITORY", "my-org/nbtrain-fork")
+    assert "/gh/my-org/nbtrain-fork/HEAD" in badge()
+    monkeypatch.setenv("NBTRAIN_GITHUB_REPOSITORY", "https://github.com/my-org/nbtrain")
+    with pytest.raises(ValueError, match="NBTRAIN_GITHUB_REPOSITORY=.*owner/name"):
+        badge()
