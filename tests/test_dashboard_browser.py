@@ -113,8 +113,8 @@ def _root(cell: int | None) -> str:
 
 
 def _plot(cell: int | None) -> str:
-    """JavaScript for the dashboard's Plotly plot under ``_root(cell)``."""
-    return _root(cell) + ".querySelector('.nbtrain-dashboard .js-plotly-plot')"
+    """JavaScript for the dashboard's first curve chart (an SVG of its charts widget) under ``_root(cell)``."""
+    return _root(cell) + ".querySelector('.nbtrain-dashboard svg.nbtrain-chart[data-kind=lines]')"
 
 
 def wait_for_state(page, state: str, timeout_ms: int, scope: str = ".nbtrain-dashboard",
@@ -125,9 +125,8 @@ def wait_for_state(page, state: str, timeout_ms: int, scope: str = ".nbtrain-das
 
 
 def plot_points(page, cell: int | None = None) -> int:
-    return page.evaluate(
-        "() => { const p = " + _plot(cell) + ";"
-        " return p && p.data && p.data.length ? p.data.reduce((n, t) => n + (t.x ? t.x.length : 0), 0) : 0; }")
+    """The points the first chart draws now (its traces' together)."""
+    return page.evaluate("() => { const p = " + _plot(cell) + "; return p ? parseInt(p.dataset.points || '0') : 0; }")
 
 
 def worker_steps(page, cell: int) -> dict[str, int]:
@@ -152,7 +151,7 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
         run_cells(page, lab, "dashboards.ipynb", [0, LIVE])
         page.wait_for_function("() => " + _plot(LIVE), timeout=180_000)
         page.wait_for_function("() => { const p = " + _plot(LIVE) + ";"
-                               " return p && p.data && p.data.length && p.data[0].x.length > 0; }", timeout=120_000)
+                               " return p && parseInt(p.dataset.points) > 0; }", timeout=120_000)
         first_points, first_steps = plot_points(page, LIVE), worker_steps(page, LIVE)
         assert first_points > 0
 
@@ -168,8 +167,12 @@ def test_live_plot_grows_and_the_worker_table_advances(page, lab):
         page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
         (lab.root_dir / LIVE_MAY_END).touch()
         wait_for_state(page, "succeeded", 120_000, cell=LIVE)
-        # the static picture for the saved notebook
-        in_cell(page, LIVE, ".nbtrain-summary svg").first.wait_for(timeout=30_000)
+        final = in_cell(page, LIVE, ".nbtrain-dashboard .nbtrain-final")
+        final.wait_for(timeout=30_000)
+        assert "Run browser-live: succeeded" in final.inner_text()
+        # shown once: one dashboard, and its static fallback (for front ends without widgets) is not shown here
+        assert in_cell(page, LIVE, ".nbtrain-dashboard").count() == 1
+        assert in_cell(page, LIVE, ".nbtrain-summary").count() == 0
         page.screenshot(path=str(ARTIFACTS / "dashboard-succeeded.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "dashboard-live-failure.png"), full_page=True)
@@ -213,22 +216,20 @@ def test_a_million_point_history_renders_without_freezing(page, lab):
     try:
         run_cells(page, lab, "dashboards.ipynb", [0, MILLION])
         wait_for_state(page, "succeeded", 300_000, cell=MILLION)
-        in_cell(page, MILLION, ".nbtrain-summary svg").first.wait_for(timeout=60_000)
-        # Plotly applies a widget's traces to the page asynchronously, after the summary may already show:
-        # wait until the dashboard's plot holds the last step, then check it stayed small and the page answers at once.
-        page.wait_for_function(
-            "() => { const p = " + _plot(MILLION) + ";"
-            " return p && p.data && p.data.some(t => t.x.length && t.x[t.x.length - 1] === 999999); }",
-            timeout=60_000)
+        in_cell(page, MILLION, ".nbtrain-final").first.wait_for(timeout=60_000)
+        # the chart draws at the browser's next frame after the last points came:
+        # wait until it holds the last step, then check it stayed small and the page answers at once.
+        page.wait_for_function("() => { const p = " + _plot(MILLION) + "; return p && p.dataset.last === '999999'; }",
+                               timeout=60_000)
         began = time.monotonic()
-        drawn = page.evaluate("() => { const p = " + _plot(MILLION) + ";"
-                              " return p.data.map(t => [t.x.length, t.x[t.x.length - 1]]); }")
+        drawn = page.evaluate("() => [..." + _plot(MILLION) + ".querySelectorAll('path.nbtrain-trace')]"
+                              ".map(t => parseInt(t.dataset.points))")
         answered_ms = (time.monotonic() - began) * 1000
-        assert all(n <= 2000 for n, _last in drawn) and max(last for _n, last in drawn) == 999_999
+        assert drawn and all(0 < n <= 2000 for n in drawn)
         render_began = time.monotonic()
         page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
         frame_ms = (time.monotonic() - render_began) * 1000
-        figure = (f"1,000,000-point history: {sum(n for n, _ in drawn)} points drawn, page answered in "
+        figure = (f"1,000,000-point history: {sum(drawn)} points drawn, page answered in "
                   f"{answered_ms:.0f} ms, next frames in {frame_ms:.0f} ms")
         print(figure)
         (ARTIFACTS / "million-point-render.txt").write_text(figure + "\n")
@@ -238,7 +239,7 @@ def test_a_million_point_history_renders_without_freezing(page, lab):
         page.screenshot(path=str(ARTIFACTS / "dashboard-million-failure.png"), full_page=True)
         # what the page said, and what each plot on it holds: the cause, when the plot stays empty
         print("page console:", *console[-80:], sep="\n  ")
-        print("plots (traces, their lengths, title):", page.evaluate(
-            "() => [...document.querySelectorAll('.js-plotly-plot')].map(p => [p.data ? p.data.length : -1,"
-            " p.data ? p.data.map(t => t.x ? t.x.length : -1) : null, JSON.stringify(p.layout && p.layout.title)])"))
+        print("charts (id, points, last step):", page.evaluate(
+            "() => [...document.querySelectorAll('svg.nbtrain-chart')].map(p => [p.dataset.chart, p.dataset.points,"
+            " p.dataset.last])"))
         raise

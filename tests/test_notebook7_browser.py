@@ -50,8 +50,8 @@ def test_curves_grow_in_notebook7(page, notebook7):
             " && w.sessionContext.session.kernel.status === 'idle'; }", timeout=120_000)
         assert page.evaluate("() => window.jupyterapp.name") == "Jupyter Notebook"
         page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-        page.wait_for_function("() => { const p = document.querySelector('.nbtrain-dashboard .js-plotly-plot');"
-                               " return p && p.data && p.data.length && p.data[0].x.length > 0; }", timeout=180_000)
+        page.wait_for_function("() => { const p = document.querySelector('.nbtrain-dashboard svg.nbtrain-chart');"
+                               " return p && parseInt(p.dataset.points) > 0; }", timeout=180_000)
         first = plot_points(page)
         wait_for(lambda: plot_points(page) > first, 30, interval=0.25,
                  message=f"the curve to grow past {first} points", describe=lambda: plot_points(page))
@@ -66,7 +66,8 @@ def test_curves_grow_in_notebook7(page, notebook7):
                  message="the bar's stripes to move")
         page.screenshot(path=str(ARTIFACTS / "notebook7-live.png"), full_page=True)
         wait_for_state(page, "succeeded", 120_000)
-        page.wait_for_selector(".nbtrain-summary svg", timeout=30_000)
+        page.wait_for_selector(".nbtrain-dashboard .nbtrain-final", timeout=30_000)
+        assert page.locator(".nbtrain-dashboard").count() == 1 and page.locator(".nbtrain-summary").count() == 0
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "notebook7-failure.png"), full_page=True)
         raise
