@@ -95,6 +95,13 @@ def test_importing_ray_builds_no_iri_grammar(tmp_path: Path):
     assert grammars == "[]", f"import ray took {float(seconds):.2f} s and imported {grammars}: is jsonschema >= 4.25?"
 
 
+def _client_address() -> str:
+    """The session cluster's Ray Client address (the session itself joined it as a driver)."""
+    info = local_cluster.status()
+    assert info is not None
+    return info.address
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_the_token_travels_in_metadata_alone_and_a_wrong_one_is_refused(cluster, tmp_path: Path):
@@ -130,11 +137,12 @@ def test_the_token_travels_in_metadata_alone_and_a_wrong_one_is_refused(cluster,
     """
     env = _env(HOME=str(tmp_path))
     quick_retries = {**env, "RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "1", "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "1"}
-    wrong = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), cluster.address, "-"], env=quick_retries,
+    client_address = _client_address()
+    wrong = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), client_address, "-"], env=quick_retries,
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              stdin=subprocess.DEVNULL)
     try:
-        right = subprocess.run([sys.executable, "-c", textwrap.dedent(script), cluster.address, _token_file()],
+        right = subprocess.run([sys.executable, "-c", textwrap.dedent(script), client_address, _token_file()],
                                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
                                stdin=subprocess.DEVNULL)
         wrong_out, _ = wrong.communicate(timeout=240)
@@ -203,12 +211,12 @@ def test_connect_works_with_ray_token_mode_on_in_the_kernel(cluster, tmp_path: P
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_ray_token_mode_on_without_any_token_is_named_fast(cluster, tmp_path: Path):
-    """Ray would refuse before sending anything; nbtrain says so instead of Ray's error."""
+    """Ray Client would refuse before sending anything; nbtrain says so instead of Ray's error."""
     result = _python(f"""
         import ray
         import nbtrain
         try:
-            nbtrain.connect({cluster.address!r}, progress=lambda message: None)
+            nbtrain.connect({_client_address()!r}, progress=lambda message: None)
         except nbtrain.ConnectionFailedError as exc:
             print("ERROR", exc)
         """, _env(HOME=str(tmp_path), RAY_AUTH_MODE="token"), cwd=tmp_path, timeout=120)

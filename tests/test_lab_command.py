@@ -119,7 +119,7 @@ def test_stop_of_a_run_whose_record_names_no_cluster_starts_no_local_cluster(
 
     said = capsys.readouterr().err
     assert "The registry does not say which cluster runs 'nowhere'" in said
-    assert "nbtrain stop nowhere --address ray://HOST:PORT" in said
+    assert "nbtrain stop nowhere --address ray://HOST:10001 (or HOST:6379, or auto, on a node of the cluster" in said
 
 
 def test_runs_skips_and_names_runs_whose_names_nbtrain_never_makes(
