@@ -176,3 +176,21 @@ def test_outside_a_notebook_the_progress_line_names_the_stragglers():
     view = TextProgress(run)
     assert " 256 workers stragglers 17,200 " in view.line(run.summary)
     assert " 2 workers 0:00:00" in view.line(FakeRun(2, 5).summary)
+
+
+def test_in_a_terminal_the_progress_is_one_line_rewritten_in_place():
+    import os
+
+    main, follower = os.openpty()  # a real terminal, as a terminal IPython's stdout is
+    with os.fdopen(follower, "w") as terminal:
+        run = FakeRun(2, 5)
+        view = TextProgress(run, stream=terminal, interval=0.0)
+        view.update()
+        view.update()
+        run.summary["state"] = "succeeded"
+        view.update()
+        shown = os.read(main, 65536).decode()
+    os.close(main)
+    lines = shown.replace("\r\n", "\n").split("\n")
+    assert len(lines) == 2 and lines[1] == "", "one line, ended once the run has"
+    assert lines[0].count("\r[nbtrain] wide ") == 3 and "succeeded" in lines[0].rsplit("\r", 1)[1]

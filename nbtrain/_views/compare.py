@@ -138,26 +138,29 @@ class Comparison:
 
     # ------------------------------------------------------------------ showing it
     def _ipython_display_(self) -> None:
-        from IPython.display import HTML, display
+        from IPython.display import display
+
+        from nbtrain._views.dashboard.front_end import DashboardOutput
 
         self._build()
-        display(self._widget)
-        self._static = display(HTML(""), display_id=True)
-        if self._all_ended():
-            self._leave_static()
-        else:
+        # one output: the live plot and table, and the static picture for front ends without widgets
+        self._static = display(DashboardOutput(self._widget, self._picture()), display_id=True)
+        if not self._all_ended():
             threading.Thread(target=self._follow, name="nbtrain-compare", daemon=True).start()
 
-    def _leave_static(self) -> None:
-        """What stays in the saved notebook (and the docs' tutorials) once every run has ended: a picture."""
-        from IPython.display import HTML
-
+    def _picture(self) -> str:
+        """The comparison as static HTML (an SVG and the table): what a saved notebook shows without widgets."""
         from nbtrain._views.dashboard.static_plot import svg_chart
 
         chart = svg_chart(f"{self.metric} by {self.x}", self.curves(), width=640, height=300)
+        return f'<div class="nbtrain-compare-summary">{chart}{_html_table(self.table())}</div>'
+
+    def _leave_static(self) -> None:
+        """Once every run has ended: the output's static fallback shows the final picture."""
+        from nbtrain._views.dashboard.front_end import DashboardOutput
+
         if self._static is not None:
-            self._static.update(HTML(f'<div class="nbtrain-compare-summary">{chart}'
-                                     f'{_html_table(self.table())}</div>'))
+            self._static.update(DashboardOutput(self._widget, self._picture()))
 
     def __repr__(self) -> str:
         lines = [f"compare({[run.name for run in self.runs]}, metric={self.metric!r}, x={self.x!r})"]
@@ -171,26 +174,21 @@ class Comparison:
 
     def _build(self) -> None:
         import ipywidgets as w
-        import plotly.graph_objects as go
 
-        figure = go.FigureWidget(layout=dict(title=dict(text=self.metric, x=0.02), height=320, width=640,
-                                             xaxis_title="step" if self.x == "step" else "seconds",
-                                             margin=dict(l=50, r=10, t=40, b=40)))
-        self._figure, self._table = figure, w.HTML()
-        self._widget = w.VBox([figure, self._table])
+        from nbtrain._views.dashboard.charts_widget import ChartsWidget
+
+        self._charts, self._table = ChartsWidget(), w.HTML()
+        self._widget = w.VBox([self._charts, self._table])
         self._widget.add_class("nbtrain-compare")
         self._draw()
 
     def _draw(self) -> None:
-        curves = self.curves()
-        with self._figure.batch_update():
-            shown = {trace.name: trace for trace in self._figure.data}
-            for name, (xs, ys) in curves.items():
-                if name in shown:
-                    shown[name].x, shown[name].y = xs, ys
-                else:
-                    self._figure.add_scatter(x=xs, y=ys, name=name, mode="lines")
-        self._table.value = _html_table(self.table())
+        from nbtrain._views.dashboard.static_plot import COLOURS
+
+        traces = [(name, xs, ys, {"color": COLOURS[index % len(COLOURS)], "width": 2.0})
+                  for index, (name, (xs, ys)) in enumerate(self.curves().items())]
+        self._charts.draw("compare", self.metric, traces, xlabel="step" if self.x == "step" else "seconds")
+        self._table.value = f'<div class="nbtrain-compare-summary">{_html_table(self.table())}</div>'
 
     def _follow(self) -> None:
         while not self._stop.wait(FOLLOW_S):

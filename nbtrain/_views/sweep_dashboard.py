@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Any
 
-from nbtrain._views.dashboard.dashboard import in_notebook
 from nbtrain._views.dashboard.follower import REDRAW_INTERVAL_S
+from nbtrain._views.dashboard.front_end import in_notebook
 from nbtrain._views.dashboard.static_plot import COLOURS, Axes, svg_open
 from nbtrain._views.dashboard.summary_text import STATE_COLOURS
 

@@ -39,6 +39,8 @@ class ChartsWidget(anywidget.AnyWidget):
     _css = STATIC / "charts.css"
     # [{id, title, kind, traces: [{name, color, ...}], marks}]
     charts: traitlets.List[Any] = traitlets.List().tag(sync=True)
+    html = traitlets.Unicode("").tag(sync=True)       # header, table and summary, where it is shown alone (marimo)
+    actions: traitlets.List[Any] = traitlets.List().tag(sync=True)  # button labels shown under it (alone)
     snapshot = traitlets.Bytes(b"").tag(sync=True)  # the final points, float32 x then y per trace
     # [[chart id, trace name, points], ...], in the order of `snapshot`
     snapshot_index: traitlets.List[Any] = traitlets.List().tag(sync=True)
@@ -47,12 +49,14 @@ class ChartsWidget(anywidget.AnyWidget):
         super().__init__(**kwargs)
         self._specs: dict[str, dict[str, Any]] = {}
         self._points: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}  # what the views hold
+        self.on_action: Any = None  # called with a button's label, on the kernel's message thread
         self.on_msg(self._on_view_message)
 
     # ------------------------------------------------------------------ what the kernel draws
-    def draw(self, chart: str, title: str, traces: list[Trace], marks: Sequence[dict[str, Any]] = ()) -> None:
+    def draw(self, chart: str, title: str, traces: list[Trace], marks: Sequence[dict[str, Any]] = (),
+             xlabel: str = "step") -> None:
         """Line chart ``chart``: its traces' points (each at most what the caller downsampled to) and marks."""
-        spec = {"id": chart, "title": title, "kind": "lines", "marks": list(marks),
+        spec = {"id": chart, "title": title, "kind": "lines", "marks": list(marks), "xlabel": xlabel,
                 "traces": [{"name": name, **style} for name, _xs, _ys, style in traces]}
         held = self._points.setdefault(chart, {})
         wanted = {name for name, *_ in traces}
@@ -116,6 +120,8 @@ class ChartsWidget(anywidget.AnyWidget):
         self.charts = list(self._specs.values())
 
     def _on_view_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("kind") == "action" and self.on_action is not None:
+            self.on_action(str(content.get("name")))
         if isinstance(content, dict) and content.get("kind") == "hello":  # a new view: everything, whole
             parts, buffers = [], []
             for chart, held in self._points.items():

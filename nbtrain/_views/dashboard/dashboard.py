@@ -5,8 +5,9 @@ Both read the same :class:`~nbtrain.Run` through its cursor, followed by
 ``REDRAW_INTERVAL_S``, a held-back one drawn when due), widgets are updated in
 place (never re-displayed), curves are downsampled before they reach the
 browser, worker logs go to collapsed per-rank panes rather than the cell's
-output, and a failed run turns red and stays red. When the run ends, a static
-SVG + text summary is left in the output so the saved notebook shows the result.
+output, and a failed run turns red and stays red. The dashboard is one output: the widget, with a
+static SVG + text summary as its fallback for front ends that show no widgets; when the run ends the
+summary line is drawn in the widget too.
 
 A wide run (more than ``WIDE_RANKS`` ranks) is drawn as the mean across ranks
 with a min-max band, plus lines for the ranks the user picks (``ranks=`` or the
@@ -27,6 +28,15 @@ from nbtrain._states import RunState
 from nbtrain._views.dashboard.charts_widget import ChartsWidget
 from nbtrain._views.dashboard.control_row import ControlRow, change_marks
 from nbtrain._views.dashboard.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
+from nbtrain._views.dashboard.front_end import (
+    DashboardOutput,
+    alone_panel,
+    execution_count,
+    in_marimo,
+    in_notebook,
+    marimo_output,
+    running_cell,
+)
 from nbtrain._views.dashboard.history import MetricHistory, take_new_rows
 from nbtrain._views.dashboard.static_plot import COLOURS, static_summary, summary_line
 from nbtrain._views.dashboard.step_time_plot import StepTimePlot, debug_hint
@@ -55,29 +65,21 @@ MEAN_COLOUR = "#222222"
 WIDE_RANKS = 8               # above this many ranks: a band across ranks, a summarised and paged worker table
 
 
-def in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
-
 def show_dashboard(run: Any, *, follow: str = "background", ranks: Iterable[int] = ()) -> Any:
     """Show ``run`` live. ``follow``: "background" (a thread redraws), "none" (the caller calls ``update``).
 
     ``ranks``: in a wide run, the ranks drawn as lines of their own besides the band
     (``run.dashboard(ranks=[0, 17, 200])``); the "ranks:" box changes them later.
     """
-    view: Any = WidgetDashboard(run, ranks=ranks) if in_notebook() else TextProgress(run)
+    marimo = in_marimo()
+    view: Any = WidgetDashboard(run, ranks=ranks, alone=marimo) if marimo or in_notebook() else TextProgress(run)
     try:  # drawn before it is shown: what the run has (all of it, when it ended) is on the page from the start
         view.update()
     except Exception as exc:  # noqa: BLE001 - the follower retries; the view says why it is empty meanwhile
         view.note_problem(f"Could not read the run yet ({exc}); retrying…")
     view.display()
     if follow == "background":
-        key = (_running_cell(), run.name)
+        key = (running_cell(), run.name)
         earlier = _FOLLOWING.pop(key, None)
         if earlier is not None:  # the same cell run again: one long poll for it, not one per run of the cell
             earlier.close()
@@ -92,26 +94,16 @@ def show_dashboard(run: Any, *, follow: str = "background", ranks: Iterable[int]
 _FOLLOWING: dict[tuple[str | None, str], Any] = {}
 
 
-def _running_cell() -> str | None:
-    """The id of the notebook cell being run (JupyterLab and Notebook 7 send it with each request)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    shell = get_ipython()
-    header = getattr(shell, "parent_header", None) or {}
-    cell = (header.get("metadata") or {}).get("cellId") if isinstance(header, dict) else None
-    return str(cell) if cell else None
-
-
 class WidgetDashboard(Follower):
     """ipywidgets (header, table, logs, controls) and our own charts widget (curves, step times), shown as
     one output whose static fallback is the summary (:class:`DashboardOutput`)."""
 
-    def __init__(self, run: Any, ranks: Iterable[int] = ()) -> None:
+    def __init__(self, run: Any, ranks: Iterable[int] = (), alone: bool = False) -> None:
+        """``alone``: the front end shows only the charts widget (marimo), which then carries the rest too."""
         import ipywidgets as w
 
         self.run = run
+        self.alone = alone
         self.history = MetricHistory()
         self.chosen_ranks = sorted(set(ranks))
         self.wide = False
@@ -150,6 +142,7 @@ class WidgetDashboard(Follower):
         self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger",
                                     tooltip="Stop the run: all workers are stopped and their resources freed")
         self.stop_button.on_click(self._on_stop)
+        self.charts.on_action = lambda name: self._on_stop(None) if name == "Stop" else None
         self.controls = ControlRow(run, self.note_problem, self.stop_button)
         self.final = w.HTML()  # the finished run's summary line, in the live view (the fallback has it too)
         self.widget = w.VBox([
@@ -163,17 +156,25 @@ class WidgetDashboard(Follower):
 
     # ------------------------------------------------------------------ display
     def display(self) -> None:
-        """Show the dashboard: one output, the live widget with the summary as its static fallback."""
+        """Show the dashboard: one output, the live widget with the summary as its static fallback. (marimo
+        shows what the cell returns: :meth:`_display_`.)"""
         from IPython.display import display
 
+        if self.alone:
+            self._shown_in = execution_count()
+            return
         fallback = self._fallback(self._summary if self._finished else None)
         self._static_handle = display(DashboardOutput(self.widget, fallback), display_id=True)
-        self._shown_in = _execution_count()
+        self._shown_in = execution_count()
 
     def _ipython_display_(self) -> None:
         # `run.dashboard()` as a cell's last line: IPython displays the returned view too; it was shown already
-        if self._static_handle is None or self._shown_in != _execution_count():
+        if self._static_handle is None or self._shown_in != execution_count():
             self.display()
+
+    def _display_(self) -> Any:
+        """marimo's display protocol: the charts widget, which carries the header, table and Stop there."""
+        return marimo_output(self.charts)
 
     def _fallback(self, summary: dict[str, Any] | None = None) -> str:
         """The text/html of the dashboard's output: where widgets do not render, the run's name and state;
@@ -252,6 +253,8 @@ class WidgetDashboard(Follower):
                 self.stop_button.disabled = True
                 self.charts.freeze()
                 self._leave_static_summary(summary)
+            if self.alone:
+                self.charts.html, self.charts.actions = alone_panel(self), [] if terminal else ["Stop"]
             return terminal
 
     def _draw_header(self, summary: dict[str, Any]) -> None:
@@ -424,25 +427,3 @@ class WidgetDashboard(Follower):
         self.final.value = summary_line(self.run.name, summary, self.history)
         if self._static_handle is not None:
             self._static_handle.update(DashboardOutput(self.widget, self._fallback(summary)))
-
-
-class DashboardOutput:
-    """One MIME bundle: the widget's view, and ``data`` (HTML) for front ends that show no widgets."""
-
-    def __init__(self, widget: Any, data: str) -> None:
-        self.widget, self.data = widget, data
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {"application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0,
-                                                             "model_id": self.widget.model_id},
-                "text/html": self.data,
-                "text/plain": "nbtrain dashboard (a widget; the summary shows where widgets do not)"}
-
-
-def _execution_count() -> int | None:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    shell = get_ipython()
-    return getattr(shell, "execution_count", None)

@@ -8,6 +8,7 @@ notebook: one line every couple of seconds, and a summary at the end.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
@@ -65,8 +66,9 @@ class Follower:
         return done
 
     def follow_in_background(self) -> threading.Thread:
-        self.thread = threading.Thread(target=self._follow_quietly, name=f"nbtrain-dashboard-{self.run.name}",
-                                       daemon=True)
+        from nbtrain._views.dashboard.front_end import background_thread
+
+        self.thread = background_thread(self._follow_quietly, f"nbtrain-dashboard-{self.run.name}")
         self.thread.start()
         return self.thread
 
@@ -89,7 +91,8 @@ class Follower:
 
 
 class TextProgress(Follower):
-    """Outside a notebook: one line every couple of seconds, and a summary at the end."""
+    """Outside a notebook: one line every couple of seconds (in a terminal, the same line rewritten), and a
+    summary at the end."""
 
     def __init__(self, run: Any, stream: Any = None, interval: float = 2.0) -> None:
         self.run = run
@@ -97,6 +100,7 @@ class TextProgress(Follower):
         self.interval = interval
         self.history = MetricHistory()
         self._last_print = 0.0
+        self._width = 0  # of the line shown in a terminal, to blank its rest when a shorter one replaces it
 
     def display(self) -> None:
         pass
@@ -112,6 +116,16 @@ class TextProgress(Follower):
                 f"{len(summary.get('workers') or [])} workers{behind} "
                 f"{fmt_duration(elapsed(summary))} {metrics}").rstrip()
 
+    def _say(self, line: str, last: bool) -> None:
+        """In a terminal, one line rewritten in place (the last one stays); in a log or a pipe, a line each time."""
+        if not getattr(self.stream, "isatty", lambda: False)():
+            print(line, file=self.stream, flush=True)
+            return
+        width = shutil.get_terminal_size().columns - 1
+        shown = line if len(line) <= width else line[:width - 1] + "…"
+        print("\r" + shown.ljust(self._width), end="\n" if last else "", file=self.stream, flush=True)
+        self._width = len(shown)
+
     def update(self, wait_s: float = 0.0, coalesce: bool = False) -> bool:  # prints every `interval` anyway
         self.run.reader.refresh(wait_s=wait_s)
         take_new_rows(self.run, self.history)
@@ -121,7 +135,7 @@ class TextProgress(Follower):
         now = time.monotonic()
         if terminal or now - self._last_print >= self.interval:
             self._last_print = now
-            print(self.line(summary), file=self.stream, flush=True)
+            self._say(self.line(summary), terminal)
         if terminal and summary.get("error"):
             print(summary["error"], file=self.stream, flush=True)
         return terminal

@@ -1,8 +1,7 @@
-"""A small SVG of a run's final curves, saved in the notebook's output.
+"""A small SVG of a run's final curves: the static fallback of a dashboard's output.
 
-JupyterLab does not restore widget state when a notebook is reopened, and
-plotly's widget state is megabytes. So when a run ends the dashboard also
-leaves this static picture (a few KB, no JavaScript) and a text summary, with
+Where widgets do not render (nbconvert's HTML, GitHub's viewer, a notebook reopened without its widget
+state) the dashboard's output shows this picture (a few KB, no JavaScript) and a summary line instead, with
 the same markers as the live curves (a resize, a change made while it ran).
 :class:`Axes` is the frame every SVG chart of nbtrain draws in (this one, the
 sweep's curves and its scatter plots).

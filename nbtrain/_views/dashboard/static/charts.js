@@ -82,7 +82,7 @@ function lineChart(svg, chart, store) {
   for (const t of ticks(box.x0, box.x1, 5)) {
     node("text", { x: sx(t), y: HEIGHT - BOTTOM + 14, "text-anchor": "middle" }, svg).textContent = label(t);
   }
-  node("text", { x: WIDTH - RIGHT, y: HEIGHT - 6, "text-anchor": "end" }, svg).textContent = "step";
+  node("text", { x: WIDTH - RIGHT, y: HEIGHT - 6, "text-anchor": "end" }, svg).textContent = chart.xlabel || "step";
   const bandLow = traces.find((t) => t.band === "low"), bandHigh = traces.find((t) => t.band === "high");
   if (bandLow && bandHigh && store.get(bandLow.name) && store.get(bandHigh.name)) {
     const low = store.get(bandLow.name), high = store.get(bandHigh.name);
@@ -153,9 +153,14 @@ function barChart(svg, chart) {
 
 // -------------------------------------------------------------------------------------------- the view
 function render({ model, el }) {
+  // where a front end shows this widget alone (marimo), the kernel sends the header, table and buttons too
+  const panel = document.createElement("div");
+  panel.className = "nbtrain-panel";
+  const actions = document.createElement("div");
+  actions.className = "nbtrain-actions";
   const root = document.createElement("div");
   root.className = "nbtrain-charts";
-  el.appendChild(root);
+  el.append(panel, root, actions);
   const stores = new Map();  // chart id -> trace name -> {x, y, n}
   let due = false;
 
@@ -225,15 +230,35 @@ function render({ model, el }) {
     later();
   }
 
+  function onPanel() {
+    panel.innerHTML = model.get("html") || "";
+    actions.replaceChildren();
+    for (const name of model.get("actions") || []) {
+      const button = document.createElement("button");
+      button.textContent = name;
+      button.className = "nbtrain-action";
+      button.addEventListener("click", () => { button.disabled = true; model.send({ kind: "action", name }); });
+      actions.appendChild(button);
+    }
+  }
+
+  function onSnapshot() { loadSnapshot(); later(); }
+
   loadSnapshot();
+  onPanel();
   model.on("msg:custom", onMessage);
   model.on("change:charts", onCharts);
-  model.on("change:snapshot", () => { loadSnapshot(); later(); });
+  model.on("change:snapshot", onSnapshot);
+  model.on("change:html", onPanel);
+  model.on("change:actions", onPanel);
   draw();
   model.send({ kind: "hello" });
   return () => {
     model.off("msg:custom", onMessage);
     model.off("change:charts", onCharts);
+    model.off("change:snapshot", onSnapshot);
+    model.off("change:html", onPanel);
+    model.off("change:actions", onPanel);
   };
 }
 
