@@ -35,6 +35,7 @@ from nbtrain._client.warm import release_warm
 from nbtrain._cluster.rank.data.counted_shard import get_dataset_shard
 from nbtrain._cluster.rank.data.loading import prepare_loader
 from nbtrain._cluster.rank.reporting import report
+from nbtrain._cluster.rank.rewinding import on_rewind
 from nbtrain._cluster.rank.session import TrainContext
 from nbtrain._cluster.rank.steering import on_command
 from nbtrain._cluster.rank.worker_api import (
@@ -101,6 +102,7 @@ __all__ = [
     "launch_script",
     "load_checkpoint",
     "on_command",
+    "on_rewind",
     "prepare_loader",
     "prepare_model",
     "prepare_optimizer",

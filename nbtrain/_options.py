@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
+from nbtrain._cluster.guards import checked_guard
 from nbtrain._cluster.storage.storage_uri import REMOTE_SCHEMES, normalise
 from nbtrain._exceptions import InvalidOptionError
 from nbtrain._packing.runtime_env import check_runtime_env
@@ -81,8 +82,7 @@ class RunOptions:
     """What a run is asked to be: resources, failure handling, storage, and the call's own behaviour."""
 
     name: str | None = option(None, "run name (an ended run's name gives NAME-2, NAME-3...); default run-<time>",
-                              "--name", "-n",
-                              metavar="NAME", label="run name")
+                              "--name", "-n", metavar="NAME", label="run name")
     config: dict[str, Any] | None = option(
         None, "the `config` dict given to the training function, e.g. --config lr=0.01 epochs=5",
         "--config", "-c", kind="literals", metavar="KEY=VALUE")
@@ -129,6 +129,8 @@ class RunOptions:
                                     "--stall-timeout", parse=float, metavar="SECONDS")
     on_stall: str = option("warn", "what a stall does", "--on-stall", choices=ON_STALL_CHOICES)
     stop_on_nan: bool = option(False, "fail the run when a reported metric is NaN", "--stop-on-nan", kind="flag")
+    guard: dict[str, Any] | None = option(None, "guard against divergence on the ranks, as run.guard: e.g. --guard "
+                                          "nan=rewind spike=3 lr_factor=0.5", "--guard", kind="literals", metavar="K=V")
     flush_interval_s: float = option(0.1, "seconds between a rank's batched sends of metrics and logs",
                                      "--flush-interval", parse=float, metavar="SECONDS", tuning=True)
     scale_lr: str | None = option(
@@ -211,6 +213,7 @@ class RunOptions:
         if self.scale_lr is not None:
             _check_choice("scale_lr", self.scale_lr, SCALE_LR_CHOICES)
         _check_loggers(self.loggers)
+        object.__setattr__(self, "guard", None if self.guard is None else checked_guard(self.guard, "guard="))
         if self.logger_dir is not None and (not isinstance(self.logger_dir, str) or not os.path.isabs(self.logger_dir)):
             raise InvalidOptionError(_problem("logger_dir", "an absolute directory path on the head node",
                                               self.logger_dir))

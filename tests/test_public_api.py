@@ -25,7 +25,7 @@ EXPECTED_ALL = [
     "VersionMismatchError", "WorkerState", "attach", "attach_sweep", "backward", "checkpoint_requested", "compare",
     "connect",
     "disconnect", "get_context", "get_dataset_shard", "launch", "launch_script", "load_checkpoint", "on_command",
-    "prepare_loader",
+    "on_rewind", "prepare_loader",
     "prepare_model", "prepare_optimizer", "release_warm", "report", "runs", "save_checkpoint", "steerable",
     "stop_requested", "sweeps",
     "tune",

@@ -22,11 +22,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from nbtrain._cluster.guards import describe_guard
 from nbtrain._exceptions import InvalidOptionError
 
-ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE = (
-    "adjust", "pause", "resume", "checkpoint", "stop_after_epoch", "user", "stacks", "profile")
-KINDS = (ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE)
+ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE, REWIND, GUARD = (
+    "adjust", "pause", "resume", "checkpoint", "stop_after_epoch", "user", "stacks", "profile", "rewind", "guard")
+KINDS = (ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE, REWIND, GUARD)
 NOT_CHANGES = (USER, STACKS, PROFILE)  # answered to the notebook; not in run.changes, not re-applied
 MAX_PROFILE_STEPS = 1000
 
@@ -109,6 +110,8 @@ class Command:
     applied_step: int | None = None   # the step at which rank 0 applied it, once it did
     applied: float | None = None      # when (rank 0's clock)
     before: dict[str, Any] | None = None  # ADJUST: rank 0's values just before (per param group lists)
+    superseded: bool = False          # applied on a branch a later rewind went back from: not re-applied
+    rank_times: dict[int, float] | None = None  # REWIND: when each rank applied it (its own clock)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -140,6 +143,11 @@ class Command:
         """USER: the ``@on_command`` handler's name and the keyword arguments sent to it."""
         return self.args["name"], dict(self.args.get("payload") or {})
 
+    @property
+    def rewind(self) -> tuple[int, int]:
+        """REWIND: the restore point's step it goes back to, and the batches skipped after it."""
+        return int(self.args["to_step"]), int(self.args.get("skip", 0))
+
     def due_at(self, step: int) -> Command:
         return dataclasses.replace(self, at_step=step)
 
@@ -167,6 +175,14 @@ class Command:
             return "stacks asked"
         if self.kind == PROFILE:
             return f"profile of {self.steps} steps on rank(s) {self.ranks}" + where
+        if self.kind == REWIND:
+            to_step, skip = self.rewind
+            by = f" ({self.args['why']})" if self.args.get("why") else ""
+            lr = f", lr x{self.args['lr_factor']:g}" if self.args.get("lr_factor") else ""
+            skipped = f", {skip} batch{'es' if skip != 1 else ''} skipped" if skip else ""
+            return f"rewound to step {to_step}{skipped}{lr}{where.replace(' at ', ' from ')}{by}"
+        if self.kind == GUARD:
+            return describe_guard(self.args)
         return {PAUSE: "paused", RESUME: "resumed", CHECKPOINT: "checkpoint asked",
                 STOP_AFTER_EPOCH: f"stop after epoch {self.args.get('epoch')}"}[self.kind] + where
 
@@ -191,6 +207,8 @@ class SteeringBeat:
     paused_at: int | None = None          # the step it is held at by a pause
     held_after_epoch: int | None = None   # it finished this epoch and waits for the run's stop
     epochs_counted: bool = False          # a prepared loader or an integration counts its epochs
+    restore_points: tuple[int, ...] = ()  # the steps it can rewind to in place (see rank/rewinding)
+    rewind_refusal: str | None = None     # why it cannot rewind itself, if it cannot
 
 
 @dataclasses.dataclass(frozen=True)

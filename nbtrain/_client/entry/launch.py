@@ -49,6 +49,7 @@ def launch(
     stall_timeout_s: float = 300.0,
     on_stall: str = "warn",
     stop_on_nan: bool = False,
+    guard: dict[str, Any] | None = None,
     scale_lr: str | None = None,
     resize_interval_s: float = 10.0,
     gns: bool = False,

@@ -14,6 +14,7 @@ import cloudpickle
 
 from nbtrain._client.run.checkpoint_files import load_in_notebook, local_checkpoint_dir
 from nbtrain._client.run.reader import RunReader
+from nbtrain._client.run.rewinds import rewinds_of, superseded_column
 from nbtrain._client.run.stored import READ_TIMEOUT_S
 
 FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of supervisor memory at most
@@ -48,8 +49,9 @@ class RunFiles:
         in seconds.
 
         Returns:
-            A ``pandas.DataFrame`` with columns ``rank``, ``step``, ``attempt``, ``time`` and one per
-            metric (empty, with those four columns, before the first report).
+            A ``pandas.DataFrame`` with columns ``rank``, ``step``, ``attempt``, ``time``, one per
+            metric (empty, with those four columns, before the first report), and ``superseded``: True for
+            the rows of a branch a :meth:`rewind` went back from.
 
         Raises:
             RunNotFoundError: the run is gone from the cluster (deleted, or its files lost).
@@ -72,8 +74,11 @@ class RunFiles:
                 break
             start += table.num_rows
         if not tables:
-            return pa.table({"rank": [], "step": [], "attempt": [], "time": []}).to_pandas()
-        return pa.concat_tables(tables, promote_options="permissive").to_pandas()
+            return pa.table({"rank": [], "step": [], "attempt": [], "time": [], "superseded": pa.array([], pa.bool_())
+                             }).to_pandas()
+        frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
+        frame["superseded"] = superseded_column(frame, rewinds_of(self.reader.fetch_summary()))
+        return frame
 
     def logs(self, rank: int | None = None) -> str:
         """What the workers printed (stdout and stderr), from the first attempt on.

@@ -23,6 +23,8 @@ from nbtrain._client.run.reader import POLL_TIMEOUT_S as POLL_TIMEOUT_S
 from nbtrain._client.run.reader import ROW_WINDOW as ROW_WINDOW
 from nbtrain._client.run.reader import RunReader, SupervisorChannel
 from nbtrain._client.run.reader import _readable as _readable
+from nbtrain._client.run.rewinds import RunRewinds
+from nbtrain._client.run.row_rules import RowRule
 from nbtrain._client.run.stored import StoredRunHandle
 from nbtrain._cluster.names import wait_until_name_free
 from nbtrain._exceptions import NbtrainError, RunFailedError
@@ -71,6 +73,8 @@ class Run:
         self._files = RunFiles(self._reader)
         self._inspection = RunInspection(self._reader)
         self._debugging = RunDebugging(self._reader)
+        self._rewinds = RunRewinds(self._reader)
+        self._row_rule = RowRule(self._reader)
         _made_here[:] = [self]
 
     # ------------------------------------------------------------------ reading
@@ -237,6 +241,52 @@ class Run:
     @_doc_of(RunControl.config_at)
     def config_at(self, step: int) -> dict[str, Any]:
         return self._control.config_at(step)
+
+    @_doc_of(RunRewinds.rewind)
+    def rewind(self, step: int | None = None, skip_batches: int = 0, *, wait: bool = False) -> int:
+        return self._rewinds.rewind(step, skip_batches, wait=wait)
+
+    @_doc_of(RunRewinds.guard)
+    def guard(self, **settings: Any) -> dict[str, Any]:
+        return self._rewinds.guard(**settings)
+
+    @property
+    @_doc_of(RunRewinds.guards)
+    def guards(self) -> dict[str, Any]:
+        return self._rewinds.guards
+
+    @property
+    @_doc_of(RunRewinds.rewinds)
+    def rewinds(self) -> list[dict[str, Any]]:
+        return self._rewinds.rewinds
+
+    def on_row(self, callback: Callable[[dict[str, Any]], Any] | None) -> None:
+        """Call ``callback(row)`` with each metric row of this run as it arrives, to steer it by a rule written in
+        the notebook: the callback may call :meth:`adjust`, :meth:`pause`, :meth:`rewind`, :meth:`send` or
+        :meth:`stop`. Rows come in order, on the dashboard's following thread when a view follows the run (else
+        on a thread of the rule's own), from the next one fetched on. A callback that raises is shown once, with
+        its traceback, and detached; the run is never touched by it. One callback per ``Run``: a new one
+        replaces it; ``None`` detaches.
+
+        Args:
+            callback: a function of one row (a dict: ``rank``, ``step``, ``attempt``, ``time`` and the metrics),
+                or ``None``.
+
+        Raises:
+            InvalidOptionError: ``callback`` is neither callable nor None.
+
+        Example::
+
+            best = {"loss": float("inf"), "step": 0}
+            def lower_on_plateau(row):
+                if row["rank"] == 0 and row["loss"] < best["loss"]:
+                    best.update(loss=row["loss"], step=row["step"])
+                elif row["rank"] == 0 and row["step"] - best["step"] > 200:
+                    run.adjust(lr=run.config_at(row["step"])["lr"] / 2)
+                    best["step"] = row["step"]
+            run.on_row(lower_on_plateau)
+        """
+        self._row_rule.set(callback)
 
     def fork(self, *, step: int | None = None, config: dict[str, Any] | None = None, name: str | None = None,
              train_fn: Any = None, **options: Any) -> Any:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nbtrain import _registry
@@ -131,6 +132,7 @@ class RunReader:
         self._summary: dict[str, Any] = {}
         self._has_more = False  # the last poll left rows for the next
         self._views: list[Any] = []  # the live views of this run (dashboard(), %%ray_train's), until close_views()
+        self.row_listener: Callable[[], None] | None = None  # run.on_row's: told after rows were fetched
 
     def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """Fetch what is new: up to one page of rows (``PAGE_ROWS``), every new log chunk and event, and the
@@ -144,7 +146,11 @@ class RunReader:
         reply = self.channel.poll(*asked, wait_s)
         with self._lock:
             self._has_more = bool(reply["has_more"])
-            return self._apply(asked, reply)
+            rows = self._apply(asked, reply)
+        listener = self.row_listener
+        if rows and listener is not None:
+            listener()  # on this thread: the dashboard's following thread, when a view follows the run
+        return rows
 
     def catch_up(self) -> None:
         """Refresh until every row reported so far has been fetched (the window keeps the latest)."""
@@ -270,6 +276,18 @@ class RunReader:
             thread = getattr(view, "thread", None)
             if thread is not None and thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def followed(self) -> bool:
+        """Whether a live view follows the run (its thread fetches the rows)."""
+        with self._lock:
+            return any(not view.closed for view in self._views)
+
+    def superseded(self, row: dict[str, Any]) -> bool:
+        """Whether ``row`` belongs to a branch a rewind went back from, as of the last read (views fade it)."""
+        from nbtrain._client.run.rewinds import rewinds_of, superseded
+
+        return superseded(row, rewinds_of(self.summary))
 
     def close_views(self) -> None:
         """End the live views added so far (what they drew stays)."""

@@ -22,7 +22,7 @@ from typing import Any
 from nbtrain._cluster.commands import Heartbeat
 from nbtrain._cluster.elastic.gradient_noise import NoiseScale
 from nbtrain._cluster.feed.relay_link import Pending, RayPush, RelayLink, open_link
-from nbtrain._cluster.rank import reporting, their_code
+from nbtrain._cluster.rank import reporting, rewinding, their_code
 from nbtrain._cluster.rank.inspection.resources import Resources
 from nbtrain._cluster.rank.inspection.step_timing import StepTimes
 from nbtrain._cluster.rank.log_tee import LogTee
@@ -58,6 +58,12 @@ class TrainContext:
     attempt: int
     config: dict[str, Any]
     run_name: str
+
+    @property
+    def step(self) -> int:
+        """The step being taken: a prepared loader's batches (a rewind moves it back), else the reports'."""
+        session = _current
+        return session.current_step() if session is not None and session.context is self else 0
 
 
 class TrainingSession:
@@ -103,6 +109,7 @@ class TrainingSession:
         self._renamed: set[str] = set()
         self.commands_due(False)
         self.steering = RankSteering(self, payload.commands)  # the notebook's commands to this live run
+        self.commands_due(bool(self.steering.pending))  # a guard in force from an earlier attempt watches reports
 
     @property  # the options that other modules read from the session, as the payload has them
     def supervisor(self) -> Any:
@@ -134,6 +141,7 @@ class TrainingSession:
         """The user's code is over: torch and its libraries as they were (a warm worker runs other runs)."""
         undo, self._undo_patches = self._undo_patches, None
         self.steering.unhook()
+        rewinding.forget_hooks()
         if undo is not None:
             undo()  # the SummaryWriter rows still being filled are reported here, before the last push
 
@@ -198,6 +206,10 @@ class TrainingSession:
     def _before_report(self, metrics: dict[str, Any]) -> None:
         if self.steering.pending:
             self.steering.at_report()
+        if self.steering.guard is not None:
+            step = metrics.get("step")
+            self.steering.guard.saw_report(metrics, step if isinstance(step, int) else
+                                           self.step if self.uses_loader else self.report_calls + 1)
         if self.noise is not None:
             noise_scale = self.noise.value
             if noise_scale is not None:
@@ -207,7 +219,9 @@ class TrainingSession:
 
     def commands_due(self, due: bool) -> None:
         """Steering has commands pending (or no more): report() looks at them only then."""
-        self.reporter.hook = self._before_report if due or self.noise is not None else None
+        steering = getattr(self, "steering", None)  # None while the steering is being made
+        guarded = steering is not None and steering.guard is not None
+        self.reporter.hook = self._before_report if due or guarded or self.noise is not None else None
 
     def on_batch(self, batch_size: int) -> None:
         self.step += 1

@@ -19,7 +19,6 @@ listener's thread as soon as it is learnt (:mod:`.stacks`).
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from collections.abc import Callable
@@ -29,16 +28,20 @@ from nbtrain._cluster.commands import (
     ADJUST,
     AS_SOON_AS_BACK,
     CHECKPOINT,
+    GUARD,
     IN_PARAM_GROUPS,
     PAUSE,
     PROFILE,
     RESUME,
+    REWIND,
     STACKS,
     STOP_AFTER_EPOCH,
     USER,
     Command,
     SteeringBeat,
 )
+from nbtrain._cluster.rank import optimizer_settings, rewinding
+from nbtrain._cluster.rank.guarding import RankGuard
 from nbtrain._cluster.rank.inspection import stacks
 from nbtrain._cluster.rank.inspection.profiling import StepProfile
 from nbtrain._cluster.rank.their_code import optimizers as wrappers
@@ -89,11 +92,16 @@ class RankSteering:
         self._stopped = threading.Event()
         self.training_thread = threading.get_ident()  # made by the session, on the thread that runs the function
         self.profiling: StepProfile | None = None
+        self.points = rewinding.RestorePoints(session, self)  # what run.rewind() goes back to, taken at checkpoints
+        self.guard: RankGuard | None = None         # run.guard()'s, checked at reports and updates
+        self.rewinds = 0                            # rewinds applied this attempt: the branch a guard's trip is on
         # stacks and profiles an earlier attempt was asked for: not this one's to answer
         self._earlier = {c.id for c in known
                          if c.kind == STACKS or (c.kind == PROFILE and c.at_step != AS_SOON_AS_BACK)}
         self._replaying = True
-        self.learn([c for c in known if c.kind == ADJUST])  # a new attempt: the changes made so far
+        # a new attempt: the changes made so far (not those a rewind went back from), and the guards in force
+        guards = [c for c in known if c.kind == GUARD][-1:]
+        self.learn([c for c in known if c.kind == ADJUST and not c.superseded] + guards)
         self._replaying = False
         # the rest (pauses, checkpoints asked, user commands) belonged to earlier attempts: never again
         self.seen = max((c.id for c in known), default=0)
@@ -142,6 +150,10 @@ class RankSteering:
                 elif command.kind == RESUME:
                     pending = [c for c in pending if c.kind != PAUSE]  # a pause not reached yet is off
                     self._resumed.set()
+                    if self.guard is not None:
+                        self.guard.rearm()
+                elif command.kind == GUARD:  # in force at once: a guard watches, it changes nothing by itself
+                    self.guard = RankGuard(command.args, self._guard_tripped) if command.args else None
                 elif command.kind == PAUSE:
                     self._resumed.clear()
                     pending.append(command)
@@ -221,12 +233,14 @@ class RankSteering:
         # every optimizer step in the process comes here: with nothing pending, one lookup and one test
         if optimizer not in self._met:
             self._adopt(optimizer)
-        if self.pending or self.grad_clip is not None:
+        if self.pending or self.grad_clip is not None or self.guard is not None:
             self._before_adopted(optimizer)
 
     def _before_adopted(self, optimizer: Any) -> None:
         if optimizer not in self.optimizers:
             return  # inside an adopted one, whose own hook applied what was due
+        if self.guard is not None and not self.guard.gradients_finite(optimizer, self.step()):
+            optimizer_settings.drop_gradients(optimizer)  # the same on every rank (DDP averaged them): no rank updates
         if self.pending:
             self._apply_due(user=False)
         if self.grad_clip is not None:
@@ -241,6 +255,18 @@ class RankSteering:
         if self.pending and optimizer in self.optimizers:  # not inside a step (ZeRO syncs after its inner one)
             self._apply_due(user=True)
 
+    def at_batch(self) -> None:
+        """A prepared loader is about to take the next step's batch, with commands pending: a rewind due at that
+        step is applied here, between two whole steps (the loader then starts again at its point's place)."""
+        step = self.session.step + 1
+        for command in list(self.pending):
+            if command.at_step > step and command.at_step != AS_SOON_AS_BACK:
+                break
+            if command.kind == REWIND:
+                with self._lock:
+                    self._set_pending([c for c in self.pending if c.id != command.id])
+                self._apply(command, step)
+
     def at_report(self) -> None:
         """``nbtrain.report()`` with commands pending: a loop that gives nbtrain no optimizer can still be paused,
         checkpointed and sent commands (at its reports; changing an optimizer needs the optimizer)."""
@@ -252,7 +278,8 @@ class RankSteering:
         for command in list(self.pending):
             if command.at_step > step and command.at_step != AS_SOON_AS_BACK:
                 break
-            if (command.kind in (USER, PROFILE)) != user or (command.kind == ADJUST and not adjust):
+            if (command.kind in (USER, PROFILE)) != user or (command.kind == ADJUST and not adjust) \
+                    or (command.kind == REWIND and (self.session.uses_loader or not adjust)):
                 continue
             with self._lock:
                 self._set_pending([c for c in self.pending if c.id != command.id])
@@ -265,6 +292,8 @@ class RankSteering:
             self._adjust(command.settings, command.group)
         elif kind == CHECKPOINT:
             self.checkpoint_wanted = True
+        elif kind == REWIND:
+            self._rewind(command)
         elif kind == USER:
             self._run_handler(command)
         elif kind == PROFILE:
@@ -285,7 +314,26 @@ class RankSteering:
                 for optimizer in self.optimizers:
                     for index, group in enumerate(optimizer.param_groups):
                         if group_index is None or index == group_index:
-                            _set(optimizer, group, key, value)
+                            optimizer_settings.set_value(optimizer, group, key, value)
+
+    def _rewind(self, command: Command) -> None:
+        to_step, skip = command.rewind
+        self.points.restore(to_step, skip)
+        factor = command.args.get("lr_factor")
+        if factor:
+            for optimizer in self.optimizers:
+                for group in optimizer.param_groups:
+                    optimizer_settings.set_value(optimizer, group, "lr", group["lr"] * factor)
+        self.rewinds += 1
+        if self.guard is not None:
+            self.guard.rearm(forget=True)
+        self.session.last_progress = time.time()
+
+    def _guard_tripped(self, step: int, kind: str, message: str) -> None:
+        """A guard saw trouble on this rank: the supervisor decides what every rank does about it (not waited for)."""
+        ctx = self.session.context
+        self.session.supervisor.guard_tripped.remote(ctx.attempt, ctx.rank, self.rewinds, step, kind,
+                                                     f"rank {ctx.rank}: {message}")
 
     def _hold(self, step: int) -> None:
         """Every rank waits here, at the same step, until the notebook resumes the run (its resources stay).
@@ -362,8 +410,18 @@ class RankSteering:
         while not never.wait(PAUSE_CHECK_S):  # the run's stop ends this process
             pass
 
-    def saved_checkpoint(self) -> None:
+    def saved_checkpoint(self) -> bool:
+        """``save_checkpoint`` on this rank; False when it must not be kept: a guard tripped and its action is on
+        its way (the state may be diverged: the rewind goes back before it, to a point taken earlier)."""
         self.checkpoint_wanted = False
+        if self.guard is not None and self.guard.tripped:
+            return False
+        self.points.capture()
+        return True
+
+    def schedulers(self) -> list[Any]:
+        """The LR schedulers of the steered optimizers (given, or found among their referrers)."""
+        return optimizer_settings.schedulers(self.optimizers)
 
     # ------------------------------------------------------------------ what the heartbeat says
     def values(self) -> dict[str, list[Any]]:
@@ -389,45 +447,5 @@ class RankSteering:
         return SteeringBeat(step=step, rate=self._rate, epoch=self.session.epoch,
                             settings=self.values() if self.optimizers else None, paused_at=self.paused_at,
                             held_after_epoch=self.held_after_epoch,
-                            epochs_counted=self.epochs_counted or self.session.uses_loader)
-
-
-def _set(optimizer: Any, group: dict[str, Any], key: str, value: Any) -> None:
-    """One checked setting into one param group (betas back to torch's tuple; an LR's schedule follows it)."""
-    if key == "lr":
-        old = group["lr"]
-        group["lr"] = value
-        if old:
-            _rescale_schedules(optimizer, group, value / old)
-    else:
-        group[key] = tuple(value) if key == "betas" else value
-
-
-def _rescale_schedules(optimizer: Any, group: dict[str, Any], factor: float) -> None:
-    """An LR scheduler computes the next rates from its base values: scaled too, the schedule goes on from the
-    new value. Schedulers keep no link from the optimizer, so they are found among its referrers (only
-    when a change is applied: nothing on the step)."""
-    from torch.optim.lr_scheduler import LRScheduler
-
-    index = optimizer.param_groups.index(group)
-    if "initial_lr" in group:
-        group["initial_lr"] *= factor
-    known = getattr(optimizer, "_nbtrain_schedulers", [])
-    for scheduler in [*known, *(found for found in _schedulers_of(optimizer, LRScheduler) if found not in known)]:
-        base = getattr(scheduler, "base_lrs", None)
-        if isinstance(base, list) and index < len(base):
-            base[index] *= factor
-        last = getattr(scheduler, "_last_lr", None)
-        if isinstance(last, list) and index < len(last):
-            last[index] = group["lr"]
-
-
-def _schedulers_of(optimizer: Any, kind: type) -> list[Any]:
-    found = []
-    for referrer in gc.get_referrers(optimizer):
-        if isinstance(referrer, kind):
-            found.append(referrer)
-        elif isinstance(referrer, dict):
-            found.extend(owner for owner in gc.get_referrers(referrer)
-                         if isinstance(owner, kind) and getattr(owner, "__dict__", None) is referrer)
-    return found
+                            epochs_counted=self.epochs_counted or self.session.uses_loader,
+                            restore_points=self.points.steps(), rewind_refusal=self.points.refusal())

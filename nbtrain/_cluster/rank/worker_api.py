@@ -84,6 +84,7 @@ def prepare_model(model: Any, *, strategy: str | None = "ddp", precision: str | 
     ctx = session.context
     model = parallel.distribute(model, ctx.device, ctx.world_size, strategy, auto_wrap_policy,
                                 dict(fsdp_kwargs or {}), ddp_kwargs)
+    session.steering.points.models.append(model)  # its state is copied at each checkpoint, for run.rewind()
     step_timing.time_communication(model, session.timing)  # before gns's hook, which then runs inside it
     if session.noise is not None:
         _measure_noise(model, session)
@@ -266,19 +267,19 @@ def save_checkpoint(obj: Any, *, sharded: bool = False) -> None:
     import torch
 
     session = current_session()
-    session.steering.saved_checkpoint()
+    keep = session.steering.saved_checkpoint()  # not while a guard's action is on its way (see rank/guarding)
     session.land_reported()
     if sharded:
         ctx = session.context
         step = session.current_step()
         path = sharded_checkpoint.save(obj, session.payload.storage, ctx.run_name, ctx.attempt, step)
-        if ctx.rank == 0:
+        if ctx.rank == 0 and keep:
             meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time(),
                     "format": "dcp"}
             ray.get(session.supervisor.record_checkpoint.remote(meta, None, path))
         return
     obj = parallel.gather_shards(obj)
-    if session.context.rank != 0:
+    if session.context.rank != 0 or not keep:
         return
     buffer = io.BytesIO()
     torch.save(_unwrap_models(obj), buffer)

@@ -30,6 +30,7 @@ from nbtrain._cluster.commands import Command
 from nbtrain._cluster.elastic import policy
 from nbtrain._cluster.elastic.policy import Cluster, RayCluster, Resize
 from nbtrain._cluster.feed.feed import RunFeed, nan_keys
+from nbtrain._cluster.guards import checked_guard
 from nbtrain._cluster.run import failure_policy, stall_stacks
 from nbtrain._cluster.run.failure_policy import Failed, Failure, FailurePolicy, Outcome, Restart, Stopped, Succeeded
 from nbtrain._cluster.run.steering import RunSteering
@@ -38,7 +39,8 @@ from nbtrain._cluster.run.worker_group import StartFailed, StopRequested, Worker
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import profiles
-from nbtrain._cluster.storage.run_storage import RunStorage
+from nbtrain._cluster.storage.run_storage import RunStorage, drop_checkpoints_after, kept_checkpoint
+from nbtrain._exceptions import StorageError
 from nbtrain._packing.runtime_env import pip_problem, setup_failure
 from nbtrain._states import RunState, check_transition
 
@@ -94,7 +96,7 @@ class RunController:
         self.checkpoint: dict[str, Any] | None = None
         self.resume_from: dict[str, Any] | None = None  # the checkpoint the current attempt started from
         self.steering = RunSteering(lambda kind, message: self.feed.event(kind, message, self.attempt),
-                                    self._persist_locked)
+                                    self._persist_locked, rewound=self._rewound)
         self.started = time.time()
         self.ended: float | None = None
         self.stop_requested = False
@@ -120,6 +122,29 @@ class RunController:
             self.persist()
         self.feed.event("state", f"{new.value}" + (f": {why}" if why else ""), self.attempt)
 
+    def guard_tripped(self, attempt: int, branch: int, step: int, kind: str, message: str) -> None:
+        """A rank's guard saw trouble (see guard_decisions): its action goes to every rank, or the run stops."""
+        with self._lock:
+            state, running = self.state, self.table.steering_now()
+        if state.is_terminal or attempt != self.attempt:
+            return
+        if self.steering.guards.tripped(attempt, branch, step, kind, message, running, live=state == RunState.RUNNING):
+            threading.Thread(target=self.request_stop, args=(30.0,), name="nbtrain-guard-stop", daemon=True).start()
+
+    def _rewound(self, step: int) -> None:
+        """The ranks went back to their restore point at ``step``: so does the run's checkpoint (a restart resumes
+        there), and the checkpoints of the branch left are deleted."""
+        with self._lock:
+            latest = self.checkpoint
+            if latest is None or latest["step"] <= step or latest.get("format") == "dcp":
+                return
+            self.checkpoint = kept_checkpoint(latest, step)
+            self.persist()
+        try:
+            drop_checkpoints_after(latest, self.attempt, step)
+        except (OSError, StorageError) as exc:  # recorded as the run's: only files of the branch left stay
+            self.feed.event("storage", f"the checkpoints past step {step} could not be deleted: {exc}", self.attempt)
+
     def _say(self, kind: str, message: str) -> None:
         self.feed.event(kind, message, self.attempt)
 
@@ -141,6 +166,8 @@ class RunController:
         if not saved:
             if self.spec.settings_at_start:
                 self.steering.start_with(self.spec.settings_at_start)
+            if self.spec.options.guard:
+                self.steering.start_with_guard(checked_guard(self.spec.options.guard, "launch(guard=...)"))
             self.persist()
             self.feed.event("state", f"run {self.spec.name} created", self.attempt)
             for note in self.spec.notes:
@@ -150,7 +177,8 @@ class RunController:
         self.attempt, self.failures, self.error = saved["attempt"], saved["failures"], saved["error"]
         self.checkpoint, self.started, self.ended = saved["checkpoint"], saved["started"], saved["ended"]
         self.stop_requested = saved.get("stop_requested", False)
-        self.steering = RunSteering(self.steering.record, self._persist_locked, saved.get("commands"))
+        self.steering = RunSteering(self.steering.record, self._persist_locked, saved.get("commands"),
+                                    rewound=self._rewound)
         self.state = RunState(saved["state"])  # as recorded: this is where the machine stood
         if self.state.is_terminal:
             return

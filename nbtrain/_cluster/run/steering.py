@@ -24,16 +24,19 @@ from typing import Any
 from nbtrain._cluster.commands import (
     ADJUST,
     AS_SOON_AS_BACK,
+    GUARD,
     NO_SETTING_GIVEN,
     NOT_CHANGES,
     PAUSE,
     PROFILE,
     RESUME,
+    REWIND,
     STACKS,
     STOP_AFTER_EPOCH,
     Command,
     SteeringBeat,
 )
+from nbtrain._cluster.run.guard_decisions import GuardDecisions
 
 LEAD_S = 0.5          # how far ahead of the furthest rank a command's step is, in time at the current rate
 MIN_LEAD_STEPS = 3
@@ -43,13 +46,22 @@ class RunSteering:
     """The commands of one run; thread-safe (pushes, polls and the notebook's calls come on many threads)."""
 
     def __init__(self, record: Callable[[str, str], None], persist: Callable[[], None],
-                 saved: list[dict[str, Any]] | None = None) -> None:
+                 saved: list[dict[str, Any]] | None = None,
+                 rewound: Callable[[int], None] | None = None) -> None:
         self.record = record       # (kind, message): an event in the run's history
         self._persist = persist    # the run's state, commands included, to its storage
-        self.commands: list[Command] = [Command(**saved_command) for saved_command in saved or []]
+        self.rewound = rewound     # (step): rank 0 went back to its point at step (the run's checkpoint follows)
+        self.commands: list[Command] = [_loaded(saved_command) for saved_command in saved or []]
+        self.guards = GuardDecisions(self)
         self._applied_by: dict[int, dict[int, int]] = {}       # command id -> rank -> step
         self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
         self._changed = threading.Condition()
+
+    def start_with_guard(self, guard: dict[str, Any]) -> None:
+        """A new run's guards (``launch(guard=...)``), in force from its first step."""
+        with self._changed:
+            self.commands.append(Command(id=len(self.commands) + 1, kind=GUARD, args=guard, at_step=0,
+                                         issued=time.time()))
 
     def start_with(self, settings: dict[str, Any]) -> None:
         """A new run's first command: these optimizer settings before the first update (a fork's config)."""
@@ -63,11 +75,13 @@ class RunSteering:
         (the worker table's :meth:`~nbtrain._cluster.run.worker_table.WorkerTable.steering_now`)."""
         if kind == ADJUST:
             self._check_adjust(args, running, live)
+        if kind == REWIND:
+            args = self._rewind_to(args, running)
         if kind in (STACKS, PROFILE):
             args = {**args, "ranks": _asked_ranks(kind, args.get("ranks"), sorted(running))}
-        if kind == PAUSE and self._paused():
+        if kind == PAUSE and self.paused():
             raise ValueError("the run is paused already (or about to be); resume it first.")
-        if kind == RESUME and not self._paused():
+        if kind == RESUME and not self.paused():
             raise ValueError("the run is not paused; nothing to resume.")
         if kind == STOP_AFTER_EPOCH:
             stepping = any(said.step > 1 for said in running.values())  # a loader or integration says so by then
@@ -82,6 +96,8 @@ class RunSteering:
             self.commands.append(command)
             self._changed.notify_all()
         self._persist()
+        if kind == GUARD:  # in force as each rank learns it: no step to wait for
+            self.record("guard", command.describe())
         return command
 
     def _check_adjust(self, args: dict[str, Any], running: dict[int, SteeringBeat], live: bool) -> None:
@@ -104,7 +120,44 @@ class RunSteering:
             raise ValueError(f"group={group!r}: its optimizers have {len(known.get('lr', []))} param groups "
                              "(0-based).")
 
-    def _paused(self) -> bool:
+    def _rewind_to(self, args: dict[str, Any], running: dict[int, SteeringBeat]) -> dict[str, Any]:
+        """A rewind's args with the step it goes back to: the latest restore point at or before the step asked
+        that every rank running has (they take them at the same checkpoints)."""
+        if not running:
+            raise ValueError("no rank is running now to rewind (it may be starting or restarting); ask again once "
+                             "its ranks run.")
+        under_way = [c for c in self.commands if c.kind == REWIND and c.applied_step is None]
+        if under_way:
+            raise ValueError(f"a rewind to step {under_way[-1].rewind[0]} is under way; ask again once it is done.")
+        refusal = next((said.rewind_refusal for said in running.values() if said.rewind_refusal), None)
+        if refusal:
+            raise ValueError(refusal)
+        common = set.intersection(*(set(said.restore_points) for said in running.values()))
+        asked = args.get("step")
+        at_or_before = sorted(step for step in common if asked is None or step <= asked)
+        if not at_or_before:
+            if not common:
+                raise ValueError("its ranks have no restore point yet in the epoch they are in: each rank takes "
+                                 "one at each nbtrain.save_checkpoint (call it on every rank), or ask "
+                                 "run.checkpoint_now().")
+            raise ValueError(f"it has no checkpoint at or before step {asked} to rewind to; its ranks can go back to "
+                             f"step {', '.join(map(str, sorted(common)))} (the last checkpoints of the epoch they are "
+                             "in).")
+        to_step = at_or_before[-1]
+        skip = args.get("skip")
+        if skip is None:  # a guard's: through the batch that tripped
+            skip = max(int(args.get("through", to_step)) - to_step, 0)
+        return {**{key: value for key, value in args.items() if key not in ("step", "through")},
+                "to_step": to_step, "skip": int(skip)}
+
+    def guard(self) -> dict[str, Any]:
+        """The guards in force (``{}``: none)."""
+        return next((dict(c.args) for c in reversed(self.commands) if c.kind == GUARD), {})
+
+    def rewinds(self) -> list[Command]:
+        return [c for c in self.all() if c.kind == REWIND]
+
+    def paused(self) -> bool:
         """Whether the last pause was not resumed (it may not have been reached yet: the ranks' word lags)."""
         last = next((command.kind for command in reversed(self.commands) if command.kind in (PAUSE, RESUME)), None)
         return last == PAUSE
@@ -135,21 +188,39 @@ class RunSteering:
             command = self.commands[command_id - 1]
             steps = self._applied_by.setdefault(command_id, {})
             steps[rank] = step
+            if command.kind == REWIND:  # each rank's own clock: its rows before this time, past the step, are left
+                command = dataclasses.replace(command, rank_times={**(command.rank_times or {}), rank: when})
+                self.commands[command_id - 1] = command
+            rewound = rank == 0 and command.applied_step is None and command.kind == REWIND
             if rank == 0 and command.applied_step is None:
                 command = dataclasses.replace(command, applied_step=step, applied=when, before=before)
                 self.commands[command_id - 1] = command
                 message = command.describe()
             else:
                 message = ""
+            if rewound:
+                self._supersede(command)
             disagree = len(steps) == world_size and len(set(steps.values())) > 1
             self._changed.notify_all()
-        if message:
+        if rewound and self.rewound is not None:
+            self.rewound(command.rewind[0])
+        if message or command.kind == REWIND:
             self._persist()
-            self.record("change", message)
+        if message:
+            self.record("rewind" if command.kind == REWIND else "change", message)
         if disagree:
             where = ", ".join(f"rank {r} at step {s}" for r, s in sorted(steps.items()))
             self.record("change", f"command {command_id} was applied at different steps ({where}): a rank was "
                                    "held up longer than the lead; the replicas may differ from here on.")
+
+    def _supersede(self, rewind: Command) -> None:
+        """With the lock held: the changes applied past the step ``rewind`` goes back to belong to the branch it
+        leaves; a new attempt does not apply them again."""
+        to_step = rewind.rewind[0]
+        for index, command in enumerate(self.commands[:rewind.id - 1]):
+            if command.applied_step is not None and command.applied_step > to_step and command.kind != GUARD \
+                    and not command.superseded:
+                self.commands[index] = dataclasses.replace(command, superseded=True)
 
     def result(self, command_id: int, rank: int, ok: bool, value: Any) -> None:
         with self._changed:
@@ -178,7 +249,13 @@ class RunSteering:
     def changes(self) -> list[dict[str, Any]]:
         """The commands applied (or waiting), for ``run.changes`` and the curves' markers."""
         return [{**command.as_dict(), "description": command.describe()} for command in self.all()
-                if command.kind not in NOT_CHANGES]
+                if command.kind not in NOT_CHANGES and command.kind != GUARD]
+
+
+def _loaded(saved: dict[str, Any]) -> Command:
+    """A command as the run's state file kept it (JSON: a rewind's rank times keyed by text)."""
+    times = saved.get("rank_times")
+    return Command(**{**saved, "rank_times": {int(rank): when for rank, when in times.items()} if times else None})
 
 
 def _asked_ranks(kind: str, asked: list[int] | None, live: list[int]) -> list[int]:

@@ -26,7 +26,6 @@ method blocks on workers while holding it.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -35,21 +34,21 @@ from typing import Any
 import cloudpickle
 import ray
 
-from nbtrain._cluster.commands import Command, Heartbeat
+from nbtrain._cluster.commands import REWIND, Command, Heartbeat
 from nbtrain._cluster.feed.feed import RunFeed
 from nbtrain._cluster.feed.metric_loggers import MetricLoggers
 from nbtrain._cluster.feed.push_relay import Push
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.priority import lower_own_priority
+from nbtrain._cluster.run import run_directory
 from nbtrain._cluster.run.controller import RunController
-from nbtrain._cluster.run.stored_run import delete_files, index_path, record_in_index, write_final
+from nbtrain._cluster.run.stored_run import delete_files, record_in_index, write_final
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import post_mortems, storage_uri
-from nbtrain._cluster.storage.run_storage import RunStorage, checkpoint_for_fork, prune_checkpoints
+from nbtrain._cluster.storage.run_storage import checkpoint_for_fork, kept_checkpoint, prune_checkpoints
 from nbtrain._cluster.warm.spare_process import prestart_for_this_job
-from nbtrain._exceptions import NbtrainError, RunExistsError, StorageError
-from nbtrain._paths import read_json, storage_root
+from nbtrain._exceptions import NbtrainError, StorageError
 from nbtrain._ray_compat import on_head_node, worker_setup_hook_env
 from nbtrain._states import RunState
 
@@ -116,9 +115,9 @@ class RunSupervisor:
             threading.Thread(target=prestart_for_this_job, args=(spec.options.warm_idle_s,),
                              name="nbtrain-spare", daemon=True).start()
         lock = threading.RLock()
-        _refuse_a_name_taken(spec)
-        set_aside = _set_aside_earlier_run(spec)
-        storage = open_storage(spec)
+        run_directory.refuse_a_name_taken(spec)
+        set_aside = run_directory.set_aside_earlier_run(spec)
+        storage = run_directory.open_storage(spec)
         storage.save_spec(spec_bytes)
         remote = storage_uri.remote_storage(spec.options.storage)
         record_in_index(spec.name, storage.dir, spec.launch_id, remote and storage_uri.join(remote, spec.name))
@@ -255,6 +254,16 @@ class RunSupervisor:
     def command_result(self, command_id: int, rank: int, ok: bool, value: Any) -> None:
         self._run.command_result(command_id, rank, ok, value)
 
+    def guard_tripped(self, attempt: int, rank: int, branch: int, step: int, kind: str, message: str) -> None:
+        """A rank's guard saw trouble (see guard_decisions): its action is issued to every rank, or the run stops."""
+        self._run.guard_tripped(attempt, branch, step, kind, message)
+
+    def checkpoint_at(self, step: int) -> Found | None:
+        """The checkpoint kept at ``step`` (or the latest before it), for a rank's ``@on_rewind`` function."""
+        with self._feed.lock:
+            checkpoint = kept_checkpoint(self._run.checkpoint, step)
+        return self._read_checkpoint(checkpoint)
+
     # ------------------------------------------------------------------ steering (the notebook's commands)
     def steer(self, kind: str, args: dict[str, Any]) -> tuple[bool, Any]:
         """A command from the notebook: (True, the command with its step) or (False, why it was refused)."""
@@ -263,6 +272,8 @@ class RunSupervisor:
             running = self._table.steering_now()
         if state.is_terminal:
             return False, f"it has ended ({state.value}); only a live run can be steered."
+        if kind == REWIND:
+            args = {**args, "attempt": self._run.attempt}
         try:
             return True, self._run.steering.issue(kind, args, running, live=state == RunState.RUNNING)
         except ValueError as refused:
@@ -345,6 +356,8 @@ class RunSupervisor:
             "latest": dict(self._feed.latest), "launch": run.spec.launch_id,
             **self._table.steering_summary(),
             "changes": run.steering.changes(),
+            "guard": run.steering.guard(),
+            "rewinds": sum(1 for command in run.steering.rewinds() if command.applied_step is not None),
         }
 
     def config(self) -> bytes:
@@ -393,58 +406,3 @@ class RunSupervisor:
             self._storage.close()
             delete_files(self._run.spec.name, self._storage.dir)
         return "deleted"
-
-
-def history_root(spec: RunSpec) -> Path:
-    """Where the run's directory (history, state) is: ``storage=`` when it is a path, else nbtrain's home.
-
-    A pyarrow.fs URI holds only checkpoints (see storage_uri): the history's fsynced,
-    append-only segments stay on the head node's disk.
-    """
-    local = storage_uri.local_storage(spec.options.storage)
-    return Path(local) if local else storage_root()
-
-
-def open_storage(spec: RunSpec) -> RunStorage:
-    """The run's storage, or a :class:`StorageError` naming the directory that cannot be written."""
-    root = history_root(spec)
-    try:
-        return RunStorage(root, spec.name)
-    except OSError as exc:
-        where = ("storage (--storage)" if storage_uri.local_storage(spec.options.storage)
-                 else "nbtrain's home on the head node ($NBTRAIN_HOME)")
-        msg = (f"Run {spec.name!r} cannot keep its files in {Path(root) / spec.name}: "
-               f"{exc.strerror or exc}. Give {where} a directory the cluster's head node can write.")
-        raise StorageError(msg) from None
-
-
-def _refuse_a_name_taken(spec: RunSpec) -> None:
-    """A new launch may not take the name of an ended run the cluster still keeps (``resume`` continues it).
-
-    Checked here, on the head, rather than by the notebook before it asks for this actor:
-    that would cost a task of its own, and a task a worker process, on every launch.
-    """
-    entry = read_json(index_path(spec.name))
-    if isinstance(entry, dict) and entry.get("launch") != spec.launch_id and Path(str(entry.get("dir"))).exists():
-        raise RunExistsError(f"A run named {spec.name!r} already exists on the cluster.")
-
-
-def _set_aside_earlier_run(spec: RunSpec) -> Path | None:
-    """Move away the files of an earlier run of this name (not this launch's), so they are never taken up.
-
-    A run that left the cluster without ``delete()`` (the cluster restarted, the actor was
-    killed) leaves its files; a new launch of the name must start from step 0, not from them.
-    Returns where they went.
-    """
-    directory = history_root(spec) / spec.name
-    saved = read_json(directory / "state.json")
-    if not isinstance(saved, dict) or saved.get("launch") == spec.launch_id:
-        return None
-    aside = directory.with_name(f"{spec.name}.earlier-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}")
-    try:
-        os.replace(directory, aside)
-    except OSError as exc:
-        msg = (f"Run {spec.name!r}: {directory} holds the files of an earlier run of that name and they "
-               f"cannot be moved aside ({exc}). Delete or move that directory, or pick another name.")
-        raise StorageError(msg) from None
-    return aside

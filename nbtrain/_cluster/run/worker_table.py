@@ -96,11 +96,14 @@ class WorkerTable:
 
     def steering_summary(self) -> dict[str, Any]:
         """The run's summary of its ranks' last word for steering, whatever their state now: ``paused_at``
-        (the step a pause holds them at) and ``hyper`` (the lowest rank's optimizer settings)."""
+        (the step a pause holds them at), ``hyper`` (the lowest rank's optimizer settings) and ``restore_points``
+        (the steps every rank can rewind to now)."""
         with self._lock:
             said = [self._steering[rank] for rank in sorted(self._steering)]
+        points = [set(s.restore_points) for s in said]
         return {"paused_at": min((s.paused_at for s in said if s.paused_at is not None), default=None),
-                "hyper": next((s.settings for s in said if s.settings), None)}
+                "hyper": next((s.settings for s in said if s.settings), None),
+                "restore_points": sorted(set.intersection(*points)) if points else []}
 
     def steering_now(self) -> dict[int, SteeringBeat]:
         """What each rank that takes steps (running, paused or stalled) last said for steering, by rank; a rank

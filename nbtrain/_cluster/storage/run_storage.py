@@ -230,15 +230,36 @@ def checkpoint_for_fork(latest: dict[str, Any] | None, step: int | None) -> tupl
         return "it has no checkpoint: a run forks from one (nbtrain.save_checkpoint, or run.checkpoint_now())."
     if latest.get("format") == "dcp":
         return "its checkpoint is sharded (save_checkpoint(sharded=True)); fork it by launching from its files."
-    if step is None or latest["step"] <= step:
-        return dict(latest), storage_uri.read_bytes(latest["path"])
-    directory, _name = storage_uri.split(latest["path"])
-    kept = sorted((found, entry) for entry in storage_uri.list_names(directory) if (found := _order(entry)) is not None)
-    earlier = [(found, entry) for found, entry in kept if found[1] <= step]
-    if not earlier:
-        steps = ", ".join(str(found[1]) for found, _ in kept)
+    meta = kept_checkpoint(latest, latest["step"] if step is None else step)
+    if meta is None:
+        directory, _name = storage_uri.split(latest["path"])
+        steps = ", ".join(str(found[1]) for found, _ in _kept(directory))
         return f"it keeps no checkpoint at or before step {step} (it keeps the last {KEEP_CHECKPOINTS}: steps {steps})."
+    return meta, storage_uri.read_bytes(meta["path"])
+
+
+def kept_checkpoint(latest: dict[str, Any] | None, step: int) -> dict[str, Any] | None:
+    """The meta of the latest checkpoint kept at or before ``step`` (``latest`` itself when it is), or None."""
+    if latest is None:
+        return None
+    if latest["step"] <= step:
+        return dict(latest)
+    directory, _name = storage_uri.split(latest["path"])
+    earlier = [(found, entry) for found, entry in _kept(directory) if found[1] <= step]
+    if not earlier:
+        return None
     (attempt, at), entry = earlier[-1]
     form = next(form for form, suffix in CHECKPOINT_SUFFIXES.items() if entry.endswith(suffix))
-    meta: dict[str, Any] = {"step": at, "attempt": attempt, "format": form, "path": storage_uri.join(directory, entry)}
-    return meta, storage_uri.read_bytes(meta["path"])
+    return {"step": at, "attempt": attempt, "format": form, "path": storage_uri.join(directory, entry)}
+
+
+def drop_checkpoints_after(latest: dict[str, Any], attempt: int, step: int) -> None:
+    """A rewind to ``step`` in ``attempt``: its checkpoints past ``step`` are of the branch left; never taken up."""
+    directory, _name = storage_uri.split(latest["path"])
+    for (at_attempt, at_step), entry in _kept(directory):
+        if at_attempt == attempt and at_step > step:
+            storage_uri.delete(storage_uri.join(directory, entry))
+
+
+def _kept(directory: str) -> list[tuple[tuple[int, int], str]]:
+    return sorted((found, entry) for entry in storage_uri.list_names(directory) if (found := _order(entry)) is not None)

@@ -34,8 +34,11 @@ class PreparedLoader:
         self._loader = make(batch_size)
         self._move = move_to_device
         self._epoch = 0
+        self._taken = 0                # batches handed out in the current epoch
+        self._back_to: tuple[int, int] | None = None  # a rewind's (epoch, batches to pass over), until iterated
         self._timed = [0.0, 0]         # seconds and steps timed at the current batch size this epoch
         self._step_times: dict[int, float] = {}  # per-rank batch size -> mean step time over the ranks
+        current_session().steering.points.loaders.append(self)  # its place is kept at each checkpoint
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -43,27 +46,59 @@ class PreparedLoader:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Batches handed out in the current epoch (a restore point keeps it, see rank/rewinding)."""
+        return self._taken
+
+    def go_back(self, epoch: int, taken: int, skip: int) -> None:
+        """A rewind: the iteration in progress goes on from batch ``taken + skip`` of ``epoch`` (the skipped
+        batches are read and passed over: the sampler's order is kept whatever it is)."""
+        self._epoch, self._taken = epoch, taken + skip
+        self._back_to = (epoch, taken + skip)
+
+    def _taken_back(self) -> tuple[int, int] | None:
+        back_to, self._back_to = self._back_to, None
+        return back_to
+
+    def _batches_from(self, epoch: int, start: int) -> Iterator[Any]:
+        for sampler in (getattr(self._loader, "sampler", None), getattr(self._loader, "batch_sampler", None)):
+            set_epoch = getattr(sampler, "set_epoch", None)
+            if set_epoch is not None:
+                set_epoch(epoch)
+        batches: Iterator[Any] = iter(self._loader)
+        for _ in range(start):
+            if next(batches, _END) is _END:
+                break
+        return batches
+
     def __iter__(self) -> Iterator[Any]:
         session = current_session()
         if self._epoch > 0 and session.adaptive_batch is not None and self._batch is not None:
             self._adapt(session)
-        for sampler in (getattr(self._loader, "sampler", None), getattr(self._loader, "batch_sampler", None)):
-            set_epoch = getattr(sampler, "set_epoch", None)
-            if set_epoch is not None:
-                set_epoch(self._epoch)
         session.steering.at_epoch_start(self._epoch)  # run.stop(after="epoch") holds the rank here
         session.epoch = self._epoch
         device, timing = session.context.device, session.timing
         handed: float | None = None  # when the last batch was handed to the training step
-        batches = iter(self._loader)
+        self._taken, self._back_to = 0, None
+        batches = self._batches_from(self._epoch, 0)
         while True:
             asked = time.perf_counter()
+            if session.steering.pending:
+                session.steering.at_batch()  # a rewind due now calls go_back()
+                if (back_to := self._taken_back()) is not None:
+                    batches = self._batches_from(*back_to)
             batch = next(batches, _END)
             if batch is _END:
                 break
             if handed is not None:  # the step, its wait for this batch included
                 self._timed[0] += time.perf_counter() - handed
                 self._timed[1] += 1
+            self._taken += 1
             session.on_batch(batch_size_of(batch))
             if self._move:
                 batch = _to_device(batch, device)
@@ -74,6 +109,7 @@ class PreparedLoader:
         if timing is not None:
             timing.pause()
         self._epoch += 1
+        self._taken = 0
 
     def _adapt(self, session: Any) -> None:
         """Pick the next epoch's batch size with every rank (one all-reduce of four numbers) and apply it."""

@@ -1,0 +1,164 @@
+"""Rewinding a live run in place and guarding it against divergence, from the notebook: ``run.rewind()``,
+``run.guard()``, ``run.guards``, ``run.rewinds`` (see :mod:`nbtrain._cluster.rank.rewinding` for the ranks' side
+and :mod:`nbtrain._cluster.guards` for the guards').
+
+A rewind leaves the branch it goes back from in the run's history: the rows reported past the restore
+point before the rewind are *superseded* (:func:`superseded`, the ``superseded`` column of
+``run.metrics_frame()``), and its marker says ``rewound to step N``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nbtrain._client.run.reader import RunReader
+from nbtrain._client.run.stored import READ_TIMEOUT_S
+from nbtrain._cluster.commands import GUARD, REWIND, Command
+from nbtrain._cluster.guards import checked_guard
+from nbtrain._exceptions import InvalidOptionError, NbtrainError
+
+APPLIED_WAIT_S = 30.0
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class RunRewinds:
+    """``run.rewind()`` and ``run.guard()`` delegate here."""
+
+    def __init__(self, reader: RunReader) -> None:
+        self.reader = reader
+        self.name = reader.channel.name
+
+    def rewind(self, step: int | None = None, skip_batches: int = 0, *, wait: bool = False) -> int:
+        """Take every rank of the live run back to its latest checkpoint at or before ``step``, in place.
+
+        The same processes and process group go on from there: each rank restores its prepared model,
+        the optimizers nbtrain steers, their LR schedulers, the RNGs and each ``prepare_loader`` loader's
+        place, at the same step as the others, then skips the next ``skip_batches`` batches. Nothing is
+        relaunched, reloaded or compiled again. The rows reported past that step so far stay in the
+        history, marked superseded (a column of :meth:`metrics_frame`), and an event says ``rewound to
+        step N``; an attempt restarted later resumes from the checkpoint the rewind went back to. Ranks
+        take restore points at each ``nbtrain.save_checkpoint`` (call it on every rank) and keep the last
+        two of the epoch they are in. A loop nbtrain cannot put back (its own loader, no optimizer given)
+        needs an ``@nbtrain.on_rewind`` function; without one, this says what to add.
+
+        Args:
+            step: the latest step to go back to (a checkpoint at or before it is used); ``None``: the latest.
+            skip_batches: batches to pass over after the checkpoint's place (e.g. through a bad batch).
+            wait: return once rank 0 has rewound.
+
+        Returns:
+            The step of the checkpoint the run goes back to.
+
+        Raises:
+            InvalidOptionError: ``step`` or ``skip_batches`` is not a whole number >= 0 (nothing was sent).
+            NbtrainError: the run cannot be rewound (ended, no checkpoint at or before ``step``, a loop nbtrain
+                cannot restore...: the message says which), or, with ``wait=True``, rank 0 did not rewind in 30 s.
+
+        Example::
+
+            run.rewind(step=1200, skip_batches=50)
+        """
+        if step is not None and not _whole(step):
+            raise InvalidOptionError(f"run.rewind(step=...) is a step of the run (a whole number >= 0), or None for "
+                                     f"the latest checkpoint; got {step!r}.")
+        if not _whole(skip_batches):
+            raise InvalidOptionError(f"run.rewind(skip_batches=...) is a whole number >= 0 of batches to pass over "
+                                     f"after the checkpoint; got {skip_batches!r}.")
+        command = self.reader.channel.steer(REWIND, {"step": step, "skip": skip_batches}, "rewound")
+        if wait:
+            self._applied(command)
+        return command.rewind[0]
+
+    def _applied(self, command: Command) -> Command:
+        deadline = time.monotonic() + APPLIED_WAIT_S
+        while command.applied_step is None and time.monotonic() < deadline:
+            command = self.reader.channel.call("command_applied_yet", command.id, 5.0, timeout=5.0 + READ_TIMEOUT_S)
+        if command.applied_step is None:
+            raise NbtrainError(f"Run {self.name!r}: rank 0 did not rewind within {APPLIED_WAIT_S:g} s (is it paused, "
+                               "or between attempts?).")
+        return command
+
+    def guard(self, **settings: Any) -> dict[str, Any]:
+        """Guard the live run against divergence, checked on every rank with no round trip to the notebook.
+
+        A non-finite loss or gradient (``nan``), or a loss above ``spike`` times its running median (of the
+        rank's last 50), trips it; the run then rewinds every rank to the last checkpoint before that step,
+        skipping the batches through the one that tripped (``"rewind"``), pauses or stops. An update whose
+        gradients are not finite is skipped on every rank. Each trip and action is an event. After
+        ``max_rewinds`` rewinds by the guards, a trip pauses the run and says why. The same settings are the
+        launch option ``guard=`` and ``%%ray_train --guard nan=rewind spike=3``. Called with nothing, it turns
+        the guards off.
+
+        Args:
+            **settings: ``nan`` (``"rewind"``, ``"pause"``, ``"stop"``), ``spike`` (a factor above 1),
+                ``spike_action`` (default ``"rewind"``), ``lr_factor`` (the learning rate is multiplied by it at a
+                guard's rewind), ``skip_batches`` (after the checkpoint; default: through the batch that tripped),
+                ``max_rewinds`` (default 3), ``metric`` (default ``"loss"``).
+
+        Returns:
+            The guards now in force, every setting filled in (``{}``: off).
+
+        Raises:
+            InvalidOptionError: an unknown setting or a bad value (nothing was changed).
+            NbtrainError: the run has ended.
+
+        Example::
+
+            run.guard(nan="rewind", spike=3.0, lr_factor=0.5, max_rewinds=3)
+        """
+        guard = checked_guard(settings) if settings else {}
+        self.reader.channel.steer(GUARD, guard, "guarded")
+        return guard
+
+    @property
+    def guards(self) -> dict[str, Any]:
+        """The guards in force (every setting; ``{}`` when none), as of now."""
+        return dict(self.reader.fetch_summary().get("guard") or {})
+
+    @property
+    def rewinds(self) -> list[dict[str, Any]]:
+        """The run's rewinds, in order: ``to_step`` (the checkpoint's step), ``skip``, ``step`` (where the ranks
+        were when they went back; None while under way), ``why`` (a guard's trip, or None for a call),
+        ``attempt``, ``superseded`` (a later rewind went back before it), ``rank_times`` (rank -> when it went
+        back, by its clock: its rows past ``to_step`` from before then are superseded) and ``description``."""
+        return rewinds_of(self.reader.fetch_summary())
+
+
+def rewinds_of(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rewinds among a summary's ``changes`` (see :attr:`RunRewinds.rewinds`)."""
+    return [{"to_step": change["args"]["to_step"], "skip": change["args"].get("skip", 0),
+             "step": change.get("applied_step"), "why": change["args"].get("why"),
+             "attempt": change["args"].get("attempt"), "superseded": bool(change.get("superseded")),
+             "rank_times": {int(rank): when for rank, when in (change.get("rank_times") or {}).items()},
+             "description": change["description"]}
+            for change in summary.get("changes") or [] if change["kind"] == REWIND]
+
+
+def superseded(row: dict[str, Any], rewinds: list[dict[str, Any]]) -> bool:
+    """Whether a metric row belongs to a branch a rewind went back from: reported past the rewind's restore
+    point, before its rank went back (by that rank's own clock)."""
+    rank = row.get("rank")
+    for rewind in rewinds:
+        went_back = rewind["rank_times"].get(rank)
+        if went_back is not None and row["step"] > rewind["to_step"] and row["time"] < went_back:
+            return True
+    return False
+
+
+def superseded_column(frame: Any, rewinds: list[dict[str, Any]]) -> Any:
+    """:func:`superseded` for every row of a metrics frame, as a boolean array (vectorised)."""
+    import numpy as np
+
+    mask = np.zeros(len(frame), dtype=bool)
+    if not len(frame):
+        return mask
+    ranks, steps, times = frame["rank"].to_numpy(), frame["step"].to_numpy(), frame["time"].to_numpy()
+    for rewind in rewinds:
+        for rank, went_back in rewind["rank_times"].items():
+            mask |= (ranks == rank) & (steps > rewind["to_step"]) & (times < went_back)
+    return mask
+
