@@ -171,6 +171,7 @@ export class RaySidebar extends Widget {
       table.append(el('dt', '', label), el('dd', '', value));
     };
     add('Address', cluster.address);
+    (table.lastChild as HTMLElement).classList.add('jp-nbtrain-address');  // wraps at its spaces, never mid-port
     if (cluster.kind) {
       add('Kind', cluster.kind);
     }
@@ -246,9 +247,15 @@ class RunRow {
     this._pause.addEventListener('click', () => {
       if (this._run) {
         const verb = this._run.paused_at !== null && this._run.paused_at !== undefined ? 'resume' : 'pause';
-        this._pause.disabled = true;
-        void options.onPause(this._run, verb).finally(() => {
-          this._pause.disabled = false;
+        // shown at once: the ranks hold (or go on) only at their next step, seconds later
+        this._asked = verb;
+        this.update(this._run, null);
+        void options.onPause(this._run, verb).catch(() => {
+          this._asked = null;
+        }).finally(() => {
+          if (this._run) {
+            this.update(this._run, null);
+          }
         });
       }
     });
@@ -271,7 +278,11 @@ class RunRow {
     this._progress.hidden = Boolean(run.malformed);
     const paused =
       run.state === 'running' && run.paused_at !== null && run.paused_at !== undefined;
-    const shown = paused ? `paused at step ${run.paused_at}` : run.state;
+    if (run.state !== 'running' || (this._asked === 'pause' && paused) || (this._asked === 'resume' && !paused)) {
+      this._asked = null;  // done (or moot): the run's own state says it from here
+    }
+    const shown = this._asked === 'pause' ? 'pausing…' : this._asked === 'resume' ? 'resuming…'
+      : paused ? `paused at step ${run.paused_at}` : run.state;
     const state = run.stale ? `${shown}?` : shown;
     this.node.dataset.runName = run.name;
     this.node.dataset.state = run.state;
@@ -285,7 +296,9 @@ class RunRow {
       ? 'Its cluster has not answered for a while; the state shown is ' +
         'the last one known.'
       : `Attempt ${run.attempt ?? 1}, ${run.workers ?? '?'} workers`;
-    this.setElapsed(elapsed);
+    if (elapsed !== null) {
+      this.setElapsed(elapsed);
+    }
 
     const late = !run.terminal && run.stragglers ? run.stragglers : [];
     this._straggler.hidden = late.length === 0;
@@ -325,7 +338,9 @@ class RunRow {
     this._stop.disabled = run.terminal || run.stop?.status === 'stopping';
     this._stop.hidden = run.terminal;
     this._pause.hidden = run.terminal || run.stale || run.state !== 'running';
-    this._pause.textContent = paused ? 'Resume' : 'Pause';
+    this._pause.textContent = this._asked === 'pause' ? 'Pausing…' : this._asked === 'resume' ? 'Resuming…'
+      : paused ? 'Resume' : 'Pause';
+    this._pause.disabled = this._asked !== null;
     this._pause.title = paused
       ? 'Let every rank go on'
       : 'Hold every rank at the same step (its workers stay reserved)';
@@ -367,6 +382,7 @@ class RunRow {
   }
 
   private _run: IRun | null = null;
+  private _asked: 'pause' | 'resume' | null = null;  // clicked, not yet what the run says
   private _top = el('div', 'jp-nbtrain-run-top');
   private _select = document.createElement('input');
   private _progress = el('div', 'jp-nbtrain-progress-row');

@@ -189,10 +189,14 @@ class SweepDashboard:
         """Shown once already (``sweep.dashboard()`` displays it): as a cell's last value it adds nothing."""
 
     def display(self) -> None:
-        from IPython.display import HTML, display
+        """One output: the live widget, its static picture the fallback where widgets do not render."""
+        from IPython.display import display
 
-        display(self.widget)
-        self._static = display(HTML(""), display_id=True)
+        from nbtrain._views.dashboard.front_end import DashboardOutput
+
+        fallback = (f'<div class="nbtrain-sweep-summary">Sweep <b>{html.escape(str(self.sweep.name))}</b>: its '
+                    "live dashboard is a widget; this front end does not show widgets.</div>")
+        self._static = display(DashboardOutput(self.widget, fallback), display_id=True)
 
     def draw(self, answer: dict[str, Any]) -> None:
         self.header.value = header_html(answer)
@@ -239,12 +243,13 @@ class SweepDashboard:
         self._leave_static(answer)
 
     def _leave_static(self, answer: dict[str, Any]) -> None:
-        from IPython.display import HTML
+        from nbtrain._views.dashboard.front_end import DashboardOutput
 
         if self._static is not None:
-            self._static.update(HTML(header_html(answer) + curves_svg(answer) +
-                                     "".join(scatter_svg(answer, key) for key in answer.get("space", {})) +
-                                     table_html(answer)))
+            self._static.update(DashboardOutput(self.widget, (
+                '<div class="nbtrain-sweep-summary">' + header_html(answer) + curves_svg(answer)
+                + "".join(scatter_svg(answer, key) for key in answer.get("space", {})) + table_html(answer)
+                + "</div>")))
 
 
 class SweepText:
