@@ -44,7 +44,8 @@ SETUP = "%load_ext nbtrain\n%ray_connect"
 
 
 # The cells of dashboards.ipynb, by index: each test runs SETUP and its own.
-LIVE, BACKGROUND, FAILING, MILLION = 1, 2, 3, 4
+LIVE, BACKGROUND, FAILING, MILLION, MANY = 1, 2, 3, 4, 5
+MANY_STEPS = (1, 2, 3, 8, 30, 60)  # the MANY cell's runs, shown live at once, one dashboard each
 LIVE_MAY_END = "live-run-may-end"  # the LIVE run's ranks end once this file is in the lab's root
 
 
@@ -73,7 +74,18 @@ def lab(cluster, tmp_path_factory):
         "%%ray_train --workers 1 --name browser-million\n"
         "import math\n"
         "for step in range(1_000_000):\n"
-        "    nbtrain.report(step=step, loss=math.sin(step / 5000.0))\n")])
+        "    nbtrain.report(step=step, loss=math.sin(step / 5000.0))\n"), (
+        "import nbtrain, time\n"
+        "def short(config):\n"
+        "    for step in range(config['steps']):\n"
+        "        nbtrain.report(loss=1.0 / (step + 1))\n"
+        "        time.sleep(0.05)\n"
+        f"runs = [nbtrain.launch(short, config={{'steps': n}}, workers=1, name=f'browser-many-{{n}}')\n"
+        f"        for n in {MANY_STEPS}]\n"
+        "for run in runs:\n"
+        "    run.dashboard()\n"
+        "for run in runs:\n"
+        "    run.wait()\n")])
     server = start_jupyterlab(root)
     yield server
     server.stop()
@@ -242,4 +254,26 @@ def test_a_million_point_history_renders_without_freezing(page, lab):
         print("charts (id, points, last step):", page.evaluate(
             "() => [...document.querySelectorAll('svg.nbtrain-chart')].map(p => [p.dataset.chart, p.dataset.points,"
             " p.dataset.last])"))
+        raise
+
+
+def test_every_run_of_many_draws_its_curves_from_its_first_rows(page, lab):
+    """Runs of 1 to 60 steps shown live at once: each dashboard ends with its curve drawn, none empty."""
+    try:
+        run_cells(page, lab, "dashboards.ipynb", [0, MANY])
+        page.wait_for_function(
+            "(n) => { const b = [..." + _root(MANY) + ".querySelectorAll('.nbtrain-dashboard .nbtrain-state')];"
+            " return b.length === n && b.every(x => x.dataset.state === 'succeeded'); }",
+            arg=len(MANY_STEPS), timeout=300_000, polling=500)
+        page.wait_for_function(
+            "(n) => { const c = [..." + _root(MANY) + ".querySelectorAll('.nbtrain-dashboard svg.nbtrain-chart')];"
+            " return c.length === n && c.every(x => parseInt(x.dataset.points) > 0); }",
+            arg=len(MANY_STEPS), timeout=30_000)
+        last = page.evaluate("() => [..." + _root(MANY) + ".querySelectorAll('.nbtrain-dashboard svg.nbtrain-chart')]"
+                             ".map(x => parseFloat(x.dataset.last))")
+        assert sorted(last) == sorted(float(n) for n in MANY_STEPS), last  # every run drawn to its last step
+        assert in_cell(page, MANY, ".nbtrain-dashboard").count() == len(MANY_STEPS)  # one each
+        page.screenshot(path=str(ARTIFACTS / "dashboard-many.png"), full_page=True)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "dashboard-many-failure.png"), full_page=True)
         raise

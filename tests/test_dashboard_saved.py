@@ -7,6 +7,8 @@ loopback cluster, in the three ways a user shows a run: a blocking ``%%ray_train
 as a cell's last line with ``run.wait()`` in the next cell (tutorial 03), and a finished run's
 ``run.dashboard()`` as the last line. The summary used to race the run's end (the cell returned when the
 state turned terminal, before the view's last picture), leaving an empty output behind in 3 runs of 6.
+The kernel is the interpreter running the test: ``scripts/ipykernel-venv``'s python runs it under the other
+ipykernel major (6 where 7 is installed).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import ipykernel
 import nbformat
 import pytest
 from nbclient import NotebookClient
@@ -33,9 +36,11 @@ def _cell(source: str) -> nbformat.NotebookNode:
 def _notebook() -> tuple[nbformat.NotebookNode, dict[str, int]]:
     """The notebook, and the index of the cell whose output is each run's dashboard."""
     cells = [_cell("""
+        import ipykernel
         import nbtrain
         %load_ext nbtrain
         %ray_connect
+        print("ipykernel", ipykernel.__version__)
 
         def short(config):
             for step in range(config["steps"]):
@@ -74,6 +79,9 @@ def test_twenty_runs_each_leave_one_dashboard_with_its_summary(cluster, tmp_path
     NotebookClient(notebook, timeout=300, kernel_name="python3", store_widget_state=True,
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     (tmp_path / "saved.ipynb").write_text(nbformat.writes(notebook))
+    said = "".join(o.get("text", "") for o in notebook.cells[0].outputs)
+    # the kernel is this interpreter (nbclient's python3): scripts/ipykernel-venv's python tests the other major
+    assert f"ipykernel {ipykernel.__version__}" in said, said
     for name, index in shown_in.items():
         outputs = [o for o in notebook.cells[index].outputs if o.get("output_type") in ("display_data",
                                                                                           "execute_result")]

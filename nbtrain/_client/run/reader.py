@@ -276,6 +276,9 @@ class RunReader:
             thread = getattr(view, "thread", None)
             if thread is not None and thread is not threading.current_thread():
                 thread.join(max(0.0, deadline - time.monotonic()))
+            settle = getattr(view, "settle", None)
+            if settle is not None:
+                settle()  # its last picture again, from this cell's thread
 
     @property
     def followed(self) -> bool:

@@ -36,6 +36,7 @@ from nbtrain._views.dashboard.front_end import (
     in_notebook,
     marimo_output,
     running_cell,
+    widget_tree,
 )
 from nbtrain._views.dashboard.history import MetricHistory, take_new_rows
 from nbtrain._views.dashboard.static_plot import COLOURS, static_summary, summary_line
@@ -427,3 +428,15 @@ class WidgetDashboard(Follower):
         self.final.value = summary_line(self.run.name, summary, self.history)
         if self._static_handle is not None:
             self._static_handle.update(DashboardOutput(self.widget, self._fallback(summary)))
+
+    def settle(self) -> None:
+        """Called by a cell that waited for the run (``run.wait()``), on its thread, once this view drew the
+        end: the end again, in that cell's time. The follower's thread may have drawn it between two cells,
+        where a kernel's output goes with the finished cell and nbclient no longer records it."""
+        if not self._finished or self.alone:
+            return
+        with self._lock:
+            for model in widget_tree(self.widget):
+                model.send_state()
+            if self._static_handle is not None:
+                self._static_handle.update(DashboardOutput(self.widget, self._fallback(self._summary)))

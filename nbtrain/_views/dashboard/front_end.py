@@ -58,6 +58,20 @@ def alone_panel(view: Any) -> str:
                                            view.debug_hint, view.final))
 
 
+def widget_tree(widget: Any) -> list[Any]:
+    """``widget`` and every model under it (children, layouts, styles): what a saved notebook's state holds."""
+    found, todo, seen = [], [widget], set()
+    while todo:
+        model = todo.pop()
+        if id(model) in seen or not hasattr(model, "send_state"):
+            continue
+        seen.add(id(model))
+        found.append(model)
+        todo.extend(getattr(model, "children", ()) or ())
+        todo.extend(part for part in (getattr(model, "layout", None), getattr(model, "style", None)) if part)
+    return found
+
+
 def running_cell() -> str | None:
     """The id of the notebook cell being run (JupyterLab and Notebook 7 send it with each request)."""
     try:
