@@ -180,6 +180,7 @@ def test_outside_a_notebook_the_progress_line_names_the_stragglers():
 
 def test_in_a_terminal_the_progress_is_one_line_rewritten_in_place():
     import os
+    import select
 
     main, follower = os.openpty()  # a real terminal, as a terminal IPython's stdout is
     with os.fdopen(follower, "w") as terminal:
@@ -189,7 +190,9 @@ def test_in_a_terminal_the_progress_is_one_line_rewritten_in_place():
         view.update()
         run.summary["state"] = "succeeded"
         view.update()
-        shown = os.read(main, 65536).decode()
+        shown = ""
+        while "\n" not in shown and select.select([main], [], [], 5.0)[0]:  # a terminal hands it on in pieces
+            shown += os.read(main, 65536).decode()
     os.close(main)
     lines = shown.replace("\r\n", "\n").split("\n")
     assert len(lines) == 2 and lines[1] == "", "one line, ended once the run has"

@@ -185,7 +185,7 @@ class WidgetDashboard(Follower):
                     f"its live dashboard is a widget; this front end does not show widgets.</div>")
         _shapes, labels = self._resize_marks()
         marks = [(label["x"], label["text"], label["font"]["color"]) for label in labels]
-        return static_summary(self.run.name, summary, self.history, marks)
+        return static_summary(self.run.name, summary, self.history, marks, self.worker_table.value)
 
     def _on_stop(self, _button: Any) -> None:
         self.stop_button.disabled = True

@@ -82,12 +82,14 @@ def summary_line(run_name: str, summary: dict[str, Any], history: MetricHistory)
     return f'<p class="nbtrain-final" style="color:{STATE_COLOURS.get(state, "#000")}">{html.escape(text)}</p>'
 
 
-def static_summary(run_name: str, summary: dict[str, Any], history: MetricHistory, marks: Sequence[Mark]) -> str:
-    """The HTML a finished run's dashboard leaves: one line of outcome, a chart per metric group, the failure."""
+def static_summary(run_name: str, summary: dict[str, Any], history: MetricHistory, marks: Sequence[Mark],
+                   table: str = "") -> str:
+    """The HTML a finished run's dashboard leaves: one line of outcome, a chart per metric group, the workers'
+    ``table`` (HTML) as it ended, the failure."""
     charts = [svg_chart(group, {f"{metric} mean": history.mean(metric) for metric in metrics}, marks=marks)
               for group, metrics in history.groups().items()]
     error = summary.get("error")
-    return (f'<div class="nbtrain-summary">{summary_line(run_name, summary, history)}{"".join(charts)}'
+    return (f'<div class="nbtrain-summary">{summary_line(run_name, summary, history)}{"".join(charts)}{table}'
             + debug_hint(run_name, summary)
             + (f'<pre style="color:#d62728">{html.escape(error)}</pre>' if error else "") + "</div>")
 
