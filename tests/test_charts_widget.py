@@ -1,0 +1,70 @@
+"""The dashboard's charts widget sends points as increments, and keeps a bounded picture for saved notebooks.
+
+No browser: the widget's messages are recorded where the kernel would hand them to the comm (``send``);
+``static/charts.js`` draws them in the browser tests (JupyterLab, Notebook 7, marimo).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from nbtrain._views.dashboard.charts_widget import SNAPSHOT_BYTES, STATIC, ChartsWidget
+
+pytestmark = pytest.mark.quick
+
+
+class Recorded(ChartsWidget):
+    """The widget, its custom messages kept instead of sent to a front end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[dict[str, Any], list[bytes]]] = []
+
+    def send(self, content: Any, buffers: Any = None) -> None:
+        self.sent.append((content, list(buffers or [])))
+
+
+def trace(n: int, start: int = 0) -> tuple[str, Any, Any, dict[str, Any]]:
+    xs = np.arange(start, start + n, dtype=float)
+    return ("loss mean", xs, 1.0 / (xs + 1), {"color": "#222222", "width": 2.5})
+
+
+def test_a_growing_curve_sends_only_its_new_points():
+    widget = Recorded()
+    widget.draw("loss", "loss", [trace(10)])
+    widget.draw("loss", "loss", [trace(15)])
+    widget.draw("loss", "loss", [trace(15)])  # nothing new: nothing sent
+    (first, first_buffers), (grown, grown_buffers) = widget.sent
+    assert first["parts"] == [{"chart": "loss", "trace": "loss mean", "mode": "replace"}]
+    assert [len(b) // 8 for b in first_buffers] == [10, 10]
+    assert grown["parts"][0]["mode"] == "append"
+    assert list(np.frombuffer(grown_buffers[0])) == [10.0, 11.0, 12.0, 13.0, 14.0]
+    assert [spec["title"] for spec in widget.charts] == ["loss"]
+
+
+def test_thinned_points_are_sent_whole_and_a_new_view_gets_everything():
+    widget = Recorded()
+    widget.draw("loss", "loss", [trace(10)])
+    widget.draw("loss", "loss", [trace(8, start=4)])  # downsampling moved the older points
+    assert widget.sent[-1][0]["parts"][0]["mode"] == "replace"
+    widget._on_view_message(widget, {"kind": "hello"}, [])
+    hello, buffers = widget.sent[-1]
+    assert hello["parts"][0]["mode"] == "replace" and len(buffers[0]) == 8 * 8
+
+
+def test_the_saved_picture_stays_small_however_long_the_run():
+    widget = Recorded()
+    widget.draw("loss", "loss", [(f"loss rank {r}", np.arange(2000.0), np.random.rand(2000), {}) for r in range(8)])
+    widget.freeze()
+    assert len(widget.snapshot) <= SNAPSHOT_BYTES
+    assert sum(n for _chart, _trace, n in widget.snapshot_index) * 8 == len(widget.snapshot)
+
+
+def test_the_front_end_is_small_and_fetches_nothing():
+    code = (STATIC / "charts.js").read_text() + (STATIC / "charts.css").read_text()
+    assert len(code) < 30_000
+    assert "http://" not in code.replace("http://www.w3.org/2000/svg", "") and "https://" not in code
+    assert "import " not in code  # no module to load from anywhere
