@@ -1,0 +1,171 @@
+"""Rewinds and guards without a cluster: one rank's restore point restored on a real model, optimizer and LR
+schedule; the guard's checks on a real optimizer's gradients; the supervisor's choice of the step to rewind to and
+its one decision per trip; each bad input refused by one line (tests/test_rewind.py runs them on real ranks)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nbtrain import InvalidOptionError
+from nbtrain._cluster.commands import GUARD, PAUSE, REWIND, SteeringBeat
+from nbtrain._cluster.guards import checked_guard, describe_guard
+from nbtrain._cluster.rank.guarding import RankGuard
+from nbtrain._cluster.rank.reporting import Reporter
+from nbtrain._cluster.rank.steering import RankSteering
+from nbtrain._cluster.run.steering import RunSteering
+from nbtrain._options import RunOptions
+
+pytestmark = pytest.mark.quick
+
+
+def _rank() -> tuple[RankSteering, SimpleNamespace]:
+    applied: list[tuple] = []
+    supervisor = SimpleNamespace(command_applied=SimpleNamespace(remote=lambda *args: applied.append(args)))
+    session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=0), uses_loader=False,
+                              reporter=Reporter(), report_calls=0, last_step=0, step=0, epoch=0,
+                              commands_due=lambda due: None, timing=None, applied=applied)
+    session.current_step = lambda: session.reporter.last_step
+    return RankSteering(session, []), session
+
+
+def test_a_restore_point_puts_model_optimizer_schedule_and_rng_back_in_place():
+    steering, session = _rank()
+    model = torch.nn.Linear(3, 1)
+    optimizer = steering.steer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    steering.points.models.append(model)
+    session.uses_loader = True  # a prepared loader's place is kept (none here: the loop's own counts)
+
+    def step(n: int) -> None:
+        for _ in range(n):
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).pow(2).sum().backward()
+            optimizer.step()
+            schedule.step()
+            session.reporter.report({"loss": 1.0})
+
+    try:
+        step(3)
+        steering.saved_checkpoint()
+        kept = ({k: v.clone() for k, v in model.state_dict().items()}, optimizer.param_groups[0]["lr"],
+                schedule.last_epoch, torch.get_rng_state())
+        weight = model.weight
+        step(4)
+        assert not torch.equal(model.weight, kept[0]["weight"])
+        steering.points.restore(3, skip=0)
+    finally:
+        steering.unhook()
+    assert model.weight is weight, "the model's parameters were replaced, not restored in place"
+    assert torch.equal(model.weight, kept[0]["weight"]) and torch.equal(model.bias, kept[0]["bias"])
+    assert (optimizer.param_groups[0]["lr"], schedule.last_epoch) == kept[1:3]
+    assert torch.equal(torch.get_rng_state(), kept[3])
+    assert session.reporter.last_step == 3
+    assert all(p.grad is None for p in model.parameters()), "the next update would apply the branch's gradients"
+
+
+def test_a_loop_nbtrain_cannot_restore_says_what_to_add():
+    steering, _session = _rank()
+    assert steering.points.refusal() == (
+        "rank 0's loop gives nbtrain no optimizer (nbtrain.prepare_optimizer or nbtrain.steerable) and iterates a "
+        "loader of its own (nbtrain.prepare_loader), so nbtrain cannot put it back by itself: use those, or register "
+        "@nbtrain.on_rewind def back_to(checkpoint, step, skip_batches): ... in the training function to restore it "
+        "yourself.")
+    assert steering.beat().rewind_refusal == steering.points.refusal()
+
+
+def test_the_guard_trips_once_on_a_nan_loss_a_spike_and_non_finite_gradients():
+    trips: list[tuple] = []
+    guard = RankGuard(checked_guard({"nan": "rewind", "spike": 3.0}), lambda *trip: trips.append(trip))
+    for step in range(1, 21):
+        guard.saw_report({"loss": 1.0 + 0.01 * step}, step)
+    guard.saw_report({"loss": 10.0}, 21)
+    assert trips and trips[0][:2] == (21, "spike") and "above 3x its running median" in trips[0][2]
+    guard.saw_report({"loss": float("nan")}, 22)
+    assert len(trips) == 1, "a guard trips once per branch"
+    guard.rearm(forget=True)
+    guard.saw_report({"loss": float("nan")}, 23)
+    assert trips[1] == (23, "nan", "its loss was nan at step 23")
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.tensor([[float("inf"), 1.0]])).sum().backward()
+    guard.rearm()
+    assert guard.gradients_finite(optimizer, 24) is False
+    assert trips[2][:2] == (24, "nan")
+
+
+def _beats(points: tuple[int, ...], step: int = 65, refusal: str | None = None) -> dict[int, SteeringBeat]:
+    return {rank: SteeringBeat(step=step, rate=10.0, epoch=0, restore_points=points, rewind_refusal=refusal)
+            for rank in (0, 1)}
+
+
+def test_the_supervisor_rewinds_to_the_latest_point_every_rank_has_or_says_why_not():
+    events: list[tuple[str, str]] = []
+    steering = RunSteering(record=lambda kind, message: events.append((kind, message)), persist=lambda: None)
+    running = {0: SteeringBeat(step=65, rate=10.0, epoch=0, restore_points=(20, 40, 60)),
+               1: SteeringBeat(step=65, rate=10.0, epoch=0, restore_points=(40, 60))}
+    with pytest.raises(ValueError, match="no checkpoint at or before step 30 to rewind to; its ranks can go back to "
+                                         "step 40, 60"):
+        steering.issue(REWIND, {"step": 30, "skip": 0}, running, live=True)
+    with pytest.raises(ValueError, match="rank 1's loop gives nbtrain no optimizer"):
+        steering.issue(REWIND, {"step": None, "skip": 0}, _beats((40,), refusal="rank 1's loop gives nbtrain no "
+                                                                               "optimizer"), live=True)
+    command = steering.issue(REWIND, {"step": 55, "skip": 3}, running, live=True)
+    assert command.rewind == (40, 3) and command.at_step > 65
+    with pytest.raises(ValueError, match="a rewind to step 40 is under way"):
+        steering.issue(REWIND, {"step": None, "skip": 0}, running, live=True)
+    for rank in (1, 0):
+        steering.applied(command.id, rank, command.at_step, None, 100.0 + rank, world_size=2)
+    [rewind] = steering.rewinds()
+    assert rewind.rank_times == {0: 100.0, 1: 101.0} and rewind.applied_step == command.at_step
+    assert events[-1] == ("rewind", f"rewound to step 40, 3 batches skipped from step {command.at_step}")
+
+
+def test_a_trip_gets_one_action_and_pauses_once_max_rewinds_are_spent():
+    events: list[tuple[str, str]] = []
+    steering = RunSteering(record=lambda kind, message: events.append((kind, message)), persist=lambda: None)
+    steering.issue(GUARD, checked_guard({"nan": "rewind", "lr_factor": 0.5, "max_rewinds": 1}), {}, live=True)
+    running = _beats((20, 40))
+    assert steering.guards.tripped(1, 0, 60, "nan", "rank 0: its loss was nan at step 60", running, live=True) is False
+    assert steering.guards.tripped(1, 0, 60, "nan", "rank 1: its loss was nan at step 60", running, live=True) is False
+    [rewind] = steering.rewinds()
+    assert rewind.rewind == (40, 20) and rewind.args["lr_factor"] == 0.5
+    assert rewind.args["why"] == "guard: nan at step 60"
+    assert [kind for kind, _ in events] == ["guard", "guard"], "the second rank's trip was acted on again"
+    for rank in (0, 1):
+        steering.applied(rewind.id, rank, rewind.at_step, None, 5.0, world_size=2)
+    assert steering.guards.tripped(1, 0, 90, "nan", "rank 0: stale", running, live=True) is False
+    assert len(events) == 3, "a trip from the branch the rewind left was acted on"
+    steering.guards.tripped(1, 1, 90, "nan", "rank 0: its loss was nan at step 90", running, live=True)
+    assert steering.commands[-1].kind == PAUSE
+    assert events[-1][1].endswith("its 1 rewinds (max_rewinds) are spent, so the run is paused: look at it, then "
+                                  "run.rewind(...) and run.resume()")
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ({"nans": "rewind"}, "run.guard: unknown guard setting 'nans'; the settings are nan, spike, spike_action, "
+                         "lr_factor, skip_batches, max_rewinds, metric."),
+    ({"nan": "rewind", "lr_factor": 0}, "run.guard: lr_factor must be a finite number > 0 that the learning rate is "
+                                        "multiplied by at a guard's rewind, or None, got 0."),
+    ({"spike": -1.0}, "run.guard: spike must be a finite number above 1 (a loss above that times its running median "
+                      "trips), or None, got -1.0."),
+    ({"nan": "rewind", "skip_batches": -2}, "run.guard: skip_batches must be a whole number >= 0 of batches "
+                                            "skipped after the restore point, or None (through the batch that "
+                                            "tripped), got -2."),
+    ({"nan": "explode"}, "run.guard: nan must be one of 'rewind', 'pause', 'stop', or None (no check), got 'explode'."),
+])
+def test_each_bad_guard_is_refused_by_one_line(given, said):
+    with pytest.raises(InvalidOptionError) as refused:
+        checked_guard(given)
+    assert str(refused.value) == said
+
+
+def test_the_launch_option_takes_the_same_guard():
+    assert RunOptions(guard={"nan": "rewind"}).guard == checked_guard({"nan": "rewind"})
+    with pytest.raises(InvalidOptionError, match="guard=: max_rewinds must be a whole number"):
+        RunOptions(guard={"nan": "pause", "max_rewinds": -1})
+    assert describe_guard(checked_guard({"nan": "rewind", "spike": 3})) == (
+        "guards: non-finite loss or gradients → rewind; loss > 3x its running median → rewind (at most 3 rewinds)")
