@@ -53,9 +53,12 @@ def test_a_restore_point_puts_model_optimizer_schedule_and_rng_back_in_place():
         kept = ({k: v.clone() for k, v in model.state_dict().items()}, optimizer.param_groups[0]["lr"],
                 schedule.last_epoch, torch.get_rng_state())
         weight = model.weight
-        step(4)
-        assert not torch.equal(model.weight, kept[0]["weight"])
-        steering.points.restore(3, skip=0)
+        momentum = optimizer.state[model.weight]["momentum_buffer"].clone()
+        for _ in range(2):  # twice to the same point: the first branch must not have changed it
+            step(4)
+            assert not torch.equal(model.weight, kept[0]["weight"])
+            steering.points.restore(3, skip=0)
+            assert torch.equal(optimizer.state[model.weight]["momentum_buffer"], momentum)
     finally:
         steering.unhook()
     assert model.weight is weight, "the model's parameters were replaced, not restored in place"

@@ -20,6 +20,7 @@ says why it cannot rewind (:meth:`RestorePoints.refusal`), and the notebook's ca
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 import sys
@@ -144,15 +145,15 @@ class RestorePoints:
         with torch.no_grad():
             for model, state in point.models:
                 model.load_state_dict(state)
-            for param, copy in point.params:
-                param.copy_(copy)
-        for optimizer, state in point.optimizers:
-            optimizer.load_state_dict(state)
+            for param, kept in point.params:
+                param.copy_(kept)
+        for optimizer, state in point.optimizers:  # copied again: torch keeps the given tensors as its state, and
+            optimizer.load_state_dict(_copied(state))  # the point must stay as it was for another rewind to it
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     param.grad = None
         for scheduler, state in point.schedulers:
-            scheduler.load_state_dict(state)
+            scheduler.load_state_dict(copy.deepcopy(state))
         _set_rng_state(point.rng)
         steering.grad_clip = point.grad_clip
         reporter = self.session.reporter
