@@ -166,8 +166,15 @@ def test_each_bad_guard_is_refused_by_one_line(given, said):
     assert str(refused.value) == said
 
 
-def test_the_launch_option_takes_the_same_guard():
+def test_the_launch_option_and_the_magics_flag_take_the_same_guard():
+    from IPython.core.magic_arguments import parse_argstring
+
+    from nbtrain._views.magic_flags import options_from_args
+    from nbtrain._views.magics import NbtrainMagics
+
     assert RunOptions(guard={"nan": "rewind"}).guard == checked_guard({"nan": "rewind"})
+    args = parse_argstring(NbtrainMagics.ray_train, "--guard nan=rewind spike=3 lr_factor=0.5")
+    assert options_from_args(args, {}).guard == checked_guard({"nan": "rewind", "spike": 3, "lr_factor": 0.5})
     with pytest.raises(InvalidOptionError, match="guard=: max_rewinds must be a whole number"):
         RunOptions(guard={"nan": "pause", "max_rewinds": -1})
     assert describe_guard(checked_guard({"nan": "rewind", "spike": 3})) == (
