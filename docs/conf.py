@@ -1,8 +1,8 @@
 """Sphinx configuration of nbtrain's documentation site (``scripts/build-docs`` builds it).
 
 Offline by design: no intersphinx, no notebook execution. The tutorials are the
-notebooks in ``notebooks/``, shown with the outputs the test suite's last run left
-in ``docs/_executed/`` (see ``_ext/nbtrain_tutorials.py``); the option, magic, CLI,
+notebooks in ``notebooks/``, shown with the outputs they are committed with
+(``scripts/refresh-tutorials``; see ``_ext/nbtrain_tutorials.py``); the option, magic, CLI,
 REST and error references are generated from nbtrain's own declarations
 (``_ext/nbtrain_reference.py``).
 """
@@ -38,7 +38,7 @@ extensions = [
 
 root_doc = "index"
 smartquotes = False  # --flags and "quotes" stay as typed (they are copied into notebooks and terminals)
-exclude_patterns = ["_build", "_executed", "Thumbs.db", ".DS_Store", "**.ipynb_checkpoints"]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "**.ipynb_checkpoints"]
 templates_path: list[str] = []
 
 # --- MyST and notebooks: shown as stored, never executed here (the tests execute them)
