@@ -213,7 +213,7 @@ class RunOptions:
         if self.scale_lr is not None:
             _check_choice("scale_lr", self.scale_lr, SCALE_LR_CHOICES)
         _check_loggers(self.loggers)
-        object.__setattr__(self, "guard", None if self.guard is None else checked_guard(self.guard, "guard="))
+        object.__setattr__(self, "guard", None if self.guard is None else checked_guard(self.guard, "guard (--guard)"))
         if self.logger_dir is not None and (not isinstance(self.logger_dir, str) or not os.path.isabs(self.logger_dir)):
             raise InvalidOptionError(_problem("logger_dir", "an absolute directory path on the head node",
                                               self.logger_dir))

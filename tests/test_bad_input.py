@@ -94,6 +94,8 @@ BAD = [
     ("debug_capture_mb", -1, "between 0 and 1024 MB (0 keeps no post-mortem), got -1"),
     ("step_timing", "yes", "True or False, got 'yes'"),
     ("straggler_window_s", 0, "a positive number of seconds, got 0"),
+    ("guard", ["nan"], "a dict of guard settings (nan, spike, spike_action, lr_factor, skip_batches, max_rewinds, "
+                       "metric), got ['nan']"),
 ]
 
 

@@ -175,7 +175,7 @@ def test_the_launch_option_and_the_magics_flag_take_the_same_guard():
     assert RunOptions(guard={"nan": "rewind"}).guard == checked_guard({"nan": "rewind"})
     args = parse_argstring(NbtrainMagics.ray_train, "--guard nan=rewind spike=3 lr_factor=0.5")
     assert options_from_args(args, {}).guard == checked_guard({"nan": "rewind", "spike": 3, "lr_factor": 0.5})
-    with pytest.raises(InvalidOptionError, match="guard=: max_rewinds must be a whole number"):
+    with pytest.raises(InvalidOptionError, match=r"guard \(--guard\): max_rewinds must be a whole number"):
         RunOptions(guard={"nan": "pause", "max_rewinds": -1})
     assert describe_guard(checked_guard({"nan": "rewind", "spike": 3})) == (
         "guards: non-finite loss or gradients → rewind; loss > 3x its running median → rewind (at most 3 rewinds)")

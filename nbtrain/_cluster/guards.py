@@ -61,7 +61,7 @@ def checked_guard(values: dict[str, Any], where: str = "run.guard") -> dict[str,
     ``where`` names the call in the message: ``run.guard``, ``launch(guard=...)``, ``--guard``.
     """
     if not isinstance(values, dict):
-        raise InvalidOptionError(f"{where} takes key=value settings ({', '.join(DEFAULTS)}), not {values!r}.")
+        raise InvalidOptionError(f"{where} must be a dict of guard settings ({', '.join(DEFAULTS)}), got {values!r}.")
     unknown = sorted(set(values) - set(DEFAULTS))
     if unknown:
         raise InvalidOptionError(f"{where}: unknown guard setting {', '.join(map(repr, unknown))}; the settings are "

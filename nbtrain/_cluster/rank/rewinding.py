@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from nbtrain._cluster.rank import optimizer_settings
 from nbtrain._cluster.storage.run_storage import KEEP_CHECKPOINTS
 
 KEEP_POINTS = KEEP_CHECKPOINTS
@@ -99,7 +100,8 @@ class RestorePoints:
             models=[(model, _copied(model.state_dict())) for model in self.models],
             params=[(p, p.detach().to("cpu", copy=True)) for p in params],
             optimizers=[(optimizer, _copied(optimizer.state_dict())) for optimizer in steering.optimizers],
-            schedulers=[(scheduler, _copied(scheduler.state_dict())) for scheduler in steering.schedulers()],
+            schedulers=[(scheduler, _copied(scheduler.state_dict()))
+                        for scheduler in optimizer_settings.schedulers(steering.optimizers)],
             rng=_rng_state(), loaders=[(loader, loader.epoch, loader.position) for loader in self.loaders],
             grad_clip=steering.grad_clip)
         self.points = [*[kept for kept in self.points if kept.step < point.step][-(KEEP_POINTS - 1):], point]

@@ -419,9 +419,6 @@ class RankSteering:
         self.points.capture()
         return True
 
-    def schedulers(self) -> list[Any]:
-        """The LR schedulers of the steered optimizers (given, or found among their referrers)."""
-        return optimizer_settings.schedulers(self.optimizers)
 
     # ------------------------------------------------------------------ what the heartbeat says
     def values(self) -> dict[str, list[Any]]:
