@@ -179,3 +179,23 @@ def test_the_launch_option_and_the_magics_flag_take_the_same_guard():
         RunOptions(guard={"nan": "pause", "max_rewinds": -1})
     assert describe_guard(checked_guard({"nan": "rewind", "spike": 3})) == (
         "guards: non-finite loss or gradients → rewind; loss > 3x its running median → rewind (at most 3 rewinds)")
+
+
+def test_a_state_past_the_budget_is_not_copied_and_the_refusal_says_what_to_do(monkeypatch):
+    from nbtrain._cluster.rank import rewinding
+
+    monkeypatch.setattr(rewinding, "BUDGET_MB", 0.001)
+    steering, session = _rank()
+    model = torch.nn.Linear(64, 64)
+    try:
+        steering.steer(torch.optim.SGD(model.parameters(), lr=0.1))
+        steering.points.models.append(model)
+        session.uses_loader = True
+        steering.saved_checkpoint()
+    finally:
+        steering.unhook()
+    [point] = steering.points.points
+    assert point.models == [] and point.optimizers == []
+    assert steering.points.refusal().startswith("rank 0's model and optimizer state (0 MB) is more than a restore "
+                                                "point copies (NBTRAIN_REWIND_BUDGET_MB, 0 MB): register "
+                                                "@nbtrain.on_rewind")

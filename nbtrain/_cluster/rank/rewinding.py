@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import random
 import sys
 from collections.abc import Callable
@@ -31,6 +32,9 @@ from nbtrain._cluster.rank import optimizer_settings
 from nbtrain._cluster.storage.run_storage import KEEP_CHECKPOINTS
 
 KEEP_POINTS = KEEP_CHECKPOINTS
+# A point copies at most this much model and optimizer state (MB); past it, only what an @on_rewind function
+# cannot restore from the checkpoint is kept (counts, RNGs, the loader's place), so a large model costs no host memory.
+BUDGET_MB = float(os.environ.get("NBTRAIN_REWIND_BUDGET_MB", "4096"))
 
 _hooks: list[Callable[..., Any]] = []  # @on_rewind registrations in this process (this run's: cleared at its end)
 
@@ -84,6 +88,7 @@ class RestorePoints:
         self.models: list[Any] = []     # from prepare_model
         self.loaders: list[Any] = []    # from prepare_loader
         self.points: list[RestorePoint] = []
+        self.too_big_mb: float | None = None  # the state's size when it was past BUDGET_MB at the last point
 
     def capture(self) -> None:
         """``save_checkpoint`` on this rank: a point at the current step (the oldest beyond KEEP_POINTS goes)."""
@@ -94,12 +99,17 @@ class RestorePoints:
         params = [p for optimizer in steering.optimizers for group in optimizer.param_groups
                   for p in group["params"] if id(p) not in in_models]
         reporter = session.reporter
+        size_mb = sum(t.numel() * t.element_size() for t in _tensors(
+            ([model.state_dict() for model in self.models], params, [o.state for o in steering.optimizers]))) / 2**20
+        whole = size_mb <= BUDGET_MB
+        self.too_big_mb = None if whole else size_mb
         point = RestorePoint(
             step=session.current_step(), epoch=session.epoch,
             counts=(reporter.step, reporter.calls, reporter.last_step),
-            models=[(model, _copied(model.state_dict())) for model in self.models],
-            params=[(p, p.detach().to("cpu", copy=True)) for p in params],
-            optimizers=[(optimizer, _copied(optimizer.state_dict())) for optimizer in steering.optimizers],
+            models=[(model, _copied(model.state_dict())) for model in self.models] if whole else [],
+            params=[(p, p.detach().to("cpu", copy=True)) for p in params] if whole else [],
+            optimizers=[(optimizer, _copied(optimizer.state_dict())) for optimizer in steering.optimizers]
+            if whole else [],
             schedulers=[(scheduler, _copied(scheduler.state_dict()))
                         for scheduler in optimizer_settings.schedulers(steering.optimizers)],
             rng=_rng_state(), loaders=[(loader, loader.epoch, loader.position) for loader in self.loaders],
@@ -118,6 +128,11 @@ class RestorePoints:
         if _hooks:
             return None
         rank = self.session.context.rank
+        if self.too_big_mb is not None:
+            return (f"rank {rank}'s model and optimizer state ({self.too_big_mb:.0f} MB) is more than a restore point "
+                    f"copies (NBTRAIN_REWIND_BUDGET_MB, {BUDGET_MB:.0f} MB): register @nbtrain.on_rewind def "
+                    "back_to(checkpoint, step, skip_batches): ... to load them from the checkpoint, or raise the "
+                    "budget in the run's env.")
         missing = []
         if not self.steering.optimizers:
             missing.append("gives nbtrain no optimizer (nbtrain.prepare_optimizer or nbtrain.steerable)")
@@ -192,6 +207,20 @@ def _copied(state: Any) -> Any:
     if isinstance(state, (list, tuple)):
         return type(state)(_copied(value) for value in state)
     return state
+
+
+def _tensors(state: Any) -> Any:
+    """Every tensor in nested containers (a state dict, an optimizer's state)."""
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        yield state
+    elif isinstance(state, dict):
+        for value in state.values():
+            yield from _tensors(value)
+    elif isinstance(state, (list, tuple)):
+        for value in state:
+            yield from _tensors(value)
 
 
 def _rng_state() -> dict[str, Any]:
