@@ -5,7 +5,7 @@ plain papermill in a process of its own that never imported nbtrain, with the ``
 make the whole set take minutes on two CPU cores, in a shared home (``NBTRAIN_HOME``) whose embedded
 cluster the first notebook's ``%ray_connect`` starts. The tests then check ``PROMISES``; the script also
 writes the run's outputs back into the committed notebook (:func:`committed_form`), with a note where
-papermill put the parameters and a stamp (:func:`stamp`) that ``tests/test_tutorial_outputs.py`` compares
+papermill put the parameters and a stamp (:func:`stamp`) that ``tests/test_notebooks.py`` compares
 with the notebook's code, so outputs older than their code fail the quick tier.
 """
 
