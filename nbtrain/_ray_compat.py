@@ -139,14 +139,28 @@ def init_driver(address: str, node_ip_address: str | None, **kwargs: Any) -> Any
     on one of its nodes), on ``node_ip_address`` where given (a loopback cluster's ``127.0.0.1``).
 
     Public instead: ``ray.init(address)``, which picks the node's address itself: on a cluster bound to
-    127.0.0.1 it picks the machine's other address, finds no raylet there and fails. Degrades: a Ray that
-    refuses ``_node_ip_address`` makes ``connect()`` fail with Ray's error for the argument.
+    127.0.0.1 it picks the machine's other address, finds no raylet there and fails. It also rewrites a
+    loopback GCS address to that other address (``services.resolve_ip_for_localhost``) unless
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` was in the environment when Ray was imported, which a user's
+    kernel does not have: it then retries that address for minutes. So while joining a loopback cluster,
+    Ray's constant for that variable reads off. Degrades: a Ray that refuses ``_node_ip_address`` makes
+    ``connect()`` fail with Ray's error for the argument; one without the constant, Ray's own behaviour.
     """
     import ray
 
-    if node_ip_address:
-        kwargs["_node_ip_address"] = node_ip_address
-    return ray.init(address, **kwargs)
+    if not node_ip_address:
+        return ray.init(address, **kwargs)
+    from ray._private import ray_constants
+
+    kwargs["_node_ip_address"] = node_ip_address
+    before = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    if before is not None and node_ip_address == "127.0.0.1":
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        return ray.init(address, **kwargs)
+    finally:
+        if before is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = before
 
 
 _token_held: list[bool] = []  # non-empty while this process's Ray holds a token driver_token gave it

@@ -43,10 +43,12 @@ class PlainCluster:
         return f"ray://127.0.0.1:{self.client_port}"
 
     def driver_env(self, **extra: str) -> dict[str, str]:
-        """A kernel's environment on this cluster's node: Ray's temp dir where "auto" finds it, and nothing
-        of the token (connect() is given it, or finds it in the places Ray reads)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
-        env.update(RAY_TMPDIR=str(self.root), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **extra)
+        """A kernel's environment on this cluster's node: Ray's temp dir where "auto" finds it, nothing of the
+        token (connect() is given it, or finds it in the places Ray reads), and none of the loopback switch
+        (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``) that the cluster itself was started with."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("RAY_AUTH") and k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+        env.update(RAY_TMPDIR=str(self.root), **extra)
         return env
 
     def processes(self) -> list[psutil.Process]:
