@@ -561,7 +561,8 @@ def test_the_run_list_carries_a_real_sweep_with_its_trials(cluster: Any, tmp_pat
     assert done["trials"][1]["stop_reason"].startswith("stopped by ASHA at rung")
     for trial in done["trials"]:  # each trial's run is an ordinary run of the list, with its "Open dashboard"
         run = listed[trial["run"]]
-        assert run["attach_cell"] == f"%ray_connect {cluster.address}\n%ray_attach {trial['run']}"
+        # the session's cluster is this home's embedded one: a plain %ray_connect finds it
+        assert run["attach_cell"] == f"%ray_connect\n%ray_attach {trial['run']}"
         assert run["terminal"] is True
 
 
@@ -606,6 +607,16 @@ def test_a_resumed_run_shows_its_record_until_the_cluster_answers_again() -> Non
     answers.store(address, json.dumps({"address": address, "cluster": None, "runs": [new]}), received=160.0)
     (shown,) = served_runs([resumed], answers, now=161.0, stale_after=60)
     assert (shown["state"], shown["progress"]["step"], shown["updated"]) == ("running", 3, 160.0)
+
+
+def test_a_run_on_the_embedded_cluster_opens_with_a_plain_connect() -> None:
+    """Its ports change each time it starts: the cell names none (the Compare cell takes its first line)."""
+    records = [{"name": name, "state": "running", "address": address, "created": 1.0}
+               for name, address in (("here", "127.0.0.1:41000"), ("there", "ray://head:10001"))]
+    shown = {run["name"]: run for run in served_runs(records, ClusterAnswers(), now=2.0, stale_after=60,
+                                                     embedded={"127.0.0.1:41000", "ray://127.0.0.1:41001"})}
+    assert shown["here"]["attach_cell"] == "%ray_connect\n%ray_attach here"
+    assert shown["there"]["attach_cell"] == "%ray_connect ray://head:10001\n%ray_attach there"
 
 
 def test_an_answer_that_is_not_one_keeps_the_last_good_one() -> None:

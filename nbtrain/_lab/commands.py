@@ -125,9 +125,11 @@ class CommandRunner:
     def _served_runs(self) -> list[dict[str, Any]]:
         cluster = read_cluster(self.home)
         registry = read_runs(self.home)
-        files, _clusters = read_files(registry, self.home)  # at once, cluster up or down
+        files, clusters = read_files(registry, self.home)  # at once, cluster up or down
+        embedded = {address for address, seen in clusters.items() if seen.started is not None}
         return served_runs(registry, self.answers, time.time(), self.settings.stale_after,
-                           current=cluster["address"] if cluster is not None else None, files=files)
+                           current=cluster["address"] if cluster is not None else None, files=files,
+                           embedded=embedded)
 
     async def refresh(self, address: str) -> tuple[bool, str]:
         """Ask the agent what cluster ``address`` runs and keep its answer; (it worked, why not)."""

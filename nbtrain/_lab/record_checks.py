@@ -73,14 +73,15 @@ def record_problem(run: dict[str, Any]) -> str | None:
     return None
 
 
-def attach_cell(run: dict[str, Any]) -> str:
-    """The cell "Open dashboard" runs for a run without a notebook (``run`` has no problem).
+def attach_cell(run: dict[str, Any], embedded: bool = False) -> str:
+    """The cell "Open dashboard" runs for a run without a notebook (``run`` has no problem); ``embedded``: its
+    cluster is this home's embedded one, which a plain ``%ray_connect`` finds (its ports change on a restart).
 
     Not quoted: the magics split their line as IPython's ``arg_split`` does (``posix=False``), which
     keeps quotes as part of the value. A checked name or address is one plain word with none of
     ``$ { } ! ' " \\`` or spaces, so IPython expands nothing in it and it is one argument as it is.
     """
-    connect = f"%ray_connect {run['address']}\n" if run.get("address") else ""
+    connect = "%ray_connect\n" if embedded else f"%ray_connect {run['address']}\n" if run.get("address") else ""
     return f"{connect}%ray_attach {run['name']}"
 
 

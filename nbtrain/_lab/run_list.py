@@ -25,6 +25,7 @@ clock is off never makes runs look fresher or staler than they are.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from nbtrain import _json
@@ -95,7 +96,8 @@ class ClusterAnswers:
 
 def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
                 stale_after: float, current: str | None = None,
-                files: dict[str, RunRecord] | None = None) -> list[dict[str, Any]]:
+                files: dict[str, RunRecord] | None = None,
+                embedded: Collection[str] = ()) -> list[dict[str, Any]]:
     """Every run to show, live first, then newest first, each with ``terminal``, ``stale``,
     ``malformed``, ``attach_cell`` and ``source``.
 
@@ -108,6 +110,9 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
     address that never answered, which the current cluster answers for from the home's storage
     (an embedded cluster stopped and started again, on a new port), is served as it answers: its
     final state, or failed and "lost with its cluster" when it was going as the cluster stopped.
+
+    ``embedded``: this home's embedded cluster's addresses while it runs: a run there is opened with a plain
+    ``%ray_connect``, which finds that cluster whatever its ports (they change when it starts again).
 
     ``stale``: a live run whose newest information is older than ``stale_after`` seconds
     (its cluster has not answered lately); the state shown is the last one known.
@@ -128,7 +133,7 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
             source = f"its record in the run registry with what {observed['address']} reports"
         if (said := files.pop(record["name"], None)) is not None and observe(run, said, FILE_FIELDS):
             source = "its record in the run registry with what its files say"
-        served.append(_checked(run, source))
+        served.append(_checked(run, source, embedded))
     listed = {run["name"] for run in served}
     for observed in answers.runs():
         if observed["name"] not in listed:
@@ -136,8 +141,8 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
             run = {"source": "cluster", **observed}
             if (said := files.pop(observed["name"], None)) is not None:
                 observe(run, said, FILE_FIELDS)
-            served.append(_checked(run, f"as {observed['address']} reports it"))
-    served.extend(_checked({"paused_at": None, "parent": None, **said}, "as its files on this machine say")
+            served.append(_checked(run, f"as {observed['address']} reports it", embedded))
+    served.extend(_checked({"paused_at": None, "parent": None, **said}, "as its files on this machine say", embedded)
                   for name, said in files.items() if name not in listed)
     for run in served:
         run["terminal"] = run["malformed"] or is_terminal(run)
@@ -169,11 +174,11 @@ def served_sweeps(answers: ClusterAnswers, now: float, stale_after: float) -> li
     return served
 
 
-def _checked(run: dict[str, Any], source: str) -> dict[str, Any]:
+def _checked(run: dict[str, Any], source: str, embedded: Collection[str]) -> dict[str, Any]:
     problem = record_problem(run)
     if problem is not None:
         return malformed_row(run, problem, source)
-    return {**run, "malformed": False, "attach_cell": attach_cell(run)}
+    return {**run, "malformed": False, "attach_cell": attach_cell(run, embedded=run.get("address") in embedded)}
 
 
 def served_cluster(record: ClusterRecord | None, answers: ClusterAnswers, now: float,
