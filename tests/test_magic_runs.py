@@ -76,8 +76,23 @@ for step in range(30):
     first_frame = rank_traceback.splitlines()[1]
     assert first_frame.lstrip().startswith("File \"Cell In[") or "<%%ray_train cell>" in first_frame, rank_traceback
     assert "nbtrain/" not in rank_traceback.split("ZeroDivisionError: rank one")[0], rank_traceback
-    # what the notebook prints: the error's name and message, none of nbtrain's frames
-    assert error._render_traceback_()[0].startswith("RunFailedError: Run 'cell-fails' failed.")
+    # what a terminal IPython prints (its one-line progress has no log pane): the error's name and message,
+    # the rank's traceback included, none of nbtrain's frames
+    printed = "\n".join(error._render_traceback_())
+    assert printed.startswith("RunFailedError: Run 'cell-fails' failed."), printed
+    assert 'raise ZeroDivisionError("rank one divided by zero")' in printed, printed
+
+
+def test_under_a_dashboard_a_failed_cell_names_the_failing_rank_once_and_points_at_its_log():
+    """In a notebook the dashboard's log pane of the failing rank holds its traceback: the cell's error
+    says which rank failed and how, and where the traceback is, instead of printing it a second time."""
+    from nbtrain._views.magics import _ends_the_cell
+
+    message = ("Run 'r' failed.\nRank 1 raised ZeroDivisionError at step 6: boom\nTraceback (most recent call last):\n"
+               '  File "Cell In[3]", line 4\n    1 / 0\nZeroDivisionError: boom')
+    printed = _ends_the_cell(nbtrain.RunFailedError(message), tracebacks_shown=True)._render_traceback_()
+    assert printed == ["RunFailedError: Run 'r' failed.", "Rank 1 raised ZeroDivisionError at step 6: boom",
+                       "Each failing rank's traceback is in the dashboard above, in its log (marked failed)."]
     assert not run_actor_names("cell-fails")
 
 

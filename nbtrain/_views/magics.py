@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,18 @@ from nbtrain._views.magic_flags import (
 )
 
 
-def _ends_the_cell(error: NbtrainError) -> NbtrainError:
+def _ends_the_cell(error: NbtrainError, tracebacks_shown: bool = False) -> NbtrainError:
     """``error`` (a public ``RunFailedError`` / ``SweepFailedError``) ending a blocking cell, so Run All stops:
     IPython prints its name and message, which hold the ranks' tracebacks from the user's first line, and
-    none of nbtrain's frames."""
-    error._render_traceback_ = lambda: [f"{type(error).__name__}: {error.message}"]  # type: ignore[attr-defined]
+    none of nbtrain's frames. ``tracebacks_shown``: the cell's dashboard already shows each failing rank's
+    traceback in its log pane, so the cell says which ranks failed and how, once, and where to look; the
+    error itself keeps the whole message (``str(error)``)."""
+    lines = [f"{type(error).__name__}: {error.message}"]
+    if tracebacks_shown:
+        first, *rest = error.message.splitlines() or [""]
+        lines = [f"{type(error).__name__}: {first}", *(line for line in rest if re.match(r"Rank \d+ ", line)),
+                 "Each failing rank's traceback is in the dashboard above, in its log (marked failed)."]
+    error._render_traceback_ = lambda: lines  # type: ignore[attr-defined]
     return error
 
 
@@ -163,7 +171,7 @@ class NbtrainMagics(Magics):
         try:
             run.raise_if_failed()
         except RunFailedError as error:
-            raise _ends_the_cell(error) from None
+            raise _ends_the_cell(error, tracebacks_shown=getattr(view, "shows_tracebacks", False)) from None
         return None
 
     def _cell(self, line: str, cell: str, args: Any) -> CellProgram:

@@ -105,6 +105,8 @@ class WidgetDashboard(Follower):
 
         self.run = run
         self.alone = alone
+        # its log panes show each failing rank's traceback, so a blocking cell need not print them again
+        self.shows_tracebacks = not alone
         self.history = MetricHistory()
         self.chosen_ranks = sorted(set(ranks))
         self.wide = False
@@ -153,6 +155,7 @@ class WidgetDashboard(Follower):
         ])
         self.widget.add_class("nbtrain-dashboard")
         self._log_text: dict[int, str] = {}
+        self._tracebacks_shown: set[tuple[int, str]] = set()  # (rank, traceback) already in its log pane
         self._log_cursor = 0
 
     # ------------------------------------------------------------------ display
@@ -389,10 +392,12 @@ class WidgetDashboard(Follower):
             changed.add(rank)
         failing = {f["rank"] for f in summary.get("failures") or [] if f.get("rank") is not None
                    and f.get("attempt") == summary.get("attempt") and not f.get("secondary")}
-        for failure in summary.get("failures") or []:
-            rank = failure.get("rank")
-            if rank is not None and failure.get("traceback") and rank not in self._log_text:
-                self._log_text[rank] = failure["traceback"]
+        for failure in summary.get("failures") or []:  # the pane shows it even when the rank printed none
+            rank, traceback = failure.get("rank"), failure.get("traceback")
+            if rank is not None and traceback and (rank, traceback) not in self._tracebacks_shown:
+                self._tracebacks_shown.add((rank, traceback))
+                if traceback not in self._log_text.get(rank, ""):
+                    self._log_text[rank] = (self._log_text.get(rank, "") + "\n" + traceback)[-LOG_PANE_CHARS:]
                 changed.add(rank)
         new_panes = False
         for rank in sorted(changed | failing):
