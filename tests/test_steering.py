@@ -93,7 +93,7 @@ def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
         wait_for(lambda: run.summary()["paused_at"] == paused_at and
                  {w["state"] for w in run.workers} == {"paused"}, timeout=30, message="both ranks paused")
         time.sleep(3.0)  # the pause must outlast stall_timeout_s (2 s): a duration under test, not a wait for state
-        assert max(w["step"] for w in run.workers) == paused_at
+        assert {w["step"] for w in run.workers} == {paused_at}  # the table says the header's step
         with pytest.raises(NbtrainError, match="paused already \\(or about to be\\)"):
             run.pause()
         run.resume()
@@ -171,6 +171,10 @@ def test_adjusting_a_run_that_gives_no_optimizer_says_what_to_call(cluster):
             run.adjust(lr=0.01)
         with pytest.raises(NbtrainError, match="count no epochs"):
             run.stop(after="epoch")
+        # paused at its report: the worker table says the step the header does (it said the one before)
+        paused_at = run.pause(wait=True)
+        wait_for(lambda: {w["state"] for w in run.workers} == {"paused"}, timeout=30, message="the rank paused")
+        assert run.summary()["paused_at"] == paused_at and [w["step"] for w in run.workers] == [paused_at]
     finally:
         run.stop()
 

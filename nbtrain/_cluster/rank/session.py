@@ -230,7 +230,11 @@ class TrainingSession:
         self.last_progress = time.time()
 
     def current_step(self) -> int:
-        """The step the rank is at: its loader's batches, else its last reported step, else its optimizer updates."""
+        """The step the rank is at: while paused, the step it holds in (what the run's ``paused_at`` says, so the
+        worker table and the header agree); else its loader's batches, else its last reported step, else its
+        optimizer updates."""
+        if (paused_at := self.steering.paused_at) is not None:
+            return int(paused_at)
         if self.uses_loader:
             return int(self.step)
         return int(self.last_step) if self.report_calls else self.steering.updates
