@@ -247,6 +247,21 @@ def test_the_dashboards_controls_steer_the_run_and_mark_the_curves(cluster):
         controls.fields["lr"].value = "fast"
         assert "lr: 'fast' is not a number; nothing was changed." in html.unescape(dashboard.notice.value)
 
+        # guards and rewind: the row says the guards in force; Rewind waits for a restore point, refuses a bad step
+        assert controls.guards.value == ""
+        run.guard(nan="pause", spike=4.0)
+        wait_for(lambda: run.summary().get("guard"), timeout=30, message="the guard set")
+        dashboard.update()
+        assert "guards: non-finite loss or gradients → pause; loss > 4x its running median → rewind" \
+            in html.unescape(controls.guards.value)
+        if not run.summary().get("restore_points"):
+            assert controls.rewind_button.disabled and controls.rewind_step.placeholder == "no restore point yet"
+        controls.rewind_step.value = "soon"
+        controls.rewind_button.disabled = False  # as a click before the next redraw would be
+        controls.rewind_button.click()
+        wait_for(lambda: "Rewind: the step must be a whole number" in html.unescape(dashboard.notice.value),
+                 timeout=10, message="the rewind's refusal in the notice")
+
         left: list[str] = []  # what the saved notebook keeps once the run ends: its static picture
         dashboard._static_handle = SimpleNamespace(update=lambda shown: left.append(shown.data))
         run.stop()

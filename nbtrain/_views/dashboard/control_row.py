@@ -1,5 +1,6 @@
 """The live dashboard's control row: the run's optimizer settings, each with an input to change it, Pause /
-Resume, Checkpoint now and Stop — the buttons of :class:`~nbtrain._client.run.control.RunControl` — Stacks and
+Resume, Checkpoint now and Stop — the buttons of :class:`~nbtrain._client.run.control.RunControl` — Rewind with
+its step and skip fields (``run.rewind``), the active guards and how many rewinds the run took, Stacks and
 Profile 10 steps (:class:`~nbtrain._client.run.inspection.RunInspection`), and the markers each change leaves
 on the curves.
 
@@ -10,11 +11,13 @@ dashboard's notice, and the stacks or the profile's table in an area under the r
 
 from __future__ import annotations
 
+import html
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from nbtrain._cluster.commands import ADJUSTABLE
+from nbtrain._cluster.guards import describe_guard
 
 CHANGE_COLOUR = "#2ca02c"
 FIELD_WIDTH = "150px"
@@ -48,15 +51,26 @@ class ControlRow:
                                        layout=w.Layout(width="auto"),
                                        tooltip=f"torch.profiler on rank 0 for the next {PROFILE_STEPS} steps: "
                                                "the top operators, and the trace's path")
+        self.rewind_step = w.Text(description="to step", placeholder="latest", layout=w.Layout(width="130px"),
+                                  style={"description_width": "initial"},
+                                  tooltip="a step with a restore point on every rank; empty: the latest")
+        self.rewind_skip = w.BoundedIntText(value=0, min=0, max=10**9, description="skip",
+                                            layout=w.Layout(width="110px"), style={"description_width": "initial"},
+                                            tooltip="batches to skip after the rewind (e.g. the one that diverged)")
+        self.rewind_button = w.Button(description="Rewind", icon="undo", layout=w.Layout(width="auto"),
+                                      tooltip="Every rank back to its restore point in place, at the same step")
+        self.rewind_button.on_click(lambda _b: self._act(self._rewind, "rewind asked"))
+        self.guards = w.HTML()  # the active guards, and the rewinds taken so far
         self.answer = w.HTML()  # the stacks, or the profile's table
         self.stacks_button.on_click(lambda _b: self._look(self.stacks_button, "taking every rank's stacks…",
                                                           lambda: self.run.stacks().html(compact=True)))
         self.profile_button.on_click(lambda _b: self._look(
             self.profile_button, f"profiling rank 0 for the next {PROFILE_STEPS} steps…",
             lambda: self.run.profile(steps=PROFILE_STEPS).html(top=PROFILE_ROWS)))
-        row = w.HBox([*self.fields.values(), self.pause_button, self.checkpoint_button, self.stacks_button,
-                      self.profile_button, stop_button], layout=w.Layout(flex_flow="row wrap", align_items="center"))
-        self.widget = w.VBox([row, self.answer])
+        row = w.HBox([*self.fields.values(), self.pause_button, self.checkpoint_button, self.rewind_step,
+                      self.rewind_skip, self.rewind_button, self.stacks_button, self.profile_button, stop_button],
+                     layout=w.Layout(flex_flow="row wrap", align_items="center"))
+        self.widget = w.VBox([row, self.guards, self.answer])
         self.widget.add_class("nbtrain-controls")
 
     def update(self, summary: dict[str, Any]) -> None:
@@ -74,9 +88,21 @@ class ControlRow:
                 field.tooltip = f"{key} per param group: {text}" if len(values) > 1 else key
         paused = summary.get("paused_at") is not None
         self.pause_button.description, self.pause_button.icon = ("Resume", "play") if paused else ("Pause", "pause")
-        for button in (self.pause_button, self.checkpoint_button, self.stacks_button, self.profile_button):
+        for button in (self.pause_button, self.checkpoint_button, self.stacks_button, self.profile_button,
+                       self.rewind_step, self.rewind_skip, self.rewind_button):
             button.layout.display = None if live else "none"
         self.pause_button.disabled = self.checkpoint_button.disabled = not live
+        points = summary.get("restore_points") or []
+        self.rewind_button.disabled = not live or not points
+        self.rewind_step.placeholder = f"latest ({points[-1]})" if points else "no restore point yet"
+        steps = ", ".join(map(str, points))
+        self.rewind_button.tooltip = (f"Every rank back to a restore point in place (steps {steps})" if points
+                                      else "Rewind needs a restore point: one is taken at each checkpoint")
+        said = [describe_guard(summary["guard"])] if summary.get("guard") else []
+        if summary.get("rewinds"):
+            said.append(f"rewound {summary['rewinds']}x")
+        shown = html.escape(" · ".join(said))
+        self.guards.value = f'<span class="nbtrain-guards" style="font-size:0.85em">{shown}</span>' if said else ""
 
     def _on_edit(self, key: str, change: dict[str, Any]) -> None:
         text = str(change["new"]).strip()
@@ -88,6 +114,13 @@ class ControlRow:
             self._say(f"{key}: {text!r} is not a number{' pair' if key == 'betas' else ''}; nothing was changed.")
             return
         self._act(lambda: self.run.adjust(**{key: value}), f"{key} → {text} asked")
+
+    def _rewind(self) -> Any:
+        text = self.rewind_step.value.strip()
+        if text and not text.isdigit():
+            raise ValueError(f"Rewind: the step must be a whole number of a restore point, or empty for the latest; "
+                             f"got {text!r}. Nothing was changed.")
+        return self.run.rewind(step=int(text) if text else None, skip_batches=int(self.rewind_skip.value))
 
     def _pause_or_resume(self) -> Any:
         if self.pause_button.description == "Resume":
