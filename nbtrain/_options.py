@@ -27,9 +27,9 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
-from nbtrain._cluster.guards import checked_guard
 from nbtrain._cluster.storage.storage_uri import REMOTE_SCHEMES, normalise
 from nbtrain._exceptions import InvalidOptionError
+from nbtrain._guards import checked_guard
 from nbtrain._packing.runtime_env import check_runtime_env
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")

@@ -195,3 +195,16 @@ def test_each_resize_is_marked_on_the_curves_where_the_new_size_resumed():
 
 def _stripes_at(label: str) -> str:
     return re.search(r"background-position:([^;\"]+)", label).group(1)
+
+
+def test_under_a_dashboard_a_failed_cell_names_the_failing_rank_once_and_points_at_its_log():
+    """In a notebook the dashboard's log pane of the failing rank holds its traceback: the cell's error
+    says which rank failed and how, and where the traceback is, instead of printing it a second time."""
+    from nbtrain import RunFailedError
+    from nbtrain._views.magics import _ends_the_cell
+
+    message = ("Run 'r' failed.\nRank 1 raised ZeroDivisionError at step 6: boom\nTraceback (most recent call last):\n"
+               '  File "Cell In[3]", line 4\n    1 / 0\nZeroDivisionError: boom')
+    printed = _ends_the_cell(RunFailedError(message), tracebacks_shown=True)._render_traceback_()
+    assert printed == ["RunFailedError: Run 'r' failed.", "Rank 1 raised ZeroDivisionError at step 6: boom",
+                       "Each failing rank's traceback is in the dashboard above, in its log (marked failed)."]

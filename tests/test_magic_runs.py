@@ -81,18 +81,6 @@ for step in range(30):
     printed = "\n".join(error._render_traceback_())
     assert printed.startswith("RunFailedError: Run 'cell-fails' failed."), printed
     assert 'raise ZeroDivisionError("rank one divided by zero")' in printed, printed
-
-
-def test_under_a_dashboard_a_failed_cell_names_the_failing_rank_once_and_points_at_its_log():
-    """In a notebook the dashboard's log pane of the failing rank holds its traceback: the cell's error
-    says which rank failed and how, and where the traceback is, instead of printing it a second time."""
-    from nbtrain._views.magics import _ends_the_cell
-
-    message = ("Run 'r' failed.\nRank 1 raised ZeroDivisionError at step 6: boom\nTraceback (most recent call last):\n"
-               '  File "Cell In[3]", line 4\n    1 / 0\nZeroDivisionError: boom')
-    printed = _ends_the_cell(nbtrain.RunFailedError(message), tracebacks_shown=True)._render_traceback_()
-    assert printed == ["RunFailedError: Run 'r' failed.", "Rank 1 raised ZeroDivisionError at step 6: boom",
-                       "Each failing rank's traceback is in the dashboard above, in its log (marked failed)."]
     assert not run_actor_names("cell-fails")
 
 

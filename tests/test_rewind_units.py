@@ -11,11 +11,11 @@ import torch
 
 from nbtrain import InvalidOptionError
 from nbtrain._cluster.commands import GUARD, PAUSE, REWIND, SteeringBeat
-from nbtrain._cluster.guards import checked_guard, describe_guard
 from nbtrain._cluster.rank.guarding import RankGuard
 from nbtrain._cluster.rank.reporting import Reporter
 from nbtrain._cluster.rank.steering import RankSteering
 from nbtrain._cluster.run.steering import RunSteering
+from nbtrain._guards import checked_guard, describe_guard
 from nbtrain._options import RunOptions
 
 pytestmark = pytest.mark.quick

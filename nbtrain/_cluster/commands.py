@@ -22,8 +22,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._cluster.guards import describe_guard
 from nbtrain._exceptions import InvalidOptionError
+from nbtrain._guards import describe_guard
 
 ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE, REWIND, GUARD = (
     "adjust", "pause", "resume", "checkpoint", "stop_after_epoch", "user", "stacks", "profile", "rewind", "guard")

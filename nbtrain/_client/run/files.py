@@ -13,8 +13,8 @@ from typing import Any
 import cloudpickle
 
 from nbtrain._client.run.checkpoint_files import load_in_notebook, local_checkpoint_dir
+from nbtrain._client.run.history_branches import rewinds_of, superseded_column
 from nbtrain._client.run.reader import RunReader
-from nbtrain._client.run.rewinds import rewinds_of, superseded_column
 from nbtrain._client.run.stored import READ_TIMEOUT_S
 
 FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of supervisor memory at most

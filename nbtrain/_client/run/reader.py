@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain import _registry
+from nbtrain._client.run import history_branches
 from nbtrain._client.run.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
 from nbtrain._cluster.commands import Command
 from nbtrain._cluster.names import find_supervisor
@@ -288,9 +289,7 @@ class RunReader:
 
     def superseded(self, row: dict[str, Any]) -> bool:
         """Whether ``row`` belongs to a branch a rewind went back from, as of the last read (views fade it)."""
-        from nbtrain._client.run.rewinds import rewinds_of, superseded
-
-        return superseded(row, rewinds_of(self.summary))
+        return history_branches.superseded(row, history_branches.rewinds_of(self.summary))
 
     def close_views(self) -> None:
         """End the live views added so far (what they drew stays)."""

@@ -1,9 +1,9 @@
 """Rewinding a live run in place and guarding it against divergence, from the notebook: ``run.rewind()``,
 ``run.guard()``, ``run.guards``, ``run.rewinds`` (see :mod:`nbtrain._cluster.rank.rewinding` for the ranks' side
-and :mod:`nbtrain._cluster.guards` for the guards').
+and :mod:`nbtrain._guards` for the guards').
 
 A rewind leaves the branch it goes back from in the run's history: the rows reported past the restore
-point before the rewind are *superseded* (:func:`superseded`, the ``superseded`` column of
+point before the rewind are *superseded* (:mod:`.history_branches`, the ``superseded`` column of
 ``run.metrics_frame()``), and its marker says ``rewound to step N``.
 """
 
@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from nbtrain._client.run.history_branches import rewinds_of
 from nbtrain._client.run.reader import RunReader
 from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._cluster.commands import GUARD, REWIND, Command
-from nbtrain._cluster.guards import checked_guard
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
+from nbtrain._guards import checked_guard
 
 APPLIED_WAIT_S = 30.0
 
@@ -126,39 +127,3 @@ class RunRewinds:
         ``attempt``, ``superseded`` (a later rewind went back before it), ``rank_times`` (rank -> when it went
         back, by its clock: its rows past ``to_step`` from before then are superseded) and ``description``."""
         return rewinds_of(self.reader.fetch_summary())
-
-
-def rewinds_of(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rewinds among a summary's ``changes`` (see :attr:`RunRewinds.rewinds`)."""
-    return [{"to_step": change["args"]["to_step"], "skip": change["args"].get("skip", 0),
-             "step": change.get("applied_step"), "why": change["args"].get("why"),
-             "attempt": change["args"].get("attempt"), "superseded": bool(change.get("superseded")),
-             "rank_times": {int(rank): when for rank, when in (change.get("rank_times") or {}).items()},
-             "description": change["description"]}
-            for change in summary.get("changes") or [] if change["kind"] == REWIND]
-
-
-def superseded(row: dict[str, Any], rewinds: list[dict[str, Any]]) -> bool:
-    """Whether a metric row belongs to a branch a rewind went back from: reported past the rewind's restore
-    point, before its rank went back (by that rank's own clock)."""
-    rank = row.get("rank")
-    for rewind in rewinds:
-        went_back = rewind["rank_times"].get(rank)
-        if went_back is not None and row["step"] > rewind["to_step"] and row["time"] < went_back:
-            return True
-    return False
-
-
-def superseded_column(frame: Any, rewinds: list[dict[str, Any]]) -> Any:
-    """:func:`superseded` for every row of a metrics frame, as a boolean array (vectorised)."""
-    import numpy as np
-
-    mask = np.zeros(len(frame), dtype=bool)
-    if not len(frame):
-        return mask
-    ranks, steps, times = frame["rank"].to_numpy(), frame["step"].to_numpy(), frame["time"].to_numpy()
-    for rewind in rewinds:
-        for rank, went_back in rewind["rank_times"].items():
-            mask |= (ranks == rank) & (steps > rewind["to_step"]) & (times < went_back)
-    return mask
-

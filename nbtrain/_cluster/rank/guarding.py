@@ -1,6 +1,6 @@
 """A rank's guards (``run.guard``, ``launch(guard=...)``): checked on the rank, at each report and update.
 
-The settings are :mod:`nbtrain._cluster.guards`'. A trip is told to the run's supervisor (one call, not
+The settings are :mod:`nbtrain._guards`'. A trip is told to the run's supervisor (one call, not
 waited for), which issues the guard's action as a command every rank applies at the same step; the
 rank goes on meanwhile. Non-finite gradients are caught in the optimizer's step pre-hook, where DDP
 has made them the same on every rank: that update is skipped on every rank alike (its gradients
@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._cluster.guards import SPIKE_WARMUP, SPIKE_WINDOW
+from nbtrain._guards import SPIKE_WARMUP, SPIKE_WINDOW
 
 
 class RankGuard:

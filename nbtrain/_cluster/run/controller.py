@@ -30,7 +30,6 @@ from nbtrain._cluster.commands import Command
 from nbtrain._cluster.elastic import policy
 from nbtrain._cluster.elastic.policy import Cluster, RayCluster, Resize
 from nbtrain._cluster.feed.feed import RunFeed, nan_keys
-from nbtrain._cluster.guards import checked_guard
 from nbtrain._cluster.run import failure_policy, stall_stacks
 from nbtrain._cluster.run.failure_policy import Failed, Failure, FailurePolicy, Outcome, Restart, Stopped, Succeeded
 from nbtrain._cluster.run.steering import RunSteering
@@ -41,6 +40,7 @@ from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import profiles
 from nbtrain._cluster.storage.run_storage import RunStorage, drop_checkpoints_after, kept_checkpoint
 from nbtrain._exceptions import StorageError
+from nbtrain._guards import checked_guard
 from nbtrain._packing.runtime_env import pip_problem, setup_failure
 from nbtrain._states import RunState, check_transition
 

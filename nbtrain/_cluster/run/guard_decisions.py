@@ -1,4 +1,4 @@
-"""What the run's supervisor does when a rank's guard trips (see :mod:`nbtrain._cluster.guards`).
+"""What the run's supervisor does when a rank's guard trips (see :mod:`nbtrain._guards`).
 
 Every rank that sees the trouble says so, and may say it late (its call races the rewind it caused),
 so one decision is made per branch: a trip from a branch a rewind already left, or while the guard's
@@ -9,12 +9,27 @@ run's steering (a rewind or a pause, the same step on every rank), or the run's 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from nbtrain._cluster.commands import PAUSE, REWIND, SteeringBeat
+from nbtrain._cluster.commands import PAUSE, REWIND, Command, SteeringBeat
 
-if TYPE_CHECKING:
-    from nbtrain._cluster.run.steering import RunSteering
+
+class RunSteering(Protocol):
+    """What the guards' decisions use of the run's steering (:class:`nbtrain._cluster.run.steering.RunSteering`,
+    which holds these decisions: named here by what they ask of it, so neither module imports the other)."""
+
+    commands: list[Command]
+
+    def guard(self) -> dict[str, Any]: ...
+
+    def rewinds(self) -> list[Command]: ...
+
+    def paused(self) -> bool: ...
+
+    def issue(self, kind: str, args: dict[str, Any], running: dict[int, SteeringBeat], live: bool) -> Command: ...
+
+    def record(self, kind: str, message: str) -> None: ...
+
 
 GUARD_WHY = "guard"  # a rewind's ``why`` starts so when a guard asked for it: those count against max_rewinds
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain._cluster.commands import ADJUSTABLE
-from nbtrain._cluster.guards import describe_guard
+from nbtrain._guards import describe_guard
 
 CHANGE_COLOUR = "#2ca02c"
 FIELD_WIDTH = "150px"

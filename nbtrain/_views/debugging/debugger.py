@@ -22,7 +22,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbtrain._captured_values import CapturedRepr
+from nbtrain._cluster.rank.inspection.captured_values import CapturedRepr
 
 MAX_LISTED = 10  # values kept as their repr, named in the header
 QUITS = ("q", "quit", "exit", "c", "cont", "continue")

@@ -9,9 +9,9 @@ the frames need.
 
 Values are pickled with cloudpickle within the run's ``debug_capture_mb`` (a rank's whole
 capture; one value takes at most a quarter of it), the innermost frame's first: the debugger
-opens there. Tensors travel as :class:`~nbtrain._captured_values.TensorSummary`, also inside
+opens there. Tensors travel as :class:`~nbtrain._cluster.rank.inspection.captured_values.TensorSummary`, also inside
 containers and modules; a value that cannot be pickled or does not fit is kept as its ``repr``
-(:class:`~nbtrain._captured_values.CapturedRepr`, cut at :data:`REPR_CHARS`), saying why.
+(:class:`~nbtrain._cluster.rank.inspection.captured_values.CapturedRepr`, cut at :data:`REPR_CHARS`), saying why.
 
 Capturing never blocks or fails the run: it runs on a thread of its own for at most
 :data:`CAPTURE_TIME_S`; what it had not reached then is listed as not captured, and any error is
@@ -33,7 +33,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbtrain._captured_values import CapturedRepr, TensorSummary
+from nbtrain._cluster.rank.inspection.captured_values import CapturedRepr, TensorSummary
 from nbtrain._packing.code_origin import code_names
 
 CAPTURE_TIME_S = 5.0          # the whole capture, on its own thread
