@@ -2,6 +2,7 @@
 
     python benchmarks/rewind.py              # ~1 min, no cluster
     python benchmarks/rewind.py --mb 128     # a smaller model
+    python benchmarks/rewind.py --cluster    # and the same run rewound, then forked, on a loopback cluster (~2 min)
 
 A model of linear layers (2048 x 2048 float32, with biases; 16 MB each) with ``--mb`` MB of parameters, and
 SGD with momentum, whose buffers are as large: the default 512 MB of parameters is ~1 GB of state to restore.
@@ -13,6 +14,10 @@ SGD with momentum, whose buffers are as large: the default 512 MB of parameters 
    that imports torch, builds the model and optimizer, ``torch.load``\\ s the checkpoint file the run saved
    (written here first with ``torch.save``, as ``save_checkpoint`` writes it) and loads it into them. A real
    fork also places workers with Ray, starts the process group and, for a compiled model, compiles again.
+3. **On a cluster** (``--cluster``, its own loopback cluster): one real 2-rank run (DDP, gloo) of ``--cluster-mb``
+   MB of parameters, a checkpoint every 20 steps, rewound in place with ``run.rewind(step=45)``, then forked with
+   ``run.fork()`` from its latest checkpoint. Each: from the call until every rank has reported the first step of
+   the new branch (the fork: of the new run), as the notebook sees it.
 """
 
 from __future__ import annotations
@@ -96,10 +101,86 @@ def fork_floor(layers: int) -> tuple[float, float]:
         return saved, float(out.stdout.strip().splitlines()[-1])
 
 
+def cluster_loop(config: dict[str, Any]) -> None:
+    """The run: ``layers`` linear layers, SGD with momentum, a checkpoint every 20 steps (a fork loads it)."""
+    import torch
+
+    import nbtrain
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(config["layers"])])
+    saved = nbtrain.load_checkpoint()
+    if saved:
+        net.load_state_dict(saved["model"])
+    model = nbtrain.prepare_model(net)
+    optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9))
+    if saved:
+        optimizer.load_state_dict(saved["optimizer"])
+    x = torch.randn(8 * 2 * config["steps"], WIDTH)
+    loader = nbtrain.prepare_loader(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8))
+    for (xb,) in loader:
+        optimizer.zero_grad()
+        loss = model(xb).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        nbtrain.report(loss=loss.item())
+        if nbtrain.get_context().step % 20 == 0:
+            nbtrain.save_checkpoint({"model": net.state_dict(), "optimizer": optimizer.state_dict()})
+
+
+def _first_rows_after(run: Any, began: float, steps_up_to: float = float("inf")) -> float:
+    """Seconds from ``began`` until each of the 2 ranks reported a row after it (at a step up to ``steps_up_to``)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        run.refresh(wait_s=1.0)
+        run.raise_if_failed()
+        firsts: dict[int, float] = {}
+        for row in run.metrics:
+            if row["time"] > began and row["step"] <= steps_up_to:
+                firsts[row["rank"]] = min(firsts.get(row["rank"], row["time"]), row["time"])
+        if len(firsts) == 2:
+            return max(firsts.values()) - began
+    raise TimeoutError("no first rows after 600 s")
+
+
+def on_cluster(mb: float) -> tuple[float, float, float]:
+    """(rewind s, fork s, state MB) on one real run of the benchmark's own loopback cluster."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import nbtrain
+
+    from _own_cluster import own_cluster
+
+    layers = max(1, round(mb / LAYER_MB))
+    with own_cluster("nbtrain-rewind-", num_cpus=4):
+        run = nbtrain.launch(cluster_loop, workers=2, name="rewound", config={"layers": layers, "steps": 400})
+        child = None
+        try:
+            while (run.summary().get("step") or 0) < 50:
+                run.refresh(wait_s=1.0)
+                run.raise_if_failed()
+            began = time.time()
+            run.rewind(step=45, wait=True)
+            went = run.rewinds[-1]
+            rewound = _first_rows_after(run, began, steps_up_to=went["step"])  # a step it had passed: the new branch
+            print(f"  rewound to step {went['to_step']} from step {went['step']}: {rewound:.2f} s", flush=True)
+            began = time.time()
+            child = run.fork(name="forked")
+            forked = _first_rows_after(child, began)
+            print(f"  forked at step {child.summary()['parent']['step']}: {forked:.2f} s", flush=True)
+        finally:
+            for each in (run, child):
+                if each is not None and not each.state.is_terminal:
+                    each.stop()
+    return rewound, forked, 2 * layers * LAYER_MB
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=float, default=512.0, help="MB of parameters (the state is twice that)")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cluster", action="store_true", help="also rewind and fork one run on a loopback cluster")
+    parser.add_argument("--cluster-mb", type=float, default=64.0, help="MB of parameters of that run (64)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import torch
@@ -121,6 +202,13 @@ def main() -> None:
     print(f"| in place: run.rewind() restore on the rank | {min(restores):.2f} s |")
     print(f"| fork floor: torch.save of the checkpoint | {min(saves):.2f} s |")
     print(f"| fork floor: new process, import torch, build, torch.load, load_state_dict | {min(forks):.2f} s |")
+    if args.cluster:
+        rewound, forked, state_mb = on_cluster(args.cluster_mb)
+        print(f"\nthe same 2-rank run on a loopback cluster, {state_mb:.0f} MB of state per rank: call -> every rank's "
+              "first step of the new branch (the fork: of the new run)")
+        print(f"| run.rewind(step=45), in place | {rewound:.2f} s |")
+        print(f"| run.fork() from its latest checkpoint | {forked:.2f} s |")
+        print(f"| ratio | fork {forked / rewound:.1f}x the rewind |")
 
 
 if __name__ == "__main__":

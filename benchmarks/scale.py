@@ -14,6 +14,14 @@ and prints one markdown table each:
   nbtrain's own code), reporting 10 times a second, without DDP. Figures: the supervisor's
   CPU (cores) while ingesting, the feed latency p50/p95, the notebook's RSS growth and the
   redraw time of the band drawing.
+* **steering** — a SIMULATION of wide runs steered: 2 real workers each run ``ranks/2`` simulated ranks
+  (threads), each with its own worker-side session — reporter, flusher and the steering listener
+  whose standing question waits on the supervisor: nbtrain's own code — a tiny model and optimizer,
+  10 steps a second and a restore point every 20 steps. torch's optimizer step hooks are called
+  directly around each update (torch's are global to a process: they would cross the simulated
+  ranks). The notebook adjusts, pauses (then resumes) and rewinds the run a few times each.
+  Figures: call → learnt and call → applied on every rank (p50/p95), whether every rank applied
+  each command at the same step, the supervisor's threads and its CPU while the ranks only stand.
 * **finished runs** — N short runs launched and ended: supervisor processes left afterwards
   (target 0), Ray worker processes on the head before and after, and ``attach()`` time of a
   finished run.
@@ -23,13 +31,16 @@ and prints one markdown table each:
     python benchmarks/scale.py                               # rows 1e5,1e6,2e6; ranks 2,16,64,256; 20 runs
     python benchmarks/scale.py --rows 1e7 --ranks 256 --finished-runs 100
     python benchmarks/scale.py --only ranks --ranks 64,256 --relay both
+    python benchmarks/scale.py --only steering --steered-ranks 64,256
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
+import tempfile
 import threading
 import time
 from typing import Any
@@ -191,6 +202,88 @@ def simulate_ranks(config: dict[str, Any]) -> None:
         thread.join()
 
 
+def simulate_steered_ranks(config: dict[str, Any]) -> list[tuple[int, int, str, int, float, float]]:
+    """SIMULATION: this worker runs ranks/2 steered ranks (threads), each with its own session and steering.
+    Returns what each of them saw: (rank, command id, kind, step applied at, time learnt, time applied)."""
+    import os as o
+    import threading as th
+    import time as t
+
+    import torch
+
+    import nbtrain
+    from nbtrain._cluster.rank import session as sessions
+
+    torch.set_num_threads(1)
+    real = sessions.current_session()
+    ranks, per_s = config["ranks"], config["steps_per_s"]
+    mine = [rank for rank in range(ranks) if rank % real.context.world_size == real.context.rank]
+    seen: list[tuple[int, int, str, int, float, float]] = []
+    learnt: dict[tuple[int, int], float] = {}
+
+    def steered(rank: int) -> None:
+        if rank == real.context.rank:
+            session = real
+        else:
+            simulated = dataclasses.replace(real.payload, rank=rank, world_size=ranks, local_rank=rank,
+                                            local_world_size=ranks, node_rank=0, config={}, storage=None,
+                                            datasets={}, commands=[])
+            session = sessions.TrainingSession(simulated, real.context.device)
+            session._thread.start()     # its flusher: rows and heartbeats (steps, restore points)
+            session.steering.start()    # its standing question on the supervisor
+        steering = session.steering
+        learn, apply = steering.learn, steering._apply
+
+        def learning(commands: list[Any]) -> None:  # the time each command reached this rank
+            now = t.time()
+            for command in commands:
+                learnt.setdefault((rank, command.id), now)
+            learn(commands)
+
+        def applying(command: Any, step: int) -> None:
+            seen.append((rank, command.id, command.kind, step, learnt.get((rank, command.id), float("nan")),
+                         t.time()))
+            apply(command, step)
+
+        steering.learn, steering._apply = learning, applying  # type: ignore[method-assign]
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        steering.steer(optimizer)           # what prepare_optimizer does
+        if session is not real:
+            steering.unhook()               # torch's hooks are the real rank's (global): called directly below
+        steering.points.models.append(model)  # what prepare_model does: a rewind restores it
+        session.uses_loader = True            # a prepared loader numbers the steps; a rewind is applied before one
+        x = torch.randn(8, 4)
+        while not o.path.exists(config["done"]):
+            if steering.pending:
+                steering.at_batch()         # what a prepared loader calls before it takes a batch
+            session.step += 1
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            steering._before_update(optimizer, (), {})  # torch's optimizer step pre-hook: pauses and changes
+            with torch.no_grad():
+                for param in model.parameters():
+                    param -= optimizer.param_groups[0]["lr"] * param.grad
+            steering._after_update(optimizer, (), {})
+            session.report({"step": session.step, "loss": loss.item(), "lr": optimizer.param_groups[0]["lr"]})
+            if session.step % 20 == 0:
+                if session is real:
+                    nbtrain.save_checkpoint({"model": model.state_dict(), "step": session.step})
+                else:
+                    steering.saved_checkpoint()  # save_checkpoint's part on a rank that stores nothing
+            t.sleep(1 / per_s)
+        if session is not real:
+            session.close("finished")
+
+    threads = [th.Thread(target=steered, args=(rank,)) for rank in mine]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return seen
+
+
 def quick(config: dict[str, Any]) -> int:
     import nbtrain
 
@@ -257,6 +350,68 @@ def measure_ranks(ranks: int, seconds: float, relay: bool) -> dict[str, Any]:
             "p95_ms": 1000 * percentile(latencies, 0.95), "redraw_ms": drawn}
 
 
+def measure_steering(ranks: int, repeats: int) -> dict[str, Any]:
+    import nbtrain
+
+    done = os.path.join(tempfile.mkdtemp(prefix="nbtrain-scale-"), "done")
+    run = nbtrain.launch(simulate_steered_ranks, workers=2, name=f"steered-{ranks}", feed_relay="never",
+                         config={"ranks": ranks, "steps_per_s": 10, "done": done})
+    try:
+        def standing() -> bool:  # every rank stepping, with a restore point to go back to
+            workers = run.reader.summary.get("workers") or []
+            return len(workers) >= ranks and min(w.get("step") or 0 for w in workers) > 25
+        deadline = time.monotonic() + 300
+        while not standing():
+            run.refresh(wait_s=1.0)
+            run.raise_if_failed()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{ranks} simulated ranks did not all take 25 steps in 300 s")
+        supervisor = supervisor_processes()[0]
+        threads = supervisor.num_threads()
+        cpu_before, quiet_began = sum(supervisor.cpu_times()[:2]), time.monotonic()
+        time.sleep(5)  # the ranks only step and stand: the supervisor's cost of their questions and pushes
+        standing_cores = (sum(supervisor.cpu_times()[:2]) - cpu_before) / (time.monotonic() - quiet_began)
+        calls: list[tuple[str, float, float]] = []  # (kind, time called, the notebook's wait), in order
+
+        def called(kind: str, act: Any) -> None:
+            began = time.time()
+            act()
+            calls.append((kind, began, time.time() - began))
+
+        for index in range(repeats):
+            lr = 0.1 / (index + 2)
+            called("adjust", lambda: run.adjust(lr=lr, wait=True))  # noqa: B023 - called at once
+            called("pause", lambda: run.pause(wait=True))
+            run.resume()
+            time.sleep(2.5)  # past the next restore point (20 steps at 10/s): a rewind goes back to a fresh one
+            called("rewind", lambda: run.rewind(wait=True))
+            time.sleep(1.0)
+        open(done, "w").close()
+        run.wait(timeout=300)
+        run.raise_if_failed()
+        seen = [entry for worker in run.result for entry in worker]
+    finally:
+        open(done, "w").close()
+        if not run.state.is_terminal:
+            run.stop()
+    figures: dict[str, Any] = {"ranks": ranks, "supervisor_threads": threads, "standing_cores": standing_cores}
+    for kind in ("adjust", "pause", "rewind"):
+        # the n-th call of a kind is the n-th command of that kind the ranks applied (ids are issued in order)
+        ids = sorted({entry[1] for entry in seen if entry[2] == kind})
+        began = dict(zip(ids, [at for k, at, _wait in calls if k == kind], strict=True))
+        applied = [entry for entry in seen if entry[1] in began]
+        to_learn = [learnt - began[command_id] for _rank, command_id, _k, _step, learnt, _at in applied]
+        to_apply = [at - began[command_id] for _rank, command_id, _k, _step, _learnt, at in applied]
+        by_command = {command_id: [entry[3] for entry in applied if entry[1] == command_id] for command_id in ids}
+        same_step = sum(len(steps) == ranks and len(set(steps)) == 1 for steps in by_command.values())
+        figures[kind] = {"commands": len(ids), "same_step": same_step, "applied": len(applied),
+                         "learn_p50": percentile(to_learn, 0.5), "learn_p95": percentile(to_learn, 0.95),
+                         "apply_p50": percentile(to_apply, 0.5), "apply_p95": percentile(to_apply, 0.95),
+                         "notebook_wait": statistics.median(wait for k, _at, wait in calls if k == kind)}
+    run.delete()
+    return figures
+
+
 def measure_finished(count: int) -> dict[str, Any]:
     import nbtrain
 
@@ -293,12 +448,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="how long each wide run reports (20)")
     parser.add_argument("--relay", choices=("both", "on", "off"), default="both",
                         help="wide runs with a push relay per simulated node, without, or both (both)")
+    parser.add_argument("--steered-ranks", default="64,256", help="simulated ranks of the steered runs (64,256)")
+    parser.add_argument("--repeats", type=int, default=3, help="adjusts, pauses and rewinds of each steered run (3)")
     parser.add_argument("--finished-runs", type=int, default=20, help="short runs launched and ended (20)")
-    parser.add_argument("--only", choices=("rows", "ranks", "finished"), help="measure one of the three only")
+    parser.add_argument("--only", choices=("rows", "ranks", "steering", "finished"), help="measure one of them only")
     args = parser.parse_args()
     relays = {"both": (False, True), "on": (True,), "off": (False,)}[args.relay]
     long_runs: list[dict[str, Any]] = []
     wide: list[dict[str, Any]] = []
+    steered: list[dict[str, Any]] = []
     finished: dict[str, Any] | None = None
     with own_cluster("nbtrain-scale-", num_cpus=4):
         measure_rows(1000)  # imports and first widgets: not counted in the first size's notebook memory
@@ -309,6 +467,9 @@ def main() -> None:
             for relay in relays:
                 wide.append(measure_ranks(int(ranks), args.seconds, relay))
                 print(f"done: {wide[-1]}", flush=True)
+        for ranks in args.steered_ranks.split(",") if args.only in (None, "steering") else []:
+            steered.append(measure_steering(int(ranks), args.repeats))
+            print(f"done: {steered[-1]}", flush=True)
         if args.only in (None, "finished"):
             finished = measure_finished(args.finished_runs)
             print(f"done: {finished}", flush=True)
@@ -317,6 +478,8 @@ def main() -> None:
         print_long(long_runs)
     if wide:
         print_wide(wide, args.seconds)
+    if steered:
+        print_steered(steered)
     if finished:
         print_finished(finished)
 
@@ -344,6 +507,20 @@ def print_wide(wide: list[dict[str, Any]], seconds: float) -> None:
         print(f"| {r['ranks']} | {relay} | {r['rows']:,} | {r['supervisor_cores']:.2f} | {r['supervisor_mb']:.0f} MB "
               f"({r['supervisor_uss']:.0f} MB) | "
               f"{r['notebook_mb']:+.0f} MB | {r['p50_ms']:.0f} / {r['p95_ms']:.0f} ms | {r['redraw_ms']:.1f} ms |")
+
+
+def print_steered(steered: list[dict[str, Any]]) -> None:
+    print("\n**Steering wide runs** (SIMULATED ranks: threads in 2 workers, each with its own session and steering, "
+          "10 steps/s)\n")
+    print("| ranks | supervisor threads | supervisor CPU, ranks standing | command | every rank at one step "
+          "| call → learnt p50 / p95 | call → applied p50 / p95 | notebook's call (wait=True) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in steered:
+        for kind in ("adjust", "pause", "rewind"):
+            k = r[kind]
+            print(f"| {r['ranks']} | {r['supervisor_threads']} | {r['standing_cores']:.2f} cores | {kind} | "
+                  f"{k['same_step']}/{k['commands']} | {1000 * k['learn_p50']:.0f} / {1000 * k['learn_p95']:.0f} ms | "
+                  f"{1000 * k['apply_p50']:.0f} / {1000 * k['apply_p95']:.0f} ms | {k['notebook_wait']:.2f} s |")
 
 
 def print_finished(f: dict[str, Any]) -> None:
