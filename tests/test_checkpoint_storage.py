@@ -165,7 +165,8 @@ def test_a_file_uri_keeps_the_run_and_its_checkpoints_in_that_directory(cluster,
                                                                            "checkpoint-a2-s5.pt",
                                                                            "checkpoint-a2-s6.pt"]
     run.delete()
-    assert not run_dir.exists()
+    left = sorted(str(path.relative_to(run_dir)) for path in run_dir.rglob("*")) if run_dir.exists() else None
+    assert left is None, f"left after delete(): {left}"
 
 
 @pytest.mark.cluster

@@ -51,8 +51,10 @@ class SupervisorChannel:
 
         deadline = time.monotonic() + SUPERVISOR_RESTART_GRACE_S
         while True:
+            handle = self.handle  # a stored run's read is a task that may wait for a process to start
+            wait = max(timeout, READ_TIMEOUT_S) if isinstance(handle, StoredRunHandle) else timeout
             try:
-                return ray.get(getattr(self.handle, method).remote(*args), timeout=timeout)
+                return ray.get(getattr(handle, method).remote(*args), timeout=wait)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 self._after_supervisor_error(deadline)
 
@@ -76,8 +78,9 @@ class SupervisorChannel:
         while True:
             handle = self.handle
             if isinstance(handle, StoredRunHandle):
+                # a task of its own on the head, which may wait for a worker process to start: a read, not a poll
                 stored: dict[str, Any] = ray.get(handle.poll.remote(cursor, log_cursor, event_cursor),
-                                                 timeout=POLL_TIMEOUT_S)
+                                                 timeout=READ_TIMEOUT_S)
                 return stored
             try:
                 # A future, not ray.get: over Ray Client the answer then comes back on the

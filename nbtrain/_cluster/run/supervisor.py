@@ -131,6 +131,9 @@ class RunSupervisor:
                                   on_end=self._retire, before_transition=self._open_or_close_loggers)
         self._loggers: MetricLoggers | None = None
         self._loggers_lock = threading.Lock()
+        # held while the run's final files are written (outside the feed's lock: a full disk waits there), so that
+        # delete() never removes them just before they are written again
+        self._final_files = threading.Lock()
         if set_aside is not None:
             self._feed.event("storage", f"{storage.dir} held the files of an earlier run named {spec.name!r} "
                                         f"that is no longer on the cluster; they were moved to {set_aside}.", 0)
@@ -158,15 +161,16 @@ class RunSupervisor:
         supervisor that found its run ended). Returns without exiting if the run was
         resumed or deleted meanwhile.
         """
-        with self._feed.lock:
-            if not self._may_retire():
-                return
-            summary = self._summary_locked()
-            results = self._run.results
-            config = cloudpickle.dumps(self._run.spec.options.config)
-        write_final(self._storage.dir, summary, results, config)
-        while not self._storage.sync():  # rows kept in memory while the disk was full: write them first
-            time.sleep(DISK_RETRY_S)
+        with self._final_files:
+            with self._feed.lock:
+                if not self._may_retire():
+                    return
+                summary = self._summary_locked()
+                results = self._run.results
+                config = cloudpickle.dumps(self._run.spec.options.config)
+            write_final(self._storage.dir, summary, results, config)
+            while not self._storage.sync():  # rows kept in memory while the disk was full: write them first
+                time.sleep(DISK_RETRY_S)
         with self._feed.lock:  # a resume or delete may have come while the files were written
             if not self._may_retire():
                 return
@@ -397,7 +401,7 @@ class RunSupervisor:
         answer might never arrive: the caller deletes through the files instead).
         The caller kills this actor next, so nothing writes the files again.
         """
-        with self._feed.lock:
+        with self._final_files, self._feed.lock:  # a retirement writing the final files finishes them first
             if self._retired:
                 return "retired"
             if not self._run.state.is_terminal:
