@@ -119,7 +119,11 @@ PROMISES: dict[str, list[Promise]] = {
          lambda found: found[-1][0] == "stopped" and int(found[-1][1]) >= int(found[-1][2]),
          "checkpoint_now() keeps a checkpoint, stop(after='epoch') stops the run"),
         (r"its first loss ([\d.]+); the parent's first loss ([\d.]+)", _first_below(0.25),
-         "the fork's curve goes on from its parent's checkpoint")],
+         "the fork's curve goes on from its parent's checkpoint"),
+        (r"rewound to step (\d+) from step \d+, 2 batches passed over; the same processes: (\w+)",
+         lambda found: found[-1] == ("40", "True"), "rewind() goes back to step 40 in the same processes"),
+        (r"(\w+); (\d+) rows of the branch left are kept, marked superseded",
+         lambda found: found[-1][0] == "succeeded" and int(found[-1][1]) > 0, "the branch left is kept, superseded")],
     "11_debug_and_profile.ipynb": [
         (r"loss is NaN at step (\d+)", lambda found: found[0] == "7", "the failing rank's error"),
         (r"(Rank \d+) is a straggler", lambda found: found == ["Rank 1"], "rank 1 is flagged as the straggler"),

@@ -208,3 +208,31 @@ def test_under_a_dashboard_a_failed_cell_names_the_failing_rank_once_and_points_
     printed = _ends_the_cell(RunFailedError(message), tracebacks_shown=True)._render_traceback_()
     assert printed == ["RunFailedError: Run 'r' failed.", "Rank 1 raised ZeroDivisionError at step 6: boom",
                        "Each failing rank's traceback is in the dashboard above, in its log (marked failed)."]
+
+
+def test_a_rewound_branch_is_drawn_faded_from_the_step_gone_back_to_and_the_mean_follows_the_new_one():
+    dashboard = WidgetDashboard(SimpleNamespace(name="rewound", reader=SimpleNamespace(events=[])))
+    rows = [{"rank": r, "step": s, "attempt": 1, "time": 0.0, "loss": 1.0, "val_loss": 2.0}
+            for s in range(1, 51) for r in (0, 1)]
+    # the same step twice for a rank (a validation row after the training row) is not a rewind
+    dashboard.history.add([*rows, {"rank": 0, "step": 50, "attempt": 1, "time": 0.0, "val_loss": 2.5}])
+    assert dashboard.history.superseded == {}
+    # rank 0 goes back to step 40 and goes on (skipping 41, 42) before rank 1's last old row and its own rewind
+    dashboard.history.add([{"rank": 0, "step": s, "attempt": 1, "time": 0.0, "loss": 5.0} for s in range(43, 60)]
+                          + [{"rank": 1, "step": s, "attempt": 1, "time": 0.0, "loss": 5.0} for s in range(43, 60)])
+    dashboard._summary = {"changes": [{"kind": "rewind", "applied_step": 51, "args": {"to_step": 40, "skip": 2},
+                                       "description": "rewound to step 40, 2 batches skipped, at step 51"}]}
+
+    dashboard._draw_curves()
+
+    names = dashboard.charts.trace_names("loss")
+    assert {"loss superseded 1", "val_loss superseded 1"} <= set(names), names
+    left_x, left_y = dashboard.charts.points("loss", "loss superseded 1")
+    assert list(left_x) == list(range(43, 51)) and set(left_y) == {1.0}
+    steps, mean = dashboard.charts.points("loss", "loss mean")
+    assert list(steps) == [*range(1, 43), *range(43, 60)]
+    assert set(mean[steps > 42]) == {5.0}, "the mean mixes the branch gone back from with the new one"
+    dashed = [trace["name"] for trace in dashboard.charts.spec("loss")["traces"] if trace.get("dash")]
+    assert dashed == ["loss superseded 1", "val_loss superseded 1"]
+    marks = dashboard.charts.spec("loss")["marks"]
+    assert [(mark["x"], mark["text"]) for mark in marks] == [(40, "rewound to step 40")]

@@ -14,6 +14,7 @@ import pytest
 
 import nbtrain
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
+from nbtrain._views.dashboard.dashboard import WidgetDashboard
 
 from _helpers import wait_for
 
@@ -122,6 +123,11 @@ def test_a_manual_rewind_goes_back_in_place_and_a_restart_keeps_it(cluster):
         resumed = frame[frame["attempt"] == 2]
         assert sorted(set(resumed["step"])) == list(range(81, 81 + BATCHES))
         assert run.rewinds == [rewind], "the restart lost the rewind"
+        dashboard = WidgetDashboard(run)  # opened after the end: it reads the whole history, both branches
+        wait_for(dashboard.update, timeout=60, message="the dashboard to read the whole history")
+        left_x, _ = dashboard.charts.points("loss", "loss superseded 1")
+        assert list(left_x) == list(range(43, rewind["step"])), "the branch left is not drawn faded"
+        assert [mark["text"] for mark in dashboard.charts.spec("loss")["marks"]] == ["rewound to step 40"]
         with pytest.raises(NbtrainError, match=r"it has ended \(succeeded\)"):
             run.rewind()
     finally:

@@ -77,6 +77,19 @@ def test_a_loop_nbtrain_cannot_restore_says_what_to_add():
         "@nbtrain.on_rewind def back_to(checkpoint, step, skip_batches): ... in the training function to restore it "
         "yourself.")
     assert steering.beat().rewind_refusal == steering.points.refusal()
+    # an @on_rewind function restores what nbtrain cannot, but a rewind still needs a step to happen at
+    from nbtrain._cluster.rank import rewinding
+
+    rewinding.on_rewind(lambda checkpoint, step, skip_batches: None)
+    try:
+        assert steering.points.refusal() == (
+            "rank 0's loop gives nbtrain neither its optimizer (nbtrain.prepare_optimizer or nbtrain.steerable) nor "
+            "its loader (nbtrain.prepare_loader), so a rewind has no step to happen at: give it one of them.")
+        steering.steer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+        assert steering.points.refusal() is None
+    finally:
+        steering.unhook()
+        rewinding.forget_hooks()
 
 
 def test_the_guard_trips_once_on_a_nan_loss_a_spike_and_non_finite_gradients():

@@ -30,8 +30,18 @@ def lab(cluster, tmp_path_factory):
     write_notebook(root / "sidebar.ipynb", ["%load_ext nbtrain\n%ray_connect", (
         "%%ray_train --workers 2 --bg --name sidebar-live --total-steps 3000\n"
         "import time\n"
-        "for step in range(3000):\n"
-        "    nbtrain.report(loss=1.0 / (step + 1))\n"
+        "import torch\n"
+        "model = nbtrain.prepare_model(torch.nn.Linear(2, 1))\n"
+        "optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.01))\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(12000, 2))\n"
+        "for (x,) in nbtrain.prepare_loader(torch.utils.data.DataLoader(data, batch_size=2)):\n"
+        "    optimizer.zero_grad()\n"
+        "    loss = model(x).pow(2).mean()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    nbtrain.report(loss=loss.item())\n"
+        "    if nbtrain.get_context().step % 20 == 0:\n"
+        "        nbtrain.save_checkpoint({'model': model.state_dict()})\n"
         "    time.sleep(0.05)\n")])
     # The product's refresh (tests elsewhere turn it off): it is how the sidebar learns of progress.
     refresh = NbtrainServer.refresh_interval.default_value
@@ -69,6 +79,9 @@ def test_sidebar_follows_and_stops_a_real_run(page, lab):
         row.locator(".jp-nbtrain-pause").click()
         expect(row.locator(".jp-nbtrain-badge")).to_have_text("running", timeout=60_000)
         assert nbtrain.attach("sidebar-live").summary()["paused_at"] is None
+        expect(row.locator(".jp-nbtrain-rewound")).to_be_hidden()
+        nbtrain.attach("sidebar-live").rewind(wait=True)  # back to its last checkpoint, in place: the row says so
+        expect(row.locator(".jp-nbtrain-rewound")).to_have_text("rewound", timeout=60_000)
 
         row.locator(".jp-nbtrain-stop").click()
         page.locator(".jp-Dialog").get_by_role("button", name="Stop run").click()

@@ -43,6 +43,8 @@ export interface IRun {
   stop?: IStopRequest | null;
   /** The step every rank is held at by a pause, while the run is paused; else null. */
   paused_at?: number | null;
+  /** How many times the run was rewound in place (`run.rewind()` or a guard); null when its cluster did not say. */
+  rewinds?: number | null;
   /** `run.fork()`: "<parent run> at step <N>"; else null. */
   parent?: string | null;
   /**

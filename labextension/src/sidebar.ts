@@ -232,7 +232,7 @@ class RunRow {
         checked(this._run.name, this._select.checked);
       }
     });
-    this._top.append(this._select, this._name, this._badge, this._straggler, this._elapsed);
+    this._top.append(this._select, this._name, this._badge, this._rewound, this._straggler, this._elapsed);
 
     const bar = el('div', 'jp-nbtrain-progress');
     bar.appendChild(this._fill);
@@ -300,6 +300,13 @@ class RunRow {
       this.setElapsed(elapsed);
     }
 
+    const rewinds = run.rewinds ?? 0;
+    this._rewound.hidden = rewinds === 0;
+    this._rewound.textContent = rewinds > 1 ? `rewound ×${rewinds}` : 'rewound';
+    this._rewound.title =
+      `Rewound in place ${rewinds} time${rewinds === 1 ? '' : 's'} (run.rewind() or a guard): ` +
+      'the branches it went back from are kept, marked superseded, and drawn faded on its dashboard.';
+
     const late = !run.terminal && run.stragglers ? run.stragglers : [];
     this._straggler.hidden = late.length === 0;
     this._straggler.textContent = late.length
@@ -363,6 +370,7 @@ class RunRow {
     this._badge.textContent = 'unknown';
     this._badge.className = 'jp-nbtrain-badge jp-nbtrain-state-unknown';
     this._straggler.hidden = true;
+    this._rewound.hidden = true;
     this._elapsed.textContent = '';
     this._progress.hidden = true;
     this._metrics.hidden = true;
@@ -388,6 +396,7 @@ class RunRow {
   private _progress = el('div', 'jp-nbtrain-progress-row');
   private _name = el('span', 'jp-nbtrain-run-name');
   private _badge = el('span', 'jp-nbtrain-badge');
+  private _rewound = el('span', 'jp-nbtrain-rewound');  // not a -badge: that is the state's
   private _straggler = el('span', 'jp-nbtrain-straggler');  // not a -badge: that is the state's
   private _elapsed = el('span', 'jp-nbtrain-elapsed');
   private _fill = el('div', 'jp-nbtrain-progress-fill');

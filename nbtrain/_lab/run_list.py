@@ -94,6 +94,9 @@ class ClusterAnswers:
         return [sweep for sweeps in self._sweeps.values() for sweep in sweeps]
 
 
+# What a run record has only from its cluster's answers (the registry and the files know none of it): unknown.
+ONLY_ITS_CLUSTER_SAYS: dict[str, Any] = {"paused_at": None, "parent": None, "rewinds": None}
+
 def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
                 stale_after: float, current: str | None = None,
                 files: dict[str, RunRecord] | None = None,
@@ -122,7 +125,7 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
     served: list[dict[str, Any]] = []
     files = dict(files or {})
     for record in registry:
-        run: dict[str, Any] = {"paused_at": None, "parent": None, "source": "launch record", **record}
+        run: dict[str, Any] = {**ONLY_ITS_CLUSTER_SAYS, "source": "launch record", **record}
         observed = answers.run(record.get("address"), record["name"])
         if observed is None and current is not None and not answers.answered(record.get("address")):
             observed = answers.run(current, record["name"])  # the same home's storage, a new cluster
@@ -142,7 +145,7 @@ def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
             if (said := files.pop(observed["name"], None)) is not None:
                 observe(run, said, FILE_FIELDS)
             served.append(_checked(run, f"as {observed['address']} reports it", embedded))
-    served.extend(_checked({"paused_at": None, "parent": None, **said}, "as its files on this machine say", embedded)
+    served.extend(_checked({**ONLY_ITS_CLUSTER_SAYS, **said}, "as its files on this machine say", embedded)
                   for name, said in files.items() if name not in listed)
     for run in served:
         run["terminal"] = run["malformed"] or is_terminal(run)

@@ -124,10 +124,15 @@ class RestorePoints:
                      if not self.loaders or all(e == epoch for _loader, e, _taken in point.loaders))
 
     def refusal(self) -> str | None:
-        """Why this rank cannot rewind itself (None: it can); an ``@on_rewind`` function makes up for it."""
-        if _hooks:
-            return None
+        """Why this rank cannot rewind itself (None: it can); an ``@on_rewind`` function makes up for it, given a
+        place to rewind at: a prepared loader's next batch or an optimizer's next step."""
         rank = self.session.context.rank
+        if _hooks:
+            if self.steering.optimizers or self.session.uses_loader:
+                return None
+            return (f"rank {rank}'s loop gives nbtrain neither its optimizer (nbtrain.prepare_optimizer or "
+                    "nbtrain.steerable) nor its loader (nbtrain.prepare_loader), so a rewind has no step to happen "
+                    "at: give it one of them.")
         if self.too_big_mb is not None:
             return (f"rank {rank}'s model and optimizer state ({self.too_big_mb:.0f} MB) is more than a restore point "
                     f"copies (NBTRAIN_REWIND_BUDGET_MB, {BUDGET_MB:.0f} MB): register @nbtrain.on_rewind def "

@@ -20,6 +20,7 @@ from nbtrain._cluster.commands import ADJUSTABLE
 from nbtrain._guards import describe_guard
 
 CHANGE_COLOUR = "#2ca02c"
+REWIND_COLOUR = "#d62728"
 FIELD_WIDTH = "150px"
 PROFILE_STEPS = 10   # the Profile button's steps, on rank 0
 PROFILE_ROWS = 10    # operators shown under the row (run.profile() in a cell has them all)
@@ -155,17 +156,22 @@ class ControlRow:
 
 
 def change_marks(changes: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """A dotted line at each applied change's step, labelled with it ("lr 0.1 → 0.01")."""
+    """A dotted line at each applied change's step, labelled with it ("lr 0.1 → 0.01"); a rewind's at the step it
+    went back to ("rewound to step 60", the branch it left drawn faded from there)."""
     shapes, labels = [], []
     for change in changes:
         step = change.get("applied_step")
-        if step is None or change["kind"] not in ("adjust", "pause", "checkpoint"):
+        if step is None or change["kind"] not in ("adjust", "pause", "checkpoint", "rewind"):
             continue
+        colour = CHANGE_COLOUR
         text = change["description"].rsplit(" at step ", 1)[0]
+        if change["kind"] == "rewind":
+            step, colour = change["args"]["to_step"], REWIND_COLOUR
+            text = f"rewound to step {step}"
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
-                       "line": {"dash": "dot", "width": 1, "color": CHANGE_COLOUR}})
+                       "line": {"dash": "dot", "width": 1, "color": colour}})
         labels.append({"x": step, "xref": "x", "yref": "paper", "y": 0.92, "yanchor": "bottom", "text": text,
-                       "showarrow": False, "font": {"size": 9, "color": CHANGE_COLOUR}})
+                       "showarrow": False, "font": {"size": 9, "color": colour}})
     return shapes, labels
 
 

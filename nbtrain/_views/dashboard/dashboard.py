@@ -63,6 +63,7 @@ from nbtrain._views.dashboard.worker_table import (
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000
 MEAN_COLOUR = "#222222"
+SUPERSEDED_COLOUR = "#999999"  # a branch a rewind went back from
 WIDE_RANKS = 8               # above this many ranks: a band across ranks, a summarised and paged worker table
 
 
@@ -316,6 +317,9 @@ class WidgetDashboard(Follower):
         alone = len(metrics) == 1
         for index, metric in enumerate(metrics):
             colour = COLOURS[index % len(COLOURS)]
+            for number, (xs, ys) in enumerate(self.history.superseded.get(metric, []), 1):  # rewound from
+                traces.append((f"{metric} superseded {number}", xs, ys, {"color": SUPERSEDED_COLOUR, "width": 1.5,
+                                                                        "opacity": 0.45, "dash": True}))
             steps, mean, low, high = self.history.band(metric)
             if not self.wide:
                 for rank in self.history.ranks(metric):

@@ -13,7 +13,10 @@ Rows arrive in order per rank almost always, so a batch is an append; a restart
 that resumes from an earlier step (or a late batch) replaces the overlapping
 tail, so the curve shows the attempt that counts. (A tail that reaches back into
 the buckets is cut at the nearest kept point; the band forgets the steps from
-where a new attempt resumes.)
+where a new attempt resumes.) A rank going back within an attempt is a rewind
+(``run.rewind()`` or a guard): the band's mean past that step is kept as the
+branch the run went back from (:attr:`MetricHistory.superseded`, drawn faded),
+the last ``KEPT_BRANCHES`` of them, before the band forgets it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ MAX_BUCKETS = 256       # per metric and rank: older points, in at most this man
 BAND_RECENT_STEPS = 1000
 BAND_BINS = 1000        # even: bins merge in pairs
 MAX_POINTS = 2000       # per drawn curve, unless the caller asks otherwise
+KEPT_BRANCHES = 3       # per metric: the branches rewinds went back from, drawn faded
 
 Ints = npt.NDArray[np.int64]
 FX, FY, MINX, MINY, MAXX, MAXY, LX, LY = range(8)  # a bucket's fields
@@ -344,6 +348,10 @@ class MetricHistory:
         self._bands: dict[str, _Band] = {}
         self._attempt = 0
         self.resumed_at: dict[int, int] = {}  # attempt -> the step it resumed from (where a curve mark goes)
+        # metric -> the mean across ranks of each branch a rewind went back from, oldest first: (steps, means)
+        self.superseded: dict[str, list[tuple[Array, Array]]] = {}
+        self._last_step: dict[int, float] = {}  # rank -> its last step this attempt (a step back is a rewind)
+        self._went_back: tuple[float, set[int]] = (math.nan, set())  # the last rewind's first step, ranks seen back
         self.rows_seen = 0
         self.latest: dict[str, float] = {}
         self.text: dict[int, dict[str, str]] = {}  # rank -> the last text (or true/false) of each metric
@@ -351,18 +359,56 @@ class MetricHistory:
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Take a batch of metric rows (as ``run.reader.rows_since`` gives them), a column at a time."""
         self.rows_seen += len(rows)
-        if not rows:
+        while rows:
+            ranks = np.fromiter(map(itemgetter("rank"), rows), np.int64, len(rows))
+            steps = np.fromiter(map(itemgetter("step"), rows), float, len(rows))
+            attempts = np.fromiter((a or 1 for a in map(dict.get, rows, repeat("attempt"))), np.int64, len(rows))
+            newer = np.flatnonzero(attempts > self._attempt)
+            if len(newer) and newer[0] == 0:
+                self._new_attempt(steps, attempts)
+            end = int(newer[0]) if len(newer) and newer[0] > 0 else len(rows)  # rows of the attempt now current
+            current = np.flatnonzero(attempts[:end] == self._attempt)
+            back = _first_back_in(ranks[current], steps[current], self._last_step)
+            stop = end if back is None else int(current[back])
+            if stop:
+                self._add_columns(rows[:stop], ranks[:stop], steps[:stop])
+                taken = current[current < stop][::-1]  # each rank's last row first
+                seen_ranks, last = np.unique(ranks[taken], return_index=True)
+                self._last_step.update(zip(seen_ranks.tolist(), steps[taken][last].tolist()))
+            if back is not None:
+                self._rewound(int(ranks[stop]), float(steps[stop]))
+            rows = rows[stop:]
+
+    def _new_attempt(self, steps: Array, attempts: Ints) -> None:
+        """Rows of a new attempt (a restart, a resize): it resumes where it does, and the band forgets from there."""
+        if self._attempt:
+            resumed = int(steps[attempts > self._attempt].min())
+            self.resumed_at[int(attempts.max())] = resumed
+            for band in self._bands.values():
+                band.forget_from(resumed)
+        self._attempt = int(attempts.max())
+        self._last_step.clear()
+        self._went_back = (math.nan, set())
+
+    def _rewound(self, rank: int, step: float) -> None:
+        """``rank`` went back to ``step`` in this attempt (a rewind): the first rank to do so keeps the band's branch
+        from there as superseded and has the band forget it; the others, going back to that step, find it done."""
+        at, ranks = self._went_back
+        self._last_step[rank] = step - 1
+        if at == step and rank not in ranks:
+            ranks.add(rank)
             return
-        ranks = np.fromiter(map(itemgetter("rank"), rows), np.int64, len(rows))
-        steps = np.fromiter(map(itemgetter("step"), rows), float, len(rows))
-        attempts = np.fromiter((a or 1 for a in map(dict.get, rows, repeat("attempt"))), np.int64, len(rows))
-        if attempts.max() > self._attempt:
-            if self._attempt:
-                resumed = int(steps[attempts > self._attempt].min())
-                self.resumed_at[int(attempts.max())] = resumed
-                for band in self._bands.values():
-                    band.forget_from(resumed)
-            self._attempt = int(attempts.max())
+        for name, band in self._bands.items():
+            xs, means, _low, _high = band.view()
+            kept = xs >= step
+            if kept.any():
+                branches = self.superseded.setdefault(name, [])
+                branches.append((xs[kept], means[kept]))
+                del branches[:-KEPT_BRANCHES]
+            band.forget_from(int(step))
+        self._went_back = (step, {rank})
+
+    def _add_columns(self, rows: list[dict[str, Any]], ranks: Ints, steps: Array) -> None:
         first = list(rows[0])  # in the order rows name them: the worker table shows text in that order
         names = first + sorted(set().union(*rows).difference(first))
         for name in names:
@@ -435,6 +481,19 @@ class MetricHistory:
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self._tiers.values()) + sum(b.nbytes for b in self._bands.values())
+
+
+def _first_back_in(ranks: Ints, steps: Array, last: dict[int, float]) -> int | None:
+    """The index of the first row whose step is not past its rank's previous one (in ``last``, then in the rows);
+    None when every rank only goes on."""
+    order = np.argsort(ranks, kind="stable")
+    r, s = ranks[order], steps[order]
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(r)) + 1])
+    previous = np.empty_like(s)
+    previous[1:] = s[:-1]
+    previous[starts] = [last.get(int(rank), -math.inf) for rank in r[starts]]
+    back = np.flatnonzero(s < previous)  # a step again is not back: rows of one step (loss, then val_loss)
+    return int(order[back].min()) if len(back) else None
 
 
 def take_new_rows(run: Any, history: MetricHistory) -> None:

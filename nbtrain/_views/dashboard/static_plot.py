@@ -23,6 +23,7 @@ from nbtrain._views.dashboard.summary_text import STATE_COLOURS, elapsed, fmt_du
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 Mark = tuple[float, str, str]  # a vertical line at this step, its label, its colour
+SUPERSEDED = "superseded"  # a series name's end: the branch a rewind went back from, drawn faded
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,9 @@ def static_summary(run_name: str, summary: dict[str, Any], history: MetricHistor
                    table: str = "") -> str:
     """The HTML a finished run's dashboard leaves: one line of outcome, a chart per metric group, the workers'
     ``table`` (HTML) as it ended, the failure."""
-    charts = [svg_chart(group, {f"{metric} mean": history.mean(metric) for metric in metrics}, marks=marks)
+    charts = [svg_chart(group, {**{f"{metric} mean": history.mean(metric) for metric in metrics},
+                                **{f"{metric} {SUPERSEDED}": history.superseded[metric][-1] for metric in metrics
+                                   if history.superseded.get(metric)}}, marks=marks)
               for group, metrics in history.groups().items()]
     error = summary.get("error")
     return (f'<div class="nbtrain-summary">{summary_line(run_name, summary, history)}{"".join(charts)}{table}'
@@ -107,9 +110,11 @@ def svg_chart(title: str, series: Mapping[str, tuple[Points, Points]],
     sx, sy = axes.sx, axes.sy
     parts.append(axes.frame((f"{axes.x0:g}", f"step {axes.x1:g}")))
     for i, (name, (xs, ys)) in enumerate(points.items()):
-        colour = COLOURS[i % len(COLOURS)]
+        faded = name.endswith(SUPERSEDED)  # the branch a rewind went back from
+        colour = "#999999" if faded else COLOURS[i % len(COLOURS)]
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys) if math.isfinite(y))
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{path}"/>')
+        style = ' stroke-dasharray="5,3" stroke-opacity="0.6"' if faded else ""
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5"{style} points="{path}"/>')
         parts.append(f'<text x="{width - right - 4}" y="{top + 12 + 12 * i}" text-anchor="end" '
                      f'fill="{colour}">{html.escape(name)}</text>')
     for step, label, colour in marks:

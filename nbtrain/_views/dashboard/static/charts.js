@@ -102,7 +102,8 @@ function lineChart(svg, chart, store) {
       pen = "L";
     }
     const path = node("path", { d, fill: "none", stroke: trace.color, "stroke-width": trace.width || 1.5,
-      "stroke-opacity": trace.opacity == null ? 1 : trace.opacity, class: "nbtrain-trace" }, svg);
+      "stroke-opacity": trace.opacity == null ? 1 : trace.opacity, class: "nbtrain-trace",
+      ...(trace.dash ? { "stroke-dasharray": "5,3" } : {}) }, svg);
     path.dataset.name = trace.name;
     path.dataset.points = String(data.n);
   }
