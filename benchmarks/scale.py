@@ -220,6 +220,20 @@ def simulate_steered_ranks(config: dict[str, Any]) -> list[tuple[int, int, str, 
     mine = [rank for rank in range(ranks) if rank % real.context.world_size == real.context.rank]
     seen: list[tuple[int, int, str, int, float, float]] = []
     learnt: dict[tuple[int, int], float] = {}
+    in_step = th.Barrier(len(mine))
+    ending = [False]
+
+    def lockstep() -> bool:
+        """Every simulated rank at the same step, as DDP's allreduce holds real ones: the threads here, and the
+        two workers by an allreduce of the real rank's process group; True once the benchmark says to end (all
+        ranks end at the same step, none left waiting for the others)."""
+        if in_step.wait() == 0:
+            done = torch.tensor([float(o.path.exists(config["done"]))])
+            if torch.distributed.is_initialized():
+                torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MAX)
+            ending[0] = bool(done.item())
+        in_step.wait()
+        return ending[0]
 
     def steered(rank: int) -> None:
         if rank == real.context.rank:
@@ -254,7 +268,7 @@ def simulate_steered_ranks(config: dict[str, Any]) -> list[tuple[int, int, str, 
         steering.points.models.append(model)  # what prepare_model does: a rewind restores it
         session.uses_loader = True            # a prepared loader numbers the steps; a rewind is applied before one
         x = torch.randn(8, 4)
-        while not o.path.exists(config["done"]):
+        while not lockstep():
             if steering.pending:
                 steering.at_batch()         # what a prepared loader calls before it takes a batch
             session.step += 1
@@ -358,31 +372,43 @@ def measure_steering(ranks: int, repeats: int) -> dict[str, Any]:
                          config={"ranks": ranks, "steps_per_s": 10, "done": done})
     try:
         def standing() -> bool:  # every rank stepping, with a restore point to go back to
-            workers = run.reader.summary.get("workers") or []
-            return len(workers) >= ranks and min(w.get("step") or 0 for w in workers) > 25
-        deadline = time.monotonic() + 300
+            last: dict[int, int] = {}
+            for row in run.metrics:
+                last[row["rank"]] = max(last.get(row["rank"], 0), row["step"])
+            return len(last) == ranks and min(last.values()) > 25
+        deadline = time.monotonic() + float(os.environ.get("SCALE_STANDING_S", "300"))
         while not standing():
             run.refresh(wait_s=1.0)
             run.raise_if_failed()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{ranks} simulated ranks did not all take 25 steps in 300 s")
+                raise TimeoutError(f"{ranks} simulated ranks did not all take 25 steps in time")
         supervisor = supervisor_processes()[0]
         threads = supervisor.num_threads()
-        cpu_before, quiet_began = sum(supervisor.cpu_times()[:2]), time.monotonic()
+        cpu_before, quiet_began, step_before = sum(supervisor.cpu_times()[:2]), time.monotonic(), run.summary()["step"]
         time.sleep(5)  # the ranks only step and stand: the supervisor's cost of their questions and pushes
-        standing_cores = (sum(supervisor.cpu_times()[:2]) - cpu_before) / (time.monotonic() - quiet_began)
+        quiet = time.monotonic() - quiet_began
+        standing_cores = (sum(supervisor.cpu_times()[:2]) - cpu_before) / quiet
+        steps_per_s = (run.summary()["step"] - step_before) / quiet
+        print(f"  {ranks} ranks standing: {steps_per_s:.1f} steps/s, supervisor {standing_cores:.2f} cores, "
+              f"{threads} threads", flush=True)
         calls: list[tuple[str, float, float]] = []  # (kind, time called, the notebook's wait), in order
+
+        failures: list[str] = []
 
         def called(kind: str, act: Any) -> None:
             began = time.time()
-            act()
+            try:
+                act()
+            except nbtrain.NbtrainError as refused:  # e.g. not applied by rank 0 in 30 s: said in the table
+                failures.append(f"{kind}: {refused}")
+                print(f"  {kind} failed: {refused}", flush=True)
             calls.append((kind, began, time.time() - began))
 
         for index in range(repeats):
             lr = 0.1 / (index + 2)
             called("adjust", lambda: run.adjust(lr=lr, wait=True))  # noqa: B023 - called at once
             called("pause", lambda: run.pause(wait=True))
-            run.resume()
+            run.resume()  # also a pause that did not apply in time: called off
             time.sleep(2.5)  # past the next restore point (20 steps at 10/s): a rewind goes back to a fresh one
             called("rewind", lambda: run.rewind(wait=True))
             time.sleep(1.0)
@@ -394,11 +420,12 @@ def measure_steering(ranks: int, repeats: int) -> dict[str, Any]:
         open(done, "w").close()
         if not run.state.is_terminal:
             run.stop()
-    figures: dict[str, Any] = {"ranks": ranks, "supervisor_threads": threads, "standing_cores": standing_cores}
+    figures: dict[str, Any] = {"ranks": ranks, "supervisor_threads": threads, "standing_cores": standing_cores,
+                               "steps_per_s": steps_per_s, "failures": failures}
     for kind in ("adjust", "pause", "rewind"):
         # the n-th call of a kind is the n-th command of that kind the ranks applied (ids are issued in order)
         ids = sorted({entry[1] for entry in seen if entry[2] == kind})
-        began = dict(zip(ids, [at for k, at, _wait in calls if k == kind], strict=True))
+        began = dict(zip(ids, [at for k, at, _wait in calls if k == kind]))  # a command never issued has no id
         applied = [entry for entry in seen if entry[1] in began]
         to_learn = [learnt - began[command_id] for _rank, command_id, _k, _step, learnt, _at in applied]
         to_apply = [at - began[command_id] for _rank, command_id, _k, _step, _learnt, at in applied]
@@ -512,15 +539,18 @@ def print_wide(wide: list[dict[str, Any]], seconds: float) -> None:
 def print_steered(steered: list[dict[str, Any]]) -> None:
     print("\n**Steering wide runs** (SIMULATED ranks: threads in 2 workers, each with its own session and steering, "
           "10 steps/s)\n")
-    print("| ranks | supervisor threads | supervisor CPU, ranks standing | command | every rank at one step "
+    print("| ranks | steps/s | supervisor threads | supervisor CPU, ranks standing | command | every rank at one step "
           "| call → learnt p50 / p95 | call → applied p50 / p95 | notebook's call (wait=True) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in steered:
         for kind in ("adjust", "pause", "rewind"):
             k = r[kind]
-            print(f"| {r['ranks']} | {r['supervisor_threads']} | {r['standing_cores']:.2f} cores | {kind} | "
+            print(f"| {r['ranks']} | {r['steps_per_s']:.1f} | {r['supervisor_threads']} | "
+                  f"{r['standing_cores']:.2f} cores | {kind} | "
                   f"{k['same_step']}/{k['commands']} | {1000 * k['learn_p50']:.0f} / {1000 * k['learn_p95']:.0f} ms | "
                   f"{1000 * k['apply_p50']:.0f} / {1000 * k['apply_p95']:.0f} ms | {k['notebook_wait']:.2f} s |")
+        for failure in r["failures"]:
+            print(f"\n{r['ranks']} ranks: {failure}")
 
 
 def print_finished(f: dict[str, Any]) -> None:
