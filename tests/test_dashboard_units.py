@@ -236,3 +236,16 @@ def test_a_rewound_branch_is_drawn_faded_from_the_step_gone_back_to_and_the_mean
     assert dashed == ["loss superseded 1", "val_loss superseded 1"]
     marks = dashboard.charts.spec("loss")["marks"]
     assert [(mark["x"], mark["text"]) for mark in marks] == [(40, "rewound to step 40")]
+
+
+def test_a_history_read_whole_after_the_end_finds_the_rewind_of_an_earlier_attempt():
+    history = MetricHistory()
+    first = [{"rank": 0, "step": s, "attempt": 1, "time": 0.0, "loss": 1.0} for s in range(1, 53)]
+    branch = [{"rank": 0, "step": s, "attempt": 1, "time": 0.0, "loss": 2.0} for s in range(43, 91)]
+    second = [{"rank": 0, "step": s, "attempt": 2, "time": 0.0, "loss": 3.0} for s in range(81, 101)]
+    history.add([*first, *branch, *second])  # one batch, as a dashboard opened after the run's end reads it
+    [(left_x, left_y)] = history.superseded["loss"]
+    assert list(left_x) == list(range(43, 53)) and set(left_y) == {1.0}
+    assert history.resumed_at == {2: 81}
+    steps, mean = history.mean("loss")
+    assert list(steps) == list(range(1, 101)) and set(mean[steps > 80]) == {3.0}

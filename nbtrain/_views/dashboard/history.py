@@ -363,10 +363,10 @@ class MetricHistory:
             ranks = np.fromiter(map(itemgetter("rank"), rows), np.int64, len(rows))
             steps = np.fromiter(map(itemgetter("step"), rows), float, len(rows))
             attempts = np.fromiter((a or 1 for a in map(dict.get, rows, repeat("attempt"))), np.int64, len(rows))
-            newer = np.flatnonzero(attempts > self._attempt)
-            if len(newer) and newer[0] == 0:
-                self._new_attempt(steps, attempts)
-            end = int(newer[0]) if len(newer) and newer[0] > 0 else len(rows)  # rows of the attempt now current
+            if attempts[0] > self._attempt:  # one attempt at a time: a batch may hold the end of one, the next's start
+                self._new_attempt(int(attempts[0]), steps[attempts == attempts[0]])
+            later = np.flatnonzero(attempts > self._attempt)
+            end = int(later[0]) if len(later) else len(rows)  # rows up to the next attempt's first
             current = np.flatnonzero(attempts[:end] == self._attempt)
             back = _first_back_in(ranks[current], steps[current], self._last_step)
             stop = end if back is None else int(current[back])
@@ -379,14 +379,15 @@ class MetricHistory:
                 self._rewound(int(ranks[stop]), float(steps[stop]))
             rows = rows[stop:]
 
-    def _new_attempt(self, steps: Array, attempts: Ints) -> None:
-        """Rows of a new attempt (a restart, a resize): it resumes where it does, and the band forgets from there."""
+    def _new_attempt(self, attempt: int, steps: Array) -> None:
+        """Rows of a new attempt (a restart, a resize), at ``steps``: it resumes where they begin, and the band
+        forgets from there."""
         if self._attempt:
-            resumed = int(steps[attempts > self._attempt].min())
-            self.resumed_at[int(attempts.max())] = resumed
+            resumed = int(steps.min())
+            self.resumed_at[attempt] = resumed
             for band in self._bands.values():
                 band.forget_from(resumed)
-        self._attempt = int(attempts.max())
+        self._attempt = attempt
         self._last_step.clear()
         self._went_back = (math.nan, set())
 
