@@ -63,7 +63,7 @@ from nbtrain._views.dashboard.worker_table import (
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000
 MEAN_COLOUR = "#222222"
-SUPERSEDED_COLOUR = "#999999"  # a branch a rewind went back from
+SUPERSEDED_STYLE = {"color": "#999999", "width": 1.5, "opacity": 0.45, "dash": True}  # a branch a rewind left
 WIDE_RANKS = 8               # above this many ranks: a band across ranks, a summarised and paged worker table
 
 
@@ -317,9 +317,8 @@ class WidgetDashboard(Follower):
         alone = len(metrics) == 1
         for index, metric in enumerate(metrics):
             colour = COLOURS[index % len(COLOURS)]
-            for number, (xs, ys) in enumerate(self.history.superseded.get(metric, []), 1):  # rewound from
-                traces.append((f"{metric} superseded {number}", xs, ys, {"color": SUPERSEDED_COLOUR, "width": 1.5,
-                                                                        "opacity": 0.45, "dash": True}))
+            traces += [(f"{metric} superseded {number}", xs, ys, SUPERSEDED_STYLE)  # branches rewinds went back from
+                       for number, (xs, ys) in enumerate(self.history.superseded.get(metric, []), 1)]
             steps, mean, low, high = self.history.band(metric)
             if not self.wide:
                 for rank in self.history.ranks(metric):
