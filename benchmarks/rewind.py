@@ -129,15 +129,16 @@ def cluster_loop(config: dict[str, Any]) -> None:
             nbtrain.save_checkpoint({"model": net.state_dict(), "optimizer": optimizer.state_dict()})
 
 
-def _first_rows_after(run: Any, began: float, steps_up_to: float = float("inf")) -> float:
-    """Seconds from ``began`` until each of the 2 ranks reported a row after it (at a step up to ``steps_up_to``)."""
+def _first_rows_after(run: Any, began: float, since: dict[int, float] | None = None) -> float:
+    """Seconds from ``began`` until each of the 2 ranks reported a row after it (after ``since[rank]``, by the rank's
+    clock, where given: when it went back)."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         run.refresh(wait_s=1.0)
         run.raise_if_failed()
         firsts: dict[int, float] = {}
         for row in run.metrics:
-            if row["time"] > began and row["step"] <= steps_up_to:
+            if row["time"] > max(began, (since or {}).get(row["rank"], began)):
                 firsts[row["rank"]] = min(firsts.get(row["rank"], row["time"]), row["time"])
         if len(firsts) == 2:
             return max(firsts.values()) - began
@@ -162,7 +163,7 @@ def on_cluster(mb: float) -> tuple[float, float, float]:
             began = time.time()
             run.rewind(step=45, wait=True)
             went = run.rewinds[-1]
-            rewound = _first_rows_after(run, began, steps_up_to=went["step"])  # a step it had passed: the new branch
+            rewound = _first_rows_after(run, began, since=went["rank_times"])  # rows after each rank went back
             print(f"  rewound to step {went['to_step']} from step {went['step']}: {rewound:.2f} s", flush=True)
             began = time.time()
             child = run.fork(name="forked")
