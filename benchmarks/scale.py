@@ -146,6 +146,26 @@ def percentile(values: list[float], q: float) -> float:
 
 
 # ------------------------------------------------------------------ the training functions
+def simulated_session(real: Any, rank: int, ranks: int, relay: Any) -> Any:
+    """SIMULATION: a worker-side session of its own for simulated ``rank`` of ``ranks``, made from the real
+    rank's payload (its supervisor, its run), as the worker actor makes one."""
+    from nbtrain._cluster.rank import session as sessions
+
+    simulated = dataclasses.replace(real.payload, rank=rank, world_size=ranks, local_rank=rank,
+                                    local_world_size=ranks, node_rank=0, config={}, storage=None,
+                                    datasets={}, relay=relay, commands=[])
+    return sessions.TrainingSession(simulated, real.context.device)
+
+
+def in_threads(target: Any, ranks: list[int]) -> None:
+    """``target(rank)`` for each rank, each on a thread of its own; returns once all have."""
+    threads = [threading.Thread(target=target, args=(rank,)) for rank in ranks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def report_rows(config: dict[str, Any]) -> None:
     import math
 
@@ -157,7 +177,6 @@ def report_rows(config: dict[str, Any]) -> None:
 
 def simulate_ranks(config: dict[str, Any]) -> None:
     """SIMULATION: this worker runs ranks/2 reporter threads, each a simulated rank with its own session."""
-    import threading as th
     import time as t
 
     from nbtrain._cluster.rank import session as sessions
@@ -181,10 +200,7 @@ def simulate_ranks(config: dict[str, Any]) -> None:
         if rank == real.context.rank:  # the real rank's own session reports for it
             fake = real
         else:
-            simulated = dataclasses.replace(real.payload, rank=rank, world_size=ranks, local_rank=rank,
-                                            local_world_size=ranks, node_rank=0, config={}, storage=None,
-                                            datasets={}, relay=real.relay, commands=[])
-            fake = sessions.TrainingSession(simulated, real.context.device)
+            fake = simulated_session(real, rank, ranks, real.relay)
             fake._thread.start()  # the flusher only: the simulated ranks share the real rank's stdout
         began = t.time()
         step = 0
@@ -195,11 +211,7 @@ def simulate_ranks(config: dict[str, Any]) -> None:
         if fake is not real:
             fake.close("finished")
 
-    threads = [th.Thread(target=reporter, args=(rank,)) for rank in mine]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(reporter, mine)
 
 
 def simulate_steered_ranks(config: dict[str, Any]) -> list[tuple[int, int, str, int, float, float]]:
@@ -239,10 +251,7 @@ def simulate_steered_ranks(config: dict[str, Any]) -> list[tuple[int, int, str, 
         if rank == real.context.rank:
             session = real
         else:
-            simulated = dataclasses.replace(real.payload, rank=rank, world_size=ranks, local_rank=rank,
-                                            local_world_size=ranks, node_rank=0, config={}, storage=None,
-                                            datasets={}, commands=[])
-            session = sessions.TrainingSession(simulated, real.context.device)
+            session = simulated_session(real, rank, ranks, relay=None)
             session._thread.start()     # its flusher: rows and heartbeats (steps, restore points)
             session.steering.start()    # its standing question on the supervisor
         steering = session.steering
@@ -290,11 +299,7 @@ def simulate_steered_ranks(config: dict[str, Any]) -> list[tuple[int, int, str, 
         if session is not real:
             session.close("finished")
 
-    threads = [th.Thread(target=steered, args=(rank,)) for rank in mine]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(steered, mine)
     return seen
 
 
