@@ -120,8 +120,10 @@ def run_cells(page, lab, notebook: str, cells: list[int]) -> None:
 
 
 def _root(cell: int | None) -> str:
-    """JavaScript for where a query starts: the open notebook, or its cell ``cell``."""
-    return NB if cell is None else f"{NB}.querySelectorAll('.jp-Cell')[{cell}]"
+    """JavaScript for where a query starts: the open notebook, or its cell ``cell``. A notebook just
+    opened attaches its cells a few at a time: until cell ``cell`` is there, queries start from an
+    empty fragment (they find nothing, so a wait goes on waiting instead of failing)."""
+    return NB if cell is None else f"({NB}.querySelectorAll('.jp-Cell')[{cell}] ?? new DocumentFragment())"
 
 
 def _plot(cell: int | None) -> str:
