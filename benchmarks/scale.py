@@ -16,7 +16,8 @@ and prints one markdown table each:
   redraw time of the band drawing.
 * **steering** — a SIMULATION of wide runs steered: 2 real workers each run ``ranks/2`` simulated ranks
   (threads), each with its own worker-side session — reporter, flusher and the steering listener
-  whose standing question waits on the supervisor: nbtrain's own code — a tiny model and optimizer,
+  whose standing question waits on the supervisor, or on its simulated node's relay that asks once for the
+  node (``--relay``): nbtrain's own code — a tiny model and optimizer,
   10 steps a second and a restore point every 20 steps. torch's optimizer step hooks are called
   directly around each update (torch's are global to a process: they would cross the simulated
   ranks). The notebook adjusts, pauses (then resumes) and rewinds the run a few times each.
@@ -31,7 +32,7 @@ and prints one markdown table each:
     python benchmarks/scale.py                               # rows 1e5,1e6,2e6; ranks 2,16,64,256; 20 runs
     python benchmarks/scale.py --rows 1e7 --ranks 256 --finished-runs 100
     python benchmarks/scale.py --only ranks --ranks 64,256 --relay both
-    python benchmarks/scale.py --only steering --steered-ranks 64,256
+    python benchmarks/scale.py --only steering --steered-ranks 64,256 --relay both
 """
 
 from __future__ import annotations
@@ -175,6 +176,21 @@ def report_rows(config: dict[str, Any]) -> None:
         nbtrain.report(step=step, loss=1.0 / (step + 1), accuracy=math.sin(step), lr=1e-3)
 
 
+def start_node_relay(real: Any, node_ranks: int) -> None:
+    """Each worker is a simulated node of ``node_ranks`` ranks: its relay, as the worker group makes one, for the
+    real rank's session and the simulated ones made after it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from nbtrain._cluster.feed.push_relay import PushRelay
+
+    node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    real.relay = ray.remote(PushRelay).options(num_cpus=0, scheduling_strategy=node).remote(
+        real.supervisor, node_ranks, real.context.attempt)
+    # up before the ranks report, as a run's relays start before its ranks run: its process start is not feed time
+    ray.get(real.relay.socket_address.remote())
+
+
 def simulate_ranks(config: dict[str, Any]) -> None:
     """SIMULATION: this worker runs ranks/2 reporter threads, each a simulated rank with its own session."""
     import time as t
@@ -184,17 +200,8 @@ def simulate_ranks(config: dict[str, Any]) -> None:
     real = sessions.current_session()
     ranks, seconds, per_s = config["ranks"], config["seconds"], config["reports_per_s"]
     mine = [rank for rank in range(ranks) if rank % real.context.world_size == real.context.rank]
-    if config["relay"]:  # each worker is a simulated node of len(mine) ranks: its relay, as the worker group makes one
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from nbtrain._cluster.feed.push_relay import PushRelay
-
-        node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        real.relay = ray.remote(PushRelay).options(num_cpus=0, scheduling_strategy=node).remote(
-            real.supervisor, len(mine))
-        # up before the ranks report, as a run's relays start before its ranks run: its process start is not feed time
-        ray.get(real.relay.socket_address.remote())
+    if config["relay"]:
+        start_node_relay(real, len(mine))
 
     def reporter(rank: int) -> None:
         if rank == real.context.rank:  # the real rank's own session reports for it
@@ -232,6 +239,8 @@ def simulate_steered_ranks(config: dict[str, Any]) -> list[tuple[int, int, str, 
     mine = [rank for rank in range(ranks) if rank % real.context.world_size == real.context.rank]
     seen: list[tuple[int, int, str, int, float, float]] = []
     learnt: dict[tuple[int, int], float] = {}
+    if config["relay"]:
+        start_node_relay(real, len(mine))
     in_step = th.Barrier(len(mine))
     ending = [False]
 
@@ -251,7 +260,7 @@ def simulate_steered_ranks(config: dict[str, Any]) -> list[tuple[int, int, str, 
         if rank == real.context.rank:
             session = real
         else:
-            session = simulated_session(real, rank, ranks, relay=None)
+            session = simulated_session(real, rank, ranks, relay=real.relay)
             session._thread.start()     # its flusher: rows and heartbeats (steps, restore points)
             session.steering.start()    # its standing question on the supervisor
         steering = session.steering
@@ -369,12 +378,12 @@ def measure_ranks(ranks: int, seconds: float, relay: bool) -> dict[str, Any]:
             "p95_ms": 1000 * percentile(latencies, 0.95), "redraw_ms": drawn}
 
 
-def measure_steering(ranks: int, repeats: int) -> dict[str, Any]:
+def measure_steering(ranks: int, repeats: int, relay: bool) -> dict[str, Any]:
     import nbtrain
 
     done = os.path.join(tempfile.mkdtemp(prefix="nbtrain-scale-"), "done")
     run = nbtrain.launch(simulate_steered_ranks, workers=2, name=f"steered-{ranks}", feed_relay="never",
-                         config={"ranks": ranks, "steps_per_s": 10, "done": done})
+                         config={"ranks": ranks, "steps_per_s": 10, "done": done, "relay": relay})
     try:
         def standing() -> bool:  # every rank stepping, with a restore point to go back to
             last: dict[int, int] = {}
@@ -390,12 +399,20 @@ def measure_steering(ranks: int, repeats: int) -> dict[str, Any]:
         supervisor = supervisor_processes()[0]
         threads = supervisor.num_threads()
         cpu_before, quiet_began, step_before = sum(supervisor.cpu_times()[:2]), time.monotonic(), run.summary()["step"]
-        time.sleep(5)  # the ranks only step and stand: the supervisor's cost of their questions and pushes
+        import ray
+
+        from nbtrain._cluster.names import find_supervisor
+
+        actor = find_supervisor(run.name)
+        questions = []  # the questions for commands waiting on the supervisor, sampled while the ranks only stand
+        while time.monotonic() - quiet_began < 5:  # the supervisor's cost of their questions and pushes
+            questions.append(ray.get(actor.standing_questions.remote()))
+            time.sleep(0.25)
         quiet = time.monotonic() - quiet_began
         standing_cores = (sum(supervisor.cpu_times()[:2]) - cpu_before) / quiet
         steps_per_s = (run.summary()["step"] - step_before) / quiet
         print(f"  {ranks} ranks standing: {steps_per_s:.1f} steps/s, supervisor {standing_cores:.2f} cores, "
-              f"{threads} threads", flush=True)
+              f"{threads} threads, {max(questions)} questions waiting at most", flush=True)
         calls: list[tuple[str, float, float]] = []  # (kind, time called, the notebook's wait), in order
 
         failures: list[str] = []
@@ -425,8 +442,9 @@ def measure_steering(ranks: int, repeats: int) -> dict[str, Any]:
         open(done, "w").close()
         if not run.state.is_terminal:
             run.stop()
-    figures: dict[str, Any] = {"ranks": ranks, "supervisor_threads": threads, "standing_cores": standing_cores,
-                               "steps_per_s": steps_per_s, "failures": failures}
+    figures: dict[str, Any] = {"ranks": ranks, "relay": relay, "supervisor_threads": threads,
+                               "questions": max(questions),
+                               "standing_cores": standing_cores, "steps_per_s": steps_per_s, "failures": failures}
     for kind in ("adjust", "pause", "rewind"):
         # the n-th call of a kind is the n-th command of that kind the ranks applied (ids are issued in order)
         ids = sorted({entry[1] for entry in seen if entry[2] == kind})
@@ -479,7 +497,7 @@ def main() -> None:
     parser.add_argument("--ranks", default="2,16,64,256", help="simulated ranks of the wide runs (2,16,64,256)")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long each wide run reports (20)")
     parser.add_argument("--relay", choices=("both", "on", "off"), default="both",
-                        help="wide runs with a push relay per simulated node, without, or both (both)")
+                        help="wide and steered runs with a relay per simulated node, without, or both (both)")
     parser.add_argument("--steered-ranks", default="64,256", help="simulated ranks of the steered runs (64,256)")
     parser.add_argument("--repeats", type=int, default=3, help="adjusts, pauses and rewinds of each steered run (3)")
     parser.add_argument("--finished-runs", type=int, default=20, help="short runs launched and ended (20)")
@@ -500,7 +518,8 @@ def main() -> None:
                 wide.append(measure_ranks(int(ranks), args.seconds, relay))
                 print(f"done: {wide[-1]}", flush=True)
         for ranks in args.steered_ranks.split(",") if args.only in (None, "steering") else []:
-            steered.append(measure_steering(int(ranks), args.repeats))
+            for relay in relays:
+                steered.append(measure_steering(int(ranks), args.repeats, relay))
             print(f"done: {steered[-1]}", flush=True)
         if args.only in (None, "finished"):
             finished = measure_finished(args.finished_runs)
@@ -544,18 +563,21 @@ def print_wide(wide: list[dict[str, Any]], seconds: float) -> None:
 def print_steered(steered: list[dict[str, Any]]) -> None:
     print("\n**Steering wide runs** (SIMULATED ranks: threads in 2 workers, each with its own session and steering, "
           "10 steps/s)\n")
-    print("| ranks | steps/s | supervisor threads | supervisor CPU, ranks standing | command | every rank at one step "
+    print("| ranks | relay per node (one question for its ranks) | steps/s | supervisor threads "
+          "| questions waiting on it (max)"
+          "| supervisor CPU, ranks standing | command | every rank at one step "
           "| call → learnt p50 / p95 | call → applied p50 / p95 | notebook's call (wait=True) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in steered:
         for kind in ("adjust", "pause", "rewind"):
             k = r[kind]
-            print(f"| {r['ranks']} | {r['steps_per_s']:.1f} | {r['supervisor_threads']} | "
+            print(f"| {r['ranks']} | {'yes' if r['relay'] else 'no'} | {r['steps_per_s']:.1f} | "
+                  f"{r['supervisor_threads']} | {r['questions']} | "
                   f"{r['standing_cores']:.2f} cores | {kind} | "
                   f"{k['same_step']}/{k['commands']} | {1000 * k['learn_p50']:.0f} / {1000 * k['learn_p95']:.0f} ms | "
                   f"{1000 * k['apply_p50']:.0f} / {1000 * k['apply_p95']:.0f} ms | {k['notebook_wait']:.2f} s |")
         for failure in r["failures"]:
-            print(f"\n{r['ranks']} ranks: {failure}")
+            print(f"\n{r['ranks']} ranks, relay {'yes' if r['relay'] else 'no'}: {failure}")
 
 
 def print_finished(f: dict[str, Any]) -> None:

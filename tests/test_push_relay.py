@@ -1,4 +1,5 @@
-"""Wide runs push through one relay per node: every row still arrives once, in order, even if the relay dies.
+"""Wide runs push through one relay per node: every row still arrives once, in order, even if the relay dies;
+and the node's ranks learn the notebook's commands from one question the relay holds on the supervisor.
 
 Real loopback cluster; ``feed_relay="always"`` gives the 2-rank test run the relay a
 wide run's nodes get (``auto`` starts them from 16 ranks).
@@ -17,7 +18,7 @@ import ray
 import nbtrain
 from nbtrain._cluster.feed.push_relay import wants_relays
 from nbtrain._cluster.feed.relay_link import FRAME
-from nbtrain._cluster.names import NAMESPACE
+from nbtrain._cluster.names import NAMESPACE, find_supervisor
 
 from _helpers import wait_for
 
@@ -107,5 +108,65 @@ def test_a_small_run_starts_no_relay(cluster, tmp_path: Path):
              message="both ranks' first rows")
     assert _relays(name) == []  # its ranks are up and waiting at the gate: no relay beside them
     gate.touch()
+    run.wait(timeout=120)
+    assert run.state == nbtrain.RunState.SUCCEEDED, run.error
+
+
+def steps_until_the_gate(config):
+    """One SGD update and one report a step, 0.05 s a step, until the test's gate file is there."""
+    import os
+    import time as t
+
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    while not os.path.exists(config["gate"]):
+        optimizer.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        nbtrain.report(lr=optimizer.param_groups[0]["lr"])
+        t.sleep(0.05)
+
+
+def _lr_from(run, rank: int, lr: float) -> int:
+    """The first step at which ``rank`` reported ``lr``."""
+    return min(row["step"] for row in run.metrics if row["rank"] == rank and row["lr"] == lr)
+
+
+@pytest.mark.cluster
+def test_the_nodes_ranks_learn_commands_from_one_question_and_from_their_own_once_the_relay_is_gone(
+        cluster, tmp_path: Path):
+    gate = tmp_path / "gate"
+    name = "relay-steered"
+    run = nbtrain.launch(steps_until_the_gate, workers=2, name=name, feed_relay="always",
+                         config={"gate": str(gate)})
+    try:
+        supervisor = find_supervisor(name)
+        wait_for(lambda: ray.get(supervisor.standing_questions.remote()) == 1, timeout=90,
+                 message="the node's one question on the supervisor",
+                 describe=lambda: (run.state, ray.get(supervisor.standing_questions.remote())))
+        # both ranks wait for commands, through the relay: never a question of their own on the supervisor
+        assert max(ray.get(supervisor.standing_questions.remote()) for _ in range(20)) == 1
+
+        applied = run.adjust(lr=0.05, wait=True)
+        wait_for(lambda: run.refresh(wait_s=0.5) or all(
+            any(row["rank"] == rank and row["step"] > applied for row in run.metrics) for rank in (0, 1)),
+            timeout=60, message="both ranks' rows past the change")
+        assert _lr_from(run, 0, 0.05) == _lr_from(run, 1, 0.05) == applied  # every rank at the same step
+
+        [relay] = _relays(name)
+        ray.kill(ray.get_actor(relay, namespace=NAMESPACE), no_restart=True)
+        # each rank now asks the supervisor itself, and still learns every command
+        wait_for(lambda: ray.get(supervisor.standing_questions.remote()) == 2, timeout=60,
+                 message="each rank's own question once its relay is gone",
+                 describe=lambda: ray.get(supervisor.standing_questions.remote()))
+        applied = run.adjust(lr=0.01, wait=True)
+        wait_for(lambda: run.refresh(wait_s=0.5) or all(
+            any(row["rank"] == rank and row["step"] > applied for row in run.metrics) for rank in (0, 1)),
+            timeout=60, message="both ranks' rows past the second change")
+        assert _lr_from(run, 0, 0.01) == _lr_from(run, 1, 0.01) == applied
+    finally:
+        gate.touch()
     run.wait(timeout=120)
     assert run.state == nbtrain.RunState.SUCCEEDED, run.error

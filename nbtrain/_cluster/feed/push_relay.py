@@ -16,6 +16,9 @@ bookkeeping (one push in flight, a failed push sent again with the same ``seq``,
 supervisor dropping a push it has seen) is unchanged. A rank whose relay fails pushes straight to
 the supervisor for the rest of its attempt.
 
+The relay also holds the node's one standing question for the notebook's commands, answered for its
+ranks (see :mod:`~nbtrain._cluster.feed.node_question`).
+
 Which runs use relays is the ``feed_relay`` option: ``auto`` gives one to each node that holds
 :data:`AUTO_MIN_NODE_RANKS` ranks or more, in runs of :data:`AUTO_MIN_WORLD` ranks or more.
 """
@@ -29,8 +32,9 @@ import secrets
 import sys
 from typing import Any
 
-from nbtrain._cluster.commands import Heartbeat
+from nbtrain._cluster.commands import Command, Heartbeat
 from nbtrain._cluster.feed.feed import TICK_GATHER_S
+from nbtrain._cluster.feed.node_question import NodeQuestion
 from nbtrain._cluster.feed.relay_link import FAILED, FRAME, LANDED, OPEN_TIMEOUT_S
 
 AUTO_MIN_WORLD = 16
@@ -59,9 +63,10 @@ class PushRelay:
     """Runs as an async Ray actor on one node; its ranks push over its socket (or call :meth:`push`)
     instead of calling the supervisor."""
 
-    def __init__(self, supervisor: Any, node_ranks: int) -> None:
+    def __init__(self, supervisor: Any, node_ranks: int, attempt: int) -> None:
         self._supervisor = supervisor
         self._node_ranks = node_ranks
+        self._question = NodeQuestion(supervisor, attempt)
         self._open: _Tick | None = None
         self._secret = secrets.token_bytes(32)  # what a connection to the socket must send first
         self._listening: asyncio.Task[tuple[str, bytes]] | None = None
@@ -75,6 +80,10 @@ class PushRelay:
         if self._listening is None:  # the node's ranks ask at once: one socket, opened by the first
             self._listening = asyncio.get_running_loop().create_task(self._listen())
         return await asyncio.shield(self._listening)
+
+    async def control(self, attempt: int, seen: int, wait_s: float) -> tuple[bool, list[Command]]:
+        """A rank's standing question for commands, as the supervisor's ``control`` answers it."""
+        return await self._question.ask(attempt, seen, wait_s)
 
     async def _listen(self) -> tuple[str, bytes]:
         address = f"\0nbtrain-relay-{secrets.token_hex(12)}"  # abstract: nothing on disk to remove

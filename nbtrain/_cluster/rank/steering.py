@@ -1,20 +1,21 @@
 """A rank's part in steering a live run: it learns the notebook's commands and applies them at their step.
 
 A thread of its own waits on the supervisor for new commands (a long poll, answered the moment one is
-issued). Each command carries the step at which it takes effect; torch's global optimizer step
-pre-hook, registered while the rank's session runs (:meth:`RankSteering.hook`), applies what is due
-before that step's update, on every rank at the same step, so DDP replicas stay identical. Being
-global, the hook reaches every optimizer the code steps, with no nbtrain call: the first time one
-steps it is adopted (``prepare_optimizer``, ``nbtrain.steerable`` and the Lightning / Hugging Face
-integrations adopt theirs earlier, with their LR schedulers). Wrappers are seen through: an
-optimizer whose step does not fire torch's hooks (Accelerate's ``AcceleratedOptimizer``,
-Lightning's ``LightningOptimizer``, nbtrain's ``ScaledOptimizer``) is adopted as the optimizer it
-holds; one whose step does and steps an inner optimizer (``ZeroRedundancyOptimizer``) is adopted
-itself and its inner one left alone, so a change is applied once. With nothing pending the hook
-is a set lookup and one truth test. User commands (``@nbtrain.on_command``) run in the step
-post-hook, after the update, when the model is consistent, and so does a profile (:mod:`.profiling`),
-which stays in the pending list, one step ahead, until its last step. ``stacks`` is answered on the
-listener's thread as soon as it is learnt (:mod:`.stacks`).
+issued); in a wide run it asks its node's relay, which holds one such question for the node's ranks
+(:mod:`~nbtrain._cluster.feed.node_question`). Each command carries the step at which it takes effect;
+torch's global optimizer step pre-hook, registered while the rank's session runs
+(:meth:`RankSteering.hook`), applies what is due before that step's update, on every rank at the same
+step, so DDP replicas stay identical. Being global, the hook reaches every optimizer the code steps,
+with no nbtrain call: the first time one steps it is adopted (``prepare_optimizer``,
+``nbtrain.steerable`` and the Lightning / Hugging Face integrations adopt theirs earlier, with their LR
+schedulers). Wrappers are seen through: an optimizer whose step does not fire torch's hooks
+(Accelerate's ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``, nbtrain's
+``ScaledOptimizer``) is adopted as the optimizer it holds; one whose step does and steps an inner
+optimizer (``ZeroRedundancyOptimizer``) is adopted itself and its inner one left alone, so a change is
+applied once. With nothing pending the hook is a set lookup and one truth test. User commands
+(``@nbtrain.on_command``) run in the step post-hook, after the update, when the model is consistent, and
+so does a profile (:mod:`.profiling`), which stays in the pending list, one step ahead, until its last
+step. ``stacks`` is answered on the listener's thread as soon as it is learnt (:mod:`.stacks`).
 """
 
 from __future__ import annotations
@@ -124,11 +125,16 @@ class RankSteering:
         import ray
 
         session = self.session
+        relay_failed = False
         while not self._stopped.is_set():
+            relay = None if relay_failed else session.relay  # it asks the supervisor for the node (node_question)
             try:
-                checkpoint, commands = ray.get(session.supervisor.control.remote(
+                checkpoint, commands = ray.get((relay or session.supervisor).control.remote(
                     session.context.attempt, self.seen, CONTROL_WAIT_S), timeout=CONTROL_WAIT_S + CALL_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - the supervisor restarting: ask again shortly
+                if relay is not None:
+                    relay_failed = True  # straight to the supervisor for the rest of the attempt
+                    continue
                 self._stopped.wait(RETRY_S)
                 continue
             session.checkpoint_requested = bool(checkpoint)

@@ -56,6 +56,7 @@ class RunSteering:
         self._applied_by: dict[int, dict[int, int]] = {}       # command id -> rank -> step
         self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
         self._changed = threading.Condition()
+        self.questions = 0  # the ranks' (or their nodes' relays') questions waiting now: one supervisor thread each
 
     def start_with_guard(self, guard: dict[str, Any]) -> None:
         """A new run's guards (``launch(guard=...)``), in force from its first step."""
@@ -171,12 +172,17 @@ class RunSteering:
         """The commands after the ``seen``-th, waiting up to ``wait_s`` for one."""
         deadline = time.monotonic() + wait_s
         with self._changed:
-            while len(self.commands) <= seen and (left := deadline - time.monotonic()) > 0:
-                self._changed.wait(left)
-            return self.commands[seen:]
+            self.questions += 1
+            try:
+                while len(self.commands) <= seen and (left := deadline - time.monotonic()) > 0:
+                    self._changed.wait(left)
+                return self.commands[seen:]
+            finally:
+                self.questions -= 1
 
     def all(self) -> list[Command]:
-        return self.since(0)
+        with self._changed:
+            return list(self.commands)
 
     def saved(self) -> list[dict[str, Any]]:
         """The commands as the run's saved state keeps them (read back by ``RunSteering(saved=...)``)."""

@@ -61,7 +61,8 @@ Found = tuple[dict[str, Any], bytes | None, str | None]  # a checkpoint: its met
 
 READERS = "readers"  # the concurrency group of notebook-facing long polls
 READER_THREADS = 16
-RANKS = "ranks"  # the concurrency group of the ranks' standing questions (one thread each while it waits)
+RANKS = "ranks"  # the concurrency group of the standing questions for commands: one thread each while it
+# waits, one per rank, or one per node where the node's relay asks for its ranks (feed/node_question)
 RANK_THREADS = 256
 
 def supervisor_actor() -> Any:
@@ -246,10 +247,15 @@ class RunSupervisor:
 
     @ray.method(concurrency_group=RANKS)
     def control(self, attempt: int, seen: int, wait_s: float) -> tuple[bool, list[Command]]:
-        """Each rank's standing question (see rank/steering): the notebook's commands after the ``seen``-th,
-        as soon as there are any (else after ``wait_s``), and whether a checkpoint is wanted (elastic)."""
+        """Each rank's standing question (see rank/steering), or a node's relay's for its ranks: the notebook's
+        commands after the ``seen``-th as soon as there are any (else after ``wait_s``), and whether a checkpoint
+        is wanted (elastic)."""
         commands = self._run.steering.since(seen, wait_s)
         return self._run.checkpoint_wanted(attempt), commands
+
+    def standing_questions(self) -> int:
+        """How many questions for commands wait on this supervisor now (each holds one of its threads)."""
+        return self._run.steering.questions
 
     def command_applied(self, command_id: int, rank: int, step: int, before: dict[str, Any] | None,
                         when: float) -> None:

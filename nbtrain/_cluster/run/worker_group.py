@@ -219,7 +219,7 @@ class WorkerGroup:
                 self.relays[node_id] = ray.remote(PushRelay).options(
                     num_cpus=0, max_restarts=0, name=relay_name(self.spec.name, self.attempt, node_id),
                     namespace=NAMESPACE, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                ).remote(supervisor, count)
+                ).remote(supervisor, count, self.attempt)
 
     def _payloads(self, places: list[dict[str, Any]], supervisor: Any,
                   datasets: dict[str, Any] | None, commands: list[Command]) -> list[WorkerPayload]:
