@@ -104,7 +104,7 @@ def test_a_small_run_starts_no_relay(cluster, tmp_path: Path):
     gate = tmp_path / "gate"
     name = "relay-none"
     run = nbtrain.launch(report_around_a_gate, workers=2, name=name, config={"half": 5, "gate": str(gate)})
-    wait_for(lambda: run.refresh(wait_s=0.5) or len(run.reader.rows_since(0)) >= 10, timeout=90,
+    wait_for(lambda: len(_fresh(run).reader.rows_since(0)) >= 10, timeout=90,
              message="both ranks' first rows")
     assert _relays(name) == []  # its ranks are up and waiting at the gate: no relay beside them
     gate.touch()
@@ -129,6 +129,17 @@ def steps_until_the_gate(config):
         t.sleep(0.05)
 
 
+def _fresh(run):
+    """``run`` once what is new has been fetched (a long poll of up to half a second)."""
+    run.refresh(wait_s=0.5)
+    return run
+
+
+def _past(run, step: int) -> bool:
+    """Whether both ranks reported a step after ``step``."""
+    return all(any(row["rank"] == rank and row["step"] > step for row in _fresh(run).metrics) for rank in (0, 1))
+
+
 def _lr_from(run, rank: int, lr: float) -> int:
     """The first step at which ``rank`` reported ``lr``."""
     return min(row["step"] for row in run.metrics if row["rank"] == rank and row["lr"] == lr)
@@ -142,6 +153,7 @@ def test_the_nodes_ranks_learn_commands_from_one_question_and_from_their_own_onc
     run = nbtrain.launch(steps_until_the_gate, workers=2, name=name, feed_relay="always",
                          config={"gate": str(gate)})
     try:
+        wait_for(lambda: _past(run, 3), timeout=90, message="both ranks stepping", describe=lambda: run.workers)
         supervisor = find_supervisor(name)
         wait_for(lambda: ray.get(supervisor.standing_questions.remote()) == 1, timeout=90,
                  message="the node's one question on the supervisor",
@@ -150,9 +162,7 @@ def test_the_nodes_ranks_learn_commands_from_one_question_and_from_their_own_onc
         assert max(ray.get(supervisor.standing_questions.remote()) for _ in range(20)) == 1
 
         applied = run.adjust(lr=0.05, wait=True)
-        wait_for(lambda: run.refresh(wait_s=0.5) or all(
-            any(row["rank"] == rank and row["step"] > applied for row in run.metrics) for rank in (0, 1)),
-            timeout=60, message="both ranks' rows past the change")
+        wait_for(lambda: _past(run, applied), timeout=60, message="both ranks' rows past the change")
         assert _lr_from(run, 0, 0.05) == _lr_from(run, 1, 0.05) == applied  # every rank at the same step
 
         [relay] = _relays(name)
@@ -162,9 +172,7 @@ def test_the_nodes_ranks_learn_commands_from_one_question_and_from_their_own_onc
                  message="each rank's own question once its relay is gone",
                  describe=lambda: ray.get(supervisor.standing_questions.remote()))
         applied = run.adjust(lr=0.01, wait=True)
-        wait_for(lambda: run.refresh(wait_s=0.5) or all(
-            any(row["rank"] == rank and row["step"] > applied for row in run.metrics) for rank in (0, 1)),
-            timeout=60, message="both ranks' rows past the second change")
+        wait_for(lambda: _past(run, applied), timeout=60, message="both ranks' rows past the second change")
         assert _lr_from(run, 0, 0.01) == _lr_from(run, 1, 0.01) == applied
     finally:
         gate.touch()
