@@ -182,7 +182,7 @@ def magics_rst() -> list[str]:
         usage = [line for line in parser.format_usage().splitlines() if line.strip() not in ("", "::")]
         lines += ["   " + line for line in textwrap.dedent("\n".join(usage)).splitlines()]
         lines += ["", literal_roles(inspect.cleandoc(parser.description or "")), ""]
-        own = _argument_rows(parser, run_options | sweep_options)
+        own = _argument_rows(parser, run_options | sweep_options, strict=True)
         if own:
             lines += list_table(["argument", "default", "what it does"], own, "25 15 60")
         if {action.dest for action in parser._actions} & sweep_options:

@@ -56,14 +56,19 @@ class NbtrainMagics(Magics):
     @magic_arguments()
     @argument("address", nargs="?", default=None,
               help="ray://host:10001 (the cluster's Ray Client server), or host:6379 (its GCS) or auto "
-                   "for a kernel on a node of the cluster; omit for the embedded local cluster")
+                   "for a kernel on a node of the cluster (default: $RAY_ADDRESS, else the embedded local cluster)")
     @argument("--token-file", default=None, metavar="PATH",
-              help="read the cluster's token from this file (e.g. a copy of `ray get-auth-token` output)")
+              help="read the cluster's token from this file (e.g. a copy of `ray get-auth-token` output) "
+                   "(default: the token kept for this address, else $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or "
+                   "~/.ray/auth_token)")
     @argument("--ask-token", action="store_true", help="ask for the token at a hidden prompt")
     @argument("--token", default=None,
-              help="the token itself; it is then saved in the notebook and IPython's history: prefer the above")
-    @argument("--num-cpus", type=int, default=None, help="CPUs of the local cluster (when starting it)")
-    @argument("--num-gpus", type=int, default=None, help="GPUs of the local cluster (when starting it)")
+              help="the token itself; it is then saved in the notebook and IPython's history: prefer the above "
+                   "(default: as --token-file)")
+    @argument("--num-cpus", type=int, default=None,
+              help="CPUs of the local cluster, when this starts it (default: the machine's)")
+    @argument("--num-gpus", type=int, default=None,
+              help="GPUs of the local cluster, when this starts it (default: those Ray detects)")
     @line_magic
     def ray_connect(self, line: str) -> Any:
         """Connect this notebook to a Ray cluster (default: an embedded local one on 127.0.0.1).
@@ -96,9 +101,12 @@ class NbtrainMagics(Magics):
 
     # ------------------------------------------------------------------ %%ray_train
     @magic_arguments()
-    @argument("--out", "-o", default=None, metavar="VAR", help="store the Run in this notebook variable")
+    @argument("--out", "-o", default=None, metavar="VAR",
+              help="store the Run in this notebook variable, else find it later with nbtrain.attach(name) "
+                   "(default: none)")
     @argument("--args", default=None, metavar="ARGS",
-              help='a pasted script\'s sys.argv[1:] on the ranks, as one quoted string: --args "--epochs 5"')
+              help='a pasted script\'s sys.argv[1:] on the ranks, as one quoted string: --args "--epochs 5" '
+                   '(default: none)')
     @run_option_flags
     @line_cell_magic
     def ray_train(self, line: str, cell: str | None = None) -> Any:
@@ -193,7 +201,9 @@ class NbtrainMagics(Magics):
 
     # ------------------------------------------------------------------ %%ray_tune
     @magic_arguments()
-    @argument("--out", "-o", default=None, metavar="VAR", help="store the Sweep in this notebook variable")
+    @argument("--out", "-o", default=None, metavar="VAR",
+              help="store the Sweep in this notebook variable, else find it later with nbtrain.attach_sweep(name) "
+                   "(default: none)")
     @sweep_option_flags
     @cell_magic
     def ray_tune(self, line: str, cell: str) -> Any:
@@ -296,7 +306,9 @@ class NbtrainMagics(Magics):
     # ------------------------------------------------------------------ %ray_attach
     @magic_arguments()
     @argument("name", help="the run's name (see %%ray_status)")
-    @argument("--out", "-o", default=None, metavar="VAR", help="store the Run in this notebook variable")
+    @argument("--out", "-o", default=None, metavar="VAR",
+              help="store the Run in this notebook variable, else find it later with nbtrain.attach(name) "
+                   "(default: none)")
     @line_magic
     def ray_attach(self, line: str) -> None:
         """Re-open a run's live dashboard (after a kernel restart, or from another notebook).

@@ -22,10 +22,11 @@ class DebugMagics(Magics):
     @magic_arguments()
     @argument("name", nargs="?", default=None,
               help="the run's name; default: the last run started, forked or attached here")
-    @argument("--rank", "-r", type=int, default=None, help="the rank to debug; default: the first that raised")
+    @argument("--rank", "-r", type=int, default=None, help="the rank to debug (default: the first that raised)")
     @argument("--commands", "-c", default=None, metavar='"CMD; CMD"',
               help="debugger commands to run, separated by ';', after which the debugger ends "
-                   "(for notebooks run unattended), e.g. --commands \"where; p loss\"")
+                   "(for notebooks run unattended), e.g. --commands \"where; p loss\" (default: none, an interactive "
+                   "debugger)")
     @line_magic
     def ray_debug(self, line: str) -> None:
         """Open IPython's debugger on the traceback of a rank that raised, with the local variables it held.
