@@ -564,7 +564,7 @@ def print_steered(steered: list[dict[str, Any]]) -> None:
     print("\n**Steering wide runs** (SIMULATED ranks: threads in 2 workers, each with its own session and steering, "
           "10 steps/s)\n")
     print("| ranks | relay per node (one question for its ranks) | steps/s | supervisor threads "
-          "| questions waiting on it (max)"
+          "| questions waiting on it (max) "
           "| supervisor CPU, ranks standing | command | every rank at one step "
           "| call → learnt p50 / p95 | call → applied p50 / p95 | notebook's call (wait=True) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
