@@ -181,14 +181,15 @@ def test_an_nbtrain_that_differs_on_the_cluster_is_named():
 
 @pytest.mark.quick
 def test_supported_rays_pass_and_ray_clients_mismatch_names_an_old_cluster():
-    from nbtrain._client.connection import _explain_connect_error, check_ray_supported
+    from nbtrain._client.connect_errors import explain
+    from nbtrain._client.connection import check_ray_supported
 
     for version in ("2.54.0", "2.54.1", "2.56.1", "2.57.0", "2.59.2", "2.60.0", "2.60.1", "2.60.1rc1"):
         check_ray_supported(version, "cluster")
     ray_client_says = RuntimeError("Version mismatch: The cluster was started with:\n    Ray: 2.53.0\n"
                                    "    Python: 3.11.7\nThis process on Ray Client was started with:\n"
                                    "    Ray: 2.60.0\n    Python: 3.11.7\n")
-    error = _explain_connect_error("ray://head:10001", ray_client_says)
+    error = explain("ray://head:10001", ray_client_says)
     assert isinstance(error, nbtrain.VersionMismatchError)
     assert str(error).startswith("Ray 2.53.0 on the cluster is too old: nbtrain needs Ray >= 2.54")
 

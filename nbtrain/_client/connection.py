@@ -19,14 +19,12 @@ import contextlib
 import dataclasses
 import os
 import platform
-import re
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from nbtrain._client import auth, cluster_address, version_check
+from nbtrain._client import auth, cluster_address, connect_errors, version_check
 from nbtrain._client.cluster_address import ClusterAddress
 from nbtrain._client.cluster_address import parse as parse_address
 from nbtrain._client.local import local_cluster, local_head
@@ -130,6 +128,11 @@ def current() -> Cluster:
         msg = (f"The connection to {_current.address} was lost. Runs keep going on the cluster; "
                f"reconnect with `nbtrain.connect({_current.address!r})` and `nbtrain.attach(name)`.")
         raise NotConnectedError(msg)
+    return _current
+
+
+def session_now() -> Cluster | None:
+    """The connection made last (even if lost since): a new object each time the notebook connects again."""
     return _current
 
 
@@ -296,14 +299,14 @@ def _open(target: ClusterAddress, token: str | None, local: local_cluster.LocalC
                                    logging_level="ERROR")
         except Exception as exc:  # noqa: BLE001 - Ray raises several types here
             forget_driver_token()
-            raise _explain_connect_error(target.text, exc) from None
+            raise connect_errors.explain(target.text, exc) from None
     began = time.monotonic()
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:
             return init_with_metadata(target.text, auth.grpc_metadata(token), namespace=NAMESPACE,
                                       log_to_driver=False, logging_level="ERROR")
         except Exception as exc:  # noqa: BLE001 - Ray Client raises several types here
-            error = _explain_connect_error(target.text, exc, local.temp_dir if local else None)
+            error = connect_errors.explain(target.text, exc, local.temp_dir if local else None)
             # The preflight proved the server answers. Ray Client starts one server process per
             # session; on a busy head that start occasionally fails and a new session succeeds.
             # On a busy 2-core head one session start takes 20-45 s, so the budget allows 3 of them.
@@ -357,52 +360,6 @@ def check_connect_arguments(address: object, token: object) -> None:
         msg = (f"connect(token=...) must be a string, the cluster's token (on the head: `ray get-auth-token`), "
                f"or None; got {type(token).__name__}.")
         raise ConnectionFailedError(msg)
-
-
-def _explain_connect_error(address: str, exc: Exception, local_temp_dir: str | None = None) -> Exception:
-    text = str(exc)
-    cluster_ray = re.search(r"cluster was started with:\s*Ray: (\S+)", text)
-    if cluster_ray:
-        try:
-            check_ray_supported(cluster_ray.group(1), "cluster")
-        except VersionMismatchError as too_old:
-            return too_old
-    cluster_python = re.search(r"cluster was started with:\s*Ray: \S+\s*Python: (\S+)", text)
-    if cluster_ray and cluster_python:
-        try:
-            version_check.check_against_notebook({"ray": cluster_ray.group(1), "python": cluster_python.group(1)})
-        except VersionMismatchError as differs:
-            return differs
-    if "version" in text.lower() and ("mismatch" in text.lower() or "differ" in text.lower()):
-        return VersionMismatchError(
-            f"Ray refused the connection to {address} because versions differ: {text}. "
-            f"This notebook has Python {platform.python_version()} and Ray {_ray_version()}; "
-            f"install the cluster's versions in the notebook's environment (or vice versa).")
-    if "://" not in address and ("expects this IP address" in text or "raylet" in text.lower()):
-        return ConnectionFailedError(
-            f"Could not join {address} as a Ray driver: {type(exc).__name__}: {text.splitlines()[0] if text else ''}. "
-            f"A driver must run on a node of the cluster; from another machine connect over Ray Client: "
-            f"nbtrain.connect('ray://<head>:10001').")
-    message = f"Could not connect to {address}: {type(exc).__name__}: {text}"
-    server_log = _client_server_log(text, local_temp_dir)
-    if server_log:
-        message += f"\nThe end of that server's log:\n{server_log}"
-    return ConnectionFailedError(message)
-
-
-def _client_server_log(error_text: str, local_temp_dir: str | None) -> str:
-    """The tail of the per-session server log Ray's error names, when the cluster is ours to read."""
-    match = re.search(r"(ray_client_server_\d+)\.err", error_text)
-    if not match or not local_temp_dir:
-        return ""
-    logs = Path(local_temp_dir) / "session_latest" / "logs"
-    lines: list[str] = []
-    for path in sorted(logs.glob(f"{match.group(1)}*")):
-        try:
-            lines += [f"  {path.name}: {line}" for line in path.read_text(errors="replace").splitlines()[-15:]]
-        except OSError:
-            continue
-    return "\n".join(lines)
 
 
 def _ray_version() -> str:

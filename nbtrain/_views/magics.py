@@ -11,7 +11,6 @@ import dataclasses
 import difflib
 import re
 import shlex
-from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -25,6 +24,7 @@ from nbtrain._packing import shipping
 from nbtrain._packing.code_origin import cell_name
 from nbtrain._packing.script import ScriptProgram
 from nbtrain._views.cell_program import CellProgram, imported_modules, referenced_names
+from nbtrain._views.connect_token import token_from_flags
 from nbtrain._views.magic_flags import (
     options_from_args,
     run_option_flags,
@@ -90,7 +90,7 @@ class NbtrainMagics(Magics):
         args = self._parse(self.ray_connect, line)
         if args is None:
             return None
-        token = _connect_token(args)
+        token = token_from_flags(args)
         try:
             cluster = connection.connect(args.address, token=token, num_cpus=args.num_cpus,
                                           num_gpus=args.num_gpus, progress=_print_now)
@@ -399,36 +399,6 @@ def _with_suggestion(message: str, magic: Any, line: str) -> str:
     prefix = "%%" if name in ("ray_train", "ray_tune") else "%"
     fix = f" ({'; '.join(hints)})" if hints else ""
     return f"{prefix}{name}: {message}{fix}. See `{prefix}{name} --help` for every option."
-
-
-def _connect_token(args: Any) -> str | None:
-    """The token ``%ray_connect`` was given, from one of its three flags (or ``None``)."""
-    given = [flag for flag, value in (("--token", args.token), ("--token-file", args.token_file),
-                                      ("--ask-token", args.ask_token)) if value]
-    if len(given) > 1:
-        raise UsageError(f"%ray_connect: give the token one way, not {' and '.join(given)}.")
-    if args.token:
-        print("(--token keeps the token in this notebook and IPython's history; "
-              "--token-file PATH, --ask-token or $RAY_AUTH_TOKEN do not.)", flush=True)
-        return str(args.token)
-    if args.token_file:
-        path = Path(args.token_file).expanduser()
-        try:
-            token = path.read_text().strip()
-        except OSError as exc:
-            msg = f"%ray_connect --token-file: cannot read {path}: {exc.strerror or exc}."
-            raise UsageError(msg) from None
-        if not token:
-            raise UsageError(f"%ray_connect --token-file: {path} is empty; put the cluster's token in it.")
-        return token
-    if args.ask_token:
-        import getpass
-
-        token = getpass.getpass(f"Token for {args.address or 'the cluster'}: ").strip()
-        if not token:
-            raise UsageError("%ray_connect --ask-token: no token was typed.")
-        return token
-    return None
 
 
 def _print_now(message: str) -> None:

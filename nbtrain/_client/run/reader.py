@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain import _registry
+from nbtrain._client import connection
 from nbtrain._client.run import history_branches
 from nbtrain._client.run.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
 from nbtrain._cluster.commands import Command
@@ -42,8 +43,24 @@ class SupervisorChannel:
 
     def __init__(self, name: str, handle: Any, address: str) -> None:
         self.name = name
-        self.handle = handle
+        self._handle = handle
+        self._session = connection.session_now()  # the connection the handle was made in
         self.address = address
+
+    @property
+    def handle(self) -> Any:
+        """The supervisor's handle (or the stored run's) in the connection the notebook has now. One made before the
+        notebook connected again (after a drop, or a new ``connect()``) is looked up again: the new session knows
+        no actor by an earlier session's handle."""
+        session = connection.session_now()
+        if session is not None and session is not self._session:
+            self._session = session
+            self._handle = find_supervisor(self.name) or find_stored(self.name) or self._handle
+        return self._handle
+
+    @handle.setter
+    def handle(self, handle: Any) -> None:
+        self._handle = handle
 
     def call(self, method: str, *args: Any, timeout: float = POLL_TIMEOUT_S) -> Any:
         """``ray.get(handle.<method>.remote(*args))`` on the supervisor, or on the run's files once it has exited."""

@@ -120,8 +120,8 @@ class RankSteering:
                                            f"{profiling.steps} steps", wait=True)
 
     def _listen(self) -> None:
-        """Wait on the supervisor for new commands (a long poll answered as soon as one is issued, else after
-        ``CONTROL_WAIT_S``): a command reaches every rank within milliseconds, whatever the pushes do."""
+        """Wait on the supervisor (or the node's relay) for new commands: a long poll answered as soon as one is
+        issued, else after ``CONTROL_WAIT_S``, so a command reaches every rank within milliseconds."""
         import ray
 
         session = self.session
@@ -131,11 +131,10 @@ class RankSteering:
             try:
                 checkpoint, commands = ray.get((relay or session.supervisor).control.remote(
                     session.context.attempt, self.seen, CONTROL_WAIT_S), timeout=CONTROL_WAIT_S + CALL_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - the supervisor restarting: ask again shortly
-                if relay is not None:
-                    relay_failed = True  # straight to the supervisor for the rest of the attempt
-                    continue
-                self._stopped.wait(RETRY_S)
+            except Exception:  # noqa: BLE001 - a relay failed: the supervisor from now on; it restarting: ask again
+                if relay is None:
+                    self._stopped.wait(RETRY_S)
+                relay_failed = relay_failed or relay is not None
                 continue
             session.checkpoint_requested = bool(checkpoint)
             self.learn(commands)
@@ -412,9 +411,7 @@ class RankSteering:
             self.session.epoch = epoch
             return
         self.held_after_epoch = self.stop_after_epoch
-        never = threading.Event()
-        while not never.wait(PAUSE_CHECK_S):  # the run's stop ends this process
-            pass
+        threading.Event().wait()  # never set: the run's stop ends this process
 
     def saved_checkpoint(self) -> bool:
         """``save_checkpoint`` on this rank; False when it must not be kept: a guard tripped and its action is on
@@ -424,7 +421,6 @@ class RankSteering:
             return False
         self.points.capture()
         return True
-
 
     # ------------------------------------------------------------------ what the heartbeat says
     def values(self) -> dict[str, list[Any]]:
