@@ -50,10 +50,11 @@ class SupervisorChannel:
     @property
     def handle(self) -> Any:
         """The supervisor's handle (or the stored run's) in the connection the notebook has now. One made before the
-        notebook connected again (after a drop, or a new ``connect()``) is looked up again: the new session knows
-        no actor by an earlier session's handle."""
+        notebook connected again to the run's cluster (after a drop, or a new ``connect()``) is looked up again:
+        the new session knows no actor by an earlier session's handle. Connected to another cluster, a run of the
+        same name there is not this one: the handle is kept (and fails as the run's cluster is not reached)."""
         session = connection.session_now()
-        if session is not None and session is not self._session:
+        if session is not None and session is not self._session and session.address == self.address:
             self._session = session
             self._handle = find_supervisor(self.name) or find_stored(self.name) or self._handle
         return self._handle
