@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 import re
 from pathlib import Path
 
@@ -29,9 +28,10 @@ def explain(address: str, exc: Exception, local_temp_dir: str | None = None) -> 
         except VersionMismatchError as differs:
             return differs
     if "version" in text.lower() and ("mismatch" in text.lower() or "differ" in text.lower()):
+        mine = version_check.notebook_versions()
         return VersionMismatchError(
             f"Ray refused the connection to {address} because versions differ: {text}. "
-            f"This notebook has Python {platform.python_version()} and Ray {_ray_version()}; "
+            f"This notebook has Python {mine['python']} and Ray {mine['ray']}; "
             f"install the cluster's versions in the notebook's environment (or vice versa).")
     if "://" not in address and ("expects this IP address" in text or "raylet" in text.lower()):
         return ConnectionFailedError(
@@ -59,8 +59,3 @@ def _client_server_log(error_text: str, local_temp_dir: str | None) -> str:
             continue
     return "\n".join(lines)
 
-
-def _ray_version() -> str:
-    import ray
-
-    return str(ray.__version__)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -209,7 +208,7 @@ def open_session(address: str | None = None, *, token: str | None = None, num_cp
     """:func:`connect` without telling the sidebar: for readers (``nbtrain runs``, the lab's agent)."""
     global _current, _current_token, _current_anchor
     check_connect_arguments(address, token)
-    check_ray_supported(_ray_version(), "notebook")
+    check_ray_supported(version_check.notebook_versions()["ray"], "notebook")
     say = progress or _default_progress
     target, local = _target(address, num_cpus, num_gpus, say)
     kind = "local" if local else "remote"
@@ -362,12 +361,6 @@ def check_connect_arguments(address: object, token: object) -> None:
         raise ConnectionFailedError(msg)
 
 
-def _ray_version() -> str:
-    import ray
-
-    return str(ray.__version__)
-
-
 def _embedded(address: str) -> local_cluster.LocalClusterInfo | None:
     """The embedded local cluster, when ``address`` is its (its Ray Client or GCS address, named by
     ``$RAY_ADDRESS`` too: same environment check)."""
@@ -398,8 +391,9 @@ def _start_session_anchor(context: Any, lower_session_priority: bool = False) ->
     except (ImportError, ray.exceptions.RayError) as exc:
         if "No module named 'nbtrain'" not in str(exc):
             raise
-        versions = {"ray": getattr(context, "ray_version", _ray_version()),  # a driver's context has no such field
-                    "python": getattr(context, "python_version", platform.python_version()),
+        mine = version_check.notebook_versions()  # a driver's context has no such fields: the same Ray as here
+        versions = {"ray": getattr(context, "ray_version", mine["ray"]),
+                    "python": getattr(context, "python_version", mine["python"]),
                     "nbtrain": "missing: No module named 'nbtrain'"}
         return None, versions
     return anchor, versions

@@ -36,12 +36,9 @@ class NodeQuestion:
         self._changed: asyncio.Condition | None = None
         self._asking: asyncio.Task[None] | None = None
 
-    async def ask(self, attempt: int, seen: int, wait_s: float) -> tuple[bool, list[Command]]:
+    async def ask(self, seen: int, wait_s: float) -> tuple[bool, list[Command]]:
         """A rank's question: the commands after its ``seen``-th as soon as there are any (else after ``wait_s``),
-        and whether a checkpoint is wanted. Asked with another attempt than the relay's, it is the supervisor's."""
-        if attempt != self._attempt:
-            answer: tuple[bool, list[Command]] = await self._supervisor.control.remote(attempt, seen, wait_s)
-            return answer
+        and whether a checkpoint is wanted. Only the relay's attempt's ranks ask it (a relay is an attempt's)."""
         if self._asking is None:  # the node's first question starts the node's one question on the supervisor
             self._changed = asyncio.Condition()
             self._asking = asyncio.get_running_loop().create_task(self._ask_supervisor())

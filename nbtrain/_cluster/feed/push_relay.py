@@ -82,8 +82,9 @@ class PushRelay:
         return await asyncio.shield(self._listening)
 
     async def control(self, attempt: int, seen: int, wait_s: float) -> tuple[bool, list[Command]]:
-        """A rank's standing question for commands, as the supervisor's ``control`` answers it."""
-        return await self._question.ask(attempt, seen, wait_s)
+        """A rank's standing question for commands, as the supervisor's ``control`` answers it (``attempt``: the
+        relay's own, as the supervisor's signature has it)."""
+        return await self._question.ask(seen, wait_s)
 
     async def _listen(self) -> tuple[str, bytes]:
         address = f"\0nbtrain-relay-{secrets.token_hex(12)}"  # abstract: nothing on disk to remove
