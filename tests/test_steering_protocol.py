@@ -104,3 +104,32 @@ def test_a_rank_applies_a_command_at_its_step_on_a_real_optimizer():
     assert (command_id, rank, step, before["lr"]) == (1, 0, issued.at_step, [0.1])
     said = steering.beat()
     assert said.settings == {"lr": [0.01], "weight_decay": [0.0], "betas": [[0.8, 0.9]], "grad_clip": [1.0]}
+
+
+def test_a_stop_after_the_epoch_takes_hold_at_its_step_so_every_rank_ends_the_same_epoch():
+    """Learnt early by one rank and late by another, a stop must not end the epoch on one only: DDP's next
+    collective would then wait for a rank that has gone. So it takes hold at its step, in that step's epoch."""
+    applied: list[tuple] = []
+    supervisor = SimpleNamespace(command_applied=SimpleNamespace(remote=lambda *args: applied.append(args)))
+    session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=1), uses_loader=False,
+                              report_calls=0, last_step=0, step=0, epoch=0, commands_due=lambda due: None,
+                              timing=None)
+    steering = RankSteering(session, [])
+    model = torch.nn.Linear(2, 1)
+    optimizer = steering.steer(torch.optim.SGD(model.parameters(), lr=0.1))
+    stop = Command(1, STOP_AFTER_EPOCH, {"epoch": 0}, at_step=6, issued=1.0)
+    steering.learn([stop])
+    try:
+        for update in range(1, 7):
+            if update == 5:
+                assert not steering.stop_requested(), "epoch 0 ended before the stop's step"
+                session.epoch = 1  # the next epoch starts before the step the stop is due at
+            model(torch.ones(1, 2)).sum().backward()
+            optimizer.step()
+    finally:
+        steering.unhook()
+    assert steering.stop_requested() and steering.stop_after_epoch == 1
+    [(command_id, rank, step, before, _)] = applied
+    assert (command_id, rank, step, before) == (1, 1, 6, {"epoch": 1})
+    assert Command(**{**stop.as_dict(), "applied_step": 6, "before": before}).describe() == \
+        "stop after epoch 1, learnt at step 6"

@@ -109,7 +109,8 @@ class Command:
     issued: float                     # time.time() at the supervisor
     applied_step: int | None = None   # the step at which rank 0 applied it, once it did
     applied: float | None = None      # when (rank 0's clock)
-    before: dict[str, Any] | None = None  # ADJUST: rank 0's values just before (per param group lists)
+    before: dict[str, Any] | None = None  # ADJUST: rank 0's values just before (per param group lists);
+    #                                       STOP_AFTER_EPOCH: {"epoch": the epoch the ranks end with}
     superseded: bool = False          # applied on a branch a later rewind went back from: not re-applied
     rank_times: dict[int, float] | None = None  # REWIND: when each rank applied it (its own clock)
 
@@ -130,8 +131,9 @@ class Command:
 
     @property
     def epoch(self) -> int:
-        """STOP_AFTER_EPOCH: the epoch after which the run stops."""
-        return int(self.args["epoch"])
+        """STOP_AFTER_EPOCH: the epoch after which the run stops: the one the ranks are in at the command's step
+        once they applied it, the furthest the supervisor knew of before."""
+        return int((self.before or self.args)["epoch"])
 
     @property
     def steps(self) -> int:
@@ -158,7 +160,7 @@ class Command:
         """The change as the curves' marker and the events say it: ``lr 0.1 → 0.01 at step 1200``."""
         step = self.applied_step if self.applied_step is not None else self.at_step
         where = f" at step {step}" if step >= 0 else " as the ranks come back"
-        if self.kind in (RESUME, STOP_AFTER_EPOCH):  # not bound to a step: a resume acts at once
+        if self.kind == RESUME:  # not bound to a step: a resume acts at once
             where = ""
         if self.kind == ADJUST:
             before = self.before or {}
@@ -183,8 +185,9 @@ class Command:
             return f"rewound to step {to_step}{skipped}{lr}{where.replace(' at ', ' from ')}{by}"
         if self.kind == GUARD:
             return describe_guard(self.args)
-        return {PAUSE: "paused", RESUME: "resumed", CHECKPOINT: "checkpoint asked",
-                STOP_AFTER_EPOCH: f"stop after epoch {self.args.get('epoch')}"}[self.kind] + where
+        if self.kind == STOP_AFTER_EPOCH:
+            return f"stop after epoch {self.epoch}" + where.replace(" at ", ", learnt at ")
+        return {PAUSE: "paused", RESUME: "resumed", CHECKPOINT: "checkpoint asked"}[self.kind] + where
 
 
 def _short(value: Any) -> str:

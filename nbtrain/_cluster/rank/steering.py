@@ -162,8 +162,6 @@ class RankSteering:
                 elif command.kind == PAUSE:
                     self._resumed.clear()
                     pending.append(command)
-                elif command.kind == STOP_AFTER_EPOCH:
-                    self.stop_after_epoch = command.epoch
                 else:
                     if self._replaying and command.applied_step is not None:
                         command = command.due_at(command.applied_step)
@@ -297,6 +295,9 @@ class RankSteering:
             self._adjust(command.settings, command.group)
         elif kind == CHECKPOINT:
             self.checkpoint_wanted = True
+        elif kind == STOP_AFTER_EPOCH:  # at one step on every rank, so every rank ends the same epoch
+            self.stop_after_epoch = max(command.epoch, self.session.epoch)
+            before = {"epoch": self.stop_after_epoch}
         elif kind == REWIND:
             self._rewind(command)
         elif kind == USER:
