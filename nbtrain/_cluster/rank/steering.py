@@ -290,7 +290,7 @@ class RankSteering:
 
     def _apply(self, command: Command, step: int) -> None:
         kind = command.kind
-        before = self.values() if kind == ADJUST else None
+        before: dict[str, Any] | None = self.values() if kind == ADJUST else None
         if kind == ADJUST:
             self._adjust(command.settings, command.group)
         elif kind == CHECKPOINT:
