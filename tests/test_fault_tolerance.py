@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -195,9 +196,10 @@ def test_rank_without_progress_is_reported_stalled_and_on_stall_fail_ends_the_ru
     assert any(e["kind"] == "stall" for e in run.events)
 
 
-def test_a_30_s_stall_is_said_once_and_its_end_once(cluster, tmp_path):
-    """A rank stuck for 30 s (stall_timeout 2 s) gets one stall event, and one when it moves again; its
-    heartbeats every 0.1 s meanwhile do not end the stall (they used to, and it was said 10 times a second)."""
+def test_a_long_stall_is_said_once_and_its_end_once(cluster, tmp_path):
+    """A rank stuck for 12 s (stall_timeout 2 s) gets one stall event, and one when it moves again; its
+    heartbeats every 0.1 s meanwhile (over a hundred) do not end the stall (they used to, and it was said 10
+    times a second)."""
     go_on = tmp_path / "go-on"
 
     def stuck_then_moves(config):
@@ -219,7 +221,7 @@ def test_a_30_s_stall_is_said_once_and_its_end_once(cluster, tmp_path):
 
     first = wait_for(stall_events, 60, message="the stall event")
     began = first[0]["time"]
-    while time.time() - began < 30:  # the stall the test is about: 30 s of it, counted as it goes
+    while time.time() - began < 12:  # the stall the test is about: 12 s of it, counted as it goes
         assert len(stall_events()) == 1, stall_events()
         time.sleep(1)
     go_on.touch()
@@ -227,7 +229,8 @@ def test_a_30_s_stall_is_said_once_and_its_end_once(cluster, tmp_path):
     messages = [e["message"] for e in stall_events()]
     assert len(messages) == 2, messages
     assert messages[0].startswith("Rank 0 made no progress for")
-    assert messages[1].startswith("Rank 0 made progress again after 3")  # 30-something seconds without
+    without = re.match(r"Rank 0 made progress again after (\d+) s", messages[1])
+    assert without is not None and int(without[1]) >= 12, messages[1]
 
 
 def test_nan_loss_is_reported_and_stop_on_nan_stops(cluster):
