@@ -173,8 +173,7 @@ class RankSteering:
             self._answer_stacks(command)
 
     def _set_pending(self, pending: list[Command]) -> None:
-        """With ``_lock`` held: one reference swap (the training thread reads either list whole), and report()
-        told whether it has commands to look at."""
+        """With ``_lock`` held: one reference swap (the training thread reads either list whole); tells report()."""
         self.pending = pending
         self.session.commands_due(bool(pending))
 
