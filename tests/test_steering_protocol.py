@@ -56,6 +56,17 @@ def _supervisor_steering() -> RunSteering:
     return RunSteering(record=lambda kind, message: None, persist=lambda: None)
 
 
+def _rank_steering(rank: int) -> tuple[RankSteering, list[tuple]]:
+    """A rank's steering with the session fields it reads (a stand-in for the rank's session, which needs a
+    run); the list collects what it tells the supervisor it applied."""
+    applied: list[tuple] = []
+    supervisor = SimpleNamespace(command_applied=SimpleNamespace(remote=lambda *args: applied.append(args)))
+    session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=rank), uses_loader=False,
+                              report_calls=0, last_step=0, step=0, epoch=0, commands_due=lambda due: None,
+                              timing=None)
+    return RankSteering(session, []), applied
+
+
 def test_the_supervisor_picks_a_step_ahead_of_the_furthest_rank_or_the_step_all_are_held_at():
     steering = _supervisor_steering()
     running = {0: SteeringBeat(step=40, rate=2.0, epoch=1, settings={"lr": [0.1]}),
@@ -80,12 +91,7 @@ def test_the_supervisor_refuses_what_the_ranks_said_they_cannot_do():
 
 def test_a_rank_applies_a_command_at_its_step_on_a_real_optimizer():
     """The supervisor's Command, as the rank learns it: lr, betas and grad_clip land before that step's update."""
-    applied: list[tuple] = []
-    supervisor = SimpleNamespace(command_applied=SimpleNamespace(remote=lambda *args: applied.append(args)))
-    session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=0), uses_loader=False,
-                              report_calls=0, last_step=0, step=0, epoch=0, commands_due=lambda due: None,
-                              timing=None)
-    steering = RankSteering(session, [])
+    steering, applied = _rank_steering(rank=0)
     model = torch.nn.Linear(2, 1)
     optimizer = steering.steer(torch.optim.Adam(model.parameters(), lr=0.1))
     issued = _supervisor_steering().issue(ADJUST, {**checked_settings(
@@ -109,12 +115,8 @@ def test_a_rank_applies_a_command_at_its_step_on_a_real_optimizer():
 def test_a_stop_after_the_epoch_takes_hold_at_its_step_so_every_rank_ends_the_same_epoch():
     """Learnt early by one rank and late by another, a stop must not end the epoch on one only: DDP's next
     collective would then wait for a rank that has gone. So it takes hold at its step, in that step's epoch."""
-    applied: list[tuple] = []
-    supervisor = SimpleNamespace(command_applied=SimpleNamespace(remote=lambda *args: applied.append(args)))
-    session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=1), uses_loader=False,
-                              report_calls=0, last_step=0, step=0, epoch=0, commands_due=lambda due: None,
-                              timing=None)
-    steering = RankSteering(session, [])
+    steering, applied = _rank_steering(rank=1)
+    session = steering.session
     model = torch.nn.Linear(2, 1)
     optimizer = steering.steer(torch.optim.SGD(model.parameters(), lr=0.1))
     stop = Command(1, STOP_AFTER_EPOCH, {"epoch": 0}, at_step=6, issued=1.0)
