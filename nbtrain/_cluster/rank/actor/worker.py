@@ -37,6 +37,8 @@ from nbtrain._cluster.rank.session import TrainingSession, set_session
 from nbtrain._net import free_port
 from nbtrain._packing import shipping
 
+INIT_BARRIER_ENV = "TORCH_DIST_INIT_BARRIER"  # torch's switch for a store barrier at the end of init
+
 if TYPE_CHECKING:
     from nbtrain._cluster.rank.payload import WorkerPayload
 
@@ -202,6 +204,22 @@ def _torchrun_environment(payload: WorkerPayload) -> dict[str, str]:
 
 
 def _join_process_group(payload: WorkerPayload, listener: socket.socket | None) -> None:
+    """Join the run's group and return only once every rank has: torch's barrier after init (over the store,
+    so it touches no device) keeps a rank whose function ends at once from closing its side of the mesh while
+    a slower peer is still connecting, which fails that peer's ``init_process_group`` with "Connection closed
+    by peer"."""
+    previous = os.environ.get(INIT_BARRIER_ENV)
+    os.environ[INIT_BARRIER_ENV] = "1"
+    try:
+        _init_process_group(payload, listener)
+    finally:
+        if previous is None:
+            os.environ.pop(INIT_BARRIER_ENV, None)
+        else:
+            os.environ[INIT_BARRIER_ENV] = previous
+
+
+def _init_process_group(payload: WorkerPayload, listener: socket.socket | None) -> None:
     import torch.distributed as dist
 
     is_master = payload.rank == 0
