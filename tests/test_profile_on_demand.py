@@ -37,14 +37,19 @@ def small_model_loop(config):
 
 
 def reports_only(config):
-    """No optimizer given to nbtrain: the profile steps at each report."""
+    """No optimizer given to nbtrain: the profile steps at each report. The rank's process dies once it has
+    been profiled for 6 steps in all: during a second profile, which so never gets its answer."""
     import torch
 
     layer = torch.nn.Linear(16, 4)
+    profiled = 0
     for step in range(1, 1_000_000):
         with torch.no_grad():
             layer(torch.randn(8, 16)).sum()
         nbtrain.report(step=step)
+        profiled += torch.autograd._profiler_enabled()
+        if profiled >= 6:
+            os._exit(3)
         time.sleep(0.02)
 
 
@@ -114,5 +119,10 @@ def test_a_loop_without_an_optimizer_is_profiled_at_its_reports(cluster):
         assert "aten::addmm" in {row["name"] for row in profile.tables[0]} or \
             "aten::linear" in {row["name"] for row in profile.tables[0]}
         assert profile.answers[0]["steps"] == 3
+
+        # the run fails during a profile: said as such, with its error, not a reader's internal error
+        with pytest.raises(NbtrainError, match=r"^Run 'profile-reports' ended \(failed\) before it answered; only "
+                                               r"a live run can.\nRank 0's worker process died"):
+            run.profile(steps=10, timeout=120)
     finally:
         run.stop()

@@ -70,11 +70,23 @@ class SupervisorChannel:
         deadline = time.monotonic() + SUPERVISOR_RESTART_GRACE_S
         while True:
             handle = self.handle  # a stored run's read is a task that may wait for a process to start
+            if isinstance(handle, StoredRunHandle) and not handle.answers(method):
+                raise NbtrainError(self._ended_before_answering())
             wait = max(timeout, READ_TIMEOUT_S) if isinstance(handle, StoredRunHandle) else timeout
             try:
                 return ray.get(getattr(handle, method).remote(*args), timeout=wait)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
                 self._after_supervisor_error(deadline)
+
+    def _ended_before_answering(self) -> str:
+        """What to say when the run ended while the notebook waited on its supervisor for something only a live
+        run has (a command's results): the run's end, and its error if it failed."""
+        import ray
+
+        summary = ray.get(self.handle.summary.remote(), timeout=READ_TIMEOUT_S)
+        error = (summary.get("error") or "").strip()
+        said = f"Run {self.name!r} ended ({summary.get('state')}) before it answered; only a live run can."
+        return f"{said}\n{error}" if error else f"{said} Its logs say why: run.logs()."
 
     def steer(self, kind: str, args: dict[str, Any], verb: str) -> Command:
         """Issue a command to the run's ranks (the supervisor numbers it and picks its step); the command as issued.

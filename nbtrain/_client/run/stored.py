@@ -32,6 +32,11 @@ class StoredRunHandle:
     def __init__(self, name: str) -> None:
         self.name = name
 
+    @staticmethod
+    def answers(method: str) -> bool:
+        """Whether an ended run's files answer ``method`` (a command's results, say, need a live run)."""
+        return callable(getattr(stored_run.StoredRun, method, None))
+
     def __getattr__(self, method: str) -> _StoredMethod:
         if method.startswith("_"):
             raise AttributeError(method)
