@@ -36,6 +36,11 @@ def test_the_first_move_follows_the_noise_scale_and_stays_in_bounds():
     assert adaptive_batch.choose(16, 16, (4, 64), 2, None, {16: 0.1}).batch_size == 16
 
 
+def test_an_epoch_without_a_noise_estimate_keeps_the_batch_and_its_learning_rate_gain():
+    kept = adaptive_batch.choose(45, 8, (8, 128), 2, None, {8: 0.01, 16: 0.012}, current_gain=5.3)
+    assert kept == adaptive_batch.Choice(45, 5.3)  # not the starting learning rate at a 5x larger batch
+
+
 def test_goodput_picks_the_larger_batch_when_steps_cost_mostly_a_fixed_time():
     # T(b) = 1 s + 0.001 s·b: the fixed cost dominates, and noise is high: the largest batch wins
     times = {8: 1.008, 16: 1.016}

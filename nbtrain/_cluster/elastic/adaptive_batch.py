@@ -33,15 +33,17 @@ class Choice:
 
 
 def choose(current: int, initial: int, bounds: tuple[int, int], world_size: int, noise_scale: float | None,
-           step_times: dict[int, float]) -> Choice:
+           step_times: dict[int, float], current_gain: float = 1.0) -> Choice:
     """The per-rank batch size to train the next epoch with, and its learning-rate gain.
 
     ``step_times`` maps each per-rank batch size tried to its mean step time (seconds,
     the same on every rank: averaged over the ranks), ``noise_scale`` is ``φ`` in examples.
+    With no estimate this epoch (a noisy ``|G|²`` at or below 0) the batch and the gain it
+    trains with (``current_gain``) are both kept: the learning rate stays matched to the batch.
     """
     low, high = bounds
     if noise_scale is None:
-        return Choice(current, gain(current, initial, world_size, noise_scale))
+        return Choice(current, current_gain)
     fit = _fit(step_times)
     if fit is None:  # one size timed: step the way the noise scale points
         target = current * 2 if noise_scale > current * world_size else current // 2

@@ -131,7 +131,7 @@ class PreparedLoader:
         self._timed = [0.0, 0]
         assert self._initial is not None
         choice = adaptive_batch.choose(self._batch, self._initial, session.adaptive_batch, ctx.world_size,
-                                       gradient_noise.ratio(trace, true_sq), self._step_times)
+                                       gradient_noise.ratio(trace, true_sq), self._step_times, session.lr_gain)
         for optimizer in session.optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = group["lr"] * choice.lr_gain / session.lr_gain
