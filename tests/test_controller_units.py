@@ -43,6 +43,7 @@ class FakeAttempt:
     def __init__(self, number: int, size: int, script: Script) -> None:
         self.number, self.size, self._script = number, size, script
         self.pushes: dict[int, int] = {}
+        self.unsent: dict[int, dict[str, float]] = {}
         self.shut_down = False
 
     def watch(self, table: WorkerTable, interrupt: Callable[[], Outcome | None]) -> Outcome:

@@ -329,6 +329,15 @@ class TrainingSession:
                 deadline = time.monotonic() + FINAL_PUSH_WAIT_S  # the last push landed: the next has as long
             self._send(state)
 
+    def unsent(self) -> dict[str, float]:
+        """What this rank's last flush could not send (the supervisor took no push within
+        :data:`FINAL_PUSH_WAIT_S`, or refused it): told to the supervisor with the rank's outcome,
+        which travels by Ray, so the loss is said rather than silent."""
+        rows, logs = len(self._waiting_rows), len(self._waiting_logs)
+        if self._unsent is not None and self._in_flight is None:  # a push that failed, not one still on its way
+            rows, logs = rows + len(self._unsent[1]), logs + len(self._unsent[2])
+        return {"rows": rows, "logs": logs, "wait_s": FINAL_PUSH_WAIT_S}
+
     def _collect(self) -> None:
         """Move what was reported into the rows waiting to be sent (as rows), within the bounds."""
         reported = self.reporter.rows

@@ -52,10 +52,18 @@ NO_ROWS_NOTE = ("No metric rows came from this run: its code reports nothing nbt
 FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long without one
 
 
+def unsent_note(rank: int, unsent: dict[str, float]) -> str:
+    """What a rank's outcome says its last flush could not send: an event, so no row goes missing unsaid."""
+    return (f"Rank {rank}'s last {unsent['rows']:.0f} metric rows and {unsent['logs']:.0f} log chunks never reached "
+            f"the run's supervisor: it took none of the rank's pushes within {unsent['wait_s']:g} s as the rank ended "
+            "(a busy head node). Report every few steps rather than every step, or give the head node more CPU.")
+
+
 class AttemptGroup(Protocol):
     """One attempt's ranks, as the controller uses them (:class:`WorkerGroup`)."""
 
     pushes: dict[int, int]
+    unsent: dict[int, dict[str, float]]
 
     def watch(self, table: WorkerTable, interrupt: Callable[[], Outcome | None]) -> Outcome: ...
 
@@ -335,6 +343,9 @@ class RunController:
             outcome = group.watch(self.table, self._interrupt)
             # pushes travel beside the outcome: let the last rows land before readers see the end
             self.feed.wait_for_pushes(self.attempt, group.pushes, FINAL_PUSHES_IDLE_S)
+            for rank, unsent in sorted(group.unsent.items()):
+                if unsent["rows"] or unsent["logs"]:
+                    self.feed.event("note", unsent_note(rank, unsent), self.attempt)
             if self.feed.row_count == 0 and not any(e["message"] == NO_ROWS_NOTE for e in self.feed.events):
                 self.feed.event("note", NO_ROWS_NOTE, self.attempt)
             return outcome

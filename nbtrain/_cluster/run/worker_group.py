@@ -71,6 +71,7 @@ class WorkerGroup:
         self._group: Any = None
         self._refs: list[Any] = []
         self.pushes: dict[int, int] = {}  # rank -> pushes it sent in all, from its outcome
+        self.unsent: dict[int, dict[str, float]] = {}  # rank -> what its last flush could not send
 
     @classmethod
     def start(cls, spec: RunSpec, attempt: int, world_size: int, supervisor: Any, datasets: dict[str, Any] | None,
@@ -295,6 +296,7 @@ class WorkerGroup:
             worker = table.mark(rank, WorkerState.DEAD)
             return failure_policy.died(rank, worker.get("pid"), worker.get("node"), worker.get("node_id"), exc)
         self.pushes[rank] = outcome["pushes"]
+        self.unsent[rank] = outcome["unsent"]
         if outcome["ok"]:
             table.mark(rank, WorkerState.FINISHED)
             results[rank] = outcome["result"]

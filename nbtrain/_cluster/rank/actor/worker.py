@@ -151,6 +151,7 @@ class TrainWorker:
         session.close("finished" if outcome["ok"] else "failed")
         # how many pushes this rank sent: the supervisor ends the attempt only once all have landed
         outcome["pushes"] = session.seq
+        outcome["unsent"] = session.unsent()
         return outcome
 
     def _start_afresh(self) -> None:
