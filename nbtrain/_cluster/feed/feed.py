@@ -34,7 +34,7 @@ from nbtrain._cluster.storage.history_log import HistoryLog, parse_lines
 from nbtrain._cluster.storage.run_storage import RunStorage
 
 LONG_POLL_LIMIT_S = 10.0
-# Ranks flush on the same wall-clock ticks (see session.until_next_tick); a long poll woken
+# Ranks flush on the same wall-clock ticks (see rank.ticks.until_next_tick); a long poll woken
 # by the first rank's push waits this long at most for the others of that tick.
 TICK_GATHER_S = 0.05
 RESERVED_KEYS = ("rank", "step", "attempt", "time")  # every row's own keys, set by nbtrain (step by default)

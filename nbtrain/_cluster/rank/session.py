@@ -29,6 +29,7 @@ from nbtrain._cluster.rank.log_tee import LogTee
 from nbtrain._cluster.rank.payload import WorkerPayload
 from nbtrain._cluster.rank.reporting import NOT_IN_A_RUN, Reporter
 from nbtrain._cluster.rank.steering import RankSteering
+from nbtrain._cluster.rank.ticks import until_next_tick
 from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0
@@ -417,20 +418,6 @@ class TrainingSession:
                                                 f"{', '.join(ROW_KEYS)} are set by nbtrain. Give the metric another "
                                                 f"name to silence this.\n"))
         return f"user_{key}"
-
-
-def until_next_tick(interval_s: float) -> float:
-    """Seconds to the next multiple of ``interval_s`` on the wall clock.
-
-    Every rank flushes on the same ticks, so the supervisor hears from all of them
-    within a few milliseconds and one dashboard long poll carries every rank's
-    rows: fewer wake-ups on cores the ranks need, and no rank's rows waiting a
-    whole redraw behind another's.
-    """
-    left = interval_s - (time.time() % interval_s)
-    # A wait that ended a hair before its tick (timeouts run on the monotonic clock, ticks on
-    # the wall clock) has already served that tick: go on to the next, never flush twice.
-    return left + interval_s if left < interval_s / 4 else left
 
 
 _current: TrainingSession | None = None
