@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ipykernel
 import pytest
+
+import nbtrain
 
 from _helpers import wait_for
 from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, start_jupyterlab
@@ -44,7 +47,59 @@ SETUP = "%load_ext nbtrain\n%ray_connect"
 
 
 # The cells of dashboards.ipynb, by index: each test runs SETUP and its own.
-LIVE, BACKGROUND, FAILING, MILLION, MANY = 1, 2, 3, 4, 5
+LIVE, BACKGROUND, FAILING, MILLION, MANY, STEERED, AFTER_STEERED = 1, 2, 3, 4, 5, 6, 7
+
+
+def steered_cell(name: str) -> str:
+    """A blocking ``%%ray_train`` cell (no ``--bg``) whose run has every control to click: an optimizer (lr),
+    a loader and checkpoints (Rewind), and steps slow enough to pause (it ends when its Stop is clicked)."""
+    return (f"%%ray_train --workers 2 --name {name}\n"
+            "import time\n"
+            "import torch\n"
+            "model = nbtrain.prepare_model(torch.nn.Linear(2, 1))\n"
+            "optimizer = nbtrain.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.05))\n"
+            "data = torch.utils.data.TensorDataset(torch.randn(20000, 2))\n"
+            "for (x,) in nbtrain.prepare_loader(torch.utils.data.DataLoader(data, batch_size=2)):\n"
+            "    optimizer.zero_grad()\n"
+            "    loss = model(x).pow(2).mean()\n"
+            "    loss.backward()\n"
+            "    optimizer.step()\n"
+            "    nbtrain.report(loss=loss.item(), lr=optimizer.param_groups[0]['lr'])\n"
+            "    if nbtrain.get_context().step % 10 == 0:\n"
+            "        nbtrain.save_checkpoint({'model': model.state_dict()})\n"
+            "    time.sleep(0.1)\n")
+
+
+def act_while_blocked(page, dashboard, run_name: str) -> dict[str, float]:
+    """Click every control of ``dashboard`` (a locator) while its cell blocks, and check each by the run's own
+    state, not by the page; the seconds from each click to the run showing it."""
+    run = nbtrain.attach(run_name)
+    wait_for(lambda: bool(run.summary().get("restore_points")), 180,
+             message=f"{run_name} to keep a restore point (its first checkpoint)")
+    acted: dict[str, float] = {}
+
+    def timed(control: str, click, done, what: str) -> None:
+        click()
+        began = time.monotonic()
+        wait_for(done, 30, interval=0.05, message=f"{run_name} to show {what} after the {control} click",
+                 describe=lambda: {key: run.summary().get(key) for key in ("state", "paused_at", "hyper", "rewinds")})
+        acted[control] = time.monotonic() - began
+
+    buttons = dashboard.locator(".nbtrain-controls button")
+    timed("Pause", lambda: buttons.filter(has_text="Pause").click(),
+          lambda: run.summary().get("paused_at") is not None, "a step every rank is paused at")
+    paused_at = run.summary()["paused_at"]
+    assert any(f"paused at step {paused_at}" in event["message"] for event in run.events), run.events[-5:]
+    timed("Resume", lambda: buttons.filter(has_text="Resume").click(),
+          lambda: run.summary().get("paused_at") is None, "its ranks going on")
+    lr = dashboard.locator(".nbtrain-controls .widget-text").filter(has_text="lr").locator("input")
+    timed("lr field", lambda: (lr.fill("0.01"), lr.press("Enter")),
+          lambda: (run.summary().get("hyper") or {}).get("lr") == [0.01], "lr 0.01 on every rank")
+    timed("Rewind", lambda: buttons.filter(has_text="Rewind").click(),
+          lambda: (run.summary().get("rewinds") or 0) >= 1, "a rewind")
+    timed("Stop", lambda: buttons.filter(has_text="Stop").click(),
+          lambda: run.summary().get("state") == "stopped", "the run stopped")
+    return acted
 MANY_STEPS = (1, 2, 3, 8, 30, 60)  # the MANY cell's runs, shown live at once, one dashboard each
 LIVE_MAY_END = "live-run-may-end"  # the LIVE run's ranks end once this file is in the lab's root
 
@@ -85,7 +140,7 @@ def lab(cluster, tmp_path_factory):
         "for run in runs:\n"
         "    run.dashboard()\n"
         "for run in runs:\n"
-        "    run.wait()\n")])
+        "    run.wait()\n"), steered_cell("browser-steered"), "print('the cell after the steered run ran')"])
     server = start_jupyterlab(root)
     yield server
     server.stop()
@@ -278,4 +333,22 @@ def test_every_run_of_many_draws_its_curves_from_its_first_rows(page, lab):
         page.screenshot(path=str(ARTIFACTS / "dashboard-many.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "dashboard-many-failure.png"), full_page=True)
+        raise
+
+
+def test_every_control_acts_while_its_cell_still_runs(page, lab):
+    """The default, blocking cell (not --bg): Pause, Resume, the lr field, Rewind and Stop each reach the run
+    while the cell's prompt is [*], and the cell queued behind it runs only once the run has ended."""
+    try:
+        run_cells(page, lab, "dashboards.ipynb", [0, STEERED, AFTER_STEERED])
+        dashboard = in_cell(page, STEERED, ".nbtrain-dashboard")
+        dashboard.locator(".nbtrain-controls").wait_for(timeout=180_000)
+        acted = act_while_blocked(page, dashboard, "browser-steered")
+        print(f"\n[JupyterLab, ipykernel {ipykernel.__version__}] seconds from click to the run acting: "
+              + ", ".join(f"{control} {seconds:.2f}" for control, seconds in acted.items()))
+        after = in_cell(page, AFTER_STEERED, ".jp-OutputArea-output")
+        after.filter(has_text="the cell after the steered run ran").wait_for(timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-controls-blocking.png"), full_page=True)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "dashboard-controls-blocking-failure.png"), full_page=True)
         raise

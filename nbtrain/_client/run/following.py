@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nbtrain._states import RunState
+from nbtrain._widget_messages import SERVE_INTERVAL_S, widget_messages_served
 
 LONG_POLL_S = 1.0  # how long one poll waits for news: here, and in a view's thread (nbtrain._views.dashboard.follower)
 VIEWS_DRAW_END_S = 30.0  # a run's end waits this long at most for its dashboards to draw it (the rows' last pages)
@@ -26,18 +28,30 @@ def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
 
     ``view_thread`` is a dashboard's follower thread: the view then does the
     polling (and redraws) and this call only waits for it, so widget updates
-    keep reaching the browser while the cell runs. ``TimeoutError`` if
-    ``timeout`` passes first; the run keeps going then.
+    keep reaching the browser while the cell runs. In a Jupyter kernel the
+    wait serves the front end's widget messages every ``SERVE_INTERVAL_S``
+    (:mod:`nbtrain._widget_messages`): the dashboard's controls act while
+    the cell runs. ``TimeoutError`` if ``timeout`` passes first; the run
+    keeps going then.
     """
+    with widget_messages_served() as serve_widgets:
+        return _wait(run, launched, timeout, view_thread, serve_widgets)
+
+
+def _wait(run: Any, launched: bool, timeout: float | None, view_thread: threading.Thread | None,
+          serve_widgets: Callable[[], None] | None) -> RunState:
     deadline = None if timeout is None else time.monotonic() + timeout
+    poll_s = LONG_POLL_S if serve_widgets is None else SERVE_INTERVAL_S  # widgets served between two polls
     try:
         while True:
+            if serve_widgets is not None:
+                serve_widgets()
             if view_thread is not None and view_thread.is_alive():
                 # the view ends its thread once it has drawn the end: returning before that (the state is
                 # terminal a moment before the last picture is drawn) let the summary land after the cell
-                view_thread.join(0.2)
+                view_thread.join(poll_s if serve_widgets is not None else 0.2)
             else:  # no view, or it gave up (lost contact): poll here
-                left = LONG_POLL_S if deadline is None else max(0.0, min(LONG_POLL_S, deadline - time.monotonic()))
+                left = poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
                 run.refresh(wait_s=left)
             state = RunState(run.reader.summary.get("state", RunState.PENDING))
             if state.is_terminal and (view_thread is None or not view_thread.is_alive()):
