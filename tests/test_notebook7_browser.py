@@ -1,4 +1,5 @@
-"""The dashboard in Notebook 7 (``jupyter notebook``), as in JupyterLab: the curves grow while a run goes.
+"""The dashboard in Notebook 7 (``jupyter notebook``), as in JupyterLab: the curves grow while a run goes,
+and its controls act while its cell blocks, under the other ipykernel major than JupyterLab's test.
 
 The notebook connects to the session's loopback cluster (the kernel inherits
 NBTRAIN_HOME). The run has no ``total_steps``, so the progress line shows
@@ -7,20 +8,27 @@ steps, elapsed time and a moving bar instead of a bar stuck at empty.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from test_dashboard_browser import (  # noqa: F401 - the fixture is used by pytest-playwright
     ARTIFACTS,
     SETUP,
+    act_while_blocked,
     browser_type_launch_args,
     plot_points,
+    steered_cell,
     wait_for_state,
     write_notebook,
 )
 
 from _helpers import wait_for
-from _jupyterlab import start_notebook7
+from _jupyterlab import REPO, start_notebook7
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 
@@ -34,22 +42,49 @@ def notebook7(cluster, tmp_path_factory):
         "for step in range(60):\n"
         "    nbtrain.report(loss=1.0 / (step + 1))\n"
         "    time.sleep(0.2)\n")])
-    server = start_notebook7(root)
+    write_notebook(root / "steer7.ipynb", [SETUP, steered_cell("notebook7-steered"),
+                                           "print('the cell after the steered run ran')"])
+    server = start_notebook7(root, env={"JUPYTER_PATH": str(other_ipykernel_spec(tmp_path_factory.mktemp("spec")))})
     yield server
     server.stop()
+
+
+def other_ipykernel() -> str:
+    """The folder that holds scripts/ipykernel-venv's ipykernel: 6 where this interpreter has 7 (made once)."""
+    python = subprocess.run([str(REPO / "scripts" / "ipykernel-venv")], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    return subprocess.run([python, "-c", "import ipykernel, os; print(os.path.dirname(os.path.dirname("
+                                         "ipykernel.__file__)))"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def other_ipykernel_spec(folder: Path) -> Path:
+    """A ``python3`` kernel spec under ``folder`` that runs this interpreter with the other ipykernel major first on
+    its path: the session cluster refuses a kernel of another environment, so the interpreter stays this one."""
+    spec = folder / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    spec.joinpath("kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (other ipykernel)", "language": "python",
+        "env": {"PYTHONPATH": os.pathsep.join([other_ipykernel(), str(REPO)])}}))
+    return folder
+
+
+def open_and_run_all(page, notebook7, notebook: str) -> None:
+    page.goto(notebook7.notebook_url(notebook))
+    page.wait_for_function(
+        "(path) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+        " return w && w.context && w.context.path === path && w.sessionContext"
+        " && w.sessionContext.session && w.sessionContext.session.kernel"
+        " && w.sessionContext.session.kernel.status === 'idle'; }", arg=notebook, timeout=120_000)
+    assert page.evaluate("() => window.jupyterapp.name") == "Jupyter Notebook"
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
 def test_curves_grow_in_notebook7(page, notebook7):
     ARTIFACTS.mkdir(exist_ok=True)
     try:
-        page.goto(notebook7.notebook_url("live7.ipynb"))
-        page.wait_for_function(
-            "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-            " return w && w.context && w.context.path === 'live7.ipynb' && w.sessionContext"
-            " && w.sessionContext.session && w.sessionContext.session.kernel"
-            " && w.sessionContext.session.kernel.status === 'idle'; }", timeout=120_000)
-        assert page.evaluate("() => window.jupyterapp.name") == "Jupyter Notebook"
-        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        open_and_run_all(page, notebook7, "live7.ipynb")
         page.wait_for_function("() => { const p = document.querySelector('.nbtrain-dashboard svg.nbtrain-chart');"
                                " return p && parseInt(p.dataset.points) > 0; }", timeout=180_000)
         first = plot_points(page)
@@ -70,4 +105,24 @@ def test_curves_grow_in_notebook7(page, notebook7):
         assert page.locator(".nbtrain-dashboard").count() == 1 and page.locator(".nbtrain-summary").count() == 0
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "notebook7-failure.png"), full_page=True)
+        raise
+
+
+def test_every_control_acts_while_its_cell_still_runs_in_notebook7(page, notebook7):
+    """As tests/test_dashboard_browser.py's test in JupyterLab, in Notebook 7 under the other ipykernel major."""
+    try:
+        open_and_run_all(page, notebook7, "steer7.ipynb")
+        version = subprocess.run([sys.executable, "-c", "import ipykernel; print(ipykernel.__version__)"],
+                                 env={**os.environ, "PYTHONPATH": other_ipykernel()}, capture_output=True, text=True,
+                                 check=True).stdout.strip()
+        dashboard = page.locator(".nbtrain-dashboard").first
+        dashboard.locator(".nbtrain-controls").wait_for(timeout=180_000)
+        acted = act_while_blocked(page, dashboard, "notebook7-steered")
+        print(f"\n[Notebook 7, ipykernel {version}] seconds from click to the run acting: "
+              + ", ".join(f"{control} {seconds:.2f}" for control, seconds in acted.items()))
+        page.locator(".jp-OutputArea-output").filter(has_text="the cell after the steered run ran").wait_for(
+            timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "notebook7-controls-blocking.png"), full_page=True)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "notebook7-controls-blocking-failure.png"), full_page=True)
         raise
