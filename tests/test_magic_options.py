@@ -186,3 +186,35 @@ def test_every_cli_commands_help_reads_as_written():
     assert len(texts) > 5
     for text in texts:
         assert "option_strings" not in text and "'prog':" not in text, text
+
+
+def _docstring_examples() -> list[tuple[str, str]]:
+    """Every ``In [n]: %magic ...`` line of the magics' docstrings (what docs/reference/magics.rst shows)."""
+    from nbtrain._views.magics import NbtrainMagics
+
+    examples = []
+    for name in ("ray_connect", "ray_train", "ray_tune", "ray_status", "ray_attach", "ray_stop"):
+        for line in (getattr(NbtrainMagics, name).__doc__ or "").splitlines():
+            found = re.match(r"\s*In \[\d+\]: (%%?)(ray_\w+)(.*)$", line)
+            if found:
+                examples.append((found.group(2), found.group(3).strip()))
+    return examples
+
+
+@pytest.mark.parametrize(("magic", "line"), _docstring_examples())
+def test_every_magic_example_in_the_docs_parses_as_written(ip, magic, line):
+    from nbtrain._views.magics import NbtrainMagics, _split_at_script
+
+    magics = NbtrainMagics(shell=ip)
+    method = getattr(magics, magic)
+    options = _split_at_script(line)[0] if magic == "ray_train" else line
+    assert magics._parse(method, options) is not None
+
+
+def test_a_trailing_comment_is_the_users_note_not_an_argument():
+    from nbtrain._views.magics import without_comment
+
+    assert without_comment("auto          # JupyterLab on the head") == "auto"
+    assert without_comment("ray://h:1 --token a#b") == "ray://h:1 --token a#b"
+    assert without_comment("--args '--tag #3' train.py") == "--args '--tag #3' train.py"
+    assert without_comment("# all of it") == ""

@@ -72,10 +72,11 @@ def test_a_restore_point_puts_model_optimizer_schedule_and_rng_back_in_place():
 def test_a_loop_nbtrain_cannot_restore_says_what_to_add():
     steering, _session = _rank()
     assert steering.points.refusal() == (
-        "rank 0's loop gives nbtrain no optimizer (nbtrain.prepare_optimizer or nbtrain.steerable) and iterates a "
-        "loader of its own (nbtrain.prepare_loader), so nbtrain cannot put it back by itself: use those, or register "
-        "@nbtrain.on_rewind def back_to(checkpoint, step, skip_batches): ... in the training function to restore it "
-        "yourself.")
+        "rank 0 has no optimizer given to nbtrain and no loader prepared by nbtrain, so nbtrain cannot restore the "
+        "model's and optimizer's state (give the optimizer: nbtrain.prepare_optimizer(optimizer) or nbtrain.steerable) "
+        "nor the loop's position in its data (give the loader: for batch in nbtrain.prepare_loader(loader)). Either "
+        "way works: use those, or register @nbtrain.on_rewind def back_to(checkpoint, step, skip_batches): ... in the "
+        "training function to restore it yourself.")
     assert steering.beat().rewind_refusal == steering.points.refusal()
     # an @on_rewind function restores what nbtrain cannot, but a rewind still needs a step to happen at
     from nbtrain._cluster.rank import rewinding
@@ -90,6 +91,20 @@ def test_a_loop_nbtrain_cannot_restore_says_what_to_add():
     finally:
         steering.unhook()
         rewinding.forget_hooks()
+
+
+def test_a_loop_with_an_optimizer_and_no_loader_is_told_only_its_position_is_missing():
+    """A loop that uses no loader at all (tensors made in the loop): not "a loader of its own"."""
+    steering, _session = _rank()
+    steering.steer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    try:
+        assert steering.points.refusal() == (
+            "rank 0 has 1 optimizer given to nbtrain and no loader prepared by nbtrain, so nbtrain cannot restore the "
+            "loop's position in its data (give the loader: for batch in nbtrain.prepare_loader(loader)). Either way "
+            "works: use those, or register @nbtrain.on_rewind def back_to(checkpoint, step, skip_batches): ... in the "
+            "training function to restore it yourself.")
+    finally:
+        steering.unhook()
 
 
 def test_the_guard_trips_once_on_a_nan_loss_a_spike_and_non_finite_gradients():

@@ -362,7 +362,9 @@ class NbtrainMagics(Magics):
 
     # ------------------------------------------------------------------ parsing
     def _parse(self, magic: Any, line: str) -> Any:
-        """Parsed options, or ``None`` after printing usage for ``--help``/``-h``."""
+        """Parsed options, or ``None`` after printing usage for ``--help``/``-h``. A trailing ``# comment`` is
+        the user's note, as users paste magics from docs: it is not an argument."""
+        line = without_comment(line)
         tokens = line.split()
         if "--help" in tokens or "-h" in tokens:
             print(magic.__doc__)
@@ -373,9 +375,23 @@ class NbtrainMagics(Magics):
             raise UsageError(_with_suggestion(str(exc), magic, line)) from None
 
 
+def without_comment(line: str) -> str:
+    """``line`` up to a ``#`` that starts a word outside quotes (``--token a#b`` keeps its ``#``)."""
+    quote = None
+    for at, char in enumerate(line):
+        if quote is not None:
+            quote = None if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "#" and (at == 0 or line[at - 1].isspace()):
+            return line[:at].rstrip()
+    return line
+
+
 def _split_at_script(line: str) -> tuple[str, str | None, list[str]]:
     """``%ray_train``'s line: the options before the script (its first ``.py`` word), the script, its
     arguments after it — as torchrun's and ``%run``'s command lines read."""
+    line = without_comment(line)
     try:
         words = shlex.split(line, posix=True)
     except ValueError as exc:

@@ -138,16 +138,22 @@ class RestorePoints:
                     f"copies (NBTRAIN_REWIND_BUDGET_MB, {BUDGET_MB:.0f} MB): register @nbtrain.on_rewind def "
                     "back_to(checkpoint, step, skip_batches): ... to load them from the checkpoint, or raise the "
                     "budget in the run's env.")
-        missing = []
-        if not self.steering.optimizers:
-            missing.append("gives nbtrain no optimizer (nbtrain.prepare_optimizer or nbtrain.steerable)")
-        if not self.session.uses_loader:
-            missing.append("iterates a loader of its own (nbtrain.prepare_loader)")
-        if not missing:
+        optimizers = len(self.steering.optimizers)
+        if optimizers and self.session.uses_loader:
             return None
-        return (f"rank {rank}'s loop {' and '.join(missing)}, so nbtrain cannot put it back by itself: use those, or "
-                "register @nbtrain.on_rewind def back_to(checkpoint, step, skip_batches): ... in the training "
-                "function to restore it yourself.")
+        has = (f"{optimizers} optimizer{'s' if optimizers > 1 else ''} given to nbtrain" if optimizers
+               else "no optimizer given to nbtrain")
+        has += " and a loader prepared by nbtrain" if self.session.uses_loader else " and no loader prepared by nbtrain"
+        lost = []
+        if not optimizers:
+            lost.append("the model's and optimizer's state (give the optimizer: nbtrain.prepare_optimizer(optimizer) "
+                        "or nbtrain.steerable)")
+        if not self.session.uses_loader:
+            lost.append("the loop's position in its data (give the loader: "
+                        "for batch in nbtrain.prepare_loader(loader))")
+        return (f"rank {rank} has {has}, so nbtrain cannot restore {' nor '.join(lost)}. Either way works: use "
+                "those, or register @nbtrain.on_rewind def back_to(checkpoint, step, skip_batches): ... in the "
+                "training function to restore it yourself.")
 
     def restore(self, to_step: int, skip: int) -> None:
         """Put this rank back to its point at ``to_step``, ``skip`` batches further on; newer points are dropped.
