@@ -19,7 +19,9 @@ import psutil
 import pytest
 
 from nbtrain._client.entry import cli, launch
+from nbtrain._client.entry.cli import jupyter_ip
 from nbtrain._client.local import local_cluster
+from nbtrain._exceptions import InvalidOptionError
 from nbtrain._net import port_is_open
 
 from _helpers import wait_for
@@ -146,3 +148,19 @@ def test_runs_skips_and_names_runs_whose_names_nbtrain_never_makes(
     for name in names[1:]:
         assert f"skipped a run named {name!r} on ray://head:10001" in said
 
+
+
+@pytest.mark.parametrize(("given", "ip", "rest"), [
+    (["demo.ipynb", "--port", "9999"], "127.0.0.1", ["demo.ipynb", "--port", "9999"]),
+    (["notebooks/01_quickstart.ipynb", "--ip", "127.0.0.1"], "127.0.0.1", ["notebooks/01_quickstart.ipynb"]),
+    (["--ip=0.0.0.0", "--no-browser"], "0.0.0.0", ["--no-browser"]),
+    (["--ServerApp.ip", "::1"], "::1", []),
+])
+def test_lab_passes_the_users_ip_once(given, ip, rest):
+    """Jupyter refused `nbtrain lab NB --ip 127.0.0.1` ("only accepts one value, got 2") after the cluster started."""
+    assert jupyter_ip(given) == (ip, rest)
+
+
+def test_an_ip_flag_without_an_address_is_refused_before_anything_starts():
+    with pytest.raises(InvalidOptionError, match=r"--ip needs an address, e.g. --ip=127.0.0.1"):
+        jupyter_ip(["--ip", "--no-browser"])

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrain import _json
 from nbtrain._client.local import added_nodes, local_cluster, local_nodes
+from nbtrain._exceptions import InvalidOptionError
 from nbtrain._states import TERMINAL_STATE_NAMES
 
 if TYPE_CHECKING:
@@ -265,14 +266,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_lab(args: argparse.Namespace) -> int:
     """JupyterLab on 127.0.0.1, its kernels pointed at a cluster: ``$RAY_ADDRESS`` when set, else the
     embedded local cluster (started or reused). Every argument after ``lab`` goes to Jupyter as is."""
-    jupyter_args: list[str] = list(args.jupyter_args)
+    ip, jupyter_args = jupyter_ip(list(args.jupyter_args))  # read before the cluster starts: a flag given once
+    if ip != "127.0.0.1":
+        _say(f"JupyterLab listens on {ip}, as --ip asked: anyone who reaches that address and has the token "
+             "can run code here.")
     address = os.environ.get("RAY_ADDRESS")
     if address:
-        _say(f"JupyterLab on 127.0.0.1; notebooks connect to $RAY_ADDRESS={address} (no local cluster started)")
+        _say(f"JupyterLab on {ip}; notebooks connect to $RAY_ADDRESS={address} (no local cluster started)")
     else:
         address = local_cluster.start(progress=_say).connect_address
-        _say(f"JupyterLab on 127.0.0.1 with the local Ray cluster at {address}")
-    command = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", *jupyter_args]
+        _say(f"JupyterLab on {ip} with the local Ray cluster at {address}")
+    command = [sys.executable, "-m", "jupyterlab", f"--ip={ip}", *jupyter_args]
     if not _names_a_path(jupyter_args) and (notebook := _default_notebook()) is not None:
         command.append(str(notebook))
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in jupyter_args:
@@ -280,6 +284,28 @@ def cmd_lab(args: argparse.Namespace) -> int:
         _say("Running as root: JupyterLab is started with --allow-root.")
         command.append("--allow-root")
     return _run_forwarding_signals(command, {**os.environ, "RAY_ADDRESS": address})
+
+
+_IP_FLAGS = ("--ip", "--ServerApp.ip", "--NotebookApp.ip")
+
+
+def jupyter_ip(jupyter_args: list[str]) -> tuple[str, list[str]]:
+    """The address JupyterLab listens on (the user's ``--ip``, else 127.0.0.1), and the other arguments: Jupyter
+    refuses an ``--ip`` given twice ("only accepts one value"), so nbtrain passes the one it was given."""
+    ip, rest = "127.0.0.1", []
+    arguments = iter(jupyter_args)
+    for argument in arguments:
+        flag, equals, value = argument.partition("=")
+        if flag not in _IP_FLAGS:
+            rest.append(argument)
+            continue
+        if not equals:
+            value = next(arguments, "")
+        if not value or value.startswith("-"):
+            msg = f"nbtrain lab: {flag} needs an address, e.g. {flag}=127.0.0.1 (the default)."
+            raise InvalidOptionError(msg)
+        ip = value
+    return ip, rest
 
 
 def _names_a_path(jupyter_args: list[str]) -> bool:
