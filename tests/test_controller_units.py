@@ -21,8 +21,8 @@ import pytest
 from nbtrain._cluster.commands import Command
 from nbtrain._cluster.elastic.policy import Resize
 from nbtrain._cluster.feed.feed import RunFeed
-from nbtrain._cluster.run.controller import RunController
-from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Succeeded
+from nbtrain._cluster.run.controller import NO_ROWS_AFTER_S, RunController, no_rows_note_due
+from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Stopped, Succeeded
 from nbtrain._cluster.run.worker_group import StopRequested
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
@@ -282,3 +282,13 @@ def test_a_fixed_size_run_refuses_drain_and_never_resizes(tmp_path):
     assert not controller.checkpoint_wanted(1)
     with pytest.raises(NbtrainError):
         controller.sizing.resize(Resize(1, "no"))
+
+
+def test_the_no_rows_note_is_said_only_of_code_that_had_time_to_report():
+    """A run stopped 3 s in (its kernel shut down) was told its code reports nothing, though its cell reports."""
+    assert no_rows_note_due(Stopped(), 3.0, rows=0, said_before=False) is False
+    assert no_rows_note_due(Failed([Failure(0, "raised", "boom")]), 3.0, rows=0, said_before=False) is False
+    assert no_rows_note_due(Succeeded([]), 0.5, rows=0, said_before=False) is True  # it returned without reporting
+    assert no_rows_note_due(Stopped(), NO_ROWS_AFTER_S, rows=0, said_before=False) is True
+    assert no_rows_note_due(Succeeded([]), 100.0, rows=1, said_before=False) is False
+    assert no_rows_note_due(Succeeded([]), 100.0, rows=0, said_before=True) is False  # said once per run

@@ -49,7 +49,17 @@ NO_ROWS_NOTE = ("No metric rows came from this run: its code reports nothing nbt
                 "curves (the ranks' logs are there). For live curves call nbtrain.report(loss=...) in the training "
                 "loop, or write scalars with torch.utils.tensorboard.SummaryWriter(...).add_scalar(tag, value, step): "
                 "each rank's become its rows.")
+NO_ROWS_AFTER_S = 60.0  # a stopped or failed attempt shorter than this had no time to report: it gets no such note
 FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long without one
+
+
+def no_rows_note_due(outcome: Outcome, ran_s: float, rows: int, said_before: bool) -> bool:
+    """Whether :data:`NO_ROWS_NOTE` is true of an attempt that sent ``rows`` rows in ``ran_s`` s of running: its
+    code returned without reporting, or it ran ``NO_ROWS_AFTER_S`` before it was stopped or failed (a run stopped
+    3 s in, its kernel shut down, had not reached its first ``report()``)."""
+    if rows or said_before:
+        return False
+    return isinstance(outcome, Succeeded) or ran_s >= NO_ROWS_AFTER_S
 
 
 def unsent_note(rank: int, unsent: dict[str, float]) -> str:
@@ -340,13 +350,15 @@ class RunController:
                                                                      "environment"), retriable=False)])
         try:
             self.transition(RunState.RUNNING)
+            running_since = time.monotonic()
             outcome = group.watch(self.table, self._interrupt)
             # pushes travel beside the outcome: let the last rows land before readers see the end
             self.feed.wait_for_pushes(self.attempt, group.pushes, FINAL_PUSHES_IDLE_S)
             for rank, unsent in sorted(group.unsent.items()):
                 if unsent["rows"] or unsent["logs"]:
                     self.feed.event("note", unsent_note(rank, unsent), self.attempt)
-            if self.feed.row_count == 0 and not any(e["message"] == NO_ROWS_NOTE for e in self.feed.events):
+            if no_rows_note_due(outcome, time.monotonic() - running_since, self.feed.row_count,
+                                any(e["message"] == NO_ROWS_NOTE for e in self.feed.events)):
                 self.feed.event("note", NO_ROWS_NOTE, self.attempt)
             return outcome
         finally:
