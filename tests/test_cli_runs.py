@@ -207,3 +207,14 @@ def test_the_lab_server_lists_runs_from_their_files_with_what_only_the_cluster_k
     runner.answers.store(gone, json.dumps(answer), received=time.time())
     served = {run["name"]: run for run in runner.runs()}
     assert (served["done-run"]["progress"]["step"], served["done-run"]["source"]) == (12, "cluster")
+
+
+def test_runs_live_with_no_cluster_up_says_so_and_starts_none(home: Path) -> None:
+    """`nbtrain runs --live` on a home whose cluster is down started one only to ask it; it says there is none."""
+    done = nbtrain(_env(home), "runs", "--live")
+    assert done.returncode != 0
+    assert "no cluster is up to ask" in done.stderr + done.stdout and "`nbtrain runs` lists" in done.stderr + done.stdout
+    status = subprocess.run([sys.executable, "-c", "from nbtrain._client.local import local_cluster; "
+                             "print(local_cluster.status())"], env=_env(home), capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert status.stdout.strip() == "None", "a cluster was started"

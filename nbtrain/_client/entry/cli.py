@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbtrain import _json
 from nbtrain._client.local import added_nodes, local_cluster, local_nodes
-from nbtrain._exceptions import InvalidOptionError
+from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._states import TERMINAL_STATE_NAMES
 
 if TYPE_CHECKING:
@@ -96,7 +96,13 @@ def cmd_runs(args: argparse.Namespace) -> int:
     """From this home's files (:mod:`nbtrain._client.run_index`), without connecting; ``--live`` (or a cluster
     named with ``--address``) asks the cluster, as the lab's agent does."""
     if args.live or args.address:
-        answer = cluster_answer(_connect(_address_for(None, args.address)))
+        address = _address_for(None, args.address)
+        if address is None and local_cluster.status() is None:  # connecting would start one only to ask it
+            msg = ("nbtrain runs --live: no cluster is up to ask (the embedded local cluster is not running and "
+                   "neither --address nor $RAY_ADDRESS names another). `nbtrain runs` lists the runs from their "
+                   "files; `nbtrain cluster start` starts the local cluster.")
+            raise NbtrainError(msg)
+        answer = cluster_answer(_connect(address))
     else:
         from nbtrain._client.run_index import index_answer
 
@@ -197,7 +203,6 @@ def sweep_records(address: str) -> list[dict[str, Any]] | None:
     "waiting_for", "run"}, ...]}``; ``run`` is the trial's run name (None until it started).
     """
     from nbtrain._client.entry.sweep import attach_sweep, sweeps
-    from nbtrain._exceptions import NbtrainError
 
     try:
         listed = sweeps()
@@ -232,7 +237,6 @@ def _warm_summary() -> dict[str, Any]:
 
 def _attached(args: argparse.Namespace, verb: str) -> Run:
     from nbtrain._client.entry.launch import attach
-    from nbtrain._exceptions import NbtrainError
 
     address = _address_for(args.name, args.address)
     if address is None:  # connecting without one would start a local cluster, where the run is not
@@ -417,7 +421,6 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(func=cmd_lab, jupyter_args=argv[1:])
     else:
         args = build_parser().parse_args(argv)
-    from nbtrain._exceptions import NbtrainError
 
     try:
         return int(args.func(args))
