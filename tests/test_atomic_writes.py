@@ -61,3 +61,28 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary_one(tmp_path:
         write_atomic(target, "not bytes", durable=True)  # type: ignore[arg-type]
     assert target.read_bytes() == b"kept"
     assert os.listdir(tmp_path) == ["summary.json"]
+
+
+def test_a_sweep_trials_checkpoint_is_whole_or_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Population Based Training copies a trial's checkpoint into another: a save cut short (its meta never
+    written) is no checkpoint, and a whole one carries the run's bytes and where they came from."""
+    from nbtrain._cluster.sweep.tune_trial import CHECKPOINT_FILE, NbtrainTrial
+
+    saver = object.__new__(NbtrainTrial)
+    saver._run, saver.run_name, saver._last_result = object(), "sweep-t0", {"loss": 0.5}
+    monkeypatch.setattr(saver, "_latest_checkpoint", lambda: ({"step": 40}, b"weights"), raising=False)
+    cut_short = tmp_path / "cut-short"
+    cut_short.mkdir()
+    (cut_short / CHECKPOINT_FILE).write_bytes(b"wei")  # the data half-written, the meta never
+    loader = object.__new__(NbtrainTrial)
+    loader._spec = "untouched"
+    loader.load_checkpoint(str(cut_short))
+    assert loader._spec == "untouched", "a checkpoint cut short was taken for one"
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    saver.save_checkpoint(str(saved))
+    assert sorted(os.listdir(saved)) == ["nbtrain-checkpoint.bin", "nbtrain-checkpoint.json"]
+    assert (saved / CHECKPOINT_FILE).read_bytes() == b"weights"
+    assert read_json(saved / "nbtrain-checkpoint.json") == {"step": 40, "from_run": "sweep-t0",
+                                                            "last_result": {"loss": 0.5}}

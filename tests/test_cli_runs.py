@@ -213,7 +213,8 @@ def test_runs_live_with_no_cluster_up_says_so_and_starts_none(home: Path) -> Non
     """`nbtrain runs --live` on a home whose cluster is down started one only to ask it; it says there is none."""
     done = nbtrain(_env(home), "runs", "--live")
     assert done.returncode != 0
-    assert "no cluster is up to ask" in done.stderr + done.stdout and "`nbtrain runs` lists" in done.stderr + done.stdout
+    said = done.stderr + done.stdout
+    assert "no cluster is up to ask" in said and "`nbtrain runs` lists" in said
     status = subprocess.run([sys.executable, "-c", "from nbtrain._client.local import local_cluster; "
                              "print(local_cluster.status())"], env=_env(home), capture_output=True, text=True,
                             timeout=60, check=True)

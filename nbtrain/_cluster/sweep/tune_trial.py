@@ -26,6 +26,7 @@ from ray import tune
 
 from nbtrain._cluster.names import NAMESPACE, sweep_actor_name, trial_run_name
 from nbtrain._cluster.spec import RunSpec
+from nbtrain._paths import write_atomic
 from nbtrain._ray_compat import on_head_node
 
 POLL_WAIT_S = 5.0
@@ -197,9 +198,10 @@ class NbtrainTrial(tune.Trainable):
         if found is None:
             return
         meta, data = found
-        Path(checkpoint_dir, CHECKPOINT_FILE).write_bytes(data)
-        Path(checkpoint_dir, CHECKPOINT_META).write_text(json.dumps({**meta, "from_run": self.run_name,
-                                                                    "last_result": self._last_result}))
+        # each file whole, the meta last: a save cut short (the trial's node lost) leaves no meta, and no checkpoint
+        write_atomic(Path(checkpoint_dir, CHECKPOINT_FILE), data, durable=True)
+        write_atomic(Path(checkpoint_dir, CHECKPOINT_META), json.dumps(
+            {**meta, "from_run": self.run_name, "last_result": self._last_result}).encode("utf-8"), durable=True)
 
     def _latest_checkpoint(self) -> tuple[dict[str, Any], bytes] | None:
         from nbtrain._cluster.storage import storage_uri
@@ -219,10 +221,10 @@ class NbtrainTrial(tune.Trainable):
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """Start this trial's next run from another trial's checkpoint (PBT's exploit), under a new name."""
-        data_path = Path(checkpoint_dir, CHECKPOINT_FILE)
-        if not data_path.exists():
-            return  # the other trial had not saved yet: start from scratch with the new config
-        meta = json.loads(Path(checkpoint_dir, CHECKPOINT_META).read_text())
+        data_path, meta_path = Path(checkpoint_dir, CHECKPOINT_FILE), Path(checkpoint_dir, CHECKPOINT_META)
+        if not meta_path.exists():
+            return  # the other trial had not saved (whole) yet: start from scratch with the new config
+        meta = json.loads(meta_path.read_text())
         self._last_result = meta.pop("last_result", {})
         self.run_name = f"{self._first_run_name}-i{self.iteration}"
         options = dataclasses.replace(self._spec.options, name=self.run_name)
