@@ -32,7 +32,8 @@ from nbtrain._exceptions import InvalidOptionError
 from nbtrain._guards import checked_guard
 from nbtrain._packing.runtime_env import check_runtime_env
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+NAME_MAX_LENGTH = 100  # a run's or sweep's name
+NAME_PATTERN = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NAME_MAX_LENGTH - 1}}}$")
 ON_STALL_CHOICES = ("warn", "fail", "restart")
 BACKEND_CHOICES = ("gloo", "nccl")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -340,7 +341,7 @@ def _check_storage(value: Any) -> None:
 def _check_name(name: str | None) -> None:
     if name is not None and (not isinstance(name, str) or not NAME_PATTERN.match(name)):
         raise InvalidOptionError(_problem("name", "letters, digits, '-', '_' or '.', starting with a letter or "
-                                                  "digit (at most 100 characters)", name))
+                                                  f"digit (at most {NAME_MAX_LENGTH} characters)", name))
 
 
 def _check_whole(name: str, value: Any, minimum: int) -> None:

@@ -129,3 +129,16 @@ def test_a_bad_magic_value_is_a_usage_error_naming_the_flag():
     result = shell.run_cell("%%ray_train --flush-interval 0\nx = 1\n")
     assert isinstance(result.error_in_exec, UsageError)
     assert "flush_interval_s (--flush-interval) must be between 0.01 and 10 seconds" in str(result.error_in_exec)
+
+
+def test_a_numbered_name_near_the_length_limit_is_still_a_valid_name():
+    """A 99-character name of an ended run: its next run failed once "-2" made it 101 characters long."""
+    from nbtrain._client.launching.checks import numbered_name
+    from nbtrain._options import NAME_MAX_LENGTH, NAME_PATTERN
+
+    for name in ("r" * (NAME_MAX_LENGTH - 1), "r" * NAME_MAX_LENGTH):
+        first = numbered_name(name, set())
+        assert first == "r" * (NAME_MAX_LENGTH - 2) + "-2" and NAME_PATTERN.match(first)
+        second = numbered_name(name, {first})
+        assert second == "r" * (NAME_MAX_LENGTH - 2) + "-3" and NAME_PATTERN.match(second)
+    assert numbered_name("short", {"short-2"}) == "short-3"

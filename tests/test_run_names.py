@@ -114,3 +114,4 @@ def test_a_sweep_under_an_ended_sweeps_name_is_name_2(cluster, capfd: pytest.Cap
     assert second.state == "succeeded" and second.trials[0].run.name == "swept-2-t0"
     old = nbtrain.attach_sweep("swept")
     assert old.trials[0].config["q"] == 1.0 and old.trials[0].run.name == "swept-t0"
+

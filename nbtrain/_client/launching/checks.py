@@ -18,7 +18,7 @@ from nbtrain._client.launching.serialization import check_values
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import storage_uri
 from nbtrain._exceptions import NbtrainError, StorageError
-from nbtrain._options import RunOptions
+from nbtrain._options import NAME_MAX_LENGTH, RunOptions
 from nbtrain._packing import code_origin
 from nbtrain._packing.runtime_env import local_paths
 
@@ -53,8 +53,10 @@ def name_taken(name: str, address: str, state: str | None = None) -> str:
 
 
 def numbered_name(name: str, taken: set[str]) -> str:
-    """The first of ``NAME-2``, ``NAME-3``… not in ``taken``: a new run (or sweep) under an ended one's name."""
-    return next(f"{name}-{n}" for n in itertools.count(2) if f"{name}-{n}" not in taken)
+    """The first of ``NAME-2``, ``NAME-3``… not in ``taken``: a new run (or sweep) under an ended one's name. A name
+    near the length limit gives up its last characters to the number, so the new name is still a valid one."""
+    numbered = (name[:NAME_MAX_LENGTH - len(f"-{n}")] + f"-{n}" for n in itertools.count(2))
+    return next(candidate for candidate in numbered if candidate not in taken)
 
 
 def ended_note(asked: str, name: str, kind: str = "run") -> str:
