@@ -230,3 +230,13 @@ def _parent_ident(kernel: Any) -> Any:
         return getter(kernel._shell_parent_ident)
     idents = getattr(kernel, "_parent_ident", None)
     return idents.get("shell") if isinstance(idents, dict) else idents
+
+
+def join_serving_widgets(thread: threading.Thread) -> None:
+    """``thread.join()``, serving this kernel's widget messages meanwhile: a blocking ``%%ray_tune`` cell's Stop
+    trial and Stop sweep act while it waits for its dashboard's thread."""
+    with widget_messages_served() as serve:
+        while thread.is_alive():
+            if serve is not None:
+                serve()
+            thread.join(SERVE_INTERVAL_S if serve is not None else None)

@@ -132,3 +132,34 @@ def test_the_cell_after_a_blocked_cell_that_fails_is_not_run(kernel):
     blocked, queued, streams, statuses = _click_while_blocked(client, after="raise RuntimeError('the run failed')")
     assert statuses == {blocked: "error", queued: "aborted"}, (version, statuses)
     assert [text.strip() for _cell, text in streams] == ["served while the cell ran: ['open', 'pause']"], version
+
+
+class _Ipykernel7Shape:
+    """A stand-in for ipykernel 7's kernel: its shell channel thread forwards over an in-process socket pair."""
+
+    class shell_channel_thread:
+        class manager:
+            class _shell_channel_to_main:
+                to_socket = object()
+
+
+class _Ipykernel6Shape:
+    """A stand-in for ipykernel 6's kernel: a queue that ``do_one_iteration`` takes one message from."""
+
+    def __init__(self) -> None:
+        self.shell_handlers: dict[str, Any] = {}
+
+    async def do_one_iteration(self) -> None:
+        return None
+
+
+@pytest.mark.quick
+def test_which_kernel_internals_hold_the_messages_is_decided_by_their_shape(monkeypatch):
+    from nbtrain import _widget_messages
+
+    assert _widget_messages._shape(_Ipykernel7Shape()) == "socket"
+    assert _widget_messages._shape(_Ipykernel6Shape()) == "queue"
+    assert _widget_messages._shape(object()) is None  # another kernel: nothing served, and the dashboard says so
+    assert _widget_messages._shape(None) is None      # a terminal or a script
+    monkeypatch.setenv(_widget_messages.OFF_VARIABLE, "0")
+    assert _widget_messages._kernel() is None

@@ -25,12 +25,14 @@ from nbtrain._packing.code_origin import cell_name
 from nbtrain._packing.script import ScriptProgram
 from nbtrain._views.cell_program import CellProgram, imported_modules, referenced_names
 from nbtrain._views.connect_token import token_from_flags
+from nbtrain._views.dashboard.front_end import in_notebook
 from nbtrain._views.magic_flags import (
     options_from_args,
     run_option_flags,
     sweep_option_flags,
     sweep_options_from_args,
 )
+from nbtrain._widget_messages import join_serving_widgets, widgets_served_while_blocked
 
 
 def _ends_the_cell(error: NbtrainError, tracebacks_shown: bool = False) -> NbtrainError:
@@ -172,6 +174,10 @@ class NbtrainMagics(Magics):
             run.dashboard()
             return None
         view = run.dashboard(follow="background")
+        if in_notebook() and not widgets_served_while_blocked():  # the controls must not look as if they acted
+            view.note_problem("This kernel handles the dashboard's controls only after the cell ends: "
+                              "steer this run from another notebook (nbtrain.attach), or run it with --bg.",
+                              colour="#ff7f0e")
         try:
             block_until_done(run, launched=True, view_thread=view.thread)
         except KeyboardInterrupt:
@@ -250,7 +256,7 @@ class NbtrainMagics(Magics):
         if not options.wait:
             return None
         try:
-            view.thread.join()
+            join_serving_widgets(view.thread)
         except KeyboardInterrupt:
             print(f"Stopping sweep {sweep.name!r}…")
             print(f"Sweep {sweep.name!r} {sweep.stop()}.")

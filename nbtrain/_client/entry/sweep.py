@@ -19,6 +19,7 @@ from nbtrain._client.head_tasks import on_head
 from nbtrain._client.run.handle import Run
 from nbtrain._cluster.names import NAMESPACE, sweep_actor_name
 from nbtrain._exceptions import NbtrainError, RunNotFoundError, SweepFailedError
+from nbtrain._widget_messages import SERVE_INTERVAL_S, widget_messages_served
 
 POLL_TIMEOUT_S = 30.0
 TRIAL_STOP_S = 70.0  # the sweep's supervisor gives a trial's run 60 s to stop
@@ -183,12 +184,16 @@ class Sweep:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         answer = self.refresh()
-        while answer.get("state") not in TERMINAL:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                msg = f"sweep {self.name!r} is still {answer.get('state')} after {timeout:g} s"
-                raise TimeoutError(msg)
-            answer = self.refresh(wait_s=min(left or 5.0, 5.0))
+        with widget_messages_served() as serve_widgets:  # the sweep's dashboard, shown above, acts meanwhile
+            poll_s = 5.0 if serve_widgets is None else SERVE_INTERVAL_S
+            while answer.get("state") not in TERMINAL:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    msg = f"sweep {self.name!r} is still {answer.get('state')} after {timeout:g} s"
+                    raise TimeoutError(msg)
+                if serve_widgets is not None:
+                    serve_widgets()
+                answer = self.refresh(wait_s=min(left or poll_s, poll_s))
         self.raise_if_failed()
         return str(answer["state"])
 
