@@ -1,5 +1,5 @@
 """What a run keeps beyond its live summary, read when asked: every metric row as one DataFrame, the
-workers' printed output, the training function's return values, its checkpoints.
+workers' printed output, the training function's return values, its checkpoints, the files its ranks wrote.
 
 :class:`RunFiles` is the part of :class:`~nbtrain.Run` that fetches these whole, page by page (the run's
 :class:`~nbtrain._client.run.reader.RunReader` holds only a window of the latest rows and log chunks); it only reads.
@@ -7,11 +7,13 @@ workers' printed output, the training function's return values, its checkpoints.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
+from nbtrain._client.run import written
 from nbtrain._client.run.checkpoint_files import load_in_notebook, local_checkpoint_dir
 from nbtrain._client.run.history_branches import rewinds_of, superseded_column
 from nbtrain._client.run.reader import RunReader
@@ -166,3 +168,52 @@ class RunFiles:
         """
         found = self._call("latest_checkpoint", timeout=READ_TIMEOUT_S)
         return None if found is None else local_checkpoint_dir(self.name, *found)
+
+    def files(self) -> list[written.RunFile]:
+        """The files the run's ranks wrote in the folder they worked in, on every node that ran ranks.
+
+        On the embedded cluster the ranks work in the notebook's folder: the files modified there while
+        the run went are listed. Elsewhere (a remote cluster, another machine) they work in the run's own
+        folder on their node, ``files/`` in its run directory: all its files are listed. A file's name is
+        its path relative to that folder; ``ranks`` are the ranks that worked there (a node's ranks share
+        its folder, as under torchrun).
+
+        Returns:
+            A list of ``RunFile`` (``name``, ``size``, ``modified``, ``ranks``, ``node``, ``folder``), by name.
+
+        Raises:
+            NbtrainError: a node that ran ranks has left the cluster (its files with it), or the run's
+                ``runtime_env`` has a ``working_dir`` (Ray's copy is the ranks' folder; nbtrain does not track it).
+
+        Example::
+
+            [f.name for f in run.files()]        # ['metrics.csv', 'plots/loss.png']
+            run.download("plots/*.png", to="results")
+        """
+        return written.list_files(self.name, self.reader.fetch_summary())
+
+    def download(self, name_or_pattern: str, to: str | os.PathLike[str] = ".") -> list[Path]:
+        """Bring files the run's ranks wrote (see :meth:`files`) to this machine, from a remote cluster too.
+
+        Args:
+            name_or_pattern: a file's name as :meth:`files` lists it (``"plots/loss.png"``) or a pattern
+                (``"*.csv"``, ``"plots/*"``); a name that leads outside the run's folder (absolute, ``..``)
+                is refused.
+            to: the folder the files land in, keeping their relative paths (made if missing). A name that
+                more than one node's ranks wrote lands once per node, under the node's name.
+
+        Returns:
+            The paths written, each whole (written under a temporary name, then renamed). A large
+            download shows a progress bar.
+
+        Raises:
+            InvalidOptionError: ``name_or_pattern`` leads outside the run's folder.
+            NbtrainError: no file matches (the message lists some that do exist), or a node has gone.
+
+        Example::
+
+            paths = run.download("*.csv", to="results")
+        """
+        summary = self.reader.fetch_summary()
+        picked = written.chosen(self.name, written.list_files(self.name, summary), name_or_pattern)
+        return written.download(self.name, summary, picked, to)

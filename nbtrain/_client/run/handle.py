@@ -9,6 +9,7 @@ through ``run.reader``. Reading never writes: not the registry, not a file.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from nbtrain._client.run.reader import _readable as _readable
 from nbtrain._client.run.rewinds import RunRewinds
 from nbtrain._client.run.row_rules import RowRule
 from nbtrain._client.run.stored import StoredRunHandle
+from nbtrain._client.run.written import RunFile
 from nbtrain._cluster.names import wait_until_name_free
 from nbtrain._exceptions import NbtrainError, RunFailedError
 from nbtrain._states import RunState
@@ -187,6 +189,14 @@ class Run:
     @_doc_of(RunFiles.checkpoint_dir)
     def checkpoint_dir(self) -> Path | None:
         return self._files.checkpoint_dir()
+
+    @_doc_of(RunFiles.files)
+    def files(self) -> list[RunFile]:
+        return self._files.files()
+
+    @_doc_of(RunFiles.download)
+    def download(self, name_or_pattern: str, to: str | os.PathLike[str] = ".") -> list[Path]:
+        return self._files.download(name_or_pattern, to)
 
     # ------------------------------------------------------------------ looking inside
     @_doc_of(RunDebugging.debug)

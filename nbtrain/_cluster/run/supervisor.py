@@ -368,7 +368,18 @@ class RunSupervisor:
             "changes": run.steering.changes(),
             "guard": run.steering.guard(),
             "rewinds": sum(1 for command in run.steering.rewinds() if command.applied_step is not None),
+            "files": self._files_folder(),
         }
+
+    def _files_folder(self) -> dict[str, Any] | None:
+        """Where the ranks work (``run.files()``): the launching folder and the run's directory, from which each
+        node chooses (see ``run_folder``); None where a ``runtime_env`` ``working_dir`` is their folder."""
+        spec = self._run.spec
+        if "working_dir" in (spec.options.runtime_env or {}):
+            return None
+        launch = spec.launch_folder
+        return {"launch": launch.path if launch else None, "launch_host": launch.host if launch else None,
+                "run_dir": str(self._storage.dir)}
 
     def config(self) -> bytes:
         """The run's whole config, cloudpickled (summaries carry only ``config_summary``: they are sent on
