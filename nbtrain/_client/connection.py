@@ -30,6 +30,7 @@ from nbtrain._client.local import local_cluster, local_head
 from nbtrain._client.version_check import check_ray_supported
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
+from nbtrain._progress_line import progress_line
 from nbtrain._ray_compat import (
     client_session_lost,
     driver_token,
@@ -193,7 +194,7 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
         cluster = nbtrain.connect("ray://head:10001")     # remote, over Ray Client
         cluster = nbtrain.connect("auto")                 # a kernel on the cluster, as a Ray driver
     """
-    say = progress or _default_progress
+    say = progress or progress_line()
     cluster = open_session(address, token=token, num_cpus=num_cpus, num_gpus=num_gpus, progress=say, timeout=timeout)
     try:
         record_connection(cluster.address, cluster.kind)

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import re
 import shlex
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -23,6 +24,7 @@ from nbtrain._exceptions import NbtrainError, RunFailedError, SweepFailedError
 from nbtrain._packing import shipping
 from nbtrain._packing.code_origin import cell_name
 from nbtrain._packing.script import ScriptProgram
+from nbtrain._progress_line import progress_line
 from nbtrain._views.cell_program import CellProgram, imported_modules, referenced_names
 from nbtrain._views.connect_token import token_from_flags
 from nbtrain._views.dashboard.front_end import in_notebook
@@ -95,7 +97,7 @@ class NbtrainMagics(Magics):
         token = token_from_flags(args)
         try:
             cluster = connection.connect(args.address, token=token, num_cpus=args.num_cpus,
-                                          num_gpus=args.num_gpus, progress=_print_now)
+                                          num_gpus=args.num_gpus, progress=progress_line(sys.stdout))
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
         print(f"Connected: {cluster.describe()}")
@@ -421,10 +423,6 @@ def _with_suggestion(message: str, magic: Any, line: str) -> str:
     prefix = "%%" if name in ("ray_train", "ray_tune") else "%"
     fix = f" ({'; '.join(hints)})" if hints else ""
     return f"{prefix}{name}: {message}{fix}. See `{prefix}{name} --help` for every option."
-
-
-def _print_now(message: str) -> None:
-    print(message, flush=True)
 
 
 def register(ipython: Any) -> None:
