@@ -35,6 +35,16 @@ def test_bounds_come_from_the_cluster(cluster):
     assert panel.workers.max == 2
 
 
+def test_a_page_without_widgets_shows_the_forms_fields_not_its_widgets_repr(cluster):
+    """Tutorial 04's saved page showed `VBox(children=(HBox(children=(VBox(...` under "The form"."""
+    panel = nbtrain.LaunchPanel(train_steps, config=CONFIG)
+    shown = panel._repr_mimebundle_()
+    assert shown["application/vnd.jupyter.widget-view+json"]["model_id"] == panel.widget.model_id
+    assert "VBox" not in shown["text/plain"] and "train_steps" in shown["text/plain"]
+    assert "VBox" not in shown["text/html"]
+    assert "<code>0.01</code>" in shown["text/html"] and "<code>sgd</code>" in shown["text/html"]
+
+
 def test_invalid_values_block_launch_with_a_message(cluster):
     panel = nbtrain.LaunchPanel(train_steps, config=CONFIG)
     panel.config_controls["tag"].value = "  "

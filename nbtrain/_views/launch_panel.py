@@ -9,6 +9,7 @@ appears under the panel.
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections.abc import Callable
@@ -120,10 +121,26 @@ class LaunchPanel:
         self.widget.add_class("nbtrain-launch-panel")
         self.validate()
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The live form where widgets show; where they do not (a saved page, nbconvert's HTML, the docs), the
+        form's fields as they stand, not the widgets' ``VBox(children=...)``."""
+        return {"application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0,
+                                                             "model_id": self.widget.model_id},
+                "text/html": self.summary_html(),
+                "text/plain": f"nbtrain launch panel for {getattr(self.train_fn, '__name__', 'a function')} "
+                              "(a form of widgets; it is live in a running notebook)"}
 
-        display(self.widget)
+    def summary_html(self) -> str:
+        """The form's fields and their values, as a small table: what a page without widgets shows."""
+        fields = [(self.workers.description, self.workers.value), (self.cpus.description, self.cpus.value),
+                  (self.gpus.description, self.gpus.value), (self.name.description, self.name.value or "(automatic)"),
+                  (self.max_failures.description, self.max_failures.value), ("mode", self.mode.value),
+                  *((key, control.value) for key, control in self.config_controls.items())]
+        rows = "".join(f"<tr><td>{html.escape(str(label))}</td><td><code>{html.escape(str(value))}</code></td></tr>"
+                       for label, value in fields)
+        return (f'<div class="nbtrain-launch-panel-summary"><b>nbtrain launch panel</b> for '
+                f"<code>{html.escape(getattr(self.train_fn, '__name__', 'a function'))}</code> "
+                f"(live in a running notebook)<table>{rows}</table></div>")
 
     # ------------------------------------------------------------------ form state
     def _rebound_workers(self, _change: Any = None) -> None:
