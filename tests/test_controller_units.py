@@ -292,3 +292,18 @@ def test_the_no_rows_note_is_said_only_of_code_that_had_time_to_report():
     assert no_rows_note_due(Stopped(), NO_ROWS_AFTER_S, rows=0, said_before=False) is True
     assert no_rows_note_due(Succeeded([]), 100.0, rows=1, said_before=False) is False
     assert no_rows_note_due(Succeeded([]), 100.0, rows=0, said_before=True) is False  # said once per run
+
+
+def test_a_dead_ranks_last_printed_lines_are_in_the_runs_error(tmp_path):
+    """A rank whose process died leaves no traceback: the error names it and shows what it printed last."""
+    def prints_then_dies(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        feed.accept(1, attempt.number, 1, [], [("stdout", time.time(), "epoch 3\nloading shard 7\n")])
+        feed.accept(0, attempt.number, 1, [], [("stdout", time.time(), "rank 0 is fine\n")])
+        return Failed([Failure(1, "died", "Rank 1's worker process died (pid 1001 on 10.0.0.2): SIGKILL")])
+
+    controller, ended = make_controller(tmp_path, FakeWorkerGroups(prints_then_dies), workers=2)
+    feed = controller.feed
+    assert run_to_end(controller, ended) == RunState.FAILED
+    assert controller.error.startswith("Rank 1's worker process died (pid 1001 on 10.0.0.2): SIGKILL")
+    assert controller.error.endswith("--- rank 1's last lines before its process died (attempt 1) ---\n"
+                                     "epoch 3\nloading shard 7")

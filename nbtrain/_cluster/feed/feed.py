@@ -182,6 +182,19 @@ class RunFeed:
                     return False
                 self.changed.wait(timeout=left)
 
+    def last_log_lines(self, rank: int, attempt: int, count: int) -> list[str]:
+        """The last ``count`` lines rank ``rank`` printed in ``attempt``, as far as its pushes brought them (held in
+        memory: read at once, so a restart waits for nothing)."""
+        with self.lock:
+            chunks = [item["text"] for item in reversed(self._logs.items)
+                      if item.get("rank") == rank and item.get("attempt") == attempt]
+            lines: list[str] = []
+            for text in chunks:  # newest first, until enough lines
+                lines[:0] = text.rstrip("\n").split("\n")
+                if len(lines) >= count:
+                    break
+        return lines[-count:]
+
     def event(self, kind: str, message: str, attempt: int) -> None:
         with self.lock:
             if self._told_failure is not None:

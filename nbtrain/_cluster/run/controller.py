@@ -50,6 +50,7 @@ NO_ROWS_NOTE = ("No metric rows came from this run: its code reports nothing nbt
                 "loop, or write scalars with torch.utils.tensorboard.SummaryWriter(...).add_scalar(tag, value, step): "
                 "each rank's become its rows.")
 NO_ROWS_AFTER_S = 60.0  # a stopped or failed attempt shorter than this had no time to report: it gets no such note
+DEAD_RANK_LINES = 15  # a dead rank's last printed lines in the run's error
 FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long without one
 
 
@@ -293,7 +294,7 @@ class RunController:
                     self._resize(outcome)
                     continue
                 with self._lock:
-                    self.failures.extend(f.as_dict(self.attempt) for f in outcome.failures)
+                    self.failures.extend(f.as_dict(self.attempt, self._last_lines(f)) for f in outcome.failures)
                 shrink = self.sizing.after_failure(outcome.died_on)
                 if shrink is not None:
                     self._resize(shrink)
@@ -321,6 +322,12 @@ class RunController:
             if self.state.is_terminal:  # retiring on its own thread: a stop() waiting for this one is answered first
                 self.sizing.end()
                 threading.Thread(target=self._on_end, name="nbtrain-retire", daemon=True).start()
+
+    def _last_lines(self, failure: Failure) -> list[str]:
+        """A dead rank's last printed lines, for the run's error (its traceback died with it)."""
+        if failure.kind != "died" or failure.rank is None:
+            return []
+        return self.feed.last_log_lines(failure.rank, self.attempt, DEAD_RANK_LINES)
 
     def _resize(self, resize: Resize) -> None:
         """An elastic run goes on at another size: a new attempt from the latest checkpoint, no failure counted."""

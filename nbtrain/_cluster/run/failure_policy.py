@@ -38,9 +38,11 @@ class Failure:
     node: str | None = None       # the worker table's name for the rank's node (died failures)
     node_id: str | None = None    # its Ray node id: lets an elastic run tell a lost node from a crash
 
-    def as_dict(self, attempt: int) -> dict[str, Any]:
+    def as_dict(self, attempt: int, last_lines: list[str] | None = None) -> dict[str, Any]:
+        """``last_lines``: what a rank whose process died printed last (its feed's log lines)."""
         return {"rank": self.rank, "kind": self.kind, "summary": self.summary,
-                "traceback": self.traceback, "attempt": attempt, "secondary": self.secondary}
+                "traceback": self.traceback, "attempt": attempt, "secondary": self.secondary,
+                "last_lines": list(last_lines or [])}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,4 +162,7 @@ def format_error(failures: list[dict[str, Any]], world_size: int, max_failures: 
         if failure["traceback"]:
             lines.append(f"\n--- rank {failure['rank']} traceback (attempt {failure['attempt']}) ---\n"
                          f"{failure['traceback'].rstrip()}")
+        if failure.get("last_lines"):
+            lines.append(f"\n--- rank {failure['rank']}'s last lines before its process died (attempt "
+                         f"{failure['attempt']}) ---\n" + "\n".join(failure["last_lines"]))
     return "\n".join(lines)
