@@ -307,3 +307,22 @@ def test_a_dead_ranks_last_printed_lines_are_in_the_runs_error(tmp_path):
     assert controller.error.startswith("Rank 1's worker process died (pid 1001 on 10.0.0.2): SIGKILL")
     assert controller.error.endswith("--- rank 1's last lines before its process died (attempt 1) ---\n"
                                      "epoch 3\nloading shard 7")
+
+
+def test_pushes_a_rank_sent_that_never_landed_are_said(tmp_path, monkeypatch):
+    """A rank that ends with pushes in flight that never arrive: the run says so, naming the rank and the count."""
+    from nbtrain._cluster.run import controller as controller_module
+
+    monkeypatch.setattr(controller_module, "FINAL_PUSHES_IDLE_S", 0.2)  # the wait for them, shortened
+
+    def three_sent_one_landed(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        feed.accept(0, attempt.number, 1, [{"rank": 0, "step": 1, "attempt": 1, "time": 0.0, "loss": 1.0}], [])
+        attempt.pushes = {0: 3, 1: 0}
+        return Succeeded([b"result"] * attempt.size)
+
+    controller, ended = make_controller(tmp_path, FakeWorkerGroups(three_sent_one_landed), workers=2)
+    feed = controller.feed
+    assert run_to_end(controller, ended) == RunState.SUCCEEDED
+    assert events(controller, "note") == [controller_module.lost_pushes_note(0, 2)]
+    assert "Rank 0's last 2 pushes of metric rows and log lines were sent but never reached" in events(
+        controller, "note")[0]

@@ -163,8 +163,9 @@ class RunFeed:
         of_rank.update(values)
         return values
 
-    def wait_for_pushes(self, attempt: int, sent: dict[int, int], idle_s: float) -> bool:
-        """Wait until every rank's pushes of ``attempt`` (``sent``: rank -> count) have arrived.
+    def wait_for_pushes(self, attempt: int, sent: dict[int, int], idle_s: float) -> dict[int, int]:
+        """Wait until every rank's pushes of ``attempt`` (``sent``: rank -> count) have arrived; the pushes that
+        never did, by rank (empty: all landed).
 
         A big backlog may take a while to land; give up only once none has arrived for ``idle_s``.
         """
@@ -172,14 +173,16 @@ class RunFeed:
             received = -1
             deadline = time.monotonic()
             while True:
-                counts = [self._pushes.get((attempt, rank), 0) for rank in sent]
-                if all(have >= count for have, count in zip(counts, sent.values())):
-                    return True
-                if sum(counts) != received:  # progress: wait a while longer
-                    received, deadline = sum(counts), time.monotonic() + idle_s
+                missing = {rank: count - self._pushes.get((attempt, rank), 0) for rank, count in sent.items()}
+                missing = {rank: count for rank, count in missing.items() if count > 0}
+                if not missing:
+                    return {}
+                have = sum(self._pushes.get((attempt, rank), 0) for rank in sent)
+                if have != received:  # progress: wait a while longer
+                    received, deadline = have, time.monotonic() + idle_s
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return False
+                    return missing
                 self.changed.wait(timeout=left)
 
     def last_log_lines(self, rank: int, attempt: int, count: int) -> list[str]:

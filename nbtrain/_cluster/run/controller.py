@@ -54,6 +54,13 @@ DEAD_RANK_LINES = 15  # a dead rank's last printed lines in the run's error
 FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long without one
 
 
+def lost_pushes_note(rank: int, pushes: int) -> str:
+    """What a rank's pushes that were sent and never arrived mean: an event, so no row goes missing unsaid."""
+    return (f"Rank {rank}'s last {pushes} push{'es' if pushes != 1 else ''} of metric rows and log lines were sent "
+            f"but never reached the run's supervisor ({FINAL_PUSHES_IDLE_S:g} s after the rank ended): the run's "
+            "history lacks what they held. A busy or lost head node does this; its rows before them are all there.")
+
+
 def no_rows_note_due(outcome: Outcome, ran_s: float, rows: int, said_before: bool) -> bool:
     """Whether :data:`NO_ROWS_NOTE` is true of an attempt that sent ``rows`` rows in ``ran_s`` s of running: its
     code returned without reporting, or it ran ``NO_ROWS_AFTER_S`` before it was stopped or failed (a run stopped
@@ -360,7 +367,9 @@ class RunController:
             running_since = time.monotonic()
             outcome = group.watch(self.table, self._interrupt)
             # pushes travel beside the outcome: let the last rows land before readers see the end
-            self.feed.wait_for_pushes(self.attempt, group.pushes, FINAL_PUSHES_IDLE_S)
+            lost = self.feed.wait_for_pushes(self.attempt, group.pushes, FINAL_PUSHES_IDLE_S)
+            for rank, pushes in sorted(lost.items()):
+                self.feed.event("note", lost_pushes_note(rank, pushes), self.attempt)
             for rank, unsent in sorted(group.unsent.items()):
                 if unsent["rows"] or unsent["logs"]:
                     self.feed.event("note", unsent_note(rank, unsent), self.attempt)
