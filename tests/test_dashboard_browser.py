@@ -326,9 +326,12 @@ def test_every_run_of_many_draws_its_curves_from_its_first_rows(page, lab):
             "(n) => { const c = [..." + _root(MANY) + ".querySelectorAll('.nbtrain-dashboard svg.nbtrain-chart')];"
             " return c.length === n && c.every(x => parseInt(x.dataset.points) > 0); }",
             arg=len(MANY_STEPS), timeout=30_000)
-        last = page.evaluate("() => [..." + _root(MANY) + ".querySelectorAll('.nbtrain-dashboard svg.nbtrain-chart')]"
-                             ".map(x => parseFloat(x.dataset.last))")
-        assert sorted(last) == sorted(float(n) for n in MANY_STEPS), last  # every run drawn to its last step
+        # every run drawn to its last step: a loaded machine draws a run's end a moment after its badge says so
+        drawn_to = ("() => [..." + _root(MANY) + ".querySelectorAll('.nbtrain-dashboard svg.nbtrain-chart')]"
+                    ".map(x => parseFloat(x.dataset.last)).sort((a, b) => a - b)")
+        wait_for(lambda: page.evaluate(drawn_to) == sorted(float(n) for n in MANY_STEPS), 30, interval=0.25,
+                 message=f"every run's chart drawn to its last step {MANY_STEPS}",
+                 describe=lambda: page.evaluate(drawn_to))
         assert in_cell(page, MANY, ".nbtrain-dashboard").count() == len(MANY_STEPS)  # one each
         page.screenshot(path=str(ARTIFACTS / "dashboard-many.png"), full_page=True)
     except Exception:
