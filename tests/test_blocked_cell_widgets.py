@@ -2,7 +2,7 @@
 
 Each test starts a real kernel, under ipykernel 7 (this interpreter) and 6 (``scripts/ipykernel-venv``),
 and talks to it as a front end does, over jupyter_client: a comm opened and messaged while a cell waits
-inside :func:`nbtrain._widget_messages.widget_messages_served` is handled before the cell ends, and the
+inside :func:`nbtrain._client.kernel.widget_messages.widget_messages_served` is handled before the cell ends, and the
 cells queued behind it (Run All) run after it, in their order — or are aborted when it fails.
 No cluster: the dashboard's controls clicked in Chromium are tests/test_dashboard_browser.py's.
 """
@@ -34,7 +34,7 @@ RECORDS_COMMS = textwrap.dedent("""
 # waits, serving widget messages, until the front end's click arrives (or 60 s pass: the test then fails)
 BLOCKS_UNTIL_CLICKED = textwrap.dedent("""
     import time
-    from nbtrain._widget_messages import widget_messages_served
+    from nbtrain._client.kernel.widget_messages import widget_messages_served
     with widget_messages_served() as serve:
         assert serve is not None, "this kernel serves no widget messages while a cell blocks"
         deadline = time.monotonic() + 60
@@ -155,7 +155,7 @@ class _Ipykernel6Shape:
 
 @pytest.mark.quick
 def test_which_kernel_internals_hold_the_messages_is_decided_by_their_shape(monkeypatch):
-    from nbtrain import _widget_messages
+    from nbtrain._client.kernel import widget_messages as _widget_messages
 
     assert _widget_messages._shape(_Ipykernel7Shape()) == "socket"
     assert _widget_messages._shape(_Ipykernel6Shape()) == "queue"

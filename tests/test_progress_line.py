@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from nbtrain._progress_line import progress_line
+from nbtrain._client.kernel.progress_line import progress_line
 
 from _jupyterlab import REPO
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.quick
 
 def test_a_notebook_keeps_one_progress_output_the_last_said(tmp_path):
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "from nbtrain._progress_line import progress_line\n"
+        "from nbtrain._client.kernel.progress_line import progress_line\n"
         "say = progress_line()\n"
         "for waited in (0, 2, 4, 6):\n"
         "    say(f'Starting a local Ray cluster… {waited} s')\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain._client.run.written import RunFile, chosen
+from nbtrain._client.run.files import RunFile, chosen
 from nbtrain._cluster.run_folder import RUN_FILES
 from nbtrain._cluster.storage import written_files
 from nbtrain._exceptions import InvalidOptionError, NbtrainError

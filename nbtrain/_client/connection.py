@@ -26,11 +26,11 @@ from typing import Any
 from nbtrain._client import auth, cluster_address, connect_errors, version_check
 from nbtrain._client.cluster_address import ClusterAddress
 from nbtrain._client.cluster_address import parse as parse_address
+from nbtrain._client.kernel.progress_line import progress_line
 from nbtrain._client.local import local_cluster, local_head
 from nbtrain._client.version_check import check_ray_supported
 from nbtrain._cluster.names import NAMESPACE
 from nbtrain._exceptions import ConnectionFailedError, NotConnectedError, VersionMismatchError
-from nbtrain._progress_line import progress_line
 from nbtrain._ray_compat import (
     client_session_lost,
     driver_token,

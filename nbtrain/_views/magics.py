@@ -19,12 +19,13 @@ from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbtrain._client import connection
+from nbtrain._client.kernel.progress_line import progress_line
+from nbtrain._client.kernel.widget_messages import join_serving_widgets, widgets_served_while_blocked
 from nbtrain._client.launching.serialization import check_values
 from nbtrain._exceptions import NbtrainError, RunFailedError, SweepFailedError
 from nbtrain._packing import shipping
 from nbtrain._packing.code_origin import cell_name
 from nbtrain._packing.script import ScriptProgram
-from nbtrain._progress_line import progress_line
 from nbtrain._views.cell_program import CellProgram, imported_modules, referenced_names
 from nbtrain._views.connect_token import token_from_flags
 from nbtrain._views.dashboard.front_end import in_notebook
@@ -34,7 +35,6 @@ from nbtrain._views.magic_flags import (
     sweep_option_flags,
     sweep_options_from_args,
 )
-from nbtrain._widget_messages import join_serving_widgets, widgets_served_while_blocked
 
 
 def _ends_the_cell(error: NbtrainError, tracebacks_shown: bool = False) -> NbtrainError:

@@ -16,10 +16,10 @@ from typing import Any
 from nbtrain._client import connection
 from nbtrain._client.entry.launch import attach
 from nbtrain._client.head_tasks import on_head
+from nbtrain._client.kernel.widget_messages import SERVE_INTERVAL_S, widget_messages_served
 from nbtrain._client.run.handle import Run
 from nbtrain._cluster.names import NAMESPACE, sweep_actor_name
 from nbtrain._exceptions import NbtrainError, RunNotFoundError, SweepFailedError
-from nbtrain._widget_messages import SERVE_INTERVAL_S, widget_messages_served
 
 POLL_TIMEOUT_S = 30.0
 TRIAL_STOP_S = 70.0  # the sweep's supervisor gives a trial's run 60 s to stop

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nbtrain._client.kernel.widget_messages import SERVE_INTERVAL_S, widget_messages_served
 from nbtrain._states import RunState
-from nbtrain._widget_messages import SERVE_INTERVAL_S, widget_messages_served
 
 LONG_POLL_S = 1.0  # how long one poll waits for news: here, and in a view's thread (nbtrain._views.dashboard.follower)
 VIEWS_DRAW_END_S = 30.0  # a run's end waits this long at most for its dashboards to draw it (the rows' last pages)
@@ -30,7 +30,7 @@ def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
     polling (and redraws) and this call only waits for it, so widget updates
     keep reaching the browser while the cell runs. In a Jupyter kernel the
     wait serves the front end's widget messages every ``SERVE_INTERVAL_S``
-    (:mod:`nbtrain._widget_messages`): the dashboard's controls act while
+    (:mod:`nbtrain._client.kernel.widget_messages`): the dashboard's controls act while
     the cell runs. ``TimeoutError`` if ``timeout`` passes first; the run
     keeps going then.
     """

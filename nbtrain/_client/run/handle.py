@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from nbtrain import _registry
 from nbtrain._client.run.control import _UNSET, RunControl
 from nbtrain._client.run.debugging import RunDebugging
-from nbtrain._client.run.files import RunFiles
+from nbtrain._client.run.files import RunFile, RunFiles
 from nbtrain._client.run.inspection import PROFILE_WAIT_S, RunInspection
 from nbtrain._client.run.inspection_results import Profile, Stacks
 from nbtrain._client.run.reader import POLL_TIMEOUT_S as POLL_TIMEOUT_S
@@ -27,7 +27,6 @@ from nbtrain._client.run.reader import _readable as _readable
 from nbtrain._client.run.rewinds import RunRewinds
 from nbtrain._client.run.row_rules import RowRule
 from nbtrain._client.run.stored import StoredRunHandle
-from nbtrain._client.run.written import RunFile
 from nbtrain._cluster.names import wait_until_name_free
 from nbtrain._exceptions import NbtrainError, RunFailedError
 from nbtrain._states import RunState
