@@ -95,6 +95,8 @@ nitpick_ignore = [
     # run.stacks() and run.profile() return these; their fields are in the methods' Returns
     ("py:class", "nbtrain._client.run.inspection_results.Stacks"),
     ("py:class", "nbtrain._client.run.inspection_results.Profile"),
+    # run.files() returns these; their fields are in its Returns, the class is listed after Run
+    ("py:class", "nbtrain._client.run.files.RunFile"),
     # run.reader is this; its members are listed after Run
     ("py:class", "nbtrain._client.run.reader.RunReader"),
 ]
