@@ -313,3 +313,31 @@ def test_checkpoints_load_weights_only_unless_the_user_opts_out(cluster):
     import fractions
 
     assert run.load_checkpoint(weights_only=False)["ratio"] == fractions.Fraction(1, 3)
+
+
+# A notebook of its own (Ray logs the warning once per process): a run whose spec is well past Ray's 100 KB inline
+# limit, its config holding 300 KB.
+BIG_SPEC_DRIVER = textwrap.dedent("""
+    import nbtrain
+    nbtrain.connect(progress=lambda message: None)
+    def reports_its_blob(config):
+        nbtrain.report(size=len(config["blob"]))
+    run = nbtrain.launch(reports_its_blob, workers=1, name="big-spec", config={"blob": b"x" * 300_000})
+    print(run.wait(timeout=120).value, run.metrics[-1]["size"])
+""")
+
+
+def test_a_big_runs_supervisor_depends_on_nothing_its_notebook_holds(cluster):
+    """A supervisor restarts with its constructor's arguments: one Ray moved to the object store belongs to the
+    notebook and is gone with it, and Ray said so in the cell (ray-project/ray#53727). The spec goes in parts Ray
+    keeps inline, however big it is."""
+    from nbtrain._cluster.run.supervisor import SPEC_PART_BYTES, spec_parts
+
+    spec = b"s" * (3 * SPEC_PART_BYTES + 5)
+    assert [len(part) for part in spec_parts(spec)] == [SPEC_PART_BYTES] * 3 + [5]
+    assert b"".join(spec_parts(spec)) == spec
+    done = subprocess.run([sys.executable, "-c", BIG_SPEC_DRIVER], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["succeeded", "300000"]
+    assert "constructor arguments in the object store" not in done.stderr, done.stderr[-3000:]

@@ -178,7 +178,7 @@ def report_fresh(config):
 
 def test_an_odd_run_breaks_nothing_and_delete_clears_its_name(cluster, tmp_path):
 
-    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
+    from nbtrain._cluster.run.supervisor import spec_parts, supervisor_actor, supervisor_options
 
     name = "odd-then-deleted"
     address = connection.current().address
@@ -186,7 +186,7 @@ def test_an_odd_run_breaks_nothing_and_delete_clears_its_name(cluster, tmp_path)
     options = RunOptions(name=name, workers=1, config={}, env={})
     object.__setattr__(options, "total_steps", "100")
     spec = RunSpec(options=options, fn_bytes=cloudpickle.dumps(report_nan_and_checkpoint), fn_takes_config=True)
-    supervisor_actor().options(**supervisor_options(name)).remote(cloudpickle.dumps(spec), None)
+    supervisor_actor().options(**supervisor_options(name)).remote(*spec_parts(cloudpickle.dumps(spec)))
     _registry.record_launch(name, address, notebook=None, workers=1, total_steps="100")  # type: ignore[arg-type]
 
     old = wait_for(lambda: _attached(name), 30, message="the odd run to answer")

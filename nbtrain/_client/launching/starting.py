@@ -115,7 +115,7 @@ def start(checked: Checked) -> tuple[Any, RunSpec]:
     The name is chosen before the supervisor starts. Another launch may take it first (Ray refuses the
     actor's name, or the supervisor finds the run index holding it): then the name is chosen again.
     """
-    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
+    from nbtrain._cluster.run.supervisor import spec_parts, supervisor_actor, supervisor_options
 
     spec = checked.spec
     asked = spec.name
@@ -126,7 +126,8 @@ def start(checked: Checked) -> tuple[Any, RunSpec]:
             spec, options=dataclasses.replace(spec.options, name=name), notes=(*spec.notes, ended_note(asked, name)))
         actor = supervisor_actor().options(**supervisor_options(name, holds))
         try:
-            handle = actor.remote(checked.spec_bytes if chosen is spec else pickled(chosen), checked.datasets)
+            handle = actor.remote(*spec_parts(checked.spec_bytes if chosen is spec else pickled(chosen)),
+                                  datasets=checked.datasets)
             wait_for_supervisor(handle, name)
         except ValueError:  # Ray: the actor's name is already taken
             if find_supervisor(name) is None:
@@ -174,14 +175,15 @@ def _resume_stored(checked: Checked) -> Any:
     """Start a supervisor on an ended run's files (as the same launch, so that it takes them up) and resume it."""
     import ray
 
-    from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
+    from nbtrain._cluster.run.supervisor import spec_parts, supervisor_actor, supervisor_options
 
     name = checked.spec.name
     launch_id = stored_summary(name).get("launch")
     # the one spec pickled again: it must name the files' launch, known only now that the run has exited
     spec_bytes = pickled(dataclasses.replace(checked.spec, launch_id=launch_id or checked.spec.launch_id))
     holds = packages_to_hold(checked.spec.options.runtime_env)
-    handle = supervisor_actor().options(**supervisor_options(name, holds)).remote(spec_bytes, checked.datasets)
+    handle = supervisor_actor().options(**supervisor_options(name, holds)).remote(*spec_parts(spec_bytes),
+                                                                                  datasets=checked.datasets)
     wait_for_supervisor(handle, name)
     state = ray.get(handle.resume.remote(spec_bytes, checked.datasets), timeout=ANSWER_S)
     # a run whose supervisor vanished mid-run is taken up (restarted) by the new one at once

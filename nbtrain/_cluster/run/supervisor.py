@@ -65,6 +65,18 @@ RANKS = "ranks"  # the concurrency group of the standing questions for commands:
 # waits, one per rank, or one per node where the node's relay asks for its ranks (feed/node_question)
 RANK_THREADS = 256
 
+SPEC_PART_BYTES = 64 * 1024  # each part of a spec given to a supervisor stays inline in Ray's creation task
+
+
+def spec_parts(spec_bytes: bytes) -> tuple[bytes, ...]:
+    """``spec_bytes`` cut into the supervisor's constructor arguments, each small enough for Ray to keep inline in
+    the actor's creation task. An argument Ray moves to the object store instead (one of 100 KB or more)
+    belongs to the notebook that created the supervisor: once that notebook is gone, a restarted supervisor
+    could not read it, and Ray says so in the notebook's cell ("constructor arguments in the object store",
+    ray-project/ray#53727). Ray keeps up to 10 MB of a task's arguments inline."""
+    return tuple(spec_bytes[at:at + SPEC_PART_BYTES] for at in range(0, len(spec_bytes), SPEC_PART_BYTES)) or (b"",)
+
+
 def supervisor_actor() -> Any:
     """RunSupervisor as a Ray actor class (start it with :func:`supervisor_options`). The notebooks'
     long polls wait in threads of their own: however many dashboards follow the run, the ranks'
@@ -109,7 +121,9 @@ def _start_loggers(spec: RunSpec, run_dir: Path, feed: RunFeed) -> MetricLoggers
 
 
 class RunSupervisor:
-    def __init__(self, spec_bytes: bytes, datasets: dict[str, Any] | None = None) -> None:
+    def __init__(self, *spec_parts: bytes, datasets: dict[str, Any] | None = None) -> None:
+        """``spec_parts``: the run's pickled spec as :func:`spec_parts` cut it."""
+        spec_bytes = b"".join(spec_parts)
         lower_own_priority()  # the ranks' cores come first; see priority
         spec: RunSpec = cloudpickle.loads(spec_bytes)
         if spec.warm_pool:  # this process is taken: Ray starts one for the next launch's supervisor to take

@@ -77,12 +77,12 @@ class NbtrainTrial(tune.Trainable):
         the bundles), no numbered name (the sweep's name was; a trial's derives from it), the sweep's supervisor
         holds the uploaded folders, no registry record (the sweep is the user's handle), and no wait here:
         :meth:`step` polls the run, and a supervisor that could not start fails the trial there."""
-        from nbtrain._cluster.run.supervisor import supervisor_actor, supervisor_options
+        from nbtrain._cluster.run.supervisor import spec_parts, supervisor_actor, supervisor_options
 
         # DEFAULT scheduling: the supervisor must outlive the trial's placement group, which Tune removes
         self._run = supervisor_actor().options(**supervisor_options(self.run_name),
                                                       scheduling_strategy="DEFAULT").remote(
-            cloudpickle.dumps(self._spec), ray.get(self._sweep.trial_datasets.remote()))
+            *spec_parts(cloudpickle.dumps(self._spec)), datasets=ray.get(self._sweep.trial_datasets.remote()))
         self._note(run=self.run_name, index=self.index)
 
     def step(self) -> dict[str, Any]:
