@@ -98,11 +98,26 @@ class _Served:
         else:
             self.kernel.set_parent(self.ident, self.parent)
 
+    def dispatch(self, coroutine_function: Callable[[], Any]) -> None:
+        """Run one of the kernel's dispatching coroutines on the helper loop; the cell's output stays the cell's."""
+        try:
+            self.helper.run(coroutine_function)
+        finally:
+            self.keep_parent()
+
     def serve(self) -> None:
         raise NotImplementedError
 
+    def hand_back(self) -> None:
+        """Give the kernel the requests held while the cell blocked, to run after it in their order."""
+        raise NotImplementedError
+
     def close(self) -> None:
-        self.helper.close()
+        try:
+            self.serve()
+        finally:
+            self.hand_back()
+            self.helper.close()
 
 
 class _FromQueue(_Served):
@@ -124,19 +139,12 @@ class _FromQueue(_Served):
             self.kernel.shell_stream.flush()
             if queue.empty():
                 return
-            try:
-                self.helper.run(self.kernel.do_one_iteration)
-            finally:
-                self.keep_parent()
+            self.dispatch(self.kernel.do_one_iteration)
 
-    def close(self) -> None:
-        try:
-            self.serve()
-        finally:
-            self.kernel.shell_handlers["execute_request"] = self.original
-            for stream, ident, parent in self.held:  # queued behind the blocked cell, in their order
-                self.kernel.schedule_dispatch(self._replay, stream, ident, parent)
-            super().close()
+    def hand_back(self) -> None:
+        self.kernel.shell_handlers["execute_request"] = self.original
+        for stream, ident, parent in self.held:  # queued behind the blocked cell, in their order
+            self.kernel.schedule_dispatch(self._replay, stream, ident, parent)
 
     async def _replay(self, stream: Any, ident: Any, parent: Any) -> None:
         kernel = self.kernel
@@ -180,24 +188,17 @@ class _FromSocket(_Served):
             if self._msg_type(frames) not in COMM_MESSAGES:
                 self.held.append(frames)
                 continue
-            try:
-                self.helper.run(functools.partial(self.kernel.dispatch_shell, frames, subshell_id=None,
-                                                  **({"concurrent": True} if self.concurrent else {})))
-            finally:
-                self.keep_parent()
+            self.dispatch(functools.partial(self.kernel.dispatch_shell, frames, subshell_id=None,
+                                            **({"concurrent": True} if self.concurrent else {})))
 
-    def close(self) -> None:
-        try:
-            self.serve()
-        finally:
-            loop = asyncio.get_event_loop()
-            # each waits for the shell's lock, which the blocked cell holds until it ends: they run after it,
-            # in their order, ahead of anything the kernel reads from the socket later
-            for frames in self.held:
-                replay = loop.create_task(self.kernel.shell_main(None, frames))
-                _REPLAYS.add(replay)  # kept until it ran: the loop holds its tasks weakly
-                replay.add_done_callback(_REPLAYS.discard)
-            super().close()
+    def hand_back(self) -> None:
+        loop = asyncio.get_event_loop()
+        # each waits for the shell's lock, which the blocked cell holds until it ends: they run after it,
+        # in their order, ahead of anything the kernel reads from the socket later
+        for frames in self.held:
+            replay = loop.create_task(self.kernel.shell_main(None, frames))
+            _REPLAYS.add(replay)  # kept until it ran: the loop holds its tasks weakly
+            replay.add_done_callback(_REPLAYS.discard)
 
 
 @contextlib.contextmanager
