@@ -16,7 +16,8 @@ from typing import Any
 from nbtrain._client import connection
 from nbtrain._client.entry.launch import attach
 from nbtrain._client.head_tasks import on_head
-from nbtrain._client.kernel.widget_messages import SERVE_INTERVAL_S, widget_messages_served
+from nbtrain._client.kernel.widget_messages import widget_messages_served
+from nbtrain._client.run.following import POLL_WHILE_SERVING_S
 from nbtrain._client.run.handle import Run
 from nbtrain._cluster.names import NAMESPACE, sweep_actor_name
 from nbtrain._exceptions import NbtrainError, RunNotFoundError, SweepFailedError
@@ -185,7 +186,7 @@ class Sweep:
         deadline = None if timeout is None else time.monotonic() + timeout
         answer = self.refresh()
         with widget_messages_served() as serve_widgets:  # the sweep's dashboard, shown above, acts meanwhile
-            poll_s = 5.0 if serve_widgets is None else SERVE_INTERVAL_S
+            poll_s = 5.0 if serve_widgets is None else POLL_WHILE_SERVING_S
             while answer.get("state") not in TERMINAL:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:

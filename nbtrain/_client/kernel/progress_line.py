@@ -11,18 +11,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-
-def _jupyter_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return type(get_ipython()).__name__ == "ZMQInteractiveShell"
+from nbtrain._client.kernel.shell import in_notebook
 
 
 def progress_line(stream: TextIO | None = None) -> Callable[[str], None]:
     """A function to call with each progress message; each replaces the one before (see the module)."""
-    if _jupyter_kernel():
+    if in_notebook():
         return _InPlaceOutput()
     out = stream or sys.stderr
     return lambda message: print(message, file=out, flush=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import os
 import sys
 import time
@@ -256,12 +257,18 @@ def _nodes(summary: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {node: (label, tuple(sorted(ranks))) for node, (label, ranks) in nodes.items()}
 
 
-def _on_node(node_id: str, function: Any, *args: Any) -> Any:
+@functools.cache
+def _node_task(function: Any) -> Any:
+    """``function`` as a Ray remote function that holds no CPU (made once: a download calls it per part)."""
     import ray
+
+    return ray.remote(num_cpus=0, max_retries=0)(function)
+
+
+def _on_node(node_id: str, function: Any, *args: Any) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(function).options(num_cpus=0, max_retries=0,
-                                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+    task = _node_task(function).options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
     return task.remote(*args)
 
 

@@ -19,6 +19,7 @@ from nbtrain._client.kernel.widget_messages import SERVE_INTERVAL_S, widget_mess
 from nbtrain._states import RunState
 
 LONG_POLL_S = 1.0  # how long one poll waits for news: here, and in a view's thread (nbtrain._views.dashboard.follower)
+POLL_WHILE_SERVING_S = 0.5  # a wait with no view of its own polls this often, serving widgets between two polls
 VIEWS_DRAW_END_S = 30.0  # a run's end waits this long at most for its dashboards to draw it (the rows' last pages)
 
 
@@ -41,7 +42,7 @@ def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
 def _wait(run: Any, launched: bool, timeout: float | None, view_thread: threading.Thread | None,
           serve_widgets: Callable[[], None] | None) -> RunState:
     deadline = None if timeout is None else time.monotonic() + timeout
-    poll_s = LONG_POLL_S if serve_widgets is None else SERVE_INTERVAL_S  # widgets served between two polls
+    poll_s = LONG_POLL_S if serve_widgets is None else POLL_WHILE_SERVING_S  # widgets served between two polls
     try:
         while True:
             if serve_widgets is not None:
@@ -49,7 +50,7 @@ def _wait(run: Any, launched: bool, timeout: float | None, view_thread: threadin
             if view_thread is not None and view_thread.is_alive():
                 # the view ends its thread once it has drawn the end: returning before that (the state is
                 # terminal a moment before the last picture is drawn) let the summary land after the cell
-                view_thread.join(poll_s if serve_widgets is not None else 0.2)
+                view_thread.join(SERVE_INTERVAL_S if serve_widgets is not None else 0.2)
             else:  # no view, or it gave up (lost contact): poll here
                 left = poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
                 run.refresh(wait_s=left)

@@ -77,6 +77,16 @@ def spec_parts(spec_bytes: bytes) -> tuple[bytes, ...]:
     return tuple(spec_bytes[at:at + SPEC_PART_BYTES] for at in range(0, len(spec_bytes), SPEC_PART_BYTES)) or (b"",)
 
 
+def files_where(spec: RunSpec, run_dir: Path) -> dict[str, Any] | None:
+    """Where the ranks work (``run.files()``): the launching folder and the run's directory, from which each
+    node chooses (see ``run_folder``); None where a ``runtime_env`` ``working_dir`` is their folder."""
+    if "working_dir" in (spec.options.runtime_env or {}):
+        return None
+    launch = spec.launch_folder
+    return {"launch": launch.path if launch else None, "launch_host": launch.host if launch else None,
+            "run_dir": str(run_dir)}
+
+
 def supervisor_actor() -> Any:
     """RunSupervisor as a Ray actor class (start it with :func:`supervisor_options`). The notebooks'
     long polls wait in threads of their own: however many dashboards follow the run, the ranks'
@@ -137,6 +147,7 @@ class RunSupervisor:
         remote = storage_uri.remote_storage(spec.options.storage)
         record_in_index(spec.name, storage.dir, spec.launch_id, remote and storage_uri.join(remote, spec.name))
         self._storage = storage
+        self._files_where = files_where(spec, storage.dir)
         self._deleted = False
         self._retired = False
         self._handle = ray.get_runtime_context().current_actor
@@ -382,18 +393,8 @@ class RunSupervisor:
             "changes": run.steering.changes(),
             "guard": run.steering.guard(),
             "rewinds": sum(1 for command in run.steering.rewinds() if command.applied_step is not None),
-            "files": self._files_folder(),
+            "files": self._files_where,
         }
-
-    def _files_folder(self) -> dict[str, Any] | None:
-        """Where the ranks work (``run.files()``): the launching folder and the run's directory, from which each
-        node chooses (see ``run_folder``); None where a ``runtime_env`` ``working_dir`` is their folder."""
-        spec = self._run.spec
-        if "working_dir" in (spec.options.runtime_env or {}):
-            return None
-        launch = spec.launch_folder
-        return {"launch": launch.path if launch else None, "launch_host": launch.host if launch else None,
-                "run_dir": str(self._storage.dir)}
 
     def config(self) -> bytes:
         """The run's whole config, cloudpickled (summaries carry only ``config_summary``: they are sent on

@@ -16,15 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
-def in_notebook() -> bool:
-    """A Jupyter kernel (ipykernel), whatever the front end."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+from nbtrain._client.kernel.shell import in_notebook as in_notebook
 
 
 def in_marimo() -> bool:
