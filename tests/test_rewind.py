@@ -103,6 +103,8 @@ def test_a_manual_rewind_goes_back_in_place_and_a_restart_keeps_it(cluster):
         with pytest.raises(InvalidOptionError, match="lr_factor must be a finite number > 0"):
             run.guard(nan="rewind", lr_factor=0)
         assert len(run.rewinds) == 1 and run.guards == {}, "a refused call changed the run"
+        changed_at = run.adjust(lr=0.02, wait=True)  # steered, rewound and restarted, as a user combines them
+        assert changed_at < 80, "the change should land before the checkpoint attempt 2 resumes from"
         assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
         [rewind] = run.rewinds
         assert (rewind["to_step"], rewind["skip"], rewind["why"], rewind["superseded"]) == (40, 2, None, False)
@@ -123,6 +125,16 @@ def test_a_manual_rewind_goes_back_in_place_and_a_restart_keeps_it(cluster):
         resumed = frame[frame["attempt"] == 2]
         assert sorted(set(resumed["step"])) == list(range(81, 81 + BATCHES))
         assert run.rewinds == [rewind], "the restart lost the rewind"
+        # attempt 2 goes on with the run's steered state as one fact: its checkpoint at step 80 holds the change
+        # and the schedule's progress since, so each step's lr is attempt 1's; nothing is said to land again
+        lr_by_step = {int(row["step"]): row["lr"] for _, row in first[first["rank"] == 0].iterrows()
+                      if not row["superseded"]}
+        for _, row in resumed[resumed["step"] <= 90].iterrows():
+            assert row["lr"] == pytest.approx(lr_by_step[int(row["step"])]), f"step {row['step']}: the lr jumped"
+        said = [e["message"] for e in run.events]
+        follows = [m for m in said if m.startswith("attempt 2 follows the run's changes: lr ")]
+        assert len(follows) == 1 and follows[0].endswith(f"→ 0.02 at step {changed_at}"), said
+        assert not [m for m in said if "applied at different steps" in m], said
         dashboard = WidgetDashboard(run)  # opened after the end: it reads the whole history, both branches
         wait_for(dashboard.update, timeout=60, message="the dashboard to read the whole history")
         left_x, _ = dashboard.charts.points("loss", "loss superseded 1")

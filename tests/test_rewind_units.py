@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nbtrain import InvalidOptionError
-from nbtrain._cluster.commands import GUARD, PAUSE, REWIND, SteeringBeat
+from nbtrain import InvalidOptionError, NbtrainError
+from nbtrain._client.run import rewinds as client_rewinds
+from nbtrain._client.run.rewinds import RunRewinds
+from nbtrain._cluster.commands import GUARD, PAUSE, REWIND, Command, SteeringBeat
 from nbtrain._cluster.rank.guarding import RankGuard
 from nbtrain._cluster.rank.reporting import Reporter
 from nbtrain._cluster.rank.steering import RankSteering
@@ -26,7 +28,7 @@ def _rank() -> tuple[RankSteering, SimpleNamespace]:
     supervisor = SimpleNamespace(command_applied=SimpleNamespace(remote=lambda *args: applied.append(args)))
     session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=0), uses_loader=False,
                               reporter=Reporter(), report_calls=0, last_step=0, step=0, epoch=0,
-                              commands_due=lambda due: None, timing=None, applied=applied)
+                              commands_due=lambda due: None, timing=None, applied=applied, resumed_step=None)
     session.current_step = lambda: session.reporter.last_step
     return RankSteering(session, []), session
 
@@ -227,3 +229,56 @@ def test_a_state_past_the_budget_is_not_copied_and_the_refusal_says_what_to_do(m
     assert steering.points.refusal().startswith("rank 0's model and optimizer state (0 MB) is more than a restore "
                                                 "point copies (NBTRAIN_REWIND_BUDGET_MB, 0 MB): register "
                                                 "@nbtrain.on_rewind")
+
+
+class _LiveRun:
+    """The notebook's side of a live run as ``run.rewind(wait=True)`` reads it: the command as the supervisor
+    holds it, and the run's summary, each as the test sets it."""
+
+    def __init__(self, **summary: object) -> None:
+        self.command = Command(1, REWIND, {"to_step": 40, "skip": 0}, at_step=47, issued=1.0)
+        self.summary = {"state": "running", "paused_at": None, "step": 45, **summary}
+        self.name = "live"
+
+    def steer(self, kind: str, args: dict, verb: str) -> Command:
+        return self.command
+
+    def call(self, method: str, *args: object, timeout: float) -> Command:
+        assert method == "command_applied_yet"
+        return self.command
+
+    def fetch_summary(self) -> dict:
+        return dict(self.summary)
+
+
+def _rewinds(run: _LiveRun) -> RunRewinds:
+    return RunRewinds(SimpleNamespace(channel=run, fetch_summary=run.fetch_summary))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("live", "said"), [
+    (dict(paused_at=46), "Run 'live' is paused at step 46: the rewind to step 40 applies between two whole steps, so "
+                         "it lands as the run goes on (run.resume()); it is still due, nothing was cancelled."),
+    (dict(state="failed"), "Run 'live' ended (failed) before rank 0 reached step 47, where the rewind to step 40 "
+                           "was due."),
+])
+def test_a_rewind_waited_for_says_at_once_why_it_has_not_landed(live, said):
+    """Issue 55 (9): ``run.rewind(wait=True)`` gave up after 30 s with "(is it paused, or between attempts?)"."""
+    with pytest.raises(NbtrainError) as refused:
+        _rewinds(_LiveRun(**live)).rewind(wait=True)
+    assert str(refused.value) == said
+
+
+def test_a_rewind_dropped_by_a_restart_says_so_and_one_that_landed_returns(monkeypatch):
+    run = _LiveRun()
+    run.command = Command(1, REWIND, {"to_step": 40, "skip": 0}, at_step=47, issued=1.0,
+                          dropped="attempt 1 ended before its ranks reached step 47; attempt 2 resumes from the run's "
+                                  "latest checkpoint. Ask again once it runs.")
+    with pytest.raises(NbtrainError, match=r"the rewind to step 40 was not applied: attempt 1 ended before"):
+        _rewinds(run).rewind(wait=True)
+    run.command = Command(1, REWIND, {"to_step": 40, "skip": 0}, at_step=47, issued=1.0, applied_step=47)
+    assert _rewinds(run).rewind(wait=True) == 40
+    monkeypatch.setattr(client_rewinds, "APPLIED_WAIT_S", 0.0)
+    run.command = Command(1, REWIND, {"to_step": 40, "skip": 0}, at_step=47, issued=1.0)
+    with pytest.raises(NbtrainError, match=r"rank 0 did not reach step 47, where the rewind to step 40 is due, within "
+                                           r"0 s \(its ranks are at step 45: slow steps\?\); it is still due"):
+        _rewinds(run).rewind(wait=True)

@@ -13,6 +13,7 @@ from nbtrain._cluster.commands import (
     ADJUST,
     AS_SOON_AS_BACK,
     PAUSE,
+    REWIND,
     SETTINGS,
     STOP_AFTER_EPOCH,
     Command,
@@ -63,7 +64,7 @@ def _rank_steering(rank: int) -> tuple[RankSteering, list[tuple]]:
     supervisor = SimpleNamespace(command_applied=SimpleNamespace(remote=lambda *args: applied.append(args)))
     session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=rank), uses_loader=False,
                               report_calls=0, last_step=0, step=0, epoch=0, commands_due=lambda due: None,
-                              timing=None)
+                              timing=None, resumed_step=None)
     return RankSteering(session, []), applied
 
 
@@ -135,3 +136,66 @@ def test_a_stop_after_the_epoch_takes_hold_at_its_step_so_every_rank_ends_the_sa
     assert (command_id, rank, step, before) == (1, 1, 6, {"epoch": 1})
     assert Command(**{**stop.as_dict(), "applied_step": 6, "before": before}).describe() == \
         "stop after epoch 1, learnt at step 6"
+
+
+def _train_steps(steering: RankSteering, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        steering.session.last_step += 1
+        steering.session.report_calls += 1
+
+
+def test_a_new_attempt_follows_the_runs_changes_as_one_fact_and_no_rank_reports_them_again():
+    """Issue 55 (9): a run adjusted at step 4, then restarted, said "command 1 was applied at different steps (rank
+    0 at step 140, rank 1 at step 41)" on its new attempt. The new attempt's ranks re-apply the change without a
+    word; the supervisor says once what the attempt follows; a rewind no rank reached is dropped, with why."""
+    events: list[tuple[str, str]] = []
+    run = RunSteering(record=lambda kind, message: events.append((kind, message)), persist=lambda: None)
+    beats = {rank: SteeringBeat(step=1, rate=0.0, epoch=0, settings={"lr": [0.1]}, restore_points=(1,))
+             for rank in (0, 1)}
+    change = run.issue(ADJUST, {"lr": 0.05, "group": None}, beats, live=True)
+    for rank in (0, 1):
+        run.applied(change.id, rank, change.at_step, {"lr": [0.1]}, 1.0, world_size=2)
+    rewind = run.issue(REWIND, {"step": None, "skip": 0}, beats, live=True)  # the attempt dies before it lands
+    run.new_attempt(2)
+    assert run.all()[rewind.id - 1].dropped.startswith(f"attempt 1 ended before its ranks reached step "
+                                                       f"{rewind.at_step}; attempt 2 resumes")
+    assert ("rewind", f"the rewind to step 1 was not applied: {run.all()[rewind.id - 1].dropped}") in events
+    assert ("change", f"attempt 2 follows the run's changes: lr 0.1 → 0.05 at step {change.at_step}") in events
+    assert run.issue(REWIND, {"step": None, "skip": 0}, beats, live=True).id == 3, "the dropped one blocks no rewind"
+
+    ranks = []
+    for rank in (0, 1):  # attempt 2's ranks learn the run's commands from their payload
+        steering, applied = _rank_steering(rank)
+        steering.__init__(steering.session, run.all()[:2])
+        model = torch.nn.Linear(2, 1)
+        optimizer = steering.steer(torch.optim.SGD(model.parameters(), lr=0.1))
+        try:
+            _train_steps(steering, model, optimizer, change.at_step + 1)
+        finally:
+            steering.unhook()
+        ranks.append((optimizer.param_groups[0]["lr"], applied))
+    assert ranks == [(0.05, []), (0.05, [])], "a re-applied change was reported as landing again"
+    assert not any("different steps" in message for _, message in events)
+
+
+def test_a_change_the_loaded_checkpoint_holds_is_not_applied_over_its_schedule_again():
+    """A new attempt that loads its optimizer's and scheduler's state from a checkpoint past a change goes on with
+    the schedule's progress since: applying "lr → 0.05" again at its first step would undo the decay."""
+    steering, applied = _rank_steering(rank=0)
+    change = Command(1, ADJUST, {"lr": 0.05, "grad_clip": 2.0, "group": None}, at_step=3, issued=1.0, applied_step=3)
+    steering.session.resumed_step = None
+    steering.__init__(steering.session, [change])
+    model = torch.nn.Linear(2, 1)
+    optimizer = steering.steer(torch.optim.SGD(model.parameters(), lr=0.1))
+    saved = torch.optim.SGD(model.parameters(), lr=0.05 * 0.9 ** 2).state_dict()  # the schedule's lr at step 8
+    optimizer.load_state_dict(saved)
+    steering.session.resumed_step = steering.session.last_step = 8  # what nbtrain.load_checkpoint() does
+    try:
+        _train_steps(steering, model, optimizer, 2)
+    finally:
+        steering.unhook()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05 * 0.9 ** 2)
+    assert steering.grad_clip == 2.0, "gradient clipping is no optimizer's state: it is applied"
+    assert applied == []

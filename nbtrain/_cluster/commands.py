@@ -113,6 +113,7 @@ class Command:
     #                                       STOP_AFTER_EPOCH: {"epoch": the epoch the ranks end with}
     superseded: bool = False          # applied on a branch a later rewind went back from: not re-applied
     rank_times: dict[int, float] | None = None  # REWIND: when each rank applied it (its own clock)
+    dropped: str | None = None        # REWIND: why it never applied (the run restarted before its ranks got there)
 
     @property
     def settings(self) -> dict[str, Any]:

@@ -50,6 +50,9 @@ class RunSpec:
     # The names of the run's ``datasets=``: the Ray Datasets travel beside the spec and are kept nowhere, so a
     # fork of the run is given them again (run.fork(datasets=...)), and is told which when it is not.
     dataset_names: tuple[str, ...] = ()
+    # ``runtime_env`` as the launch was given it, its folders the notebook machine's paths (``options`` holds
+    # their uploads, which Ray deletes once no live process names them): a fork uploads them again.
+    runtime_env_given: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:

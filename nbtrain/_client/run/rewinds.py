@@ -18,8 +18,11 @@ from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._cluster.commands import GUARD, REWIND, Command
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._guards import checked_guard
+from nbtrain._states import RunState
 
-APPLIED_WAIT_S = 30.0
+APPLIED_WAIT_S = 30.0   # run.rewind(wait=True) waits this long for a live run's ranks to reach the rewind's step
+APPLIED_POLL_S = 2.0    # and looks this often at whether it ended, paused or restarted meanwhile
+TERMINAL = {state.value for state in RunState if state.is_terminal}
 
 
 def _whole(value: Any) -> bool:
@@ -57,7 +60,8 @@ class RunRewinds:
         Raises:
             InvalidOptionError: ``step`` or ``skip_batches`` is not a whole number >= 0 (nothing was sent).
             NbtrainError: the run cannot be rewound (ended, no checkpoint at or before ``step``, a loop nbtrain
-                cannot restore...: the message says which), or, with ``wait=True``, rank 0 did not rewind in 30 s.
+                cannot restore...: the message says which), or, with ``wait=True``, the rewind did not land: the run
+                ended, paused (it lands once resumed), restarted (it was dropped) or did not reach its step in 30 s.
 
         Example::
 
@@ -75,13 +79,31 @@ class RunRewinds:
         return command.rewind[0]
 
     def _applied(self, command: Command) -> Command:
+        """``command`` once rank 0 applied it; else why it has not, as soon as that is known (a rewind that will
+        not land soon is not waited for in silence)."""
         deadline = time.monotonic() + APPLIED_WAIT_S
-        while command.applied_step is None and time.monotonic() < deadline:
-            command = self.reader.channel.call("command_applied_yet", command.id, 5.0, timeout=5.0 + READ_TIMEOUT_S)
-        if command.applied_step is None:
-            raise NbtrainError(f"Run {self.name!r}: rank 0 did not rewind within {APPLIED_WAIT_S:g} s (is it paused, "
-                               "or between attempts?).")
-        return command
+        to_step = command.rewind[0]
+        while True:
+            command = self.reader.channel.call("command_applied_yet", command.id, APPLIED_POLL_S,
+                                               timeout=APPLIED_POLL_S + READ_TIMEOUT_S)
+            if command.applied_step is not None:
+                return command
+            if command.dropped:
+                raise NbtrainError(f"Run {self.name!r}: the rewind to step {to_step} was not applied: "
+                                   f"{command.dropped}")
+            summary = self.reader.fetch_summary()
+            if summary.get("state") in TERMINAL:
+                raise NbtrainError(f"Run {self.name!r} ended ({summary['state']}) before rank 0 reached step "
+                                   f"{command.at_step}, where the rewind to step {to_step} was due.")
+            if summary.get("paused_at") is not None:
+                raise NbtrainError(f"Run {self.name!r} is paused at step {summary['paused_at']}: the rewind to step "
+                                   f"{to_step} applies between two whole steps, so it lands as the run goes on "
+                                   "(run.resume()); it is still due, nothing was cancelled.")
+            if time.monotonic() > deadline:
+                raise NbtrainError(f"Run {self.name!r}: rank 0 did not reach step {command.at_step}, where the rewind "
+                                   f"to step {to_step} is due, within {APPLIED_WAIT_S:g} s (its ranks are at step "
+                                   f"{summary.get('step')}: slow steps?); it is still due: run.rewinds says when it "
+                                   "lands.")
 
     def guard(self, **settings: Any) -> dict[str, Any]:
         """Guard the live run against divergence, checked on every rank with no round trip to the notebook.

@@ -86,6 +86,7 @@ class TrainingSession:
         self.grad_scaler: Any = None  # a torch GradScaler once a 16-mixed model was prepared
         self.relay = payload.relay  # this node's push relay (see push_relay); None once it failed: to the supervisor
         self.reporter = Reporter()  # report()'s rows and the counts that number them (see reporting)
+        self.resumed_step: int | None = None  # the step of the checkpoint this attempt loaded, once it did
         self.logs: collections.deque[tuple[str, float, str]] = collections.deque()
         self.epoch = 0
         self.samples = 0
@@ -190,6 +191,7 @@ class TrainingSession:
 
     def resume_at(self, step: int) -> None:
         """A checkpoint loaded: steps, reports and loaders count on from its step."""
+        self.resumed_step = step
         reporter = self.reporter
         reporter.step = reporter.calls = reporter.last_step = step
 

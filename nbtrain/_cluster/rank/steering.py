@@ -75,6 +75,7 @@ class RankSteering:
         self.seen = 0                              # the last command id learnt
         self.optimizers: list[Any] = []            # adopted: the ones a change is applied to
         self._met: set[Any] = set()                # every optimizer the hooks saw: adopted, or inside one
+        self._state_loaded: set[int] = set()       # id() of adopted optimizers whose load_state_dict ran
         self._counted: Any = None                  # the first adopted: its updates are counted
         self._hooks: tuple[Any, ...] = ()          # torch's handles of the global hooks, while hooked
         self.updates = 0                           # optimizer updates this attempt (a step for loops that count none)
@@ -100,7 +101,9 @@ class RankSteering:
         self._earlier = {c.id for c in known
                          if c.kind == STACKS or (c.kind == PROFILE and c.at_step != AS_SOON_AS_BACK)}
         self._replaying = True
-        # a new attempt: the changes made so far (not those a rewind went back from), and the guards in force
+        # a new attempt: the changes made so far (not those a rewind went back from), and the guards in force;
+        # those applied before are the run's state, re-applied here without a word (RunSteering.new_attempt)
+        self._replayed = {c.id for c in known if c.applied_step is not None}
         guards = [c for c in known if c.kind == GUARD][-1:]
         self.learn([c for c in known if c.kind == ADJUST and not c.superseded] + guards)
         self._replaying = False
@@ -220,6 +223,9 @@ class RankSteering:
         self._met.add(optimizer)
         self._met.update(wrappers.inside(optimizer))  # a ZeroRedundancyOptimizer's local one: steered through it
         self.optimizers.append(optimizer)
+        hook = getattr(optimizer, "register_load_state_dict_post_hook", None)
+        if hook is not None:
+            hook(lambda loaded: self._state_loaded.add(id(loaded)))
         if self._counted is None:
             self._counted = optimizer
 
@@ -287,8 +293,20 @@ class RankSteering:
                 self._set_pending([c for c in self.pending if c.id != command.id])
             self._apply(command, step)
 
+    def _in_loaded_state(self, command: Command) -> bool:
+        """A change an earlier attempt applied at or before the step of the checkpoint this attempt loaded its
+        optimizers' state from: that state holds it already (with the LR schedule's progress since, which
+        applying it again would undo)."""
+        resumed = self.session.resumed_step
+        return (command.id in self._replayed and command.kind == ADJUST and resumed is not None
+                and command.applied_step is not None and command.applied_step <= resumed
+                and bool(self.optimizers) and all(id(opt) in self._state_loaded for opt in self.optimizers))
+
     def _apply(self, command: Command, step: int) -> None:
         kind = command.kind
+        if self._in_loaded_state(command):  # but a rank's gradient clipping is no optimizer's state
+            self.grad_clip = command.settings.get("grad_clip", self.grad_clip)
+            return
         before: dict[str, Any] | None = self.values() if kind == ADJUST else None
         if kind == ADJUST:
             self._adjust(command.settings, command.group)
@@ -304,7 +322,7 @@ class RankSteering:
         elif kind == PROFILE:
             self._profile(command, step)
             return
-        if kind != USER and not self._replaying:  # every rank says where: the supervisor checks they agree
+        if kind != USER and command.id not in self._replayed:  # every rank says where: the supervisor checks
             self.session.supervisor.command_applied.remote(command.id, self.session.context.rank, step, before,
                                                            time.time())
         if kind == PAUSE:

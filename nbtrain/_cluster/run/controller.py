@@ -285,6 +285,7 @@ class RunController:
                     self.attempt += 1
                     self.resume_from = self.checkpoint
                     self.persist()
+                self.steering.new_attempt(self.attempt)
                 outcome = self._run_attempt()
                 if isinstance(outcome, Succeeded):
                     self.results = outcome.results

@@ -7,9 +7,10 @@ before it gets there: :data:`LEAD_S` of steps at the run's current rate, and at 
 :data:`MIN_LEAD_STEPS`. Every rank says at which step it applied it; if they disagree (a rank was held
 up longer than the lead), the run's events say so. The ranks measure their rate of steps themselves,
 on each heartbeat, so the lead is right from the first seconds of a run. A command issued while no rank runs (a restart)
-is applied at the next attempt's first step; the changes made so far are re-applied by every new
-attempt (from its payload) at the steps they were applied at, so a restarted run follows the same
-settings as the first.
+is applied at the next attempt's first step. The changes made so far are the run's steered state, which
+every new attempt takes as one fact (:meth:`RunSteering.new_attempt`): its ranks re-apply them from their
+payload at the steps they were applied at, unless the checkpoint they loaded their optimizers from holds
+them already, and report none of them as landing again; the run's events say once what the attempt follows.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class RunSteering:
         if not running:
             raise ValueError("no rank is running now to rewind (it may be starting or restarting); ask again once "
                              "its ranks run.")
-        under_way = [c for c in self.commands if c.kind == REWIND and c.applied_step is None]
+        under_way = [c for c in self.commands if c.kind == REWIND and c.applied_step is None and c.dropped is None]
         if under_way:
             raise ValueError(f"a rewind to step {under_way[-1].rewind[0]} is under way; ask again once it is done.")
         refusal = next((said.rewind_refusal for said in running.values() if said.rewind_refusal), None)
@@ -150,6 +151,34 @@ class RunSteering:
             skip = max(int(args.get("through", to_step)) - to_step, 0)
         return {**{key: value for key, value in args.items() if key not in ("step", "through")},
                 "to_step": to_step, "skip": int(skip)}
+
+    def new_attempt(self, attempt: int) -> None:
+        """A new attempt starts: the run's steering state goes with it as one fact, not as commands landing again.
+
+        Its ranks re-apply the changes made so far from their payload, at the steps they were applied at, and say
+        nothing of it (a rank of the new attempt that re-applies a change at its own step is no disagreement);
+        this says once what the new attempt follows. A rewind that no rank of the last attempt reached is
+        dropped, with why: the new attempt resumes from the run's latest checkpoint, and a later rewind is not
+        refused as "under way"."""
+        with self._changed:
+            self._applied_by.clear()
+            dropped = []
+            for index, command in enumerate(self.commands):
+                if command.kind == REWIND and command.applied_step is None and command.dropped is None:
+                    why = (f"attempt {attempt - 1} ended before its ranks reached step {command.at_step}; attempt "
+                           f"{attempt} resumes from the run's latest checkpoint. Ask again once it runs.")
+                    self.commands[index] = dataclasses.replace(command, dropped=why)
+                    dropped.append(self.commands[index])
+            follows = [command for command in self.commands
+                       if command.kind == ADJUST and command.applied_step is not None and not command.superseded]
+            self._changed.notify_all()
+        if dropped:
+            self._persist()
+        for command in dropped:
+            self.record("rewind", f"the rewind to step {command.rewind[0]} was not applied: {command.dropped}")
+        if attempt > 1 and follows:
+            self.record("change", f"attempt {attempt} follows the run's changes: "
+                                  + "; ".join(command.describe() for command in follows))
 
     def guard(self) -> dict[str, Any]:
         """The guards in force (``{}``: none)."""
@@ -248,7 +277,8 @@ class RunSteering:
     def when_applied(self, command_id: int, wait_s: float) -> Command:
         deadline = time.monotonic() + wait_s
         with self._changed:
-            while self.commands[command_id - 1].applied is None and (left := deadline - time.monotonic()) > 0:
+            while self.commands[command_id - 1].applied is None and self.commands[command_id - 1].dropped is None \
+                    and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
             return self.commands[command_id - 1]
 
