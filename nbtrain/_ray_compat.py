@@ -19,10 +19,11 @@ against, entry by entry.
 The entries, by the process that calls them:
 
 - every process: ``HEAD_NODE_RESOURCE``, ``on_head_node``, ``is_head_node``;
-- the notebook's kernel: ``init_with_metadata``, ``init_driver``, ``driver_token``, ``forget_driver_token``,
+- the notebook's kernel: ``init_with_metadata``, ``init_driver`` (with ``quiet_shutdown_notices``), ``driver_token``,
+  ``forget_driver_token``,
   ``client_session_lost``,
   ``kernel_ray_lacks_token``,
-  ``ping_client_server``, ``cluster_metadata``, ``turn_off_auto_init``, ``upload_local_paths``;
+  ``ping_client_server``, ``cluster_metadata``, ``turn_off_auto_init``, ``upload_local_paths``, ``uploads_missing``;
 - an added local node's process: ``start_worker_node``, ``stop_node``;
 - a run's supervisor and the warm pool: ``prestart_worker``, ``worker_setup_hook_env``, ``actor_key``,
   ``draining_nodes`` (``Draining``), ``free_resources_outside``, ``drain_node``, ``standing_request``;
@@ -67,6 +68,7 @@ __all__ = [
     "on_head_node",
     "ping_client_server",
     "prestart_worker",
+    "quiet_shutdown_notices",
     "reason",
     "say_once",
     "set_train_fn_utils",
@@ -76,6 +78,7 @@ __all__ = [
     "train_result",
     "turn_off_auto_init",
     "upload_local_paths",
+    "uploads_missing",
     "worker_setup_hook_env",
 ]
 
@@ -161,6 +164,38 @@ def init_driver(address: str, node_ip_address: str | None, **kwargs: Any) -> Any
     finally:
         if before is not None:
             ray_constants.ENABLE_RAY_CLUSTER = before
+        quiet_shutdown_notices()
+
+
+# Ray's notices, published to every driver, that say an expected shutdown in Ray's words of a failure.
+# ``serve.shutdown()``: Serve's controller exits while its own ``graceful_shutdown`` call, which has infinite
+# retries, is still open, so every driver's cell gets "(raylet) Task ServeController.graceful_shutdown failed.
+# There are infinite retries remaining…" although Serve shut down as asked (Ray 2.54 to 2.60).
+EXPECTED_NOTICES = ("Task ServeController.graceful_shutdown failed",)
+
+
+def quiet_shutdown_notices() -> None:
+    """Keep :data:`EXPECTED_NOTICES` out of the notebook's cells; every other notice of Ray's is printed as before.
+
+    Internal: ``ray._private.worker.print_to_stdstream``, which the driver's thread that listens for Ray's
+    error notices (``listen_error_messages``) calls with ``pid == "raylet"``; it is wrapped once.
+    Public instead: none filters those notices (``log_to_driver=False`` does not: they are not logs).
+    Degrades: a Ray without the function prints the notice, as it does without nbtrain.
+    """
+    from ray._private import worker
+
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "nbtrain_quiet", False):
+        return
+
+    def print_unless_expected(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        lines = data.get("lines") if isinstance(data, dict) and data.get("pid") == "raylet" else None
+        if lines and all(any(str(line).startswith(notice) for notice in EXPECTED_NOTICES) for line in lines):
+            return
+        printer(data, *args, **kwargs)
+
+    print_unless_expected.nbtrain_quiet = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = print_unless_expected
 
 
 _token_held: list[bool] = []  # non-empty while this process's Ray holds a token driver_token gave it
@@ -480,6 +515,22 @@ def upload_local_paths(runtime_env: dict[str, Any]) -> dict[str, Any]:
             os.environ[pin_variable] = before
     uploaded.pop("excludes", None)  # applied by the upload
     return uploaded
+
+
+def uploads_missing(runtime_env: dict[str, Any]) -> list[str]:
+    """The ``gcs://`` packages ``runtime_env`` names that the cluster no longer has (Ray deletes an upload once no
+    live process's environment names it: a run's supervisor holds its own until the run ends).
+
+    Public instead: none. Internal: ``ray._private.runtime_env.packaging.package_exists`` (the GCS's key-value
+    store, which Ray Client serves too). Degrades: a Ray without it reports none missing, and a missing one
+    fails the ranks' start with Ray's own error.
+    """
+    try:
+        from ray._private.runtime_env.packaging import package_exists
+    except ImportError:
+        return []
+    named = [runtime_env.get("working_dir"), *(runtime_env.get("py_modules") or [])]
+    return [uri for uri in named if isinstance(uri, str) and uri.startswith("gcs://") and not package_exists(uri)]
 
 
 

@@ -157,3 +157,22 @@ def test_an_elastic_run_that_cannot_read_node_state_keeps_its_size_and_says_so_o
     assert growth.target is None, "the run keeps its size"
     assert [kind for kind, _ in feed.events] == ["resize"]
     assert "cannot read which nodes Ray is draining (RpcError: gone)" in feed.events[0][1]
+
+
+@pytest.mark.quick
+def test_serves_shutdown_notice_stays_out_of_the_cell_and_every_other_notice_is_printed(monkeypatch):
+    """``serve.shutdown()`` made Ray print "(raylet) Task ServeController.graceful_shutdown failed…" into the
+    user's cell though Serve shut down as asked (07_serve's page showed it); any other notice still reaches it."""
+    from ray._private import worker
+
+    printed = []
+    monkeypatch.setattr(worker, "print_to_stdstream", lambda data, ignore_prefix: printed.append(data["lines"]))
+    compat.quiet_shutdown_notices()
+    compat.quiet_shutdown_notices()  # wrapped once, however often a kernel connects
+    serve = ("Task ServeController.graceful_shutdown failed. There are infinite retries remaining, so the task "
+             "will be retried. Error: The actor is dead because it was killed by `ray.kill`.")
+    worker.print_to_stdstream({"lines": [serve], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    other = "Task Trainer.fit failed. There are infinite retries remaining, so the task will be retried."
+    worker.print_to_stdstream({"lines": [other], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    worker.print_to_stdstream({"lines": [serve], "pid": 4242, "is_err": False}, ignore_prefix=False)
+    assert printed == [[other], [serve]]

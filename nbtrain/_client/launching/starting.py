@@ -42,7 +42,7 @@ from nbtrain._cluster.names import find_supervisor, run_names, wait_until_name_f
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import RunExistsError, RunNotFoundError
 from nbtrain._options import RunOptions
-from nbtrain._packing.runtime_env import packages_to_hold
+from nbtrain._packing.runtime_env import local_paths, packages_to_hold
 from nbtrain._states import TERMINAL_STATE_NAMES, RunState
 
 NAME_TRIES = 5  # names tried by a launch that other launches keep beating to each one
@@ -94,13 +94,14 @@ def checked_spec(code: Code | Callable[..., Any], options: RunOptions, *, notes:
     cluster = connection.current()
     options, note = room.make_room(options, with_data=bool(datasets))  # see room: Ray Data's CPU on a small cluster
     notes = (*notes, note) if note else notes
+    given = options.runtime_env if local_paths(options.runtime_env) else None
     options = with_uploaded_paths(options)
     if options.storage and cluster.kind == "local":  # the notebook sees the cluster's disk: check now
         check_writable(options.storage)
     spec = RunSpec(options=options, fn_bytes=code.fn_bytes, fn_takes_config=code.takes_config, owner=owner(),
                    modules=code.modules, notes=notes, warm_pool=warm.pool_for(options),
                    initial_checkpoint=initial_checkpoint, parent=parent, settings_at_start=settings_at_start,
-                   dataset_names=tuple(datasets or ()))
+                   dataset_names=tuple(datasets or ()), runtime_env_given=given)
     spec_bytes = pickled(spec)
     warm.prestart(spec.warm_pool, options)  # the pickled spec is good: its first ranks may start now
     return Checked(spec, spec_bytes, datasets, named=named, address=cluster.address)

@@ -4,7 +4,8 @@ The parent's supervisor (or, once it ended, its files) answers with the parent's
 function and its options, kept in the run's directory — and the checkpoint (its latest, or the latest
 kept at or before a step). The new run starts by the path every run takes
 (:mod:`~nbtrain._client.launching.starting`: the same checks, uploads, room for Ray Data, and ``NAME-2`` for an
-ended run's name), as if its ranks had saved that checkpoint themselves: their ``load_checkpoint()`` returns it.
+ended run's name; the parent's ``runtime_env`` folders uploaded again, see :func:`_runtime_env`), as if its
+ranks had saved that checkpoint themselves: their ``load_checkpoint()`` returns it.
 It records its parent and the step. ``_client/launching`` imports nothing of ``_client/run``: the start path hands
 back the supervisor's handle, and this module makes the fork's ``Run`` of it.
 """
@@ -12,6 +13,7 @@ back the supervisor's handle, and this module makes the fork's ``Run`` of it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -49,7 +51,7 @@ def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: 
     base = launched.options if launched is not None else RunOptions()
     chosen = dataclasses.replace(base, name=name or f"{parent.name}-fork-{time.strftime('%H%M%S')}",
                                  config={**(base.config or {}), **(config or {})}, resume=False, wait=False,
-                                 **options)
+                                 **{"runtime_env": _runtime_env(parent.name, launched), **options})
     _check_datasets(parent.name, launched, chosen)
     if train_fn is not None:
         code = starting.Code.of(train_fn)
@@ -66,6 +68,34 @@ def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: 
                                     settings_at_start=settings or None)
     handle, spec = starting.start(checked)
     return type(parent)(spec.name, handle, checked.address)
+
+
+def _runtime_env(parent: str, launched: RunSpec | None) -> dict[str, Any] | None:
+    """The parent's ``runtime_env`` for the fork. Its folders were uploaded for the parent, and Ray deletes an
+    upload once no live process names it (the parent's supervisor held them until it ended): where the folders
+    the parent was launched from are on this machine, the fork uploads them again (the same content is the same
+    package, sent once); else the parent's uploads, if the cluster still has them; else a refusal that says what
+    to give."""
+    from nbtrain._ray_compat import uploads_missing
+
+    if launched is None:
+        return None
+    uploaded = launched.options.runtime_env
+    given = getattr(launched, "runtime_env_given", None)  # a run launched by an older nbtrain has none
+    if given and all(os.path.exists(place) for place in _places(given) if "://" not in place):
+        return dict(given)
+    missing = uploads_missing(uploaded) if uploaded else []
+    if missing:
+        folders = ", ".join(_places(given or {})) or ", ".join(missing)
+        raise NbtrainError(f"The runtime_env folders of run {parent!r} ({folders}) were uploaded for it, and the "
+                           "cluster dropped the upload once the run ended; they are not on this machine to send "
+                           "again: give them to the fork, run.fork(runtime_env={'working_dir': ...}).")
+    return uploaded
+
+
+def _places(runtime_env: dict[str, Any]) -> list[str]:
+    return [str(place) for place in [runtime_env.get("working_dir"), *(runtime_env.get("py_modules") or [])]
+            if place is not None]
 
 
 def _check_datasets(parent: str, launched: RunSpec | None, chosen: RunOptions) -> None:
