@@ -7,7 +7,7 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { ICommandPalette, showErrorMessage } from '@jupyterlab/apputils';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { CommandIDs, SIDEBAR_ID, addCommands } from './commands';
@@ -28,6 +28,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     statusBar: IStatusBar | null
   ) => {
     const model = new RunsModel();
+    // a cell that starts may launch a run: the status bar counts it as it starts, not at the next slow poll
+    NotebookActions.executionScheduled.connect(() => model.watch());
     addCommands({ app, model, notebooks, palette });
 
     const sidebar = new RaySidebar({

@@ -2,9 +2,12 @@
  * One poller shared by the sidebar and the status bar item: the runs, the
  * sweeps (with their trials) and the cluster.
  *
- * It polls fast (FAST_MS) while the sidebar is visible and slowly otherwise,
- * stands by while the browser tab is hidden, and backs off when the server
- * does not answer, so an idle JupyterLab costs the server almost nothing.
+ * It polls fast (FAST_MS) while the sidebar is visible, while a run is going
+ * (so the status bar's count drops as it ends) and for WATCH_MS after a cell
+ * starts (so a run the cell launches is counted as it starts), and slowly
+ * otherwise; it stands by while the browser tab is hidden, and backs off when
+ * the server does not answer, so an idle JupyterLab costs the server almost
+ * nothing.
  */
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
@@ -21,6 +24,7 @@ import {
 
 const FAST_MS = 1500;
 const SLOW_MS = 10000;
+const WATCH_MS = 60000;
 
 export class RunsModel {
   constructor() {
@@ -77,13 +81,32 @@ export class RunsModel {
 
   /** Poll fast while someone is looking at the runs. */
   setActive(active: boolean): void {
-    const interval = active ? FAST_MS : SLOW_MS;
-    if (this._poll.frequency.interval !== interval) {
-      this._poll.frequency = { ...this._poll.frequency, interval };
-      if (active) {
-        void this.refresh();
-      }
+    this._active = active;
+    if (this._retune() && active) {
+      void this.refresh();
     }
+  }
+
+  /** A notebook cell started: it may launch a run, which is then counted within FAST_MS. */
+  watch(): void {
+    this._watchUntil = Date.now() + WATCH_MS;
+    if (this._retune()) {
+      void this.refresh();
+    }
+  }
+
+  /** FAST_MS while the sidebar shows, a run is going or a cell started lately; else SLOW_MS. Whether it changed. */
+  private _retune(): boolean {
+    const busy =
+      this._active ||
+      Date.now() < this._watchUntil ||
+      this._runs.some(isRunning);
+    const interval = busy ? FAST_MS : SLOW_MS;
+    if (this._poll.frequency.interval === interval) {
+      return false;
+    }
+    this._poll.frequency = { ...this._poll.frequency, interval };
+    return true;
   }
 
   refresh(): Promise<void> {
@@ -136,6 +159,7 @@ export class RunsModel {
       throw error;
     } finally {
       this._loaded = true;
+      this._retune(); // the next poll's pace: a run still going keeps it fast
       this._changed.emit();
     }
   }
@@ -147,6 +171,8 @@ export class RunsModel {
   private _cluster: ICluster | null = null;
   private _error: string | null = null;
   private _loaded = false;
+  private _active = false;
+  private _watchUntil = 0;
   private _serverNow = Date.now() / 1000;
   private _fetchedAt = Date.now();
 }
