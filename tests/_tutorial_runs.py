@@ -80,9 +80,9 @@ PROMISES: dict[str, list[Promise]] = {
          lambda found: int(found[-1]) == int(str(SMALL["02_cifar10_resnet18.ipynb"]["epochs"])) - 1,
          "the last epoch's checkpoint loads into a plain ResNet18"),
         (r"devices: \[(.*)\]", lambda found: "cpu" in found[-1] and "cuda" not in found[-1],
-         "CPUs with gpus_per_worker=0")],
+         "CPUs with `gpus_per_worker=0`")],
     "03_vit_cifar10_ray_data.ipynb": [
-        (r"final val_accuracy ([\d.]+)", _last_above(0.5), "the ViT learns: val_accuracy above 0.5")],
+        (r"final val_accuracy ([\d.]+)", _last_above(0.5), "the ViT learns: `val_accuracy` above 0.5")],
     "04_launch_panel.ipynb": [
         (r"-> (\w+)\n", lambda found: found[-1] == "succeeded", "the panel's run succeeds"),
         (r"mean of the first 5 steps ([\d.]+), of the last 5 ([\d.]+)",
@@ -114,15 +114,15 @@ PROMISES: dict[str, list[Promise]] = {
         (r"epoch \d+: batch (\d+) per rank", lambda found: int(found[-1]) > int(found[0]), "the adaptive batch grows")],
     "10_steer_and_compare.ipynb": [
         (r"before: ([\d.]+)  from then: ([\d.]+)", lambda found: found[-1] == ("0.05", "0.01"),
-         "adjust(lr=0.01) applies from the step it returned"),
+         "`adjust(lr=0.01)` applies from the step it returned"),
         (r"paused at step \d+; every rank: (.*)", lambda found: found[-1] == "['paused']", "every rank pauses"),
         (r"(\w+); last step \d+, checkpoint at step (\d+) \(asked at (\d+)\)",
          lambda found: found[-1][0] == "stopped" and int(found[-1][1]) >= int(found[-1][2]),
-         "checkpoint_now() keeps a checkpoint, stop(after='epoch') stops the run"),
+         "`checkpoint_now()` keeps a checkpoint, `stop(after='epoch')` stops the run"),
         (r"its first loss ([\d.]+); the parent's first loss ([\d.]+)", _first_below(0.25),
          "the fork's curve goes on from its parent's checkpoint"),
         (r"rewound to step (\d+) from step \d+, 2 batches passed over; the same processes: (\w+)",
-         lambda found: found[-1] == ("40", "True"), "rewind() goes back to step 40 in the same processes"),
+         lambda found: found[-1] == ("40", "True"), "`rewind()` goes back to step 40 in the same processes"),
         (r"(\w+); (\d+) rows of the branch left are kept, marked superseded",
          lambda found: found[-1][0] == "succeeded" and int(found[-1][1]) > 0, "the branch left is kept, superseded")],
     "11_debug_and_profile.ipynb": [
@@ -134,8 +134,8 @@ PROMISES: dict[str, list[Promise]] = {
          lambda found: found[-1][0] == "succeeded" and float(found[-1][1]) < 0.01 and found[-1][2] == "2",
          "the unchanged torchrun script trains, fails once, and attempt 2 resumes from its own snapshot"),
         (r"line magic: (\w+), (\d+) metric rows", lambda found: found[-1][0] == "succeeded" and int(found[-1][1]) > 0,
-         "the line magic runs the script, with curves from its SummaryWriter"),
-        (r"pasted script: (\w+)", lambda found: found[-1] == "succeeded", "a pasted script's __main__ block runs")],
+         "the line magic runs the script, with curves from its `SummaryWriter`"),
+        (r"pasted script: (\w+)", lambda found: found[-1] == "succeeded", "a pasted script's `__main__` block runs")],
 }
 
 
@@ -143,6 +143,13 @@ def users_env(home: Path) -> dict[str, str]:
     """This process's environment as a user's kernel has it: no session cluster, the notebooks' own home."""
     drop = {"RAY_ADDRESS", "RAY_ENABLE_AUTO_CONNECT"}  # the test session's cluster; a user's kernel has neither
     return {**{key: value for key, value in os.environ.items() if key not in drop}, "NBTRAIN_HOME": str(home)}
+
+
+def start_cluster(home: Path) -> subprocess.CompletedProcess[str]:
+    """Start the embedded cluster in ``home`` as ``nbtrain lab`` (the README's first command) does before a
+    user's first notebook: the notebooks then reuse it, in the tests and on the committed pages alike."""
+    return subprocess.run([sys.executable, "-m", "nbtrain", "cluster", "start"], env=users_env(home),
+                          capture_output=True, text=True, timeout=300, check=False)
 
 
 def stop_cluster(home: Path) -> None:
@@ -182,6 +189,7 @@ def note(parameters: dict[str, object]) -> dict[str, Any]:
     said = ("*The outputs below come from a run of this notebook on a 2-CPU machine with smaller parameters "
             f"than the cell above: {values}. Run it yourself for the full sizes.*" if parameters else
             "*The outputs below come from a run of this notebook on a 2-CPU machine.*")
+    said += " *Paths are shown as on a machine with nbtrain's default home, `~/.nbtrain`.*"
     return {"cell_type": "markdown", "id": NOTE_ID, "metadata": {}, "source": said}
 
 
@@ -200,10 +208,41 @@ def without_widgets(notebook: dict[str, Any]) -> dict[str, Any]:
     return notebook
 
 
-def committed_form(executed: dict[str, Any], parameters: dict[str, object]) -> dict[str, Any]:
+def machine_paths(home: Path, workdir: Path) -> list[tuple[str, str]]:
+    """The executing machine's own paths and what a reader's page says instead, longest first: the run's home
+    as a user's default home, the folder papermill ran in as the notebooks' folder, Python's own folders."""
+    import sysconfig
+
+    paths = {str(home): "~/.nbtrain", str(workdir): "notebooks",
+             sysconfig.get_paths()["purelib"]: "site-packages", sys.prefix: "python", str(Path.home()): "~"}
+    return sorted(paths.items(), key=lambda pair: -len(pair[0]))
+
+
+def without_paths(text: str, paths: list[tuple[str, str]]) -> str:
+    for path, shown in paths:
+        text = text.replace(path, shown)
+    return text
+
+
+def _outputs_without_paths(notebook: dict[str, Any], paths: list[tuple[str, str]]) -> None:
+    for cell in notebook["cells"]:
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = without_paths("".join(out["text"]), paths)
+            if "traceback" in out:
+                out["traceback"] = [without_paths(line, paths) for line in out["traceback"]]
+            for kind, value in out.get("data", {}).items():
+                if kind.startswith("text/"):
+                    out["data"][kind] = without_paths("".join(value), paths)
+
+
+def committed_form(executed: dict[str, Any], parameters: dict[str, object],
+                   paths: list[tuple[str, str]]) -> dict[str, Any]:
     """The executed notebook as it is committed: the note instead of the injected parameters, no widgets,
-    none of papermill's timings or paths, and the stamp of the code and parameters it ran."""
+    none of papermill's timings, no path of the machine that ran it (``paths``: :func:`machine_paths`), and
+    the stamp of the code and parameters it ran."""
     notebook = without_widgets(copy.deepcopy(executed))
+    _outputs_without_paths(notebook, paths)
     cells = []
     for cell in notebook["cells"]:
         if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
@@ -227,6 +266,7 @@ class Executed:
 
     def __init__(self, path: Path, workdir: Path, home: Path) -> None:
         self.path = path
+        self.paths = machine_paths(home, workdir)
         self.parameters = SMALL.get(path.name, {})
         self.output = workdir / path.name
         source = workdir / f"cleared-{path.name}"
@@ -284,3 +324,49 @@ class Executed:
             if not found or not check(found):
                 broken.append(f"{promise}: {pattern!r} found {found[-3:] if found else 'nothing'}")
         return broken
+
+
+# What a page shows, compared with what the code prints now (test_notebooks.py): numbers, hex ids and a
+# run name's "-N" aside, since those differ from run to run, and the lines each notebook says vary.
+NUMBER = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b|\d+(?:[.,:]\d+)*")
+VARIES: dict[str, list[str]] = {
+    # whether the elastic run saw the room to grow once or twice before it grew
+    "09_elastic.ipynb": [r"room for # ranks \(now #\): growing at the next checkpoint"],
+}
+
+
+def shown_lines(notebook: dict[str, Any], name: str) -> dict[str, set[str]]:
+    """Each code cell's printed lines (its id → the set of lines), as a reader of the page compares them:
+    numbers as ``#``, no ``-N`` after a name, without the lines ``VARIES`` names."""
+    varies = [re.compile(pattern) for pattern in VARIES.get(name, [])]
+    shown = {}
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        lines = set()
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stdout":
+                text = ANSI.sub("", "".join(out["text"]))
+            elif out.get("output_type") == "error":
+                text = f"{out['ename']}: {out['evalue']}"
+            else:
+                continue
+            for line in text.splitlines():
+                line = re.sub(r"(?<=[A-Za-z])(?:-#)+", "", NUMBER.sub("#", line)).strip()
+                if line and not any(pattern.search(line) for pattern in varies):
+                    lines.add(line)
+        shown[cell.get("id", "")] = lines
+    return shown
+
+
+def drift(committed: dict[str, Any], executed: dict[str, Any], name: str) -> list[str]:
+    """Where the page (``committed``) and what the code prints now (``executed``) differ, cell by cell."""
+    page, now = shown_lines(committed, name), shown_lines(executed, name)
+    differences = []
+    for cell_id, lines in now.items():
+        on_page = page.get(cell_id, set())
+        for line in sorted(on_page - lines):
+            differences.append(f"cell {cell_id}: the page shows {line!r}, which the code no longer prints")
+        for line in sorted(lines - on_page):
+            differences.append(f"cell {cell_id}: the code prints {line!r}, which the page does not show")
+    return differences

@@ -39,7 +39,10 @@ from _tutorial_runs import (
     SMALL,
     STAMP_KEY,
     Executed,
+    committed_form,
+    drift,
     stamp,
+    start_cluster,
     stop_cluster,
     users_env,
 )
@@ -85,8 +88,7 @@ def test_the_users_cluster_has_this_machines_cpus(users_home: Path):
     """What the notebooks run on: the embedded cluster, started with no size given (as the README's first
     command and a first ``%ray_connect`` start it), has this machine's CPUs. Runs first: the notebooks find it."""
     env = users_env(users_home)
-    started = subprocess.run([sys.executable, "-m", "nbtrain", "cluster", "start"], env=env, capture_output=True,
-                             text=True, timeout=300, check=False)
+    started = start_cluster(users_home)
     assert started.returncode == 0, started.stderr[-3000:]
     status = subprocess.run([sys.executable, "-m", "nbtrain", "cluster", "status"], env=env, capture_output=True,
                             text=True, timeout=120, check=False)
@@ -112,6 +114,11 @@ def _run_top_to_bottom(path: Path, workdir: Path, users_home: Path, capsys: pyte
     if broken := executed.broken_promises():
         pytest.fail(f"{path.name}{turn} ran but does not keep its promises (executed notebook: {executed.output}):"
                     "\n  " + "\n  ".join(broken), pytrace=False)
+    ran = committed_form(json.loads(executed.output.read_text(encoding="utf-8")), executed.parameters, executed.paths)
+    if differences := drift(json.loads(path.read_text(encoding="utf-8")), ran, path.name):
+        pytest.fail(f"{path.name}{turn}: the committed page no longer shows what its code prints (numbers aside); "
+                    f"run scripts/refresh-tutorials {path.stem} (executed notebook: {executed.output}):\n  "
+                    + "\n  ".join(differences), pytrace=False)
     return executed
 
 
@@ -168,3 +175,28 @@ def test_a_tutorial_runs_again(users_home: Path, tmp_path: Path, capsys: pytest.
             assert _numbered(second_other, "steered") == _numbered(first_other, "steered") + 1, seen
             assert (first, second) == (f"{first_other}-no-momentum", f"{second_other}-no-momentum")
             assert {on_cluster[run] for run in (first, first_other, second, second_other)} == {"stopped"}, on_cluster
+
+
+@pytest.mark.quick
+def test_the_tutorials_page_states_each_notebooks_promises_as_the_test_checks_them():
+    """docs/tutorials.md's table of what each notebook checks is ``PROMISES``, word for word: a promise changed
+    in one place (06 once said "above 0.5" on the page while the notebook checked 0.3) fails here."""
+    page = (NOTEBOOKS_DIR.parent / "docs" / "tutorials.md").read_text(encoding="utf-8")
+    for path in NOTEBOOKS:
+        row = f"| [{path.stem}](tutorials/{path.name}) | {'; '.join(words for _, _, words in PROMISES[path.name])} |"
+        assert row in page.splitlines(), f"docs/tutorials.md's checks table should have the row\n{row}"
+
+
+MACHINE_PATH = re.compile(r"(?<![\w.~])/(?:root|home|Users|tmp|var/folders)/|[A-Z]:\\\\Users\\\\")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
+def test_no_saved_output_shows_a_path_of_the_machine_that_ran_it(path: Path):
+    """A reader's page shows ``~/.nbtrain/…`` where the refresh ran in a temporary home (``machine_paths``)."""
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    for cell in notebook["cells"]:
+        outputs = json.dumps(cell.get("outputs", []))
+        if found := MACHINE_PATH.search(outputs):
+            pytest.fail(f"{path.name}, cell {cell.get('id')} shows {found[0]!r}: "
+                        f"…{outputs[max(0, found.start() - 120):][:300]}… (run scripts/refresh-tutorials {path.stem})")
