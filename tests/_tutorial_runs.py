@@ -326,8 +326,9 @@ class Executed:
         return broken
 
 
-# What a page shows, compared with what the code prints now (test_notebooks.py): numbers, hex ids and a
-# run name's "-N" aside, since those differ from run to run, and the lines each notebook says vary.
+# What a page shows, compared with what the code prints now (test_notebooks.py): numbers, hex ids, a run name's
+# "-N" and the spaces that align columns aside, since those differ from run to run, and the lines each notebook
+# says vary.
 NUMBER = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b|\d+(?:[.,:]\d+)*")
 VARIES: dict[str, list[str]] = {
     # whether the elastic run saw the room to grow once or twice before it grew
@@ -352,7 +353,7 @@ def shown_lines(notebook: dict[str, Any], name: str) -> dict[str, set[str]]:
             else:
                 continue
             for line in text.splitlines():
-                line = re.sub(r"(?<=[A-Za-z])(?:-#)+", "", NUMBER.sub("#", line)).strip()
+                line = " ".join(re.sub(r"(?<=[A-Za-z])(?:-#)+", "", NUMBER.sub("#", line)).split())
                 if line and not any(pattern.search(line) for pattern in varies):
                     lines.add(line)
         shown[cell.get("id", "")] = lines

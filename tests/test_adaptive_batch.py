@@ -16,8 +16,6 @@ import nbtrain
 
 from _train_fns import noisy_point
 
-pytestmark = pytest.mark.cluster
-
 
 def _rows(run: nbtrain.Run) -> list[dict]:
     return run.metrics

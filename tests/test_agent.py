@@ -9,15 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import nbtrain
 from nbtrain._paths import nbtrain_home, ray_temp_dir
 
 from _helpers import wait_for
 from _train_fns import train_steps
-
-pytestmark = pytest.mark.cluster
 
 
 def files_under(home: Path) -> dict[str, int]:

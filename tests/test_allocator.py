@@ -55,7 +55,6 @@ def _page_faults_per_step():
 
 
 @linux_only
-@pytest.mark.cluster
 def test_ranks_reuse_freed_tensor_memory(cluster):
     run = nbtrain.launch(_page_faults_per_step, workers=2, name="malloc-kept")
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
@@ -65,7 +64,6 @@ def test_ranks_reuse_freed_tensor_memory(cluster):
 
 
 @linux_only
-@pytest.mark.cluster
 def test_a_run_can_keep_glibcs_defaults(cluster):
     run = nbtrain.launch(_page_faults_per_step, workers=2, name="malloc-default",
                          env={"NBTRAIN_MALLOC_TUNING": "0"})

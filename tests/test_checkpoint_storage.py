@@ -153,7 +153,6 @@ def _assert_resumed_from_the_checkpoint(run, steps: int, fail_at: int) -> None:
     assert saved["step"] == steps and torch.equal(saved["weights"], torch.full((3,), float(steps)))
 
 
-@pytest.mark.cluster
 def test_a_file_uri_keeps_the_run_and_its_checkpoints_in_that_directory(cluster, tmp_path):
     run = nbtrain.launch(checkpoint_then_fail_once, config={"steps": 6, "fail_at": 3}, workers=2, max_failures=1,
                          storage=f"file://{tmp_path}", name="file-uri-storage", warm=False)
@@ -169,7 +168,6 @@ def test_a_file_uri_keeps_the_run_and_its_checkpoints_in_that_directory(cluster,
     assert left is None, f"left after delete(): {left}"
 
 
-@pytest.mark.cluster
 def test_checkpoints_go_to_an_s3_uri_and_the_history_stays_on_the_head(cluster, s3_endpoint):
     run = nbtrain.launch(checkpoint_then_fail_once, config={"steps": 6, "fail_at": 3}, workers=2, max_failures=1,
                          storage=_uri(s3_endpoint, "runs"), name="s3-storage", warm=False)
@@ -184,7 +182,6 @@ def test_checkpoints_go_to_an_s3_uri_and_the_history_stays_on_the_head(cluster, 
     assert not (storage_root() / "s3-storage").exists()
 
 
-@pytest.mark.cluster
 def test_sharded_checkpoints_are_uploaded_by_each_rank_and_restored_from_s3(cluster, s3_endpoint):
     run = nbtrain.launch(sharded_checkpoint_then_fail_once, workers=2, max_failures=1,
                          storage=_uri(s3_endpoint, "runs"), name="s3-sharded", warm=False)

@@ -31,8 +31,6 @@ from nbtrain._paths import read_json
 
 from _helpers import venv_with_these_packages
 
-pytestmark = pytest.mark.cluster
-
 DRIVER = """
 import json, os, sys
 import nbtrain

@@ -16,8 +16,6 @@ from nbtrain._client.cluster_address import parse as parse_address
 from nbtrain._client.local import local_cluster
 from nbtrain._registry import read_cluster
 
-pytestmark = pytest.mark.cluster
-
 
 def _cluster_processes() -> list[psutil.Process]:
     info = local_cluster.status()

@@ -23,7 +23,7 @@ import pytest
 
 import nbtrain
 
-pytestmark = [pytest.mark.cluster, pytest.mark.oldest_ray]
+pytestmark = pytest.mark.oldest_ray
 
 FIRST_KERNEL = r'''
 import json, time

@@ -23,7 +23,7 @@ from _helpers import wait_for
 from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, start_jupyterlab
 
 # Without Playwright or Chromium these tests fail at setup saying what to install (tests/conftest.py).
-pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+pytestmark = pytest.mark.browser
 ARTIFACTS = REPO / "test-artifacts"
 OPEN_NOTEBOOK = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the tab on show (Lumino hides the others)
 NB = "window.jupyterapp.shell.currentWidget.node"  # the same, in the page's JavaScript

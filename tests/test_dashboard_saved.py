@@ -19,10 +19,7 @@ from pathlib import Path
 
 import ipykernel
 import nbformat
-import pytest
 from nbclient import NotebookClient
-
-pytestmark = pytest.mark.cluster
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 RUNS = 20

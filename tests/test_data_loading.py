@@ -19,8 +19,6 @@ from torch.utils.data import DataLoader, Sampler, SubsetRandomSampler, WeightedR
 
 import nbtrain
 
-pytestmark = pytest.mark.cluster
-
 ITEMS = list(range(16))
 WEIGHTS = [0.0] * 8 + [1.0] * 8          # only the second half may ever be drawn
 SUBSET = [1, 3, 5, 7, 9, 11, 13, 15]

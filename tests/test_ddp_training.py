@@ -10,8 +10,6 @@ import nbtrain
 
 from _train_fns import TinyNet, train_regression
 
-pytestmark = pytest.mark.cluster
-
 
 @pytest.mark.quick
 def test_ranks_end_with_identical_parameters(cluster):

@@ -21,7 +21,7 @@ import _plain_cluster
 import psutil
 import pytest
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(480)]
+pytestmark = pytest.mark.timeout(480)
 
 AFTER_GAP_STEPS = 100  # the ranks stop this many steps past the furthest one the kernel sees once back
 

@@ -13,7 +13,6 @@ import signal
 from pathlib import Path
 
 import psutil
-import pytest
 
 import nbtrain
 from nbtrain._cluster.storage.history_log import FAULT_DISK_FULL_ENV, HistoryLog
@@ -21,8 +20,6 @@ from nbtrain._paths import storage_root
 
 from _helpers import wait_for
 from _train_fns import train_steps
-
-pytestmark = pytest.mark.cluster
 
 
 def _supervisor_pid(run_dir: Path) -> int | None:

@@ -15,8 +15,6 @@ import nbtrain
 
 from _train_fns import elastic_train
 
-pytestmark = pytest.mark.cluster
-
 
 def _wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout

@@ -19,8 +19,6 @@ from nbtrain._client.local import local_cluster
 from _helpers import run_actor_names, wait_for
 from _train_fns import train_steps
 
-pytestmark = pytest.mark.cluster
-
 
 def _rows_of(run, attempt):
     return [r for r in run.metrics if r["attempt"] == attempt]

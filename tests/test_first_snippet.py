@@ -10,11 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 from _helpers import ipython_shell
-
-pytestmark = pytest.mark.cluster
 
 INDEX = Path(__file__).resolve().parent.parent / "docs" / "index.md"
 

@@ -13,8 +13,6 @@ import nbtrain
 from _helpers import wait_for
 from _train_fns import train_steps
 
-pytestmark = pytest.mark.cluster
-
 FOREVER = {"steps": 100_000, "sleep": 0.05}
 
 

@@ -8,8 +8,6 @@ import transformers
 
 import nbtrain
 
-pytestmark = pytest.mark.cluster
-
 
 def tiny_bert_config() -> transformers.BertConfig:
     return transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,

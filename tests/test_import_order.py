@@ -102,7 +102,6 @@ def _client_address() -> str:
     return info.address
 
 
-@pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_the_token_travels_in_metadata_alone_and_a_wrong_one_is_refused(cluster, tmp_path: Path):
     """Plain Ray in a process with Ray's token mode off: only ``_metadata`` can carry the token.
@@ -152,7 +151,6 @@ def test_the_token_travels_in_metadata_alone_and_a_wrong_one_is_refused(cluster,
     assert wrong.returncode == 3 and "REFUSED" in wrong_out, wrong_out
 
 
-@pytest.mark.cluster
 @pytest.mark.notebook
 @pytest.mark.timeout(900)
 def test_notebook_that_imports_ray_first_trains_under_plain_nbclient(cluster, tmp_path: Path):
@@ -195,7 +193,6 @@ def test_notebook_that_imports_ray_first_trains_under_plain_nbclient(cluster, tm
     assert "RUN succeeded" in result.stdout, result.stdout
 
 
-@pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_connect_works_with_ray_token_mode_on_in_the_kernel(cluster, tmp_path: Path):
     """A kernel whose Ray has token mode on and another cluster's token: ours is sent first and wins."""
@@ -208,7 +205,6 @@ def test_connect_works_with_ray_token_mode_on_in_the_kernel(cluster, tmp_path: P
     assert result.returncode == 0 and "NODES" in result.stdout, result.stdout + result.stderr[-4000:]
 
 
-@pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_ray_token_mode_on_without_any_token_is_named_fast(cluster, tmp_path: Path):
     """Ray Client would refuse before sending anything; nbtrain says so instead of Ray's error."""

@@ -521,7 +521,6 @@ def served_sweep(lab: JupyterLab, name: str) -> dict[str, Any] | None:
     return next((sweep for sweep in body["sweeps"] if sweep["name"] == name), None)
 
 
-@pytest.mark.cluster
 def test_the_run_list_carries_a_real_sweep_with_its_trials(cluster: Any, tmp_path_factory: pytest.TempPathFactory
                                                            ) -> None:
     from ray import tune

@@ -10,8 +10,6 @@ from nbtrain._views.launch_panel import INVALID_CLASS, config_control
 
 from _train_fns import train_steps
 
-pytestmark = pytest.mark.cluster
-
 CONFIG = {"lr": 0.01, "epochs": 3, "optimizer": ["sgd", "adam"], "augment": False, "tag": "base",
           "steps": 5, "sleep": 0.0}
 

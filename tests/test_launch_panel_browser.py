@@ -19,7 +19,7 @@ import nbtrain
 from _helpers import wait_for
 from _jupyterlab import start_jupyterlab
 
-pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+pytestmark = pytest.mark.browser
 
 PANEL_CELL = '''import time
 def train(config):

@@ -8,8 +8,6 @@ import torch
 
 import nbtrain
 
-pytestmark = pytest.mark.cluster
-
 
 class Regressor(pl.LightningModule):
     def __init__(self, lr: float = 0.05) -> None:

@@ -19,8 +19,6 @@ from nbtrain._views.dashboard.dashboard import WidgetDashboard
 
 from _helpers import wait_for
 
-pytestmark = pytest.mark.cluster
-
 
 def blocked_and_sleeping(config):
     """Rank 0 waits in an all-reduce that rank 1 never joins; rank 1 sleeps in a loop."""

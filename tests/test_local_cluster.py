@@ -152,7 +152,6 @@ def _ray_processes_naming(text: str) -> dict[str, list[int]]:
     return found
 
 
-@pytest.mark.cluster
 def test_two_kernels_connecting_at_once_share_one_private_head(fresh_home, tmp_path):
     go = tmp_path / "go"
     kernels = [subprocess.Popen([sys.executable, "-c", CONNECT, str(tmp_path / f"ready{i}"), str(go)],

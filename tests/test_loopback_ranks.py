@@ -17,8 +17,6 @@ from nbtrain._paths import nbtrain_home, run_index_dir, runs_dir, storage_root
 
 from _helpers import wait_for
 
-pytestmark = pytest.mark.cluster
-
 
 def hold_until_released(config):
     """Join the process group, save a checkpoint, report, then wait (ranks keep their sockets) for the test."""

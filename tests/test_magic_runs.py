@@ -14,8 +14,6 @@ import nbtrain
 
 from _helpers import ipython_shell, run_actor_names, wait_for
 
-pytestmark = pytest.mark.cluster
-
 
 @pytest.fixture(scope="module")
 def ip(cluster):

@@ -24,7 +24,7 @@ from test_dashboard_browser import ARTIFACTS, browser_type_launch_args  # noqa: 
 from _helpers import wait_for
 from _jupyterlab import free_port
 
-pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+pytestmark = pytest.mark.browser
 
 APP = '''
 import marimo

@@ -8,8 +8,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import nbtrain
 
-pytestmark = pytest.mark.cluster
-
 
 def test_every_rank_is_written_to_tensorboard_and_mlflow(cluster, tmp_path):
     def train(config):

@@ -17,8 +17,6 @@ import nbtrain
 from _helpers import wait_for, waiting_for_an_answer
 from _train_fns import train_steps
 
-pytestmark = pytest.mark.cluster
-
 
 @pytest.mark.quick
 def test_rows_arrive_live_and_the_cursor_neither_drops_nor_repeats(cluster):

@@ -21,8 +21,6 @@ from nbtrain._client.local import local_nodes
 
 from _train_fns import elastic_train
 
-pytestmark = pytest.mark.cluster
-
 
 def _alive_nodes() -> list[dict]:
     return [node for node in ray.nodes() if node["Alive"]]

@@ -30,7 +30,7 @@ from test_dashboard_browser import (  # noqa: F401 - the fixture is used by pyte
 from _helpers import wait_for
 from _jupyterlab import REPO, start_notebook7
 
-pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")

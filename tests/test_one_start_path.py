@@ -12,8 +12,6 @@ import pytest
 import nbtrain
 from nbtrain._exceptions import InvalidOptionError
 
-pytestmark = pytest.mark.cluster
-
 
 def reads_its_file(config):
     """Reads notes.txt by a relative path (the working_dir is the rank's current directory) and saves a checkpoint."""

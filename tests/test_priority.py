@@ -6,7 +6,6 @@ import os
 import time
 
 import psutil
-import pytest
 
 import nbtrain
 from nbtrain._client.local import local_cluster
@@ -14,8 +13,6 @@ from nbtrain._cluster.priority import BOOKKEEPING_NICENESS
 
 from _helpers import wait_for
 from _train_fns import train_steps
-
-pytestmark = pytest.mark.cluster
 
 
 def _thread_niceness(pid: int) -> list[int]:

@@ -17,8 +17,6 @@ from nbtrain._exceptions import InvalidOptionError, NbtrainError
 
 from _helpers import wait_for
 
-pytestmark = pytest.mark.cluster
-
 
 def small_model_loop(config):
     """A two-layer model, an SGD step every 0.02 s, until stopped."""

@@ -63,7 +63,6 @@ def test_auto_gives_relays_to_wide_runs_only():
     assert not wants_relays("never", world_size=256, ranks_on_node=8)
 
 
-@pytest.mark.cluster
 def test_rows_arrive_once_in_order_through_the_relay_and_after_it_dies(cluster, tmp_path: Path):
     gate = tmp_path / "gate"
     name = "relay-killed"
@@ -99,7 +98,6 @@ def test_rows_arrive_once_in_order_through_the_relay_and_after_it_dies(cluster, 
         assert steps == list(range(1, 2 * STEPS_EACH_HALF + 1)), (rank, steps)
 
 
-@pytest.mark.cluster
 def test_a_small_run_starts_no_relay(cluster, tmp_path: Path):
     gate = tmp_path / "gate"
     name = "relay-none"
@@ -145,7 +143,6 @@ def _lr_from(run, rank: int, lr: float) -> int:
     return min(row["step"] for row in run.metrics if row["rank"] == rank and row["lr"] == lr)
 
 
-@pytest.mark.cluster
 def test_the_nodes_ranks_learn_commands_from_one_question_and_from_their_own_once_the_relay_is_gone(
         cluster, tmp_path: Path):
     gate = tmp_path / "gate"

@@ -7,8 +7,6 @@ import pytest
 
 import nbtrain
 
-pytestmark = pytest.mark.cluster
-
 
 def count_my_rows(config):
     seen = []

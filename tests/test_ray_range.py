@@ -31,7 +31,6 @@ def test_the_oldest_ray_tier_runs_the_oldest_ray_and_the_lanes_the_newest():
     assert _minor(ray.__version__) == (tier or TESTED_RAY_MINORS[-1]), ray.__version__
 
 
-@pytest.mark.cluster
 def test_a_cluster_on_the_oldest_ray_refuses_this_notebook_first_and_its_match_connects(tmp_path):
     if _minor(ray.__version__) == OLDEST:
         pytest.skip("the mismatch needs a notebook on a newer Ray than the cluster's, and no supported Ray is older "

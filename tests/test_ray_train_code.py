@@ -28,8 +28,6 @@ from torchvision.transforms import Compose, Normalize, ToTensor
 
 import nbtrain
 
-pytestmark = pytest.mark.cluster
-
 
 # --- Ray Train's user guide example (data set: FakeData instead of FashionMNIST; epochs and size from config) ---
 def train_func(config):

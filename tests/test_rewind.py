@@ -18,8 +18,6 @@ from nbtrain._views.dashboard.dashboard import WidgetDashboard
 
 from _helpers import wait_for
 
-pytestmark = pytest.mark.cluster
-
 BATCHES = 100  # per rank and epoch: 800 samples, batches of 4, 2 ranks
 
 

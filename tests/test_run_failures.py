@@ -14,8 +14,6 @@ import nbtrain
 from _helpers import run_actor_names, wait_for
 from _train_fns import train_steps
 
-pytestmark = pytest.mark.cluster
-
 
 @pytest.mark.quick
 def test_rank_raising_at_step_20_fails_the_run_within_10_s(cluster):

@@ -20,8 +20,6 @@ from nbtrain._cluster.names import find_supervisor
 from _helpers import wait_for
 from _train_fns import train_steps
 
-pytestmark = pytest.mark.cluster
-
 QUICK = {"steps": 3, "sleep": 0.01, "checkpoint_every": 1}
 FOREVER = {"steps": 10**6, "sleep": 0.02}
 

@@ -22,8 +22,6 @@ from nbtrain import InvalidOptionError, RunFailedError
 
 from _helpers import ipython_shell
 
-pytestmark = pytest.mark.cluster
-
 SCRIPT = Path(__file__).resolve().parent.parent / "notebooks" / "torchrun_script" / "train.py"
 EPOCHS = "2"
 

@@ -9,8 +9,6 @@ import torch
 
 import nbtrain
 
-pytestmark = pytest.mark.cluster
-
 
 class Block(torch.nn.Module):
     def __init__(self, width: int) -> None:

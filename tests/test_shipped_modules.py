@@ -15,10 +15,6 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.cluster
-
 SCRIPT = '''
 import json, os, shutil, sys
 import nbtrain

@@ -22,7 +22,7 @@ from nbtrain._lab.commands import NbtrainServer
 from _helpers import wait_for
 from _jupyterlab import expect, start_jupyterlab
 
-pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,6 @@ from nbtrain._exceptions import NbtrainError
 
 from _helpers import wait_for
 
-pytestmark = pytest.mark.cluster
-
 
 def steered_loop(config):
     """Epochs of 20 batches (prepare_loader), one SGD step each, 0.05 s a step; until stopped."""

@@ -21,8 +21,6 @@ from nbtrain._cluster.run.stragglers import StragglerWatch
 from _helpers import wait_for
 from _train_fns import TinyNet
 
-pytestmark = pytest.mark.cluster
-
 
 class SlowOnOneRank(torch.utils.data.Dataset):
     """Each sample takes ``delay`` seconds to load on rank ``slow_rank``, none elsewhere."""

@@ -24,7 +24,7 @@ from nbtrain._views.sweep_dashboard import FADED_OPACITY
 from _helpers import wait_for
 from _jupyterlab import expect, start_jupyterlab
 
-pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+pytestmark = pytest.mark.browser
 
 SWEEP = "browser-sweep"
 GRID = [0.1, 2.0, 3.0]  # trial i has q = GRID[i]; trial 0 is the best at every step

@@ -19,8 +19,6 @@ from nbtrain._cluster.run.controller import NO_ROWS_NOTE
 
 from _helpers import wait_for
 
-pytestmark = pytest.mark.cluster
-
 
 def _reached(run, step: int) -> bool:
     run.refresh()

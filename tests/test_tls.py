@@ -19,11 +19,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from nbtrain._client import tls
-
-pytestmark = pytest.mark.cluster
 
 TRAIN = '''
 import json, nbtrain

@@ -90,7 +90,6 @@ def _quiet(_message: str) -> None:
     pass
 
 
-@pytest.mark.cluster
 def test_a_token_reaches_only_the_cluster_it_was_given_for(cluster, fake_cluster, no_machine_tokens, monkeypatch):
     a, b = fake_cluster("token-for-a"), fake_cluster(None)
     # As `local_cluster.ray_env()` hands it to a plain-Ray driver: the embedded cluster's token file.
@@ -174,7 +173,6 @@ def test_ray_connect_help_says_why_not_to_type_the_token(ip, capsys):
         ip, "%ray_connect ray://127.0.0.1:1 --token x --ask-token")
 
 
-@pytest.mark.cluster
 def test_ray_connect_takes_the_token_from_a_file_a_hidden_prompt_or_the_environment(
         cluster, fake_cluster, no_machine_tokens, ip, monkeypatch, tmp_path, capsys):
     missing = tmp_path / "no-such-token"

@@ -25,8 +25,6 @@ from nbclient import NotebookClient
 
 import nbtrain
 
-pytestmark = pytest.mark.cluster
-
 
 def _cell(source: str) -> nbformat.NotebookNode:
     return nbformat.v4.new_code_cell(textwrap.dedent(source).strip("\n"))

@@ -16,8 +16,6 @@ import nbtrain
 
 from _helpers import ipython_shell, wait_for
 
-pytestmark = pytest.mark.cluster
-
 BEST_Q = 0.1
 FAILING_Q = 7.0
 

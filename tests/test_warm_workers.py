@@ -18,8 +18,6 @@ from contextlib import redirect_stdout
 from io import StringIO
 from pathlib import Path
 
-import pytest
-
 import nbtrain
 from nbtrain._client.local import local_cluster
 from nbtrain._client.warm import warm_pools
@@ -73,7 +71,6 @@ def _launch_to_first_row(name: str, shape: str):
     return run, took
 
 
-@pytest.mark.cluster
 def test_a_relaunch_reuses_the_workers_started_afresh_and_reaches_its_first_step_sooner(cluster):
     first, first_launch_s = _launch_to_first_row("warm-first", "same")
     again, relaunch_s = _launch_to_first_row("warm-again", "same")
@@ -129,7 +126,6 @@ def _idle_spares(since: float) -> list[int]:
     return found
 
 
-@pytest.mark.cluster
 def test_a_relaunchs_supervisor_takes_the_spare_process_its_previous_run_asked_for(cluster):
     """A supervisor needs a process nothing ran in: the previous warm run's supervisor has Ray start one."""
     import psutil
@@ -149,7 +145,6 @@ def test_a_relaunchs_supervisor_takes_the_spare_process_its_previous_run_asked_f
         nbtrain.release_warm()
 
 
-@pytest.mark.cluster
 def test_another_shape_gets_new_workers_and_the_idle_ones_end(cluster):
     before = _launch("warm-shape-a", "a")
     after = _launch("warm-shape-b", "b")
@@ -158,7 +153,6 @@ def test_another_shape_gets_new_workers_and_the_idle_ones_end(cluster):
     nbtrain.release_warm()
 
 
-@pytest.mark.cluster
 def test_fewer_workers_take_some_idle_ones_and_more_start_only_the_missing(cluster):
     two = _launch("warm-count-2", "count")
     one = _launch("warm-count-1", "count", workers=1)
@@ -170,14 +164,12 @@ def test_fewer_workers_take_some_idle_ones_and_more_start_only_the_missing(clust
     nbtrain.release_warm()
 
 
-@pytest.mark.cluster
 def test_idle_workers_exit_after_warm_idle_s(cluster):
     run = _launch("warm-timeout", "timeout", warm_idle_s=10.0)
     assert not _all_gone(_pids(run))  # idle, warm
     wait_for(lambda: _all_gone(_pids(run)), 60, message="idle workers to exit after warm_idle_s")
 
 
-@pytest.mark.cluster
 def test_a_warm_worker_killed_while_idle_is_not_reused(cluster):
     first = _launch("warm-killed-1", "killed")
     killed, kept = _pids(first)
@@ -188,13 +180,11 @@ def test_a_warm_worker_killed_while_idle_is_not_reused(cluster):
     nbtrain.release_warm()
 
 
-@pytest.mark.cluster
 def test_warm_false_leaves_no_worker(cluster):
     run = _launch("warm-off", "off", warm=False)
     wait_for(lambda: _all_gone(_pids(run)), 30, message="a warm=False run's workers to exit")
 
 
-@pytest.mark.cluster
 def test_warm_workers_end_with_the_notebook_session_that_made_them(cluster, tmp_path: Path):
     """A separate process is the notebook: it launches, waits for the run, prints the pids and exits."""
     script = tmp_path / "session.py"
