@@ -297,10 +297,11 @@ class RankSteering:
         """A change an earlier attempt applied at or before the step of the checkpoint this attempt loaded its
         optimizers' state from: that state holds it already (with the LR schedule's progress since, which
         applying it again would undo)."""
+        if command.id not in self._replayed or command.kind != ADJUST or command.applied_step is None:
+            return False
         resumed = self.session.resumed_step
-        return (command.id in self._replayed and command.kind == ADJUST and resumed is not None
-                and command.applied_step is not None and command.applied_step <= resumed
-                and bool(self.optimizers) and all(id(opt) in self._state_loaded for opt in self.optimizers))
+        return (resumed is not None and command.applied_step <= resumed and bool(self.optimizers)
+                and all(id(opt) in self._state_loaded for opt in self.optimizers))
 
     def _apply(self, command: Command, step: int) -> None:
         kind = command.kind
