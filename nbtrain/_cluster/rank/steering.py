@@ -100,13 +100,11 @@ class RankSteering:
         # stacks and profiles an earlier attempt was asked for: not this one's to answer
         self._earlier = {c.id for c in known
                          if c.kind == STACKS or (c.kind == PROFILE and c.at_step != AS_SOON_AS_BACK)}
-        self._replaying = True
         # a new attempt: the changes made so far (not those a rewind went back from), and the guards in force;
         # those applied before are the run's state, re-applied here without a word (RunSteering.new_attempt)
         self._replayed = {c.id for c in known if c.applied_step is not None}
         guards = [c for c in known if c.kind == GUARD][-1:]
         self.learn([c for c in known if c.kind == ADJUST and not c.superseded] + guards)
-        self._replaying = False
         # the rest (pauses, checkpoints asked, user commands) belonged to earlier attempts: never again
         self.seen = max((c.id for c in known), default=0)
 
@@ -166,7 +164,7 @@ class RankSteering:
                     self._resumed.clear()
                     pending.append(command)
                 else:
-                    if self._replaying and command.applied_step is not None:
+                    if command.id in self._replayed and command.applied_step is not None:  # where it was before
                         command = command.due_at(command.applied_step)
                     pending.append(command)
             pending.sort(key=lambda c: (c.at_step, c.id))
