@@ -517,9 +517,9 @@ def upload_local_paths(runtime_env: dict[str, Any]) -> dict[str, Any]:
     return uploaded
 
 
-def uploads_missing(runtime_env: dict[str, Any]) -> list[str]:
-    """The ``gcs://`` packages ``runtime_env`` names that the cluster no longer has (Ray deletes an upload once no
-    live process's environment names it: a run's supervisor holds its own until the run ends).
+def uploads_missing(places: Sequence[str]) -> list[str]:
+    """The ``gcs://`` packages among a runtime_env's ``places`` that the cluster no longer has (Ray deletes an
+    upload once no live process's environment names it: a run's supervisor holds its own until the run ends).
 
     Public instead: none. Internal: ``ray._private.runtime_env.packaging.package_exists`` (the GCS's key-value
     store, which Ray Client serves too). Degrades: a Ray without it reports none missing, and a missing one
@@ -529,8 +529,7 @@ def uploads_missing(runtime_env: dict[str, Any]) -> list[str]:
         from ray._private.runtime_env.packaging import package_exists
     except ImportError:
         return []
-    named = [runtime_env.get("working_dir"), *(runtime_env.get("py_modules") or [])]
-    return [uri for uri in named if isinstance(uri, str) and uri.startswith("gcs://") and not package_exists(uri)]
+    return [uri for uri in places if uri.startswith("gcs://") and not package_exists(uri)]
 
 
 

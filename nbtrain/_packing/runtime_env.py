@@ -62,13 +62,16 @@ def environment_key(runtime_env: dict[str, Any] | None) -> str:
     return json.dumps(runtime_env or {}, sort_keys=True, default=repr)
 
 
+def places(runtime_env: dict[str, Any] | None) -> list[str]:
+    """The folders a runtime_env names, or their uploads' URIs: its ``working_dir``, then its ``py_modules``."""
+    given = runtime_env or {}
+    return [str(place) for place in [given.get("working_dir"), *(given.get("py_modules") or [])] if place is not None]
+
+
 def local_paths(runtime_env: dict[str, Any] | None) -> bool:
     """Whether it names folders or files of the notebook's machine, which must be uploaded before the
     cluster (perhaps another machine) can use them."""
-    if not runtime_env:
-        return False
-    places = [runtime_env.get("working_dir"), *(runtime_env.get("py_modules") or [])]
-    return any(place is not None and not (isinstance(place, str) and "://" in place) for place in places)
+    return any("://" not in place for place in places(runtime_env))
 
 
 def pip_problem(runtime_env: dict[str, Any] | None) -> str | None:

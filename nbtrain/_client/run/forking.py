@@ -27,6 +27,7 @@ from nbtrain._cluster.commands import ADJUSTABLE, checked_settings
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._options import RunOptions, check_keywords
+from nbtrain._packing.runtime_env import places
 
 FORK_READ_S = 120.0  # the checkpoint travels through the notebook: large ones take a while
 
@@ -82,20 +83,15 @@ def _runtime_env(parent: str, launched: RunSpec | None) -> dict[str, Any] | None
         return None
     uploaded = launched.options.runtime_env
     given = getattr(launched, "runtime_env_given", None)  # a run launched by an older nbtrain has none
-    if given and all(os.path.exists(place) for place in _places(given) if "://" not in place):
+    if given and all(os.path.exists(place) for place in places(given) if "://" not in place):
         return dict(given)
-    missing = uploads_missing(uploaded) if uploaded else []
+    missing = uploads_missing(places(uploaded))
     if missing:
-        folders = ", ".join(_places(given or {})) or ", ".join(missing)
+        folders = ", ".join(places(given)) or ", ".join(missing)
         raise NbtrainError(f"The runtime_env folders of run {parent!r} ({folders}) were uploaded for it, and the "
                            "cluster dropped the upload once the run ended; they are not on this machine to send "
                            "again: give them to the fork, run.fork(runtime_env={'working_dir': ...}).")
     return uploaded
-
-
-def _places(runtime_env: dict[str, Any]) -> list[str]:
-    return [str(place) for place in [runtime_env.get("working_dir"), *(runtime_env.get("py_modules") or [])]
-            if place is not None]
 
 
 def _check_datasets(parent: str, launched: RunSpec | None, chosen: RunOptions) -> None:
