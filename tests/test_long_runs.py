@@ -61,10 +61,11 @@ def report_a_burst_then_end(config):
 
 
 def test_every_row_of_a_burst_at_the_end_lands_though_sending_it_outlasts_one_pushs_wait(cluster):
-    # 200 000 rows reported faster than 200-row pushes carry them: a thousand pushes are left when the
+    # 400 000 rows reported faster than 200-row pushes carry them: about two thousand pushes are left when the
     # function returns. A final flush that gave all of them one push's wait (4 s) lost the rest. One
-    # push's wait stays well above what a push takes on a loaded machine (1 s was outlasted under CI)
-    rows, push_wait_s = 200_000, 4.0
+    # push's wait stays well above what a push takes on a loaded machine (1 s was outlasted under CI); the
+    # rows are enough for the flush to outlast it on an idle machine too (200 000 took 5.7 s there)
+    rows, push_wait_s = 400_000, 4.0
     run = nbtrain.launch(report_a_burst_then_end, name="burst", workers=1, warm=False,
                          config={"rows": rows, "push_rows": 200, "push_wait_s": push_wait_s})
     assert run.wait(timeout=300) == nbtrain.RunState.SUCCEEDED, run.error
@@ -72,7 +73,7 @@ def test_every_row_of_a_burst_at_the_end_lands_though_sending_it_outlasts_one_pu
     whole = [row["step"] for row in metrics] == list(range(rows))
     assert whole, f"{rows - len(metrics)} of {rows} rows lost; the last that landed is step {metrics[-1]['step']}"
     final_flush_s = run.reader.summary["ended"] - metrics[-1]["time"]
-    assert final_flush_s > 2 * push_wait_s, f"the last flush took {final_flush_s:.1f} s: the test proves nothing"
+    assert final_flush_s > push_wait_s, f"the last flush took {final_flush_s:.1f} s: the test proves nothing"
 
 
 def test_rows_a_rank_could_not_send_as_it_ended_are_said_not_lost_silently(cluster):
