@@ -1,5 +1,5 @@
 """The run's controller decides alone: restarts within max_failures, an elastic run's shrink, growth and
-drain, the user's stop, each with no cluster.
+drain, the user's stop, a long stall said once, each with no cluster.
 
 The controller's worker group comes from a factory; here :class:`FakeWorkerGroups` stands in for
 ``WorkerGroup.start`` and plays each attempt's scripted outcome, and :class:`FakeCluster` stands in for
@@ -10,6 +10,7 @@ is in test_fault_tolerance.py and test_elastic.py.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -326,3 +327,43 @@ def test_pushes_a_rank_sent_that_never_landed_are_said(tmp_path, monkeypatch):
     assert events(controller, "note") == [controller_module.lost_pushes_note(0, 2)]
     assert "Rank 0's last 2 pushes of metric rows and log lines were sent but never reached" in events(
         controller, "note")[0]
+
+
+def test_a_long_stall_is_said_once_and_its_end_once_however_many_heartbeats_come_meanwhile(tmp_path, monkeypatch):
+    """A rank quiet for 12 s (stall_timeout 2 s) gets one stall event, and one when it moves again; its heartbeats
+    every 0.1 s meanwhile (over a hundred) do not end the stall (they used to, and it was said 10 times a second).
+    The worker table's clock is the test's: 12 s pass in a few milliseconds."""
+    from types import SimpleNamespace
+
+    from nbtrain._cluster.commands import Heartbeat, SteeringBeat
+    from nbtrain._cluster.run import worker_table
+
+    clock = [1_000.0]
+    monkeypatch.setattr(worker_table, "time", SimpleNamespace(time=lambda: clock[0]))
+    held: dict[str, WorkerTable] = {}
+
+    def beat(progress: float) -> Heartbeat:
+        return Heartbeat(time=clock[0], step=1, state="running", last_progress=progress,
+                         steering=SteeringBeat(step=1, rate=0.0, epoch=0))
+
+    def stuck_12_s_then_moves(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        table, progress = held["table"], clock[0]
+        table.beat(0, attempt.number, beat(progress))
+        for _ in range(120):  # heartbeats every 0.1 s, no progress
+            clock[0] += 0.1
+            table.beat(0, attempt.number, beat(progress))
+            assert interrupt() is None
+        clock[0] += 0.1
+        table.beat(0, attempt.number, beat(clock[0]))  # it moves again
+        assert interrupt() is None
+        return succeed(attempt, interrupt)
+
+    controller, ended = make_controller(tmp_path, FakeWorkerGroups(stuck_12_s_then_moves), workers=1,
+                                        stall_timeout_s=2)
+    held["table"] = controller.table
+    assert run_to_end(controller, ended) == RunState.SUCCEEDED
+    stalls = events(controller, "stall")
+    assert len(stalls) == 2, stalls
+    assert stalls[0].startswith("Rank 0 made no progress for 2 s (stall_timeout=2 s)"), stalls[0]
+    again = re.match(r"Rank 0 made progress again after (\d+) s", stalls[1])
+    assert again is not None and int(again[1]) >= 12, stalls[1]
