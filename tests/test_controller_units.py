@@ -367,3 +367,61 @@ def test_a_long_stall_is_said_once_and_its_end_once_however_many_heartbeats_come
     assert stalls[0].startswith("Rank 0 made no progress for 2 s (stall_timeout=2 s)"), stalls[0]
     again = re.match(r"Rank 0 made progress again after (\d+) s", stalls[1])
     assert again is not None and int(again[1]) >= 12, stalls[1]
+
+
+def test_a_stalled_rank_under_on_stall_fail_ends_the_run_saying_why(tmp_path, monkeypatch):
+    """``on_stall="fail"``: the attempt ends at the stall (after asking the ranks where they are, here no answer in
+    the test's short wait) and the run fails, its error naming the rank and the timeout."""
+    from types import SimpleNamespace
+
+    from nbtrain._cluster.commands import Heartbeat, SteeringBeat
+    from nbtrain._cluster.run import stall_stacks, worker_table
+
+    clock = [1_000.0]
+    monkeypatch.setattr(worker_table, "time", SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(stall_stacks, "WAIT_S", 0.05)
+    held: dict[str, WorkerTable] = {}
+
+    def silent(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        progress = clock[0]
+        for _ in range(100):
+            held["table"].beat(0, attempt.number, Heartbeat(time=clock[0], step=1, state="running",
+                                                            last_progress=progress,
+                                                            steering=SteeringBeat(step=1, rate=0.0, epoch=0)))
+            outcome = interrupt()
+            if outcome is not None:
+                return outcome
+            clock[0] += 0.5
+        pytest.fail("the controller never ended the stalled attempt")
+
+    controller, ended = make_controller(tmp_path, FakeWorkerGroups(silent), workers=1, stall_timeout_s=2,
+                                        on_stall="fail")
+    held["table"] = controller.table
+    assert run_to_end(controller, ended) == RunState.FAILED
+    assert controller.error is not None
+    assert "Rank 0 made no progress for" in controller.error and "stall_timeout=2 s" in controller.error
+    assert len(events(controller, "stall")) == 1
+
+
+def test_a_stop_recorded_before_the_supervisor_died_is_kept_by_the_next_one(tmp_path, monkeypatch):
+    """``stop()`` records the request in the run's storage before acting on it; a supervisor that dies right then
+    comes back (Ray restarts it) as stopped, with no new worker group. The real restart of a killed supervisor is
+    in test_fault_tolerance.py; here the next supervisor's controller reads what the first one saved."""
+    from nbtrain._cluster.run import controller as controller_module
+
+    left: list[int] = []
+    monkeypatch.setattr(controller_module, "remove_leftover_group", lambda spec, attempt: left.append(attempt))
+    groups = FakeWorkerGroups(until_interrupted(lambda attempt: groups.running.set()))
+    first, _ = make_controller(tmp_path, groups, workers=2)
+    first.start(fresh_budget=True)
+    assert groups.running.wait(10)
+    try:
+        first._storage.save_state({**first._storage.load_state(), "stop_requested": True})  # stop()'s first step
+        after = FakeWorkerGroups()
+        second, _ = make_controller(tmp_path, after)  # the restarted supervisor takes up the run's files
+        assert second.state == RunState.STOPPED and second.attempt == 1
+        assert after.attempts == [], "the restarted supervisor started a new worker group despite the stop"
+        assert left == [1], "the group the dead supervisor left was not removed"
+        assert any("restarted while stopping" in message for message in events(second, "state"))
+    finally:
+        first.request_stop(timeout=10)

@@ -79,22 +79,6 @@ def test_killed_worker_restarts_the_group_and_training_resumes(cluster, checkpoi
     assert f"Rank 1's worker process died (pid {pid}" in events and "attempt 2/2" in events
 
 
-def test_more_failures_than_allowed_fail_the_run_listing_every_cause(cluster):
-    def always_fails(config):
-        ctx = nbtrain.get_context()
-        nbtrain.report(loss=1.0)
-        if ctx.rank == 0:
-            raise RuntimeError(f"attempt {ctx.attempt} broke")
-        import time as t
-        t.sleep(60)
-
-    run = nbtrain.launch(always_fails, workers=2, max_failures=1, name="fails-twice")
-    assert run.wait(timeout=180, raise_on_failure=False) == nbtrain.RunState.FAILED
-    assert "Rank 0 raised RuntimeError at step 1: attempt 2 broke" in run.error
-    assert "attempt 1: Rank 0 raised RuntimeError at step 1: attempt 1 broke" in run.error
-    assert "more than max_failures=1" in run.error
-
-
 def test_killed_driver_leaves_the_run_going_and_a_new_process_sees_everything(cluster):
     script = textwrap.dedent(f"""
         import sys, time
@@ -140,27 +124,6 @@ def test_killed_supervisor_is_restarted_with_its_history(cluster):
     _assert_no_duplicate_rows(run)
 
 
-def test_a_stop_is_kept_when_the_supervisor_dies_before_finishing_it(cluster):
-    """stop() records the request in the run's storage before acting on it; a supervisor that
-    dies right then comes back as stopped instead of restarting the workers."""
-    import ray
-
-    from nbtrain._cluster.names import NAMESPACE, actor_name
-    from nbtrain._cluster.storage.run_storage import RunStorage
-    from nbtrain._paths import storage_root
-
-    run = nbtrain.launch(train_steps, config={"steps": 100_000, "sleep": 0.05}, workers=2, name="stop-then-die")
-    wait_for(lambda: len(run.metrics) > 4, 180, message="the run to report")
-    # The supervisor's own first step of stop(), then its death before it could tell the workers.
-    storage = RunStorage(storage_root(), "stop-then-die")
-    storage.save_state({**storage.load_state(), "stop_requested": True})
-    ray.kill(ray.get_actor(actor_name("stop-then-die"), namespace=NAMESPACE), no_restart=False)
-    assert run.wait(timeout=120) == nbtrain.RunState.STOPPED
-    assert run.attempt == 1, "the restarted supervisor started a new worker group despite the stop"
-    assert any("restarted while stopping" in e["message"] for e in run.events)
-    wait_for(lambda: not run_actor_names("stop-then-die", run), 20, message="no workers left")
-
-
 def test_rank_stuck_before_a_collective_fails_by_the_collective_timeout(cluster):
     def stuck(config):
         import time as t
@@ -178,19 +141,6 @@ def test_rank_stuck_before_a_collective_fails_by_the_collective_timeout(cluster)
     assert time.monotonic() - began < 90
     assert "Rank 0 raised" in run.error
     wait_for(lambda: not run_actor_names("stuck", run), 10, message="no actors left")
-
-
-def test_rank_without_progress_is_reported_stalled_and_on_stall_fail_ends_the_run(cluster):
-    def silent(config):
-        import time as t
-
-        nbtrain.report(loss=1.0)
-        t.sleep(3600)
-
-    run = nbtrain.launch(silent, workers=2, name="stalled", stall_timeout_s=2, on_stall="fail")
-    assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.FAILED
-    assert "made no progress for" in run.error and "stall_timeout=2 s" in run.error
-    assert any(e["kind"] == "stall" for e in run.events)
 
 
 def test_nan_loss_is_reported_and_stop_on_nan_stops(cluster):
