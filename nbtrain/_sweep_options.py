@@ -61,6 +61,9 @@ class SweepOptions:
                                                   "e.g. epoch", "--time-attr", metavar="NAME")
     search_alg: Any = option(None, "a ray.tune search algorithm (e.g. OptunaSearch()); in the magic the name of a "
                                    "notebook variable holding one", "--search-alg", kind="variable", metavar="VAR")
+    seed: int | None = option(None, "draws the space's random values the same way each time, so a sweep run again "
+                                    "samples the same configs (the default search; a search_alg takes its own seed)",
+                              "--seed", parse=int)
     workers_per_trial: int = option(2, "DDP ranks of each trial's run", "--workers-per-trial", parse=int)
     max_concurrent: int | None = option(None, "trials running at once (default: as many as the cluster holds)",
                                         "--max-concurrent", parse=int)
@@ -91,6 +94,12 @@ class SweepOptions:
         if self.max_concurrent is not None and (not isinstance(self.max_concurrent, int) or self.max_concurrent < 1):
             raise InvalidOptionError(problem("max_concurrent", "a whole number of at least 1, or None",
                                              self.max_concurrent))
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise InvalidOptionError(problem("seed", "a whole number of at least 0, or None", self.seed))
+        if self.seed is not None and self.search_alg is not None:
+            raise InvalidOptionError(problem("seed", f"left out when search_alg is given ({type(self.search_alg).__name__}"
+                                                     " draws the configs): give the search algorithm its own seed, "
+                                                     "e.g. OptunaSearch(seed=0)", self.seed))
         if isinstance(self.scheduler, str) and self.scheduler not in SCHEDULER_CHOICES:
             raise InvalidOptionError(problem("scheduler", "one of " + ", ".join(map(repr, SCHEDULER_CHOICES)) +
                                              " or a ray.tune scheduler object", self.scheduler))

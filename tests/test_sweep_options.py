@@ -89,6 +89,9 @@ def test_flags_parse_into_sweep_options_and_trial_run_options(tune_parser):
     ({"grace_period": 20, "max_t": 10}, "grace_period (--grace-period) must be at most max_t (10)"),
     ({"reduction_factor": 1}, "reduction_factor (--reduction-factor) must be a number of at least 2"),
     ({"name": "a b"}, "name (--name) must be letters, digits"),
+    ({"seed": -1}, "seed (--seed) must be a whole number of at least 0, or None, got -1"),
+    ({"seed": 0, "search_alg": object()}, "seed (--seed) must be left out when search_alg is given (object draws "
+                                          "the configs): give the search algorithm its own seed"),
 ])
 def test_bad_sweep_options_name_the_option_within_a_second(arguments, expected):
     good = {"space": {"lr": tune.uniform(0, 1)}, "metric": "loss", "mode": "min"}
@@ -132,3 +135,26 @@ def test_sweep_options_are_frozen_values():
     options = SweepOptions(space={"lr": 0.1}, metric="loss", mode="max")
     with pytest.raises(AttributeError):
         options.metric = "acc"  # type: ignore[misc]
+
+
+def _each_trial(config):
+    pass
+
+
+def test_a_seed_draws_the_same_configs_each_time_and_none_leaves_the_search_as_given():
+    from nbtrain._cluster.sweep.sweep_supervisor import search_algorithm
+
+    space = {"lr": tune.grid_search([0.1, 0.2]), "momentum": tune.uniform(0.1, 0.9)}
+
+    def drawn(seed):
+        search = search_algorithm(SweepOptions(space=space, metric="loss", mode="min", num_samples=2, seed=seed))
+        search.add_configurations({"sweep": {"run": _each_trial, "config": space, "num_samples": 2}})
+        configs = []
+        while (trial := search.next_trial()) is not None:
+            configs.append(trial.config)
+        return configs
+
+    assert len(drawn(7)) == 4 and drawn(7) == drawn(7)
+    assert drawn(7) != drawn(8)
+    searcher = object()
+    assert search_algorithm(SweepOptions(space=space, metric="loss", mode="min", search_alg=searcher)) is searcher

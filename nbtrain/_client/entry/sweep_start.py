@@ -50,6 +50,7 @@ def tune(
     perturbation_interval: int = 4,
     time_attr: str = "training_iteration",
     search_alg: Any = None,
+    seed: int | None = None,
     workers_per_trial: int = 2,
     max_concurrent: int | None = None,
     name: str | None = None,

@@ -44,6 +44,15 @@ def sweep_supervisor_options(sweep_name: str, holds: dict[str, Any] | None = Non
             "resources": on_head_node(), **({"runtime_env": holds} if holds else {})}
 
 
+def search_algorithm(options: Any) -> Any:
+    """``search_alg=`` as given, or with ``seed=`` Ray Tune's default search drawing from that seed."""
+    if options.seed is None:
+        return options.search_alg
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    return BasicVariantGenerator(random_state=options.seed)
+
+
 def make_scheduler(options: Any) -> Any:
     """``scheduler=`` as a Ray Tune scheduler object (a name picks one with the sweep's knobs)."""
     from ray.tune.schedulers import ASHAScheduler, AsyncHyperBandScheduler, FIFOScheduler, PopulationBasedTraining
@@ -183,7 +192,7 @@ class SweepSupervisor:
         return tune.Tuner(
             trainable, param_space=dict(options.space),
             tune_config=tune.TuneConfig(metric=options.metric, mode=options.mode, num_samples=options.num_samples,
-                                        scheduler=self._scheduler, search_alg=options.search_alg,
+                                        scheduler=self._scheduler, search_alg=search_algorithm(options),
                                         max_concurrent_trials=options.max_concurrent, reuse_actors=True),
             run_config=tune.RunConfig(name="tune", storage_path=str(self._dir), stop=_Stops(self.spec.name),
                                       verbose=0, callbacks=[_TrialBook(self.spec.name)],
