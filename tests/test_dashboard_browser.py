@@ -47,7 +47,7 @@ SETUP = "%load_ext nbtrain\n%ray_connect"
 
 
 # The cells of dashboards.ipynb, by index: each test runs SETUP and its own.
-LIVE, BACKGROUND, FAILING, MILLION, MANY, STEERED, AFTER_STEERED = 1, 2, 3, 4, 5, 6, 7
+BACKGROUND, FAILING, MILLION, MANY, STEERED, AFTER_STEERED = 1, 2, 3, 4, 5, 6
 
 
 def steered_cell(name: str) -> str:
@@ -101,21 +101,12 @@ def act_while_blocked(page, dashboard, run_name: str) -> dict[str, float]:
           lambda: run.summary().get("state") == "stopped", "the run stopped")
     return acted
 MANY_STEPS = (1, 2, 3, 8, 30, 60)  # the MANY cell's runs, shown live at once, one dashboard each
-LIVE_MAY_END = "live-run-may-end"  # the LIVE run's ranks end once this file is in the lab's root
 
 
 @pytest.fixture(scope="module")
 def lab(cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-root")
     write_notebook(root / "dashboards.ipynb", [SETUP, (
-        # runs until the test has seen it running, whatever the machine's speed (at most 10 minutes)
-        "%%ray_train --workers 2 --name browser-live\n"
-        "import os, time\n"
-        "for step in range(3000):\n"
-        "    nbtrain.report(loss=1.0 / (step + 1), accuracy=step / 3000)\n"
-        f"    if os.path.exists({str(root / LIVE_MAY_END)!r}):\n"
-        "        break\n"
-        "    time.sleep(0.2)\n"), (
         "%%ray_train --workers 2 --bg --name browser-stop\n"
         "import time\n"
         "for step in range(100000):\n"
@@ -214,40 +205,6 @@ def in_cell(page, cell: int, selector: str):
     return page.locator(f"{OPEN_NOTEBOOK} .jp-Cell").nth(cell).locator(selector)
 
 
-def test_live_plot_grows_and_the_worker_table_advances(page, lab):
-    ARTIFACTS.mkdir(exist_ok=True)
-    try:
-        run_cells(page, lab, "dashboards.ipynb", [0, LIVE])
-        page.wait_for_function("() => " + _plot(LIVE), timeout=180_000)
-        page.wait_for_function("() => { const p = " + _plot(LIVE) + ";"
-                               " return p && parseInt(p.dataset.points) > 0; }", timeout=120_000)
-        first_points, first_steps = plot_points(page, LIVE), worker_steps(page, LIVE)
-        assert first_points > 0
-
-        def grown() -> bool:
-            steps = worker_steps(page, LIVE)
-            return (plot_points(page, LIVE) > first_points and set(steps) == {"0", "1"}
-                    and all(steps[r] > first_steps.get(r, 0) for r in ("0", "1")))
-
-        wait_for(grown, 30, interval=0.25, message=f"the plot to grow past {first_points} points and both "
-                 f"ranks' steps past {first_steps}",
-                 describe=lambda: (plot_points(page, LIVE), worker_steps(page, LIVE)))
-        assert state_badge(page, LIVE) == "running"
-        page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
-        (lab.root_dir / LIVE_MAY_END).touch()
-        wait_for_state(page, "succeeded", 120_000, cell=LIVE)
-        final = in_cell(page, LIVE, ".nbtrain-dashboard .nbtrain-final")
-        final.wait_for(timeout=30_000)
-        assert "Run browser-live: succeeded" in final.inner_text()
-        # shown once: one dashboard, and its static fallback (for front ends without widgets) is not shown here
-        assert in_cell(page, LIVE, ".nbtrain-dashboard").count() == 1
-        assert in_cell(page, LIVE, ".nbtrain-summary").count() == 0
-        page.screenshot(path=str(ARTIFACTS / "dashboard-succeeded.png"), full_page=True)
-    except Exception:
-        page.screenshot(path=str(ARTIFACTS / "dashboard-live-failure.png"), full_page=True)
-        raise
-
-
 def test_stop_button_stops_a_background_run(page, lab):
     try:
         run_cells(page, lab, "dashboards.ipynb", [0, BACKGROUND])
@@ -339,11 +296,31 @@ def test_every_run_of_many_draws_its_curves_from_its_first_rows(page, lab):
         raise
 
 
-def test_every_control_acts_while_its_cell_still_runs(page, lab):
-    """The default, blocking cell (not --bg): Pause, Resume, the lr field, Rewind and Stop each reach the run
-    while the cell's prompt is [*], and the cell queued behind it runs only once the run has ended."""
+def curves_and_worker_table_grow(page, cell: int) -> None:
+    """The chart in ``cell`` gains points while both ranks' steps in its worker table go up, the badge running."""
+    page.wait_for_function("() => { const p = " + _plot(cell) + ";"
+                           " return p && parseInt(p.dataset.points) > 0; }", timeout=180_000)
+    first_points, first_steps = plot_points(page, cell), worker_steps(page, cell)
+
+    def grown() -> bool:
+        steps = worker_steps(page, cell)
+        return (plot_points(page, cell) > first_points and set(steps) == {"0", "1"}
+                and all(steps[r] > first_steps.get(r, 0) for r in ("0", "1")))
+
+    wait_for(grown, 30, interval=0.25, message=f"the plot to grow past {first_points} points and both "
+             f"ranks' steps past {first_steps}", describe=lambda: (plot_points(page, cell), worker_steps(page, cell)))
+    assert state_badge(page, cell) == "running"
+
+
+def test_the_live_run_grows_and_every_control_acts_while_its_cell_still_runs(page, lab):
+    """The default, blocking cell (not --bg): the curves and the worker table grow while it runs; Pause,
+    Resume, the lr field, Rewind and Stop each reach the run while the cell's prompt is [*]; the cell queued
+    behind it runs only once the run has ended, and the dashboard is left shown once with its final summary."""
+    ARTIFACTS.mkdir(exist_ok=True)
     try:
         run_cells(page, lab, "dashboards.ipynb", [0, STEERED, AFTER_STEERED])
+        curves_and_worker_table_grow(page, STEERED)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
         dashboard = in_cell(page, STEERED, ".nbtrain-dashboard")
         dashboard.locator(".nbtrain-controls").wait_for(timeout=180_000)
         acted = act_while_blocked(page, dashboard, "browser-steered")
@@ -351,6 +328,12 @@ def test_every_control_acts_while_its_cell_still_runs(page, lab):
               + ", ".join(f"{control} {seconds:.2f}" for control, seconds in acted.items()))
         after = in_cell(page, AFTER_STEERED, ".jp-OutputArea-output")
         after.filter(has_text="the cell after the steered run ran").wait_for(timeout=60_000)
+        final = in_cell(page, STEERED, ".nbtrain-dashboard .nbtrain-final")
+        final.wait_for(timeout=30_000)
+        assert "Run browser-steered: stopped" in final.inner_text()
+        # shown once: one dashboard, and its static fallback (for front ends without widgets) is not shown here
+        assert in_cell(page, STEERED, ".nbtrain-dashboard").count() == 1
+        assert in_cell(page, STEERED, ".nbtrain-summary").count() == 0
         page.screenshot(path=str(ARTIFACTS / "dashboard-controls-blocking.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "dashboard-controls-blocking-failure.png"), full_page=True)
