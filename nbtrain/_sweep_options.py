@@ -97,9 +97,10 @@ class SweepOptions:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise InvalidOptionError(problem("seed", "a whole number of at least 0, or None", self.seed))
         if self.seed is not None and self.search_alg is not None:
-            raise InvalidOptionError(problem("seed", f"left out when search_alg is given ({type(self.search_alg).__name__}"
-                                                     " draws the configs): give the search algorithm its own seed, "
-                                                     "e.g. OptunaSearch(seed=0)", self.seed))
+            searcher = type(self.search_alg).__name__
+            raise InvalidOptionError(problem("seed", f"left out when search_alg is given ({searcher} draws the "
+                                                     "configs): give the search algorithm its own seed, e.g. "
+                                                     "OptunaSearch(seed=0)", self.seed))
         if isinstance(self.scheduler, str) and self.scheduler not in SCHEDULER_CHOICES:
             raise InvalidOptionError(problem("scheduler", "one of " + ", ".join(map(repr, SCHEDULER_CHOICES)) +
                                              " or a ray.tune scheduler object", self.scheduler))

@@ -6,9 +6,9 @@ One notebook, one kernel, 9 short runs of different lengths (0 to 40 steps) agai
 loopback cluster, in the three ways a user shows a run: a blocking ``%%ray_train`` cell, ``run.dashboard()``
 as a cell's last line with ``run.wait()`` in the next cell (tutorial 03), and a finished run's
 ``run.dashboard()`` as the last line. The summary used to race the run's end (the cell returned when the
-state turned terminal, before the view's last picture), leaving an empty output behind in 3 runs of 6; each way shows three runs here.
-The kernel is the interpreter running the test: ``scripts/ipykernel-venv``'s python runs it under the other
-ipykernel major (6 where 7 is installed).
+state turned terminal, before the view's last picture), leaving an empty output behind in 3 runs of 6;
+each way shows three runs here. The kernel is the interpreter running the test: ``scripts/ipykernel-venv``'s
+python runs it under the other ipykernel major (6 where 7 is installed).
 """
 
 from __future__ import annotations
