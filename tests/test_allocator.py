@@ -63,9 +63,15 @@ def test_ranks_reuse_freed_tensor_memory(cluster):
         assert faults < 100, f"rank {rank} faulted {faults:.0f} pages per step"
 
 
+def _one_row():
+    nbtrain.report(step=1)
+
+
 @linux_only
 def test_a_run_can_keep_glibcs_defaults(cluster):
-    run = nbtrain.launch(_page_faults_per_step, workers=2, name="malloc-default",
+    """Said on every rank's row of the worker table; what glibc's defaults cost is the benchmark's (training the
+    CNN here under them took 17 s of the session lane and asserted nothing of it)."""
+    run = nbtrain.launch(_one_row, workers=2, name="malloc-default",
                          env={"NBTRAIN_MALLOC_TUNING": "0"})
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED
     assert [w["malloc_tuned"] for w in run.workers] == [False, False]
