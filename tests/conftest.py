@@ -93,14 +93,29 @@ def cluster():
         local_cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def reference_run(cluster):
+    """The suite's reference run (``tests/_reference_run.py``), ended: made once, read by every test that only
+    reads what a normal run leaves, and kept by the modules' clean-up below."""
+    import _reference_run
+
+    cloudpickle.register_pickle_by_value(_reference_run)
+    run = nbtrain.launch(_reference_run.reference_training, name=_reference_run.NAME, workers=2,
+                         config=_reference_run.CONFIG)
+    assert run.wait(timeout=300) == nbtrain.RunState.SUCCEEDED, run.error
+    return run
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _each_module_deletes_its_runs():
     """A module leaves no run behind on the session cluster: it stops what still runs and deletes the rest.
 
     A run still going holds its workers and their CPUs, which a later test would wait for;
     an ended one keeps its history and checkpoints in the session's home until deleted.
-    Runs started from notebook kernels count too.
+    Runs started from notebook kernels count too; the reference run is the session's.
     """
+    import _reference_run
+
     yield
     if not _session_cluster:
         return
@@ -110,6 +125,8 @@ def _each_module_deletes_its_runs():
     if current is None or current.address != _session_cluster[0] or not connection._ray_connected():
         return
     for info in nbtrain.runs():
+        if info["name"] == _reference_run.NAME:
+            continue
         run = nbtrain.attach(info["name"])
         if not run.state.is_terminal:
             run.stop()

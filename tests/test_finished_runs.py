@@ -21,6 +21,7 @@ from nbtrain._client.run.stored import StoredRunHandle
 from nbtrain._cluster.names import find_supervisor
 from nbtrain._paths import run_index_dir, storage_root
 
+import _reference_run
 from _helpers import wait_for
 from _train_fns import train_steps
 
@@ -86,9 +87,10 @@ def test_finished_runs_hold_no_process_and_read_as_before(cluster):
         gone.wait(timeout=10)
     assert nbtrain.attach("done-stopped").state == nbtrain.RunState.STOPPED
 
-    listed = {run["name"]: run["state"] for run in nbtrain.runs()}
+    listed = {run["name"]: run["state"] for run in nbtrain.runs() if run["name"] != _reference_run.NAME}
     assert listed == {"done-ok": "succeeded", "done-failed": "failed", "done-stopped": "stopped"}
-    answered = {run["name"]: run["state"] for run in cluster_answer(connection.current())["runs"]}
+    answered = {run["name"]: run["state"] for run in cluster_answer(connection.current())["runs"]
+                if run["name"] != _reference_run.NAME}
     assert answered == listed  # what the lab sidebar shows (`nbtrain runs --json`)
 
     # a finished run keeps its name: launching it again starts done-ok-2, and done-ok stays as it was

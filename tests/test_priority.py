@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import psutil
@@ -12,24 +11,8 @@ from nbtrain._client.local import local_cluster
 from nbtrain._cluster.priority import BOOKKEEPING_NICENESS
 
 from _helpers import wait_for
+from _reference_run import thread_niceness
 from _train_fns import train_steps
-
-
-def _thread_niceness(pid: int) -> list[int]:
-    """Niceness of every thread of ``pid``: on Linux it is per thread."""
-    found: list[int] = []
-    if not os.path.exists(f"/proc/{pid}/task"):  # the process ended meanwhile (a finished run's supervisor)
-        return found
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            found.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
-        except OSError:  # the thread ended meanwhile
-            continue
-    return found
-
-
-def _own_niceness(config):
-    return max(_thread_niceness(os.getpid()))
 
 
 def _head_processes() -> dict[str, list[psutil.Process]]:
@@ -49,21 +32,20 @@ def _head_processes() -> dict[str, list[psutil.Process]]:
     return found
 
 
-def test_ranks_keep_full_priority_while_the_bookkeeping_runs_nicer(cluster):
-    run = nbtrain.launch(_own_niceness, workers=2, name="priority")
-    assert run.wait(timeout=120) == nbtrain.RunState.SUCCEEDED, run.error
-    assert run.result == [0, 0], "the ranks must run at the priority the user's own processes have"
+def test_ranks_keep_full_priority_while_the_bookkeeping_runs_nicer(cluster, reference_run):
+    niceness = [measured["niceness"] for measured in reference_run.result]  # each rank's threads, read on the rank
+    assert niceness == [0, 0], "the ranks must run at the priority the user's own processes have"
 
     # a finished run's supervisor has exited: look at one whose run goes on
     going = nbtrain.launch(train_steps, config={"steps": 10**6, "sleep": 0.05}, workers=1, name="priority-going")
     wait_for(lambda: going.metrics, 60, message="the second run's first row")
     processes = _head_processes()
-    niceness = {role: sorted({min(found) for p in group if (found := _thread_niceness(p.pid))})
+    niceness = {role: sorted({min(found) for p in group if (found := thread_niceness(p.pid))})
                 for role, group in processes.items()}
     print(f"niceness by role: {niceness}")
     for role in ("raylet/raylet", "--mode=proxy"):
         # workers inherit the raylet's niceness, a new Ray Client session's server the proxy's
-        assert max(_thread_niceness(processes[role][0].pid)) == 0, (role, niceness)
+        assert max(thread_niceness(processes[role][0].pid)) == 0, (role, niceness)
     # a kernel that joined as a driver has no session server on the head; over Ray Client it has one
     bookkeeping = ["gcs_server", "DashboardAgent", "RunSupervisor"]
     if cluster.via == "client":

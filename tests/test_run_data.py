@@ -30,9 +30,8 @@ from nbtrain._cluster.spec import RunSpec, summarize_config
 from nbtrain._options import RunOptions
 from nbtrain._paths import run_index_dir, runs_dir, storage_root
 
+import _reference_run
 from _helpers import wait_for
-
-HUGE_CONFIG = {f"key{i}": "v" * 200 for i in range(5000)}  # about 1 MB
 
 
 def _refuse(token: str) -> None:
@@ -95,25 +94,17 @@ def test_a_run_reads_odd_counts_of_an_older_supervisor_as_unknown():
 
 @pytest.mark.quick
 def test_the_config_summary_is_short_however_big_the_config():
-    text = summarize_config(HUGE_CONFIG | {"big": list(range(10**6))})
+    text = summarize_config(_reference_run.CONFIG | {"big": list(range(10**6))})
     assert len(text) <= 300
     assert text.startswith("key0='vvvv") and text.endswith("more)")
     assert summarize_config({"lr": 0.01, "optimizer": "adam"}) == "lr=0.01, optimizer='adam'"
 
 
 # --------------------------------------------------------------------- on the cluster
-def report_every_kind(config):
-    ctx = nbtrain.get_context()
-    # keywords, then a dict (Ray Train's style) with a keyword beside it: the same rows
-    nbtrain.report(step=1, rank=99, attempt=7, time="noon", phase="warmup",
-                   loss=math.nan, up=math.inf, down=-math.inf, lr=0.1 * (ctx.rank + 1))
-    nbtrain.report({"step": 2, "rank": 99, "attempt": 7, "time": "noon", "phase": "main",
-                    "loss": math.nan, "up": math.inf, "down": -math.inf}, lr=0.1 * (ctx.rank + 1))
-
-
-def test_every_kind_of_reported_value_is_kept_everywhere(cluster):
-    name = "every-kind"
-    run = nbtrain.launch(report_every_kind, name=name, workers=2, config=HUGE_CONFIG, wait=True)
+def test_every_kind_of_reported_value_is_kept_everywhere(reference_run):
+    """The reference run's two rows a rank (``tests/_reference_run.py``): keywords, then a dict with a keyword
+    beside it, of text, NaN, ±inf and metrics named like a row's own keys, under a 1 MB config."""
+    run, name = reference_run, _reference_run.NAME
 
     rows = run.metrics
     assert sorted((row["rank"], row["step"]) for row in rows) == [(0, 1), (0, 2), (1, 1), (1, 2)]
@@ -127,7 +118,7 @@ def test_every_kind_of_reported_value_is_kept_everywhere(cluster):
     summary = run.summary()
     assert "config" not in summary and len(summary["config_summary"]) <= 300
     assert summary["config_summary"].startswith("key0='vvv")
-    assert run.config == HUGE_CONFIG
+    assert run.config == _reference_run.CONFIG
     latest = summary["latest"]
     assert latest["phase"] == "main" and math.isnan(latest["loss"]) and latest["down"] == -math.inf
     assert latest["user_time"] == "noon"
@@ -147,7 +138,6 @@ def test_every_kind_of_reported_value_is_kept_everywhere(cluster):
     again = nbtrain.attach(name)
     assert _same([_json.dumps(row) for row in again.metrics], rows)
     assert math.isnan(again.summary()["latest"]["loss"]) and again.summary()["latest"]["phase"] == "main"
-    again.delete()
 
 
 def stored_lines(directory, kind: str) -> list[str]:
