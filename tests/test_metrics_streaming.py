@@ -18,7 +18,6 @@ from _helpers import wait_for, waiting_for_an_answer
 from _train_fns import train_steps
 
 
-@pytest.mark.quick
 def test_rows_arrive_live_and_the_cursor_neither_drops_nor_repeats(cluster):
     run = nbtrain.launch(train_steps, config={"steps": 60, "sleep": 0.05}, workers=2, name="stream")
     delivered: list[dict] = []
@@ -103,7 +102,6 @@ def test_a_second_driver_process_attaches_and_sees_the_same_history(cluster):
     assert expected == 80
 
 
-@pytest.mark.quick
 def test_runs_lists_this_run_and_attach_refuses_unknown_names(cluster):
     run = nbtrain.launch(train_steps, config={"steps": 5, "sleep": 0.0}, workers=1, name="listed")
     run.wait(timeout=120)

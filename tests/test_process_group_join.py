@@ -11,12 +11,8 @@ import multiprocessing
 import os
 import types
 
-import pytest
-
 from nbtrain._cluster.rank.actor import worker
 from nbtrain._net import free_port
-
-pytestmark = pytest.mark.quick
 
 
 def _join_and_count(rank: int, port: int, answers: multiprocessing.Queue) -> None:

@@ -20,7 +20,6 @@ import textwrap
 from pathlib import Path
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 
 import nbtrain
@@ -146,7 +145,6 @@ def test_scripts_and_modules_shipped_by_value_show_file_line_and_source(cluster,
     assert 'raise KeyError("boom from a module shipped by value")' in module_error
 
 
-@pytest.mark.quick
 def test_a_function_pickled_here_keeps_its_origin_on_the_rank(cluster) -> None:
     """The same through the Python API in this process (the tests' functions travel by value)."""
     from _train_fns import train_steps
