@@ -1,5 +1,11 @@
-"""What a change to a live run does to an optimizer: a setting set in its param groups (an LR schedule following
-a new learning rate), an update skipped, its LR schedulers found. Runs on the ranks (see :mod:`.steering`)."""
+"""What a change to a live run does to an optimizer: a setting set in its param groups, an update skipped, its LR
+schedulers found. Runs on the ranks (see :mod:`.steering`).
+
+:func:`rescale_lr` is the one place a rank's learning rate changes, whoever changes it: an elastic run's scale
+for its world size (``prepare_optimizer``), the adaptive batch's gain (``rank/data/loading``), ``adjust(lr=)``
+and a rewind's ``lr_factor`` (``rank/steering``). Each is a factor on the rate, and the LR schedulers' base
+values follow it, so a schedule computed from its base (``LambdaLR``, ``OneCycleLR``, cosine) goes on from the
+changed rate instead of dropping the change at its next step; the factors compose by multiplication."""
 
 from __future__ import annotations
 
@@ -14,34 +20,48 @@ def drop_gradients(optimizer: Any) -> None:
             param.grad = None
 
 
+# The rates an LR scheduler keeps in a param group (OneCycleLR: its start, peak and end) and on itself
+# (every scheduler's base_lrs; CyclicLR's peaks): each is scaled with the rate.
+GROUP_RATES = ("initial_lr", "max_lr", "min_lr")
+SCHEDULER_RATES = ("base_lrs", "max_lrs")
+
+
 def set_value(optimizer: Any, group: dict[str, Any], key: str, value: Any) -> None:
     """One checked setting into one param group (betas back to torch's tuple; an LR's schedule follows it)."""
-    if key == "lr":
-        old = group["lr"]
-        group["lr"] = value
-        if old:
-            _rescale_schedules(optimizer, group, value / old)
+    if key == "lr" and group["lr"]:
+        rescale_lr(optimizer, value / group["lr"], group)
+        group["lr"] = value  # exactly the value asked for, not old * (value / old)
+    elif key == "lr":
+        group["lr"] = value  # from 0 no factor leads: the schedule keeps its base
     else:
         group[key] = tuple(value) if key == "betas" else value
 
 
-def _rescale_schedules(optimizer: Any, group: dict[str, Any], factor: float) -> None:
-    """An LR scheduler computes the next rates from its base values: scaled too, the schedule goes on from the
-    new value. Schedulers keep no link from the optimizer, so they are found among its referrers (only
-    when a change is applied: nothing on the step)."""
+def rescale_lr(optimizer: Any, factor: float, group: dict[str, Any] | None = None) -> None:
+    """Multiply the learning rate of ``group`` (every group when None) by ``factor``, with what its LR schedulers
+    compute the next rates from. Schedulers keep no link from the optimizer, so they are found among its
+    referrers (only when a rate changes: nothing on the step)."""
     from torch.optim.lr_scheduler import LRScheduler
 
-    index = optimizer.param_groups.index(group)
-    if "initial_lr" in group:
-        group["initial_lr"] *= factor
+    if factor == 1.0:
+        return
+    groups = optimizer.param_groups if group is None else [group]
     known = getattr(optimizer, "_nbtrain_schedulers", [])
-    for scheduler in [*known, *(found for found in _schedulers_of(optimizer, LRScheduler) if found not in known)]:
-        base = getattr(scheduler, "base_lrs", None)
-        if isinstance(base, list) and index < len(base):
-            base[index] *= factor
-        last = getattr(scheduler, "_last_lr", None)
-        if isinstance(last, list) and index < len(last):
-            last[index] = group["lr"]
+    schedulers = [*known, *(found for found in _schedulers_of(optimizer, LRScheduler) if found not in known)]
+    for changed in groups:
+        index = optimizer.param_groups.index(changed)
+        changed["lr"] *= factor
+        for key in GROUP_RATES:
+            if isinstance(changed.get(key), (int, float)):
+                changed[key] *= factor
+        for scheduler in schedulers:
+            for name in SCHEDULER_RATES:
+                rates = getattr(scheduler, name, None)
+                if isinstance(rates, list) and index < len(rates):
+                    rates[index] *= factor
+            last = getattr(scheduler, "_last_lr", None)
+            if isinstance(last, list) and index < len(last):
+                last[index] = changed["lr"]
 
 
 def _schedulers_of(optimizer: Any, kind: type) -> list[Any]:

@@ -344,8 +344,7 @@ class RankSteering:
         factor = command.args.get("lr_factor")
         if factor:
             for optimizer in self.optimizers:
-                for group in optimizer.param_groups:
-                    optimizer_settings.set_value(optimizer, group, "lr", group["lr"] * factor)
+                optimizer_settings.rescale_lr(optimizer, factor)
         self.rewinds += 1
         if self.guard is not None:
             self.guard.rearm(forget=True)

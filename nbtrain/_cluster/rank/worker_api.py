@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from nbtrain._cluster.elastic import gradient_noise
-from nbtrain._cluster.rank import parallel, sharded_checkpoint
+from nbtrain._cluster.rank import optimizer_settings, parallel, sharded_checkpoint
 from nbtrain._cluster.rank.inspection import step_timing
 from nbtrain._cluster.rank.session import TrainContext, current_session
 from nbtrain._cluster.storage import storage_uri
@@ -126,10 +126,7 @@ def prepare_optimizer(optimizer: Any) -> Any:
     """
     session = current_session()
     if session.payload.lr_scale != 1.0 and not getattr(optimizer, "_nbtrain_lr_scaled", False):
-        for group in optimizer.param_groups:
-            group["lr"] = group["lr"] * session.payload.lr_scale
-            if "initial_lr" in group:  # an LR scheduler made before: its base follows
-                group["initial_lr"] = group["initial_lr"] * session.payload.lr_scale
+        optimizer_settings.rescale_lr(optimizer, session.payload.lr_scale)  # an LR scheduler made before follows
         optimizer._nbtrain_lr_scaled = True
     if session.adaptive_batch is not None and optimizer not in session.optimizers:
         session.optimizers.append(optimizer)  # its learning rate follows the batch size (see adaptive_batch)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from nbtrain._cluster.elastic import adaptive_batch, gradient_noise
+from nbtrain._cluster.rank import optimizer_settings
 from nbtrain._cluster.rank.data.sharded_sampling import RankShare
 from nbtrain._cluster.rank.session import current_session
 
@@ -132,9 +133,8 @@ class PreparedLoader:
         assert self._initial is not None
         choice = adaptive_batch.choose(self._batch, self._initial, session.adaptive_batch, ctx.world_size,
                                        gradient_noise.ratio(trace, true_sq), self._step_times, session.lr_gain)
-        for optimizer in session.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = group["lr"] * choice.lr_gain / session.lr_gain
+        for optimizer in session.optimizers:  # their schedules follow (see optimizer_settings.rescale_lr)
+            optimizer_settings.rescale_lr(optimizer, choice.lr_gain / session.lr_gain)
         session.lr_gain = choice.lr_gain
         if choice.batch_size != self._batch:
             print(f"[nbtrain] epoch {self._epoch}: batch size {self._batch} -> {choice.batch_size} per rank "
