@@ -35,7 +35,8 @@ _EXPECTED = {
 }
 
 
-def _whole(value: Any) -> bool:
+def whole(value: Any) -> bool:
+    """A whole number >= 0 (a step, a count of batches), never a bool."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -49,8 +50,8 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "spike": lambda v: v is None or _finite_above(v, 1.0),
     "spike_action": lambda v: v in ACTIONS,
     "lr_factor": lambda v: v is None or _finite_above(v, 0.0),
-    "skip_batches": lambda v: v is None or _whole(v),
-    "max_rewinds": _whole,
+    "skip_batches": lambda v: v is None or whole(v),
+    "max_rewinds": whole,
     "metric": lambda v: isinstance(v, str) and bool(v),
 }
 

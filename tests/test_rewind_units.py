@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from nbtrain import InvalidOptionError, NbtrainError
-from nbtrain._client.run import rewinds as client_rewinds
+from nbtrain._client.run import control as client_control
+from nbtrain._client.run.control import RunControl
 from nbtrain._client.run.rewinds import RunRewinds
-from nbtrain._cluster.commands import GUARD, PAUSE, REWIND, Command, SteeringBeat
+from nbtrain._cluster.commands import ADJUST, GUARD, PAUSE, REWIND, Command, SteeringBeat
 from nbtrain._cluster.rank.guarding import RankGuard
 from nbtrain._cluster.rank.reporting import Reporter
 from nbtrain._cluster.rank.steering import RankSteering
@@ -277,8 +278,25 @@ def test_a_rewind_dropped_by_a_restart_says_so_and_one_that_landed_returns(monke
         _rewinds(run).rewind(wait=True)
     run.command = Command(1, REWIND, {"to_step": 40, "skip": 0}, at_step=47, issued=1.0, applied_step=47)
     assert _rewinds(run).rewind(wait=True) == 40
-    monkeypatch.setattr(client_rewinds, "APPLIED_WAIT_S", 0.0)
+    monkeypatch.setattr(client_control, "APPLIED_WAIT_S", 0.0)
     run.command = Command(1, REWIND, {"to_step": 40, "skip": 0}, at_step=47, issued=1.0)
     with pytest.raises(NbtrainError, match=r"rank 0 did not reach step 47, where the rewind to step 40 is due, within "
                                            r"0 s \(its ranks are at step 45: slow steps\?\); it is still due"):
         _rewinds(run).rewind(wait=True)
+
+
+@pytest.mark.parametrize(("live", "said"), [
+    (dict(paused_at=46), "Run 'live' is paused at step 46: adjust(lr=0.01) applies between two whole steps, so it "
+                         "lands as the run goes on (run.resume()); it is still due, nothing was cancelled."),
+    (dict(state="stopped"), "Run 'live' ended (stopped) before rank 0 reached step 47, where adjust(lr=0.01) was "
+                            "due."),
+])
+def test_an_adjust_waited_for_says_why_it_has_not_landed_as_a_rewind_does(live, said):
+    """``adjust(wait=True)`` waits in the same loop as ``rewind(wait=True)``: it used to give up after 30 s with
+    "(is it paused, or between attempts?)" where the run's summary already said which."""
+    run = _LiveRun(**live)
+    run.command = Command(1, ADJUST, {"lr": 0.01, "group": None}, at_step=47, issued=1.0)
+    control = RunControl(SimpleNamespace(channel=run, fetch_summary=run.fetch_summary))  # type: ignore[arg-type]
+    with pytest.raises(NbtrainError) as refused:
+        control.adjust(lr=0.01, wait=True)
+    assert str(refused.value) == said

@@ -33,7 +33,10 @@ from nbtrain._cluster.commands import (
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._states import RunState
 
-APPLIED_WAIT_S = 30.0   # adjust(wait=True) and the like wait this long for rank 0 to apply the change
+APPLIED_WAIT_S = 30.0  # wait=True waits this long for rank 0 to reach the command's step
+APPLIED_POLL_S = 2.0   # and looks this often at whether the run ended, paused or restarted meanwhile
+TERMINAL = {state.value for state in RunState if state.is_terminal}
+
 _UNSET: Any = object()
 
 
@@ -146,7 +149,8 @@ class RunControl:
         Raises:
             InvalidOptionError: no setting, an unknown one, or a value out of range (nothing was sent).
             NbtrainError: the run cannot be steered now (ended, or its code gave nbtrain no optimizer),
-                or, with ``wait=True``, rank 0 did not apply it within 30 s.
+                or, with ``wait=True``, it did not land: the run ended, is paused,
+                restarted (the change was dropped) or did not reach its step within 30 s (the message says which).
 
         Example::
 
@@ -163,7 +167,8 @@ class RunControl:
         if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group < 0):
             raise InvalidOptionError(f"adjust(group=...) is a param group's index (0, 1, ...), not {group!r}.")
         command = self._steer(ADJUST, {**settings, "group": group}, "adjusted")
-        return self._step_of(command, wait)
+        asked = ", ".join(f"{key}={value!r}" for key, value in settings.items())
+        return self._step_of(command, wait, f"adjust({asked})")
 
     def pause(self, *, wait: bool = False) -> int | None:
         """Hold every rank at the same step, before its update, until :meth:`resume`: to look at the run
@@ -178,13 +183,14 @@ class RunControl:
 
         Raises:
             NbtrainError: the run cannot be paused now (the message says why), or, with ``wait=True``,
-                rank 0 did not pause within 30 s.
+                it did not land: the run ended, is paused,
+                restarted (the change was dropped) or did not reach its step within 30 s (the message says which).
 
         Example::
 
             step = run.pause(wait=True); run.resume()
         """
-        return self._step_of(self._steer(PAUSE, {}, "paused"), wait)
+        return self._step_of(self._steer(PAUSE, {}, "paused"), wait, "the pause")
 
     def resume(self) -> None:
         """Let a paused run go on (or call off a pause not reached yet).
@@ -208,13 +214,14 @@ class RunControl:
 
         Raises:
             NbtrainError: the run cannot be asked now (the message says why), or, with ``wait=True``,
-                rank 0 did not take it within 30 s.
+                it did not land: the run ended, is paused,
+                restarted (the change was dropped) or did not reach its step within 30 s (the message says which).
 
         Example::
 
             run.checkpoint_now(wait=True)
         """
-        return self._step_of(self._steer(CHECKPOINT, {}, "checkpointed"), wait)
+        return self._step_of(self._steer(CHECKPOINT, {}, "checkpointed"), wait, "the checkpoint asked for")
 
     def send(self, command: str, /, *, ranks: str = "0", timeout: float = 60.0, **payload: Any) -> Any:
         """Run the ranks' ``@nbtrain.on_command(command)`` handler (see :func:`on_command`) on every rank at
@@ -308,13 +315,45 @@ class RunControl:
                     effective[key] = change["before"][key][0]
         return effective
 
-    def _step_of(self, command: Command, wait: bool) -> int | None:
+    def _step_of(self, command: Command, wait: bool, what: str) -> int | None:
         if wait:
-            deadline = time.monotonic() + APPLIED_WAIT_S
-            while command.applied_step is None and time.monotonic() < deadline:
-                command = self._call("command_applied_yet", command.id, 5.0, timeout=5.0 + READ_TIMEOUT_S)
-            if command.applied_step is None:
-                raise NbtrainError(f"Run {self.name!r}: rank 0 did not apply the change within "
-                                   f"{APPLIED_WAIT_S:g} s (is it paused, or between attempts?).")
-            return command.applied_step
+            return applied(self.reader, command, what, "run.changes").applied_step
         return None if command.at_step == AS_SOON_AS_BACK else command.at_step
+
+
+def applied(reader: RunReader, command: Command, what: str, listed_in: str) -> Command:
+    """``command`` once rank 0 applied it.
+
+    One loop for every kind that waits (``adjust``, ``pause``, ``checkpoint_now`` and ``rewind`` with
+    ``wait=True``), which says why as soon as the command will not land soon instead of waiting out its time.
+
+    Args:
+        what: the command in words, as the errors name it ("the rewind to step 40", "adjust(lr=0.01)").
+        listed_in: where the run says when it lands, for the error past the wait ("run.rewinds").
+
+    Raises:
+        NbtrainError: it was dropped (a restart, saying why), the run ended or is paused before rank 0 reached
+            its step, or rank 0 did not reach it within :data:`APPLIED_WAIT_S`.
+    """
+    name = reader.channel.name
+    where = "its next attempt's first step" if command.at_step == AS_SOON_AS_BACK else f"step {command.at_step}"
+    deadline = time.monotonic() + APPLIED_WAIT_S
+    while True:
+        command = reader.channel.call("command_applied_yet", command.id, APPLIED_POLL_S,
+                                      timeout=APPLIED_POLL_S + READ_TIMEOUT_S)
+        if command.applied_step is not None:
+            return command
+        if command.dropped:
+            raise NbtrainError(f"Run {name!r}: {what} was not applied: {command.dropped}")
+        summary = reader.fetch_summary()
+        if summary.get("state") in TERMINAL:
+            raise NbtrainError(f"Run {name!r} ended ({summary['state']}) before rank 0 reached {where}, where "
+                               f"{what} was due.")
+        if summary.get("paused_at") is not None:
+            raise NbtrainError(f"Run {name!r} is paused at step {summary['paused_at']}: {what} applies between two "
+                               "whole steps, so it lands as the run goes on (run.resume()); it is still due, nothing "
+                               "was cancelled.")
+        if time.monotonic() > deadline:
+            raise NbtrainError(f"Run {name!r}: rank 0 did not reach {where}, where {what} is due, within "
+                               f"{APPLIED_WAIT_S:g} s (its ranks are at step {summary.get('step')}: slow steps?); it "
+                               f"is still due: {listed_in} says when it lands.")

@@ -9,24 +9,14 @@ point before the rewind are *superseded* (:mod:`.history_branches`, the ``supers
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from nbtrain._client.run.control import applied
 from nbtrain._client.run.history_branches import rewinds_of
 from nbtrain._client.run.reader import RunReader
-from nbtrain._client.run.stored import READ_TIMEOUT_S
-from nbtrain._cluster.commands import GUARD, REWIND, Command
-from nbtrain._exceptions import InvalidOptionError, NbtrainError
-from nbtrain._guards import checked_guard
-from nbtrain._states import RunState
-
-APPLIED_WAIT_S = 30.0   # run.rewind(wait=True) waits this long for a live run's ranks to reach the rewind's step
-APPLIED_POLL_S = 2.0    # and looks this often at whether it ended, paused or restarted meanwhile
-TERMINAL = {state.value for state in RunState if state.is_terminal}
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+from nbtrain._cluster.commands import GUARD, REWIND
+from nbtrain._exceptions import InvalidOptionError
+from nbtrain._guards import checked_guard, whole
 
 
 class RunRewinds:
@@ -67,43 +57,16 @@ class RunRewinds:
 
             run.rewind(step=1200, skip_batches=50)
         """
-        if step is not None and not _whole(step):
+        if step is not None and not whole(step):
             raise InvalidOptionError(f"run.rewind(step=...) is a step of the run (a whole number >= 0), or None for "
                                      f"the latest checkpoint; got {step!r}.")
-        if not _whole(skip_batches):
+        if not whole(skip_batches):
             raise InvalidOptionError(f"run.rewind(skip_batches=...) is a whole number >= 0 of batches to pass over "
                                      f"after the checkpoint; got {skip_batches!r}.")
         command = self.reader.channel.steer(REWIND, {"step": step, "skip": skip_batches}, "rewound")
         if wait:
-            self._applied(command)
+            applied(self.reader, command, f"the rewind to step {command.rewind[0]}", "run.rewinds")
         return command.rewind[0]
-
-    def _applied(self, command: Command) -> Command:
-        """``command`` once rank 0 applied it; else why it has not, as soon as that is known (a rewind that will
-        not land soon is not waited for in silence)."""
-        deadline = time.monotonic() + APPLIED_WAIT_S
-        to_step = command.rewind[0]
-        while True:
-            command = self.reader.channel.call("command_applied_yet", command.id, APPLIED_POLL_S,
-                                               timeout=APPLIED_POLL_S + READ_TIMEOUT_S)
-            if command.applied_step is not None:
-                return command
-            if command.dropped:
-                raise NbtrainError(f"Run {self.name!r}: the rewind to step {to_step} was not applied: "
-                                   f"{command.dropped}")
-            summary = self.reader.fetch_summary()
-            if summary.get("state") in TERMINAL:
-                raise NbtrainError(f"Run {self.name!r} ended ({summary['state']}) before rank 0 reached step "
-                                   f"{command.at_step}, where the rewind to step {to_step} was due.")
-            if summary.get("paused_at") is not None:
-                raise NbtrainError(f"Run {self.name!r} is paused at step {summary['paused_at']}: the rewind to step "
-                                   f"{to_step} applies between two whole steps, so it lands as the run goes on "
-                                   "(run.resume()); it is still due, nothing was cancelled.")
-            if time.monotonic() > deadline:
-                raise NbtrainError(f"Run {self.name!r}: rank 0 did not reach step {command.at_step}, where the rewind "
-                                   f"to step {to_step} is due, within {APPLIED_WAIT_S:g} s (its ranks are at step "
-                                   f"{summary.get('step')}: slow steps?); it is still due: run.rewinds says when it "
-                                   "lands.")
 
     def guard(self, **settings: Any) -> dict[str, Any]:
         """Guard the live run against divergence, checked on every rank with no round trip to the notebook.
