@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain._exceptions import InvalidOptionError
+from nbtrain._registry import is_whole
 
 ACTIONS = ("rewind", "pause", "stop")
 DEFAULTS: dict[str, Any] = {"nan": None, "spike": None, "spike_action": "rewind", "lr_factor": None,
@@ -35,11 +36,6 @@ _EXPECTED = {
 }
 
 
-def whole(value: Any) -> bool:
-    """A whole number >= 0 (a step, a count of batches), never a bool."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _finite_above(value: Any, low: float) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and value > low)
@@ -50,8 +46,8 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "spike": lambda v: v is None or _finite_above(v, 1.0),
     "spike_action": lambda v: v in ACTIONS,
     "lr_factor": lambda v: v is None or _finite_above(v, 0.0),
-    "skip_batches": lambda v: v is None or whole(v),
-    "max_rewinds": whole,
+    "skip_batches": lambda v: v is None or is_whole(v),
+    "max_rewinds": is_whole,
     "metric": lambda v: isinstance(v, str) and bool(v),
 }
 

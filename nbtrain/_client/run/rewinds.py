@@ -16,7 +16,8 @@ from nbtrain._client.run.history_branches import rewinds_of
 from nbtrain._client.run.reader import RunReader
 from nbtrain._cluster.commands import GUARD, REWIND
 from nbtrain._exceptions import InvalidOptionError
-from nbtrain._guards import checked_guard, whole
+from nbtrain._guards import checked_guard
+from nbtrain._registry import is_whole
 
 
 class RunRewinds:
@@ -57,10 +58,10 @@ class RunRewinds:
 
             run.rewind(step=1200, skip_batches=50)
         """
-        if step is not None and not whole(step):
+        if step is not None and not is_whole(step):
             raise InvalidOptionError(f"run.rewind(step=...) is a step of the run (a whole number >= 0), or None for "
                                      f"the latest checkpoint; got {step!r}.")
-        if not whole(skip_batches):
+        if not is_whole(skip_batches):
             raise InvalidOptionError(f"run.rewind(skip_batches=...) is a whole number >= 0 of batches to pass over "
                                      f"after the checkpoint; got {skip_batches!r}.")
         command = self.reader.channel.steer(REWIND, {"step": step, "skip": skip_batches}, "rewound")
