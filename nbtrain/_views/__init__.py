@@ -2,3 +2,33 @@
 
 Views read a :class:`~nbtrain.Run`; they never talk to the supervisor themselves.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+from nbtrain._client import views as _client_views
+
+
+def _run_dashboard(run: Any, **options: Any) -> Any:
+    from nbtrain._views.dashboard.dashboard import show_dashboard
+
+    return show_dashboard(run, **options)
+
+
+def _sweep_dashboard(sweep: Any) -> Any:
+    from nbtrain._views.sweep_dashboard import show_sweep_dashboard
+
+    return show_sweep_dashboard(sweep)
+
+
+def _post_mortem(*args: Any, **kwargs: Any) -> Any:
+    from nbtrain._views.debugging.debugger import post_mortem
+
+    return post_mortem(*args, **kwargs)
+
+
+# imported inside each opener: a process that never shows a view (a rank, the CLI) loads no widget code
+_client_views.provide(_client_views.RUN_DASHBOARD, _run_dashboard)
+_client_views.provide(_client_views.SWEEP_DASHBOARD, _sweep_dashboard)
+_client_views.provide(_client_views.POST_MORTEM, _post_mortem)

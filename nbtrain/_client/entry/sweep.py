@@ -13,7 +13,7 @@ import dataclasses
 import time
 from typing import Any
 
-from nbtrain._client import connection
+from nbtrain._client import connection, views
 from nbtrain._client.entry.launch import attach
 from nbtrain._client.head_tasks import on_head
 from nbtrain._client.kernel.widget_messages import widget_messages_served
@@ -243,9 +243,7 @@ class Sweep:
     def dashboard(self) -> Any:
         """Show the sweep's live view and return it: every trial's curve, each hyperparameter against the
         metric, the trial table (stop a trial from there)."""
-        from nbtrain._views.sweep_dashboard import show_sweep_dashboard
-
-        return show_sweep_dashboard(self)
+        return views.open_view(views.SWEEP_DASHBOARD, self)
 
 
 def _live_sweep_names() -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import cloudpickle
 
+from nbtrain._client import views
 from nbtrain._client.run.reader import RunReader
 from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._exceptions import NbtrainError
@@ -42,8 +43,6 @@ class RunDebugging:
             run.debug()                                   # the failing rank, interactively
             run.debug(rank=1, commands="where; p loss")   # scripted
         """
-        from nbtrain._views.debugging.debugger import post_mortem
-
         commands = _command_list(commands)
         attempt, chosen = self._failure_to_debug(rank)
         data = self._call("post_mortem", attempt, chosen, timeout=READ_TIMEOUT_S)
@@ -52,8 +51,8 @@ class RunDebugging:
                    f"(the run's debug_capture_mb is 0, or the rank could not send it: see run.logs({chosen})); "
                    f"run.error has its traceback.")
             raise NbtrainError(msg)
-        post_mortem(cloudpickle.loads(data), f"Rank {chosen} of run {self.name!r} (attempt {attempt})",
-                    commands, stdout)
+        views.open_view(views.POST_MORTEM, cloudpickle.loads(data),
+                        f"Rank {chosen} of run {self.name!r} (attempt {attempt})", commands, stdout)
 
     def _failure_to_debug(self, rank: int | None) -> tuple[int, int]:
         """(attempt, rank) of the failure to open, or the one-line error that says why there is none."""

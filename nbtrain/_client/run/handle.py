@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from nbtrain import _registry
+from nbtrain._client import views
 from nbtrain._client.run.control import _UNSET, RunControl
 from nbtrain._client.run.debugging import RunDebugging
 from nbtrain._client.run.files import RunFile, RunFiles
@@ -422,9 +423,7 @@ class Run:
 
             run.dashboard(ranks=[0, 3])
         """
-        from nbtrain._views.dashboard.dashboard import show_dashboard
-
-        return show_dashboard(self, **options)
+        return views.open_view(views.RUN_DASHBOARD, self, **options)
 
     def close(self) -> None:
         """End this Run's live views (its dashboards) within a second; what they drew stays, and the run goes on."""
