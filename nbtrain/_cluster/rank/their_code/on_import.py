@@ -2,7 +2,8 @@
 
 A patch of ``torch.utils.tensorboard`` or torch's launcher, put in place at every run's start, would cost
 each rank the import (and the packages) even when the code never uses them. :func:`after_import` calls
-``patch(module)`` at once when the module was imported before, else as the import of it ends.
+``patch(module)`` at once when the module was imported before, else as the import of it ends. The one import
+hook on a rank: Ray Train's seam (``rank/ray_train/on_import``) is put in place through it too.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class _PatchAfter(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
+        # what the import system does next, needed now by a patch that reaches the module through its parent
+        parent, _, child = module.__name__.rpartition(".")
+        if parent in sys.modules:
+            setattr(sys.modules[parent], child, module)
         self._patch(module)
 
     def __getattr__(self, name: str) -> Any:  # resources, source and the like: the real loader's
