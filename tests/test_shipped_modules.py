@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 SCRIPT = '''
 import json, os, shutil, sys
@@ -81,3 +84,22 @@ def test_a_module_beside_the_script_reaches_the_ranks_and_is_never_stale(cluster
     assert "`bigpkg`" in out["big"] and "pass 1000 bytes" in out["big"] and "Install `bigpkg`" in out["big"]
     assert "`fastpkg`" in out["fast"] and "_speedups.so" in out["fast"] and "compiled extension" in out["fast"]
     assert "shipped-big" not in out["runs"] and "shipped-fast" not in out["runs"]
+
+
+@pytest.mark.quick
+def test_a_warm_worker_forgets_an_earlier_runs_version_of_the_modules_and_keeps_the_rest(tmp_path, monkeypatch):
+    """What a shipped function and a script both do before importing from their unpacked folder."""
+    import types
+
+    from nbtrain._packing.shipping import forget_earlier_versions
+
+    root = tmp_path / "nbtrain-shipped" / "new"
+    modules = {"old_helper": tmp_path / "nbtrain-shipped" / "old" / "old_helper.py",  # an earlier run's folder
+               "kept_here": root / "kept_here.py",                                  # this run's own folder
+               "datautils": tmp_path / "elsewhere" / "datautils.py",                 # named by this run
+               "datautils.io": tmp_path / "elsewhere" / "datautils" / "io.py",
+               "unrelated": tmp_path / "site" / "unrelated.py"}
+    for name, path in modules.items():
+        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(__file__=str(path)))
+    forget_earlier_versions(root, ("datautils",))
+    assert {name for name in modules if name in sys.modules} == {"kept_here", "unrelated"}

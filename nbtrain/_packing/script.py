@@ -33,7 +33,13 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from nbtrain._exceptions import InvalidOptionError, NotSerializableError
-from nbtrain._packing.shipping import COMPILED_SUFFIXES, MAX_SHIPPED_BYTES, SKIPPED_DIRS, unpacked
+from nbtrain._packing.shipping import (
+    COMPILED_SUFFIXES,
+    MAX_SHIPPED_BYTES,
+    SKIPPED_DIRS,
+    forget_earlier_versions,
+    unpacked,
+)
 
 LARGEST_SENT_FILE = 1 * 2**20  # a bigger file beside the script (data, checkpoints) stays where it is
 NEVER_SENT_SUFFIXES = (".ipynb", ".pyc", ".pt", ".pth", ".ckpt", ".safetensors", ".bin", *COMPILED_SUFFIXES)
@@ -87,7 +93,7 @@ class ScriptProgram:
 
     def __call__(self, config: dict[str, Any] | None = None) -> Any:
         folder = unpacked(self.archive, "nbtrain-scripts", self.digest)
-        _forget_modules_from(folder)
+        forget_earlier_versions(folder)
         saved_argv, saved_path = sys.argv, list(sys.path)
         sys.argv = [self.script, *self.args]
         sys.path.insert(0, str(folder))
@@ -145,14 +151,6 @@ def _files_beside(folder: Path) -> Iterator[Path]:
         for name in sorted(files):
             if not name.startswith("."):
                 yield Path(where) / name
-
-
-def _forget_modules_from(folder: Path) -> None:
-    """Modules an earlier run imported from a script folder (a warm worker): this run imports its own."""
-    for name, module in list(sys.modules.items()):
-        location = getattr(module, "__file__", None) or ""
-        if "nbtrain-scripts" in location and not location.startswith(str(folder)):
-            del sys.modules[name]
 
 
 @contextlib.contextmanager

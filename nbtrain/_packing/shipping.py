@@ -52,11 +52,20 @@ class Shipment:
         import cloudpickle
 
         root = unpacked(self.archive, "nbtrain-shipped", self.digest)
-        for name in list(sys.modules):
-            if name.partition(".")[0] in self.modules:
-                del sys.modules[name]  # an earlier run's version, on a warm worker
+        forget_earlier_versions(root, self.modules)
         sys.path[:] = [str(root)] + [entry for entry in sys.path if "nbtrain-shipped" not in entry]
         return cloudpickle.loads(self.function)
+
+
+def forget_earlier_versions(root: Path, names: tuple[str, ...] = ()) -> None:
+    """On a warm worker, before this run imports from ``root`` (a folder :func:`unpacked` made): forget the
+    modules an earlier run imported from another such folder of the same kind (its version of them), and any
+    module named ``names`` (or inside one), so that this run imports its own."""
+    kind = f"{os.sep}{root.parent.name}{os.sep}"
+    for name, module in list(sys.modules.items()):
+        location = getattr(module, "__file__", None) or ""
+        if name.partition(".")[0] in names or (kind in location and not location.startswith(str(root))):
+            del sys.modules[name]
 
 
 def unpacked(archive: bytes, kind: str, digest: str) -> Path:
