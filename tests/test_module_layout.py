@@ -1,16 +1,18 @@
 """The package's layout holds: no import circles between nbtrain's modules nor between its folders,
-imports point the documented way (views → client → cluster → the shared root), and each sub-package
-says what it holds and which process runs it.
+imports point the documented way (views → client → cluster → the shared root: import-linter's contracts in
+pyproject.toml), and each sub-package says what it holds and which process runs it.
 
 Every ``import`` counts, at module level, inside functions and under ``TYPE_CHECKING`` alike: a
-circle through a function-level import is still two modules that each need the other. The edges
-that run against the direction or close a folder circle today are named below, each with its
-reason; a new one fails, and one that is gone must leave its list.
+circle through a function-level import is still two modules that each need the other.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nbtrain"
@@ -115,51 +117,27 @@ def test_every_sub_package_says_what_it_holds() -> None:
         assert docstring and len(docstring) > 60, f"{init.relative_to(PACKAGE.parent)} has no docstring to say so"
 
 
-MODULES_PER_FOLDER = 14  # past this a folder lists several concerns: split it by the decision each file makes
-
-
-def test_no_folder_holds_more_modules_than_a_reader_scans_at_once() -> None:
-    crowded = {}
-    for folder in {path.parent for path in PACKAGE.rglob("*.py")}:
-        modules = [path for path in folder.glob("*.py") if path.name != "__init__.py"]
-        if len(modules) > MODULES_PER_FOLDER:
-            crowded[str(folder.relative_to(PACKAGE.parent))] = len(modules)
-    assert crowded == {}, f"group these folders' modules into sub-packages by concern: {crowded}"
-
-
 # ------------------------------------------------------------------------------------------------ direction
-# Which side of nbtrain a module is on, by its top folder: the public modules at the root (nbtrain itself,
-# __main__, the Lightning and Hugging Face integrations) on top, then the views, the lab server, the client
-# side, the cluster side, and at the bottom what every process shares (the root's _-prefixed modules, _packing).
-MAY_IMPORT = {
-    "public": {"public", "_views", "_lab", "_client", "_cluster", "shared"},
-    "_lab": {"_lab", "_client", "_cluster", "shared"},
-    "_views": {"_views", "_client", "_cluster", "shared"},
-    "_client": {"_client", "_cluster", "shared"},
-    "_cluster": {"_cluster", "shared"},
-    "shared": {"shared"},
-}
+# Which folder may import which is import-linter's (the contracts in pyproject.toml, run by `lint-imports` with
+# lint): checked here, that they hold and that they would catch a wrong-way import planted in a copy.
 
-# The imports against that direction, each named in docs/architecture.md ("Which folder may import which"):
-# one shared module reaching the cluster side. (Run.dashboard(), Sweep.dashboard() and Run.debug() open their
-# views through nbtrain._client.views, given the openers by the views.) Also left out of the folder-circle
-# check below.
-AGAINST_THE_DIRECTION = {
-    # The storage= option is checked and normalised where it is declared, by the module that reads and writes it.
-    ("nbtrain._options", "nbtrain._cluster.storage.storage_uri"),
-}
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` with the project's contracts on the ``nbtrain`` package found first under ``root``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    command = "from importlinter.cli import lint_imports_command; lint_imports_command()"  # the lint-imports script
+    return subprocess.run([sys.executable, "-c", command, "--config", str(PACKAGE.parent / "pyproject.toml"),
+                           "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
-def _side(module: str) -> str:
-    parts = module.split(".")
-    if len(parts) == 1 or parts[1] == "__main__" or not parts[1].startswith("_"):
-        return "public"
-    return parts[1] if parts[1] in MAY_IMPORT else "shared"
-
-
-def _against_the_direction(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
-    return {(name, target) for name, targets in graph.items() for target in targets
-            if _side(target) not in MAY_IMPORT[_side(name)]}
+def test_imports_point_the_documented_way_and_a_wrong_way_import_is_caught(tmp_path: Path) -> None:
+    kept = _lint_imports(PACKAGE.parent)
+    assert kept.returncode == 0, kept.stdout[-3000:] + kept.stderr[-3000:]
+    shutil.copytree(PACKAGE, tmp_path / "nbtrain", ignore=shutil.ignore_patterns("__pycache__", "labextension"))
+    planted = tmp_path / "nbtrain" / "_cluster" / "names.py"
+    planted.write_text(planted.read_text() + "\n\ndef _back():\n    from nbtrain._client import views\n")
+    broken = _lint_imports(tmp_path)
+    assert broken.returncode != 0 and "nbtrain._cluster.names -> nbtrain._client.views" in broken.stdout, \
+        broken.stdout[-3000:]
 
 
 # ------------------------------------------------------------------------------------------- folder circles
@@ -180,7 +158,7 @@ def _folder_graph(graph: dict[str, set[str]], modules: dict[str, Path], root: st
         folders.setdefault(source, set())
         for target in targets:
             into = _folder(target, modules)
-            if into not in (root, source) and (name, target) not in AGAINST_THE_DIRECTION:
+            if into not in (root, source):
                 folders[source].add(into)
     for targets in list(folders.values()):
         for target in targets:
@@ -188,18 +166,11 @@ def _folder_graph(graph: dict[str, set[str]], modules: dict[str, Path], root: st
     return folders
 
 
-def test_imports_point_the_documented_way() -> None:
-    found = _against_the_direction(_graph())
-    assert found - AGAINST_THE_DIRECTION == set(), "views → client → cluster → the shared root; the cluster side " \
-        "never imports the client or the views, the client the views only for an entry point named above"
-    assert AGAINST_THE_DIRECTION - found == set(), "these edges are gone: take them out of AGAINST_THE_DIRECTION"
-
-
 def test_no_folder_imports_another_that_imports_it_back() -> None:
     assert _circles(_folder_graph(_graph(), _modules())) == []
 
 
-def test_the_folder_checks_find_a_planted_circle_and_a_wrong_way_import(tmp_path: Path) -> None:
+def test_the_folder_checks_find_a_planted_circle(tmp_path: Path) -> None:
     package = tmp_path / "nbtrain"
     files = {  # a folder circle that is no module circle (spec → payload → names), and the cluster importing up
         "__init__.py": "from nbtrain._client import launching\n",
@@ -219,4 +190,4 @@ def test_the_folder_checks_find_a_planted_circle_and_a_wrong_way_import(tmp_path
     graph = _graph(package)
     assert _circles(graph) == []
     assert _circles(_folder_graph(graph, _modules(package))) == [["nbtrain._cluster", "nbtrain._cluster.rank"]]
-    assert _against_the_direction(graph) == {("nbtrain._cluster.rank.worker", "nbtrain._client.launching")}
+
