@@ -12,42 +12,30 @@ that machine (the embedded cluster), else in the run's own folder (``run.files()
 
 ``sys.exit(0)`` (or ``None``) ends the rank's function as a success; another exit code is the rank's
 failure, with the code and the last lines the script wrote to stderr (an argparse error's usage).
-Made in the notebook kernel (:meth:`ScriptProgram.of`), called in each rank (:meth:`ScriptProgram.__call__`).
+Made in the notebook kernel (:meth:`ScriptProgram.of`, here), run on each rank (:mod:`.script_run`).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import hashlib
 import io
 import os
-import runpy
-import sys
 import time
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, TextIO
+from typing import Any
 
 from nbtrain._exceptions import InvalidOptionError, NotSerializableError
 from nbtrain._packing.shipping import (
     COMPILED_SUFFIXES,
     MAX_SHIPPED_BYTES,
     SKIPPED_DIRS,
-    forget_earlier_versions,
-    unpacked,
 )
 
 LARGEST_SENT_FILE = 1 * 2**20  # a bigger file beside the script (data, checkpoints) stays where it is
 NEVER_SENT_SUFFIXES = (".ipynb", ".pyc", ".pt", ".pth", ".ckpt", ".safetensors", ".bin", *COMPILED_SUFFIXES)
-STDERR_LINES_KEPT = 12  # of a failing script's stderr, in its failure
-
-
-class ScriptExited(Exception):
-    """The script called ``sys.exit`` with a failing code (an argparse error exits with 2): the rank's failure."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,36 +80,10 @@ class ScriptProgram:
         return f"{Path(self.script).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def __call__(self, config: dict[str, Any] | None = None) -> Any:
-        folder = unpacked(self.archive, "nbtrain-scripts", self.digest)
-        forget_earlier_versions(folder)
-        saved_argv, saved_path = sys.argv, list(sys.path)
-        sys.argv = [self.script, *self.args]
-        sys.path.insert(0, str(folder))
-        try:
-            with _stderr_tail() as tail:
-                try:
-                    runpy.run_path(str(folder / self.script), run_name="__main__")
-                except Exception as error:  # noqa: BLE001 - the rank's failure, from the script's first line
-                    raise error.with_traceback(_from_script(error.__traceback__, folder / self.script)) \
-                        from error.__cause__
-                except SystemExit as exit_:
-                    if exit_.code not in (None, 0):
-                        said = "".join(tail).rstrip()
-                        raise ScriptExited(f"{self.shown_path} exited with code {exit_.code!r} (sys.exit)"
-                                           + (f"; it wrote:\n{said}" if said else ".")) from None
-        finally:
-            sys.argv = saved_argv
-            sys.path[:] = saved_path
-        return None
+        """On a rank: run the script (:mod:`.script_run`; the run's ``config`` is not the script's)."""
+        from nbtrain._packing.script_run import run_script
 
-
-
-def _from_script(tb: TracebackType | None, script: Path) -> TracebackType | None:
-    """The traceback from the script's own first frame: nbtrain's and runpy's are not the user's to read."""
-    first = tb
-    while first is not None and first.tb_frame.f_code.co_filename != str(script):
-        first = first.tb_next
-    return first if first is not None else tb
+        return run_script(self.script, self.args, self.archive, self.digest, self.shown_path)
 
 
 def _folder_archive(folder: Path, script: Path) -> bytes:
@@ -151,27 +113,3 @@ def _files_beside(folder: Path) -> Iterator[Path]:
         for name in sorted(files):
             if not name.startswith("."):
                 yield Path(where) / name
-
-
-@contextlib.contextmanager
-def _stderr_tail() -> Iterator[collections.deque[str]]:
-    """The last lines written to stderr meanwhile (they still go where stderr goes: the rank's log)."""
-    tail: collections.deque[str] = collections.deque(maxlen=STDERR_LINES_KEPT)
-    saved = sys.stderr
-    sys.stderr = _Tee(saved, tail)
-    try:
-        yield tail
-    finally:
-        sys.stderr = saved
-
-
-class _Tee(io.TextIOBase):
-    def __init__(self, stream: TextIO, tail: collections.deque[str]) -> None:
-        self._stream, self._tail = stream, tail
-
-    def write(self, text: str) -> int:
-        self._tail.extend(line for line in text.splitlines(True))
-        return self._stream.write(text)
-
-    def flush(self) -> None:
-        self._stream.flush()
