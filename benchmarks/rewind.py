@@ -62,8 +62,8 @@ def _model(layers: int) -> tuple[Any, Any]:
 
 def in_place(layers: int) -> tuple[float, float]:
     """Seconds to take a restore point and to restore it, on one rank's session as a run has it."""
+    from nbtrain._cluster.rank.rank_steering import RankSteering
     from nbtrain._cluster.rank.reporting import Reporter
-    from nbtrain._cluster.rank.steering import RankSteering
 
     session = SimpleNamespace(supervisor=None, context=SimpleNamespace(rank=0), uses_loader=True, reporter=Reporter(),
                               report_calls=0, last_step=0, step=0, epoch=0, commands_due=lambda due: None, timing=None)

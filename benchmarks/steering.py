@@ -38,7 +38,7 @@ CHANGES = 20
 def hook_cost() -> tuple[float, float]:
     import torch
 
-    from nbtrain._cluster.rank.steering import RankSteering
+    from nbtrain._cluster.rank.rank_steering import RankSteering
 
     torch.set_num_threads(1)
     session = SimpleNamespace(uses_loader=False, report_calls=0, last_step=0, step=0,
@@ -76,7 +76,7 @@ def profiling_cost() -> tuple[float, float, float]:
 
     from nbtrain._cluster.commands import PROFILE, Command
     from nbtrain._cluster.rank.inspection.profiling import StepProfile
-    from nbtrain._cluster.rank.steering import RankSteering
+    from nbtrain._cluster.rank.rank_steering import RankSteering
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -34,10 +34,10 @@ from nbtrain._client.run.handle import Run
 from nbtrain._client.warm import release_warm
 from nbtrain._cluster.rank.data.counted_shard import get_dataset_shard
 from nbtrain._cluster.rank.data.loading import prepare_loader
+from nbtrain._cluster.rank.rank_steering import on_command
 from nbtrain._cluster.rank.reporting import report
 from nbtrain._cluster.rank.rewinding import on_rewind
 from nbtrain._cluster.rank.session import TrainContext
-from nbtrain._cluster.rank.steering import on_command
 from nbtrain._cluster.rank.worker_api import (
     backward,
     checkpoint_requested,

@@ -167,7 +167,7 @@ def _stored(name: str, state: str, steps: int, *, final: bool = False) -> None:
 @pytest.mark.quick
 def test_the_lab_server_lists_runs_from_their_files_with_what_only_the_cluster_knows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nbtrain._lab.commands import CommandRunner, NbtrainServer
+    from nbtrain._lab.sidebar_agent import CommandRunner, NbtrainServer
 
     monkeypatch.setenv("NBTRAIN_HOME", str(tmp_path))
     gone = "ray://127.0.0.1:1"  # nothing listens there: the cluster these runs had is down

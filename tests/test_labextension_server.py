@@ -633,7 +633,7 @@ def test_default_agent_is_the_nbtrain_cli_and_its_failures_say_why(tmp_path: Pat
     import concurrent.futures
     import logging
 
-    from nbtrain._lab.commands import CommandRunner, NbtrainServer
+    from nbtrain._lab.sidebar_agent import CommandRunner, NbtrainServer
 
     settings = NbtrainServer()
     assert settings.agent_command == [sys.executable, "-m", "nbtrain", "agent"]

@@ -155,7 +155,7 @@ def test_stacks_are_answered_as_soon_as_learnt_and_an_earlier_attempts_are_not()
     from types import SimpleNamespace
 
     from nbtrain._cluster.commands import Command
-    from nbtrain._cluster.rank.steering import RankSteering
+    from nbtrain._cluster.rank.rank_steering import RankSteering
 
     supervisor = _Recorder()
     session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=1, attempt=2, device="cpu"),

@@ -15,9 +15,9 @@ from nbtrain._client.run.control import RunControl
 from nbtrain._client.run.rewinds import RunRewinds
 from nbtrain._cluster.commands import ADJUST, GUARD, PAUSE, REWIND, Command, SteeringBeat
 from nbtrain._cluster.rank.guarding import RankGuard
+from nbtrain._cluster.rank.rank_steering import RankSteering
 from nbtrain._cluster.rank.reporting import Reporter
-from nbtrain._cluster.rank.steering import RankSteering
-from nbtrain._cluster.run.steering import RunSteering
+from nbtrain._cluster.run.run_steering import RunSteering
 from nbtrain._guards import checked_guard, describe_guard
 from nbtrain._options import RunOptions
 

@@ -17,7 +17,7 @@ import pytest
 from test_dashboard_browser import ARTIFACTS, browser_type_launch_args, open_and_run, write_notebook  # noqa: F401
 
 import nbtrain
-from nbtrain._lab.commands import NbtrainServer
+from nbtrain._lab.sidebar_agent import NbtrainServer
 
 from _helpers import wait_for
 from _jupyterlab import expect, start_jupyterlab

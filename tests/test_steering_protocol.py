@@ -20,8 +20,8 @@ from nbtrain._cluster.commands import (
     SteeringBeat,
     checked_settings,
 )
-from nbtrain._cluster.rank.steering import RankSteering
-from nbtrain._cluster.run.steering import MIN_LEAD_STEPS, RunSteering
+from nbtrain._cluster.rank.rank_steering import RankSteering
+from nbtrain._cluster.run.run_steering import MIN_LEAD_STEPS, RunSteering
 
 pytestmark = pytest.mark.quick
 

@@ -132,7 +132,7 @@ def test_the_step_clock_splits_each_step_and_leaves_out_the_time_between_epochs(
 @pytest.mark.quick
 def test_the_worker_table_shows_the_split_and_the_flagged_straggler():
     from nbtrain._views.dashboard.step_time_plot import debug_hint
-    from nbtrain._views.dashboard.worker_table import stragglers, worker_table
+    from nbtrain._views.dashboard.workers_view import stragglers, worker_table
 
     workers = [{"rank": 0, "state": "running", "step": 50, "step_ms": 42.0, "data_ms": 1.0, "compute_ms": 2.0,
                 "comm_ms": 39.0, "cpu_percent": 35.0, "rss_mb": 700.0},

@@ -18,7 +18,7 @@ from pathlib import PurePosixPath
 import pytest
 from test_dashboard_browser import ARTIFACTS, browser_type_launch_args, open_and_run, write_notebook  # noqa: F401
 
-from nbtrain._lab.commands import NbtrainServer
+from nbtrain._lab.sidebar_agent import NbtrainServer
 from nbtrain._views.sweep_dashboard import FADED_OPACITY
 
 from _helpers import wait_for

@@ -310,7 +310,7 @@ def test_wrapped_optimizers_are_steered_through_the_one_whose_step_runs_the_hook
     from lightning.pytorch.core.optimizer import LightningOptimizer
 
     from nbtrain._cluster.rank.parallel import ScaledOptimizer
-    from nbtrain._cluster.rank.steering import RankSteering
+    from nbtrain._cluster.rank.rank_steering import RankSteering
 
     session = SimpleNamespace(supervisor=None, context=SimpleNamespace(rank=0), uses_loader=False, report_calls=0,
                               last_step=0, step=0, epoch=0, commands_due=lambda due: None, timing=None)

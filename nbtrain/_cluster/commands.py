@@ -6,7 +6,7 @@ that step — before that step's optimizer update, so that DDP replicas stay ide
 look rather than change: ``stacks`` is answered by each rank the moment it learns it (not at a step:
 a stuck rank takes none), and ``profile`` runs torch.profiler on the chosen ranks for a number of
 steps; neither is one of the run's changes (``run.changes``), and a new attempt does neither again. See
-:mod:`nbtrain._cluster.run.steering` (the supervisor's side) and :mod:`nbtrain._cluster.rank.steering`
+:mod:`nbtrain._cluster.run.run_steering` (the supervisor's side) and :mod:`nbtrain._cluster.rank.rank_steering`
 (the ranks').
 
 Everything that travels is a dataclass of this module: the :class:`Command` (notebook ← supervisor →

@@ -20,8 +20,8 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    from nbtrain._lab.commands import CommandRunner, NbtrainServer
     from nbtrain._lab.handlers import setup_handlers
+    from nbtrain._lab.sidebar_agent import CommandRunner, NbtrainServer
     from nbtrain._paths import nbtrain_home
 
     settings = NbtrainServer(config=serverapp.config, parent=serverapp)

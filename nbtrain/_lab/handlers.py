@@ -35,7 +35,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from nbtrain import _json
-from nbtrain._lab.commands import CommandRunner
+from nbtrain._lab.sidebar_agent import CommandRunner
 
 _NAME = r"(?P<name>[^/]+)"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from nbtrain._client.local.process_group import kill_group, pid_alive
+from nbtrain._client.local.process_sessions import kill_group, pid_alive
 from nbtrain._paths import local_cluster_dir, read_json, write_json_atomic
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from nbtrain._client.local import added_nodes
 from nbtrain._client.local.local_head import LocalClusterInfo as LocalClusterInfo  # callers name it local_cluster.*
 from nbtrain._client.local.local_head import check_environment, is_our_head, this_environment
-from nbtrain._client.local.process_group import kill_group
+from nbtrain._client.local.process_sessions import kill_group
 from nbtrain._cluster.priority import lower_head_bookkeeping_priority
 from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import LOOPBACK, free_port, port_is_open

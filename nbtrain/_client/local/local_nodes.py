@@ -18,7 +18,7 @@ import time
 
 from nbtrain._client.local import local_cluster
 from nbtrain._client.local.added_nodes import LocalNode, nodes, record
-from nbtrain._client.local.process_group import kill_group
+from nbtrain._client.local.process_sessions import kill_group
 from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import LOOPBACK, free_port
 from nbtrain._paths import local_cluster_dir, private_dir, private_opener

@@ -1,6 +1,6 @@
 """One node's standing question for the notebook's commands, asked once for all of its ranks.
 
-Each rank learns the notebook's commands from a long poll (see :mod:`nbtrain._cluster.rank.steering`).
+Each rank learns the notebook's commands from a long poll (see :mod:`nbtrain._cluster.rank.rank_steering`).
 Asked of the supervisor by every rank, a run of N ranks holds N of the supervisor's threads waiting,
 wakes N of them for each command and answers N calls a second while nothing happens. Where a node
 has a push relay (:mod:`~nbtrain._cluster.feed.push_relay`), its ranks ask the relay instead: the

@@ -1,9 +1,9 @@
 """What a change to a live run does to an optimizer: a setting set in its param groups, an update skipped, its LR
-schedulers found. Runs on the ranks (see :mod:`.steering`).
+schedulers found. Runs on the ranks (see :mod:`.rank_steering`).
 
 :func:`rescale_lr` is the one place a rank's learning rate changes, whoever changes it: an elastic run's scale
 for its world size (``prepare_optimizer``), the adaptive batch's gain (``rank/data/loading``), ``adjust(lr=)``
-and a rewind's ``lr_factor`` (``rank/steering``). Each is a factor on the rate, and the LR schedulers' base
+and a rewind's ``lr_factor`` (``rank/rank_steering``). Each is a factor on the rate, and the LR schedulers' base
 values follow it, so a schedule computed from its base (``LambdaLR``, ``OneCycleLR``, cosine) goes on from the
 changed rate instead of dropping the change at its next step; the factors compose by multiplication."""
 

@@ -27,8 +27,8 @@ from nbtrain._cluster.rank.inspection.resources import Resources
 from nbtrain._cluster.rank.inspection.step_timing import StepTimes
 from nbtrain._cluster.rank.log_tee import LogTee
 from nbtrain._cluster.rank.payload import WorkerPayload
+from nbtrain._cluster.rank.rank_steering import RankSteering
 from nbtrain._cluster.rank.reporting import NOT_IN_A_RUN, Reporter
-from nbtrain._cluster.rank.steering import RankSteering
 from nbtrain._cluster.rank.ticks import until_next_tick
 from nbtrain._exceptions import NbtrainError
 

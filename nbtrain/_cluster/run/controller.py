@@ -32,7 +32,7 @@ from nbtrain._cluster.elastic.policy import Cluster, RayCluster, Resize
 from nbtrain._cluster.feed.feed import RunFeed, nan_keys
 from nbtrain._cluster.run import failure_policy, stall_stacks
 from nbtrain._cluster.run.failure_policy import Failed, Failure, FailurePolicy, Outcome, Restart, Stopped, Succeeded
-from nbtrain._cluster.run.steering import RunSteering
+from nbtrain._cluster.run.run_steering import RunSteering
 from nbtrain._cluster.run.stragglers import StragglerWatch
 from nbtrain._cluster.run.worker_group import StartFailed, StopRequested, WorkerGroup, remove_leftover_group
 from nbtrain._cluster.run.worker_table import WorkerTable

@@ -15,7 +15,7 @@ from nbtrain._cluster.commands import PAUSE, REWIND, Command, SteeringBeat
 
 
 class RunSteering(Protocol):
-    """What the guards' decisions use of the run's steering (:class:`nbtrain._cluster.run.steering.RunSteering`,
+    """What the guards' decisions use of the run's steering (:class:`nbtrain._cluster.run.run_steering.RunSteering`,
     which holds these decisions: named here by what they ask of it, so neither module imports the other)."""
 
     commands: list[Command]

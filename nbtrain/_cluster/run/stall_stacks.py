@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from nbtrain._cluster.commands import STACKS, SteeringBeat, where_rank_is
-from nbtrain._cluster.run.steering import RunSteering
+from nbtrain._cluster.run.run_steering import RunSteering
 
 WAIT_S = 10.0
 

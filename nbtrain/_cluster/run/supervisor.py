@@ -272,7 +272,7 @@ class RunSupervisor:
 
     @ray.method(concurrency_group=RANKS)
     def control(self, attempt: int, seen: int, wait_s: float) -> tuple[bool, list[Command]]:
-        """Each rank's standing question (see rank/steering), or a node's relay's for its ranks: the notebook's
+        """Each rank's standing question (see rank/rank_steering), or a node's relay's for its ranks: the notebook's
         commands after the ``seen``-th as soon as there are any (else after ``wait_s``), and whether a checkpoint
         is wanted (elastic)."""
         commands = self._run.steering.since(seen, wait_s)

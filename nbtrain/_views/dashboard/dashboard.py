@@ -51,7 +51,7 @@ from nbtrain._views.dashboard.summary_text import (
     progress_fraction,
     state_label,
 )
-from nbtrain._views.dashboard.worker_table import (
+from nbtrain._views.dashboard.workers_view import (
     RANK_HINT,
     RANKS_PER_PAGE,
     parse_ranks,

@@ -19,7 +19,7 @@ from nbtrain._options import default_of
 from nbtrain._states import RunState
 from nbtrain._views.dashboard.history import MetricHistory, take_new_rows
 from nbtrain._views.dashboard.summary_text import elapsed, fmt_duration, progress_fraction, state_label
-from nbtrain._views.dashboard.worker_table import stragglers
+from nbtrain._views.dashboard.workers_view import stragglers
 
 REDRAW_INTERVAL_S = 0.25
 FOLLOW_POLL_S: float = default_of("flush_interval_s")  # one long poll per default flush tick

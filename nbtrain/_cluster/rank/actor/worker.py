@@ -32,7 +32,7 @@ import ray
 from nbtrain._cluster import run_folder
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.inspection import post_mortem
-from nbtrain._cluster.rank.ray_train import on_import as ray_train_on_import
+from nbtrain._cluster.rank.ray_train import seam_watch
 from nbtrain._cluster.rank.session import TrainingSession, set_session
 from nbtrain._net import free_port
 from nbtrain._packing import shipping
@@ -122,7 +122,7 @@ class TrainWorker:
         session = TrainingSession(payload, device)
         context = session.context
         set_session(session)
-        ray_train_on_import.watch()
+        seam_watch.watch()
         session.start()
         back = run_folder.enter(payload.folder)  # this run's folder, left in the finally below
         try:
@@ -141,7 +141,7 @@ class TrainWorker:
             }
         finally:
             set_session(None)
-            ray_train_on_import.unwatch()
+            seam_watch.unwatch()
             run_folder.leave(back)
             if dist.is_initialized():
                 try:

@@ -1,6 +1,6 @@
 """Profiling a few steps on demand: ``run.profile(steps=20, ranks=[0])`` on the chosen ranks.
 
-The rank's steering (see :mod:`.steering`) starts :class:`StepProfile` after an optimizer update (or at a
+The rank's steering (see :mod:`.rank_steering`) starts :class:`StepProfile` after an optimizer update (or at a
 report, for loops that give nbtrain no optimizer) and counts one step at each following one; after
 ``steps`` it stops torch.profiler and, on a thread of its own (the training goes on), answers with the
 top operators by self time and the Chrome trace, gzipped, which the run's supervisor keeps in the run's

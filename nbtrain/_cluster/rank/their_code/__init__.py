@@ -12,7 +12,7 @@ it ends (a warm worker runs other runs later), by :func:`install`:
 - :mod:`.optimizers`: which optimizer is steered when the code steps a wrapper of one.
 
 The optimizers the code steps are steered by torch's global step hooks (see
-:mod:`~nbtrain._cluster.rank.steering`), which the session registers itself.
+:mod:`~nbtrain._cluster.rank.rank_steering`), which the session registers itself.
 """
 
 from __future__ import annotations

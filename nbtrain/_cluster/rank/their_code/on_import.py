@@ -3,7 +3,7 @@
 A patch of ``torch.utils.tensorboard`` or torch's launcher, put in place at every run's start, would cost
 each rank the import (and the packages) even when the code never uses them. :func:`after_import` calls
 ``patch(module)`` at once when the module was imported before, else as the import of it ends. The one import
-hook on a rank: Ray Train's seam (``rank/ray_train/on_import``) is put in place through it too.
+hook on a rank: Ray Train's seam (``rank/ray_train/seam_watch``) is put in place through it too.
 """
 
 from __future__ import annotations
