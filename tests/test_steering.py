@@ -15,9 +15,11 @@ from types import SimpleNamespace
 import pytest
 
 import nbtrain
+from nbtrain._cluster.command_kinds.table import register
 from nbtrain._exceptions import NbtrainError
 
 from _helpers import wait_for
+from _tagging_kind import Tag
 
 
 def steered_loop(config):
@@ -81,6 +83,18 @@ def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
         assert run.send("where", ranks="all") == [{"rank": 0, "extra": 0}, {"rank": 1, "extra": 0}]
         with pytest.raises(NbtrainError, match="Rank 0 has no handler for 'nowhere'"):
             run.send("nowhere", timeout=20)
+
+        tag = register(Tag())  # a kind of command nbtrain does not know: notebook -> supervisor -> ranks
+        with pytest.raises(nbtrain.InvalidOptionError, match="tag\\(text=...\\) is a string, not 3"):
+            run._reader.channel.steer("tag", {"text": 3}, "tagged")
+        tagged = run._reader.channel.steer(tag.name, {"text": "here"}, "tagged")
+        wait_for(lambda: any(c["kind"] == "tag" and c["step"] is not None for c in run.changes), timeout=60,
+                 message="the ranks to apply the tag")
+        [change] = [c for c in run.changes if c["kind"] == "tag"]
+        assert change["step"] >= tagged.at_step and change["before"] == {"lr": [0.01]}
+        assert change["description"] == f"tag 'here' at step {change['step']}"
+        for rank in (0, 1):
+            assert f"tagged 'here' at step {change['step']}" in run.logs(rank), rank
 
         asked = run.checkpoint_now(wait=True)
         wait_for(lambda: (run.summary().get("checkpoint") or {}).get("step", -1) >= asked, timeout=60,

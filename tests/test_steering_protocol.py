@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from nbtrain import InvalidOptionError
+from nbtrain._cluster.command_kinds.kind import MIN_LEAD_STEPS
+from nbtrain._cluster.command_kinds.table import describe
 from nbtrain._cluster.commands import (
     ADJUST,
     AS_SOON_AS_BACK,
@@ -21,7 +23,7 @@ from nbtrain._cluster.commands import (
     checked_settings,
 )
 from nbtrain._cluster.rank.rank_steering import RankSteering
-from nbtrain._cluster.run.run_steering import MIN_LEAD_STEPS, RunSteering
+from nbtrain._cluster.run.run_steering import RunSteering
 
 pytestmark = pytest.mark.quick
 
@@ -50,7 +52,7 @@ def test_a_saved_command_reads_back_the_same():
                       before={"lr": [0.1]})
     assert Command(**command.as_dict()) == command
     assert command.settings == {"lr": 0.01} and command.group is None
-    assert command.describe() == "lr 0.1 → 0.01 at step 12"
+    assert describe(command) == "lr 0.1 → 0.01 at step 12"
 
 
 def _supervisor_steering() -> RunSteering:
@@ -134,7 +136,7 @@ def test_a_stop_after_the_epoch_takes_hold_at_its_step_so_every_rank_ends_the_sa
     assert steering.stop_requested() and steering.stop_after_epoch == 1
     [(command_id, rank, step, before, _)] = applied
     assert (command_id, rank, step, before) == (1, 1, 6, {"epoch": 1})
-    assert Command(**{**stop.as_dict(), "applied_step": 6, "before": before}).describe() == \
+    assert describe(Command(**{**stop.as_dict(), "applied_step": 6, "before": before})) == \
         "stop after epoch 1, learnt at step 6"
 
 

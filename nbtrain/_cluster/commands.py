@@ -2,12 +2,10 @@
 
 A command is issued by the notebook (``run.adjust(lr=0.01)``, a click on the dashboard), numbered
 and given the step at which it takes effect by the run's supervisor, and applied by every rank at
-that step — before that step's optimizer update, so that DDP replicas stay identical. Two kinds
-look rather than change: ``stacks`` is answered by each rank the moment it learns it (not at a step:
-a stuck rank takes none), and ``profile`` runs torch.profiler on the chosen ranks for a number of
-steps; neither is one of the run's changes (``run.changes``), and a new attempt does neither again. See
-:mod:`nbtrain._cluster.run.run_steering` (the supervisor's side) and :mod:`nbtrain._cluster.rank.rank_steering`
-(the ranks').
+that step, so that DDP replicas stay identical. What each kind checks, where it lands and how it is
+applied and described is its own module in :mod:`nbtrain._cluster.command_kinds`, looked up in one
+table; :mod:`nbtrain._cluster.run.run_steering` (the supervisor's side) and
+:mod:`nbtrain._cluster.rank.rank_steering` (the ranks') do what a kind says.
 
 Everything that travels is a dataclass of this module: the :class:`Command` (notebook ← supervisor →
 ranks) and the rank's :class:`Heartbeat` with its :class:`SteeringBeat` (ranks → supervisor). Each
@@ -23,12 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain._exceptions import InvalidOptionError
-from nbtrain._guards import describe_guard
 
 ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE, REWIND, GUARD = (
     "adjust", "pause", "resume", "checkpoint", "stop_after_epoch", "user", "stacks", "profile", "rewind", "guard")
-KINDS = (ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE, REWIND, GUARD)
-NOT_CHANGES = (USER, STACKS, PROFILE)  # answered to the notebook; not in run.changes, not re-applied
 MAX_PROFILE_STEPS = 1000
 
 AS_SOON_AS_BACK = -1  # at_step of a command issued while no rank runs: the next attempt's first step
@@ -114,6 +109,7 @@ class Command:
     superseded: bool = False          # applied on a branch a later rewind went back from: not re-applied
     rank_times: dict[int, float] | None = None  # REWIND: when each rank applied it (its own clock)
     dropped: str | None = None        # REWIND: why it never applied (the run restarted before its ranks got there)
+    definition: bytes | None = None   # a kind not nbtrain's own, pickled by value (command_kinds.table.register)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -155,48 +151,10 @@ class Command:
         return dataclasses.replace(self, at_step=step)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def describe(self) -> str:
-        """The change as the curves' marker and the events say it: ``lr 0.1 → 0.01 at step 1200``."""
-        step = self.applied_step if self.applied_step is not None else self.at_step
-        where = f" at step {step}" if step >= 0 else " as the ranks come back"
-        if self.kind == RESUME:  # not bound to a step: a resume acts at once
-            where = ""
-        if self.kind == ADJUST:
-            before = self.before or {}
-            parts = []
-            for key, value in self.settings.items():
-                old = before.get(key)
-                shown_old = _short(old[0] if isinstance(old, list) and len(set(map(repr, old))) == 1 else old)
-                parts.append(f"{key} {shown_old} → {_short(value)}" if old is not None else f"{key} → {_short(value)}")
-            group = f" (param group {self.group})" if self.group is not None else ""
-            return ", ".join(parts) + group + where
-        if self.kind == USER:
-            return f"command {self.handler[0]!r}" + where
-        if self.kind == STACKS:
-            return "stacks asked"
-        if self.kind == PROFILE:
-            return f"profile of {self.steps} steps on rank(s) {self.ranks}" + where
-        if self.kind == REWIND:
-            to_step, skip = self.rewind
-            by = f" ({self.args['why']})" if self.args.get("why") else ""
-            lr = f", lr x{self.args['lr_factor']:g}" if self.args.get("lr_factor") else ""
-            skipped = f", {skip} batch{'es' if skip != 1 else ''} skipped" if skip else ""
-            return f"rewound to step {to_step}{skipped}{lr}{where.replace(' at ', ' from ')}{by}"
-        if self.kind == GUARD:
-            return describe_guard(self.args)
-        if self.kind == STOP_AFTER_EPOCH:
-            return f"stop after epoch {self.epoch}" + where.replace(" at ", ", learnt at ")
-        return {PAUSE: "paused", RESUME: "resumed", CHECKPOINT: "checkpoint asked"}[self.kind] + where
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (list, tuple)):
-        return "(" + ", ".join(_short(item) for item in value) + ")"
-    return repr(value) if isinstance(value, str) else str(value)
+        """The command as the run's saved state keeps it (a kind's definition is not kept)."""
+        saved = dataclasses.asdict(self)
+        del saved["definition"]
+        return saved
 
 
 # ---------------------------------------------------------------------- ranks -> supervisor

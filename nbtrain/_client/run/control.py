@@ -21,14 +21,12 @@ from nbtrain._cluster.commands import (
     ADJUST,
     AS_SOON_AS_BACK,
     CHECKPOINT,
-    NO_SETTING_GIVEN,
     PAUSE,
     RESUME,
     SETTINGS,
     STOP_AFTER_EPOCH,
     USER,
     Command,
-    checked_settings,
 )
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._states import RunState
@@ -160,14 +158,10 @@ class RunControl:
             raise InvalidOptionError(f"adjust() cannot change {', '.join(sorted(others))}: it changes "
                                      f"{', '.join(SETTINGS)} (per param group with group=).")
         given = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "betas": betas}
-        settings = checked_settings({key: value for key, value in given.items() if value is not None}
-                                    | ({} if grad_clip is _UNSET else {"grad_clip": grad_clip}), "adjust({name}=...)")
-        if not settings:
-            raise InvalidOptionError(NO_SETTING_GIVEN)
-        if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group < 0):
-            raise InvalidOptionError(f"adjust(group=...) is a param group's index (0, 1, ...), not {group!r}.")
+        settings = {key: value for key, value in given.items() if value is not None} \
+            | ({} if grad_clip is _UNSET else {"grad_clip": grad_clip})
         command = self._steer(ADJUST, {**settings, "group": group}, "adjusted")
-        asked = ", ".join(f"{key}={value!r}" for key, value in settings.items())
+        asked = ", ".join(f"{key}={value!r}" for key, value in command.settings.items())
         return self._step_of(command, wait, f"adjust({asked})")
 
     def pause(self, *, wait: bool = False) -> int | None:
@@ -250,8 +244,6 @@ class RunControl:
 
         and in the notebook: ``run.send("eval", batches=20)``.
         """
-        if not isinstance(command, str) or not command:
-            raise InvalidOptionError("run.send(command, ...): the command is a name, like 'eval'.")
         if ranks not in ("0", "all"):
             raise InvalidOptionError(f"run.send(..., ranks=...) is '0' or 'all', not {ranks!r}.")
         issued = self._steer(USER, {"name": command, "payload": payload}, f"sent {command!r}")

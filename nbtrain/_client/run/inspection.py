@@ -15,7 +15,8 @@ from typing import Any
 from nbtrain._client.run.inspection_results import Profile, Stacks
 from nbtrain._client.run.reader import RunReader
 from nbtrain._client.run.stored import READ_TIMEOUT_S
-from nbtrain._cluster.commands import MAX_PROFILE_STEPS, PROFILE, STACKS
+from nbtrain._cluster.command_kinds.table import command_kind
+from nbtrain._cluster.commands import PROFILE, STACKS
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._states import RunState
 
@@ -95,9 +96,7 @@ class RunInspection:
             run.profile(steps=10)                    # rank 0
             run.profile(steps=5, ranks=[0, 1]).trace_paths
         """
-        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_PROFILE_STEPS:
-            raise InvalidOptionError(f"run.profile(steps=...) must be a whole number from 1 to {MAX_PROFILE_STEPS}, "
-                                     f"got {steps!r}.")
+        command_kind(PROFILE).check({"steps": steps})  # before asking the run: nothing is sent
         wanted = self._live_ranks("profile", [0] if ranks is None else ranks)
         _check_timeout("profile", timeout)
         issued = self._steer(PROFILE, {"steps": steps, "ranks": wanted}, "profiled")

@@ -27,6 +27,7 @@ from nbtrain import _registry
 from nbtrain._client import connection
 from nbtrain._client.run import history_branches
 from nbtrain._client.run.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
+from nbtrain._cluster.command_kinds.table import command_kind, definition
 from nbtrain._cluster.commands import Command
 from nbtrain._cluster.names import find_supervisor
 from nbtrain._exceptions import NbtrainError, RunNotFoundError
@@ -92,9 +93,11 @@ class SupervisorChannel:
         """Issue a command to the run's ranks (the supervisor numbers it and picks its step); the command as issued.
 
         Raises:
+            InvalidOptionError: the kind refuses ``args`` (nothing was sent).
             NbtrainError: the run cannot take it now (``verb`` says what was asked: ``"paused"``...).
         """
-        done, answer = self.call("steer", kind, args, timeout=READ_TIMEOUT_S)
+        args = command_kind(kind).check(args)
+        done, answer = self.call("steer", kind, args, definition(kind), timeout=READ_TIMEOUT_S)
         if not done:
             raise NbtrainError(f"Run {self.name!r} cannot be {verb}: {answer}")
         command: Command = answer

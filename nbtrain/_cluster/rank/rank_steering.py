@@ -25,22 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._cluster.commands import (
-    ADJUST,
-    AS_SOON_AS_BACK,
-    CHECKPOINT,
-    GUARD,
-    IN_PARAM_GROUPS,
-    PAUSE,
-    PROFILE,
-    RESUME,
-    REWIND,
-    STACKS,
-    STOP_AFTER_EPOCH,
-    USER,
-    Command,
-    SteeringBeat,
-)
+from nbtrain._cluster.command_kinds.kind import AFTER_UPDATE, BEFORE_UPDATE
+from nbtrain._cluster.command_kinds.table import command_kind, learn
+from nbtrain._cluster.commands import AS_SOON_AS_BACK, IN_PARAM_GROUPS, Command, SteeringBeat
 from nbtrain._cluster.rank import optimizer_settings, rewinding
 from nbtrain._cluster.rank.guarding import RankGuard
 from nbtrain._cluster.rank.inspection import stacks
@@ -85,8 +72,9 @@ class RankSteering:
         self.stop_after_epoch: int | None = None
         self.held_after_epoch: int | None = None   # this rank finished that epoch and waits for the run's stop
         self.epochs_counted = False                 # a prepared loader or an integration counts epochs
-        self._resumed = threading.Event()          # set while no pause holds (cleared by a pause, set by resume)
-        self._resumed.set()
+        self.resumed = threading.Event()           # set while no pause holds (cleared by a pause, set by resume)
+        self.resumed.set()
+        self._stacks_asked: list[Command] = []     # answered once learn() lets go of the lock
         self._poked = threading.Event()            # a command came: a paused rank looks at it
         self._beat_mark = (0, time.monotonic())
         self._rate: float | None = None            # steps per second, smoothed over heartbeats
@@ -97,14 +85,15 @@ class RankSteering:
         self.points = rewinding.RestorePoints(session, self)  # what run.rewind() goes back to, taken at checkpoints
         self.guard: RankGuard | None = None         # run.guard()'s, checked at reports and updates
         self.rewinds = 0                            # rewinds applied this attempt: the branch a guard's trip is on
-        # stacks and profiles an earlier attempt was asked for: not this one's to answer
-        self._earlier = {c.id for c in known
-                         if c.kind == STACKS or (c.kind == PROFILE and c.at_step != AS_SOON_AS_BACK)}
-        # a new attempt: the changes made so far (not those a rewind went back from), and the guards in force;
-        # those applied before are the run's state, re-applied here without a word (RunSteering.new_attempt)
+        # what an earlier attempt's ranks were asked (stacks, profiles under way): not this one's to answer
+        self._earlier = {c.id for c in known if command_kind(c.kind).asks_ranks}
+        # a new attempt: the run's steered state (the changes made so far but those a rewind went back from, the
+        # last guard); those applied before are re-applied here without a word (RunSteering.new_attempt)
         self._replayed = {c.id for c in known if c.applied_step is not None}
-        guards = [c for c in known if c.kind == GUARD][-1:]
-        self.learn([c for c in known if c.kind == ADJUST and not c.superseded] + guards)
+        replayed = [c for c in known if command_kind(c.kind).replayed == "each" and not c.superseded]
+        for kind in {command_kind(c.kind) for c in known if command_kind(c.kind).replayed == "last"}:
+            replayed.append([c for c in known if c.kind == kind.name][-1])
+        self.learn(sorted(replayed, key=lambda c: c.id))
         # the rest (pauses, checkpoints asked, user commands) belonged to earlier attempts: never again
         self.seen = max((c.id for c in known), default=0)
 
@@ -141,7 +130,8 @@ class RankSteering:
             self.learn(commands)
 
     def learn(self, commands: list[Command]) -> None:
-        asked_now = []
+        """New commands from the supervisor: each kind says what learning it does (``learnt``), and those due at
+        a step wait in ``pending`` for their hook point."""
         rank = self.session.context.rank
         with self._lock:
             pending = list(self.pending)
@@ -149,29 +139,33 @@ class RankSteering:
                 if command.id <= self.seen:
                     continue
                 self.seen = command.id
-                if command.kind in (STACKS, PROFILE) and (command.id in self._earlier or rank not in command.ranks):
+                kind = learn(command.kind, command.definition)
+                if kind.asks_ranks and (command.id in self._earlier or rank not in command.ranks):
                     continue
-                if command.kind == STACKS:
-                    asked_now.append(command)
-                elif command.kind == RESUME:
-                    pending = [c for c in pending if c.kind != PAUSE]  # a pause not reached yet is off
-                    self._resumed.set()
-                    if self.guard is not None:
-                        self.guard.rearm()
-                elif command.kind == GUARD:  # in force at once: a guard watches, it changes nothing by itself
-                    self.guard = RankGuard(command.args, self._guard_tripped) if command.args else None
-                elif command.kind == PAUSE:
-                    self._resumed.clear()
-                    pending.append(command)
-                else:
-                    if command.id in self._replayed and command.applied_step is not None:  # where it was before
-                        command = command.due_at(command.applied_step)
-                    pending.append(command)
+                if not kind.learnt(self, command, pending):
+                    continue
+                if command.id in self._replayed and command.applied_step is not None:  # where it was before
+                    command = command.due_at(command.applied_step)
+                pending.append(command)
             pending.sort(key=lambda c: (c.at_step, c.id))
             self._set_pending(pending)
+            asked, self._stacks_asked = self._stacks_asked, []
         self._poked.set()  # a paused rank looks at once
-        for command in asked_now:  # here, on the listener's thread: a rank stuck in its step still answers
+        for command in asked:  # here, on the listener's thread: a rank stuck in its step still answers
             self._answer_stacks(command)
+
+    def ask_stacks(self, command: Command) -> None:
+        """A ``stacks`` command learnt: answered as soon as :meth:`learn` lets go of its lock."""
+        self._stacks_asked.append(command)
+
+    def set_guard(self, guard: dict[str, Any]) -> None:
+        """The run's guards now (``{}``: none), in force at once."""
+        self.guard = RankGuard(guard, self._guard_tripped) if guard else None
+
+    def rearm_guard(self) -> None:
+        """A resume: the guard watches again (a trip paused the run)."""
+        if self.guard is not None:
+            self.guard.rearm()
 
     def _set_pending(self, pending: list[Command]) -> None:
         """With ``_lock`` held: one reference swap (the training thread reads either list whole); tells report()."""
@@ -268,7 +262,7 @@ class RankSteering:
         for command in list(self.pending):
             if command.at_step > step and command.at_step != AS_SOON_AS_BACK:
                 break
-            if command.kind == REWIND:
+            if command_kind(command.kind).between_batches:
                 with self._lock:
                     self._set_pending([c for c in self.pending if c.id != command.id])
                 self._apply(command, step)
@@ -281,11 +275,13 @@ class RankSteering:
 
     def _apply_due(self, user: bool, adjust: bool = True) -> None:
         step = self.step()
+        hook = AFTER_UPDATE if user else BEFORE_UPDATE
         for command in list(self.pending):
             if command.at_step > step and command.at_step != AS_SOON_AS_BACK:
                 break
-            if (command.kind in (USER, PROFILE)) != user or (command.kind == ADJUST and not adjust) \
-                    or (command.kind == REWIND and (self.session.uses_loader or not adjust)):
+            kind = command_kind(command.kind)
+            if kind.hook != hook or (kind.needs_optimizer and not adjust) \
+                    or (kind.between_batches and self.session.uses_loader):
                 continue
             with self._lock:
                 self._set_pending([c for c in self.pending if c.id != command.id])
@@ -295,39 +291,25 @@ class RankSteering:
         """A change an earlier attempt applied at or before the step of the checkpoint this attempt loaded its
         optimizers' state from: that state holds it already (with the LR schedule's progress since, which
         applying it again would undo)."""
-        if command.id not in self._replayed or command.kind != ADJUST or command.applied_step is None:
+        if command.id not in self._replayed or command_kind(command.kind).replayed != "each" \
+                or command.applied_step is None:
             return False
         resumed = self.session.resumed_step
         return (resumed is not None and command.applied_step <= resumed and bool(self.optimizers)
                 and all(id(opt) in self._state_loaded for opt in self.optimizers))
 
     def _apply(self, command: Command, step: int) -> None:
-        kind = command.kind
         if self._in_loaded_state(command):  # but a rank's gradient clipping is no optimizer's state
             self.grad_clip = command.settings.get("grad_clip", self.grad_clip)
             return
-        before: dict[str, Any] | None = self.values() if kind == ADJUST else None
-        if kind == ADJUST:
-            self._adjust(command.settings, command.group)
-        elif kind == CHECKPOINT:
-            self.checkpoint_wanted = True
-        elif kind == STOP_AFTER_EPOCH:  # at one step on every rank, so every rank ends the same epoch
-            self.stop_after_epoch = max(command.epoch, self.session.epoch)
-            before = {"epoch": self.stop_after_epoch}
-        elif kind == REWIND:
-            self._rewind(command)
-        elif kind == USER:
-            self._run_handler(command)
-        elif kind == PROFILE:
-            self._profile(command, step)
-            return
-        if kind != USER and command.id not in self._replayed:  # every rank says where: the supervisor checks
+        kind = command_kind(command.kind)
+        before = kind.apply(self, command, step)
+        if kind.says_applied and command.id not in self._replayed:  # every rank says where: the supervisor checks
             self.session.supervisor.command_applied.remote(command.id, self.session.context.rank, step, before,
                                                            time.time())
-        if kind == PAUSE:
-            self._hold(step)
+        kind.after_said(self, command, step)
 
-    def _adjust(self, settings: dict[str, Any], group_index: int | None) -> None:
+    def adjust(self, settings: dict[str, Any], group_index: int | None) -> None:
         """Apply settings checked by the notebook (:func:`nbtrain._cluster.commands.checked_settings`)."""
         for key, value in settings.items():
             if key == "grad_clip":
@@ -338,7 +320,8 @@ class RankSteering:
                         if group_index is None or index == group_index:
                             optimizer_settings.set_value(optimizer, group, key, value)
 
-    def _rewind(self, command: Command) -> None:
+    def rewind(self, command: Command) -> None:
+        """Back to the restore point at the rewind's step, the learning rate scaled by its factor, if any."""
         to_step, skip = command.rewind
         self.points.restore(to_step, skip)
         factor = command.args.get("lr_factor")
@@ -356,22 +339,22 @@ class RankSteering:
         self.session.supervisor.guard_tripped.remote(ctx.attempt, ctx.rank, self.rewinds, step, kind,
                                                      f"rank {ctx.rank}: {message}")
 
-    def _hold(self, step: int) -> None:
+    def hold(self, step: int) -> None:
         """Every rank waits here, at the same step, until the notebook resumes the run (its resources stay).
         Commands sent meanwhile are due at this step (see the supervisor's steering): they run here."""
         self.paused_at = step
         try:
-            while not self._resumed.is_set():
+            while not self.resumed.is_set():
                 self._poked.wait(PAUSE_CHECK_S)
                 self._poked.clear()
-                if self.pending and not self._resumed.is_set():
+                if self.pending and not self.resumed.is_set():
                     self._apply_due(user=False)
                     self._apply_due(user=True)
         finally:
             self.paused_at = None
             self.session.last_progress = time.time()  # the time paused is not a stall
 
-    def _profile(self, command: Command, step: int) -> None:
+    def profile(self, command: Command, step: int) -> None:
         """Start the profile, or count one more of its steps; until its last, it waits in ``pending`` for the
         next step (so the hooks' fast path stays one test)."""
         profiling = self.profiling
@@ -398,7 +381,7 @@ class RankSteering:
             pending.sort(key=lambda c: (c.at_step, c.id))
             self._set_pending(pending)
 
-    def _run_handler(self, command: Command) -> None:
+    def run_handler(self, command: Command) -> None:
         name, payload = command.handler
         handler = _handlers.get(name)
         rank = self.session.context.rank

@@ -3,8 +3,8 @@ keeps them in the run's history, and hands them to the ranks (see :mod:`nbtrain.
 
 The step: every rank must apply a change at the same step, so the supervisor picks one a little ahead
 of the furthest rank — far enough that the command reaches each rank (each holds a standing question, answered at once)
-before it gets there: :data:`LEAD_S` of steps at the run's current rate, and at least
-:data:`MIN_LEAD_STEPS`. Every rank says at which step it applied it; if they disagree (a rank was held
+before it gets there (:func:`nbtrain._cluster.command_kinds.kind.step_ahead`); what else a kind checks or
+completes here is its own module's. Every rank says at which step it applied it; if they disagree (a rank was held
 up longer than the lead), the run's events say so. The ranks measure their rate of steps themselves,
 on each heartbeat, so the lead is right from the first seconds of a run. A command issued while no rank runs (a restart)
 is applied at the next attempt's first step. The changes made so far are the run's steered state, which
@@ -16,31 +16,15 @@ them already, and report none of them as landing again; the run's events say onc
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._cluster.commands import (
-    ADJUST,
-    AS_SOON_AS_BACK,
-    GUARD,
-    NO_SETTING_GIVEN,
-    NOT_CHANGES,
-    PAUSE,
-    PROFILE,
-    RESUME,
-    REWIND,
-    STACKS,
-    STOP_AFTER_EPOCH,
-    Command,
-    SteeringBeat,
-)
+from nbtrain._cluster.command_kinds.kind import Issuing
+from nbtrain._cluster.command_kinds.table import command_kind, describe, learn
+from nbtrain._cluster.commands import ADJUST, GUARD, PAUSE, RESUME, REWIND, STOP_AFTER_EPOCH, Command, SteeringBeat
 from nbtrain._cluster.run.guard_decisions import GuardDecisions
-
-LEAD_S = 0.5          # how far ahead of the furthest rank a command's step is, in time at the current rate
-MIN_LEAD_STEPS = 3
 
 
 class RunSteering:
@@ -72,85 +56,21 @@ class RunSteering:
                                          at_step=0, issued=time.time()))
 
     # ------------------------------------------------------------------ the notebook asks
-    def issue(self, kind: str, args: dict[str, Any], running: dict[int, SteeringBeat], live: bool) -> Command:
+    def issue(self, kind: str, args: dict[str, Any], running: dict[int, SteeringBeat], live: bool,
+              attempt: int | None = None, definition: bytes | None = None) -> Command:
         """A new command, with the step it takes effect at; ``running``: what each rank taking steps last said
-        (the worker table's :meth:`~nbtrain._cluster.run.worker_table.WorkerTable.steering_now`)."""
-        if kind == ADJUST:
-            self._check_adjust(args, running, live)
-        if kind == REWIND:
-            args = self._rewind_to(args, running)
-        if kind in (STACKS, PROFILE):
-            args = {**args, "ranks": _asked_ranks(kind, args.get("ranks"), sorted(running))}
-        if kind == PAUSE and self.paused():
-            raise ValueError("the run is paused already (or about to be); resume it first.")
-        if kind == RESUME and not self.paused():
-            raise ValueError("the run is not paused; nothing to resume.")
-        if kind == STOP_AFTER_EPOCH:
-            stepping = any(said.step > 1 for said in running.values())  # a loader or integration says so by then
-            if stepping and not any(said.epochs_counted for said in running.values()):
-                raise ValueError("its ranks count no epochs: stop(after='epoch') needs a loader from "
-                                 "nbtrain.prepare_loader (or Lightning's / Hugging Face's trainer through "
-                                 "nbtrain); stop() it, or checkpoint_now() first.")
-            args = {**args, "epoch": max((said.epoch for said in running.values()), default=0)}
+        (the worker table's :meth:`~nbtrain._cluster.run.worker_table.WorkerTable.steering_now`); ``definition``:
+        a kind not nbtrain's own, as the notebook sent it. ``ValueError`` says why the kind refuses it now."""
+        command_kind_ = learn(kind, definition)
+        args = command_kind_.issued_args(args, Issuing(self, running, live, attempt))
         with self._changed:
-            command = Command(id=len(self.commands) + 1, kind=kind, args=args, at_step=_step_ahead(running),
-                              issued=time.time())
+            command = Command(id=len(self.commands) + 1, kind=kind, args=args, at_step=command_kind_.step(running),
+                              issued=time.time(), definition=definition)
             self.commands.append(command)
             self._changed.notify_all()
         self._persist()
-        if kind == GUARD:  # in force as each rank learns it: no step to wait for
-            self.record("guard", command.describe())
+        command_kind_.on_issued(self, command)
         return command
-
-    def _check_adjust(self, args: dict[str, Any], running: dict[int, SteeringBeat], live: bool) -> None:
-        settings = {key: value for key, value in args.items() if key != "group"}
-        if not settings:
-            raise ValueError(NO_SETTING_GIVEN)
-        known = next((said.settings for said in running.values() if said.settings), None)
-        if known is None:
-            if live and running:
-                raise ValueError("its code gives nbtrain no optimizer to adjust. Call "
-                                 "nbtrain.prepare_optimizer(optimizer) or nbtrain.steerable(optimizer) in the "
-                                 "training function (Lightning: nbtrain.lightning.trainer(); Hugging Face: "
-                                 "nbtrain.huggingface's callback).")
-            return  # no rank running yet: checked by the ranks' optimizers when it applies
-        missing = [key for key in settings if key not in known]
-        if missing:
-            raise ValueError(f"its optimizer has no {', '.join(missing)}; it has {', '.join(sorted(known))}.")
-        group = args.get("group")
-        if group is not None and not (isinstance(group, int) and 0 <= group < len(known.get("lr", [None]))):
-            raise ValueError(f"group={group!r}: its optimizers have {len(known.get('lr', []))} param groups "
-                             "(0-based).")
-
-    def _rewind_to(self, args: dict[str, Any], running: dict[int, SteeringBeat]) -> dict[str, Any]:
-        """A rewind's args with the step it goes back to: the latest restore point at or before the step asked
-        that every rank running has (they take them at the same checkpoints)."""
-        if not running:
-            raise ValueError("no rank is running now to rewind (it may be starting or restarting); ask again once "
-                             "its ranks run.")
-        under_way = [c for c in self.commands if c.kind == REWIND and c.applied_step is None and c.dropped is None]
-        if under_way:
-            raise ValueError(f"a rewind to step {under_way[-1].rewind[0]} is under way; ask again once it is done.")
-        refusal = next((said.rewind_refusal for said in running.values() if said.rewind_refusal), None)
-        if refusal:
-            raise ValueError(refusal)
-        common = set.intersection(*(set(said.restore_points) for said in running.values()))
-        asked = args.get("step")
-        at_or_before = sorted(step for step in common if asked is None or step <= asked)
-        if not at_or_before:
-            if not common:
-                raise ValueError("its ranks have no restore point yet in the epoch they are in: each rank takes "
-                                 "one at each nbtrain.save_checkpoint (call it on every rank), or ask "
-                                 "run.checkpoint_now().")
-            raise ValueError(f"it has no checkpoint at or before step {asked} to rewind to; its ranks can go back to "
-                             f"step {', '.join(map(str, sorted(common)))} (the last checkpoints of the epoch they are "
-                             "in).")
-        to_step = at_or_before[-1]
-        skip = args.get("skip")
-        if skip is None:  # a guard's: through the batch that tripped
-            skip = max(int(args.get("through", to_step)) - to_step, 0)
-        return {**{key: value for key, value in args.items() if key not in ("step", "through")},
-                "to_step": to_step, "skip": int(skip)}
 
     def new_attempt(self, attempt: int) -> None:
         """A new attempt starts: the run's steering state goes with it as one fact, not as commands landing again.
@@ -169,8 +89,8 @@ class RunSteering:
                            f"{attempt} resumes from the run's latest checkpoint. Ask again once it runs.")
                     self.commands[index] = dataclasses.replace(command, dropped=why)
                     dropped.append(self.commands[index])
-            follows = [command for command in self.commands
-                       if command.kind == ADJUST and command.applied_step is not None and not command.superseded]
+            follows = [command for command in self.commands if command_kind(command.kind).replayed == "each"
+                       and command.applied_step is not None and not command.superseded]
             self._changed.notify_all()
         if dropped:
             self._persist()
@@ -178,7 +98,7 @@ class RunSteering:
             self.record("rewind", f"the rewind to step {command.rewind[0]} was not applied: {command.dropped}")
         if attempt > 1 and follows:
             self.record("change", f"attempt {attempt} follows the run's changes: "
-                                  + "; ".join(command.describe() for command in follows))
+                                  + "; ".join(describe(command) for command in follows))
 
     def guard(self) -> dict[str, Any]:
         """The guards in force (``{}``: none)."""
@@ -221,16 +141,17 @@ class RunSteering:
                 world_size: int) -> None:
         with self._changed:
             command = self.commands[command_id - 1]
+            kind = command_kind(command.kind)
             steps = self._applied_by.setdefault(command_id, {})
             steps[rank] = step
-            if command.kind == REWIND:  # each rank's own clock: its rows before this time, past the step, are left
+            if kind.goes_back:  # each rank's own clock: its rows before this time, past the step, are left
                 command = dataclasses.replace(command, rank_times={**(command.rank_times or {}), rank: when})
                 self.commands[command_id - 1] = command
-            rewound = rank == 0 and command.applied_step is None and command.kind == REWIND
+            rewound = rank == 0 and command.applied_step is None and kind.goes_back
             if rank == 0 and command.applied_step is None:
                 command = dataclasses.replace(command, applied_step=step, applied=when, before=before)
                 self.commands[command_id - 1] = command
-                message = command.describe()
+                message = describe(command)
             else:
                 message = ""
             if rewound:
@@ -239,10 +160,10 @@ class RunSteering:
             self._changed.notify_all()
         if rewound and self.rewound is not None:
             self.rewound(command.rewind[0])
-        if message or command.kind == REWIND:
+        if message or kind.goes_back:
             self._persist()
         if message:
-            self.record("rewind" if command.kind == REWIND else "change", message)
+            self.record(kind.event, message)
         if disagree:
             where = ", ".join(f"rank {r} at step {s}" for r, s in sorted(steps.items()))
             self.record("change", f"command {command_id} was applied at different steps ({where}): a rank was "
@@ -253,8 +174,8 @@ class RunSteering:
         leaves; a new attempt does not apply them again."""
         to_step = rewind.rewind[0]
         for index, command in enumerate(self.commands[:rewind.id - 1]):
-            if command.applied_step is not None and command.applied_step > to_step and command.kind != GUARD \
-                    and not command.superseded:
+            if command.applied_step is not None and command.applied_step > to_step \
+                    and command_kind(command.kind).is_change and not command.superseded:
                 self.commands[index] = dataclasses.replace(command, superseded=True)
 
     def result(self, command_id: int, rank: int, ok: bool, value: Any) -> None:
@@ -284,36 +205,11 @@ class RunSteering:
 
     def changes(self) -> list[dict[str, Any]]:
         """The commands applied (or waiting), for ``run.changes`` and the curves' markers."""
-        return [{**command.as_dict(), "description": command.describe()} for command in self.all()
-                if command.kind not in NOT_CHANGES and command.kind != GUARD]
+        return [{**command.as_dict(), "description": describe(command)} for command in self.all()
+                if command_kind(command.kind).is_change]
 
 
 def _loaded(saved: dict[str, Any]) -> Command:
     """A command as the run's state file kept it (JSON: a rewind's rank times keyed by text)."""
     times = saved.get("rank_times")
     return Command(**{**saved, "rank_times": {int(rank): when for rank, when in times.items()} if times else None})
-
-
-def _asked_ranks(kind: str, asked: list[int] | None, live: list[int]) -> list[int]:
-    """The ranks a ``stacks`` or ``profile`` command is for (None: every rank running), each one running."""
-    what = "stacks" if kind == STACKS else "a profile"
-    if not live:
-        raise ValueError(f"no rank is running now, to take {what} of (it may be starting or restarting; ask "
-                         "again once its ranks run).")
-    if asked is None:
-        return live
-    missing = [rank for rank in asked if rank not in live]
-    if missing:
-        raise ValueError(f"rank(s) {missing} are not running; its running ranks are {live}.")
-    return sorted(set(asked))
-
-
-def _step_ahead(running: dict[int, SteeringBeat]) -> int:
-    if not running:
-        return AS_SOON_AS_BACK
-    held = {said.paused_at for said in running.values()}
-    if len(held) == 1 and (step := held.pop()) is not None:  # every rank holds at one step: it is due there
-        return step
-    furthest = max(said.step for said in running.values())
-    rate = max(said.rate or 0.0 for said in running.values())
-    return furthest + max(MIN_LEAD_STEPS, math.ceil(rate * LEAD_S))

@@ -232,9 +232,9 @@ class StoredRun:
         del timeout
         return str(self.summary()["state"])
 
-    def steer(self, kind: str, args: dict[str, Any]) -> tuple[bool, str]:
+    def steer(self, kind: str, args: dict[str, Any], definition: bytes | None = None) -> tuple[bool, str]:
         """Nothing to steer: a stored run has ended (the notebook raises this as the refusal)."""
-        del kind, args
+        del kind, args, definition
         return False, f"it has ended ({self.summary()['state']}); only a live run can be steered."
 
     def delete(self) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 import cloudpickle
 import ray
 
-from nbtrain._cluster.commands import REWIND, Command, Heartbeat
+from nbtrain._cluster.commands import Command, Heartbeat
 from nbtrain._cluster.feed.feed import RunFeed
 from nbtrain._cluster.feed.metric_loggers import MetricLoggers
 from nbtrain._cluster.feed.push_relay import Push
@@ -300,17 +300,17 @@ class RunSupervisor:
         return self._read_checkpoint(checkpoint)
 
     # ------------------------------------------------------------------ steering (the notebook's commands)
-    def steer(self, kind: str, args: dict[str, Any]) -> tuple[bool, Any]:
-        """A command from the notebook: (True, the command with its step) or (False, why it was refused)."""
+    def steer(self, kind: str, args: dict[str, Any], definition: bytes | None = None) -> tuple[bool, Any]:
+        """A command from the notebook: (True, the command with its step) or (False, why it was refused);
+        ``definition``: its kind, when not nbtrain's own (``command_kinds.table.register``)."""
         with self._feed.lock:
             state = self._run.state
             running = self._table.steering_now()
         if state.is_terminal:
             return False, f"it has ended ({state.value}); only a live run can be steered."
-        if kind == REWIND:
-            args = {**args, "attempt": self._run.attempt}
         try:
-            return True, self._run.steering.issue(kind, args, running, live=state == RunState.RUNNING)
+            return True, self._run.steering.issue(kind, args, running, live=state == RunState.RUNNING,
+                                                  attempt=self._run.attempt, definition=definition)
         except ValueError as refused:
             return False, str(refused)
 
