@@ -19,11 +19,16 @@ from typing import Any
 
 import pytest
 
-from nbtrain._cluster.commands import Command
-from nbtrain._cluster.elastic.policy import Resize
+from nbtrain._cluster.elastic import policy
+from nbtrain._cluster.elastic.policy import Resize, SizingPolicy
 from nbtrain._cluster.feed.feed import RunFeed
-from nbtrain._cluster.run.controller import NO_ROWS_AFTER_S, RunController, no_rows_note_due
-from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Stopped, Succeeded
+from nbtrain._cluster.run import missing_rows
+from nbtrain._cluster.run.attempt import AttemptStart
+from nbtrain._cluster.run.controller import RunController
+from nbtrain._cluster.run.controller_callback import ControllerCallback, RunView
+from nbtrain._cluster.run.controller_parts import callbacks_for
+from nbtrain._cluster.run.failure_policy import Failed, Failure, FailurePolicy, Outcome, Stopped, Succeeded
+from nbtrain._cluster.run.missing_rows import NO_ROWS_AFTER_S, no_rows_note_due
 from nbtrain._cluster.run.worker_group import StopRequested
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
@@ -63,16 +68,14 @@ class FakeWorkerGroups:
         self.attempts: list[FakeAttempt] = []
         self.running = threading.Event()
 
-    def start(self, spec: RunSpec, attempt: int, world_size: int, supervisor: Any, datasets: Any,
-              table: WorkerTable, commands: list[Command], stop_requested: Callable[[], bool],
-              on_placed: Callable[[], None], run_dir: Path, say: Callable[[str], None]) -> FakeAttempt:
-        if stop_requested():
+    def start(self, start: AttemptStart) -> FakeAttempt:
+        if start.stop_requested():
             raise StopRequested
-        on_placed()
+        start.on_placed()
         places = [{"node_id": f"n{rank + 1}", "node_ip": f"10.0.0.{rank + 1}", "hostname": f"h{rank + 1}",
-                   "pid": 1000 + rank, "malloc_tuned": False} for rank in range(world_size)]
-        table.add_group(places, ["cpu"] * world_size, attempt)
-        group = FakeAttempt(attempt, world_size, self._scripts.pop(0))
+                   "pid": 1000 + rank, "malloc_tuned": False} for rank in range(start.world_size)]
+        start.table.add_group(places, ["cpu"] * start.world_size, start.attempt)
+        group = FakeAttempt(start.attempt, start.world_size, self._scripts.pop(0))
         self.attempts.append(group)
         return group
 
@@ -142,20 +145,28 @@ def until_interrupted(then: Callable[[FakeAttempt], None] = lambda attempt: None
 
 
 def make_controller(tmp_path: Path, groups: FakeWorkerGroups, cluster: FakeCluster | None = None,
-                    **options: Any) -> tuple[RunController, threading.Event]:
+                    callbacks: list[ControllerCallback] | None = None, failures: FailurePolicy | None = None,
+                    sizing: SizingPolicy | None = None, **options: Any) -> tuple[RunController, threading.Event]:
+    """A controller with the supervisor's callbacks (or ``callbacks``), a failure budget of ``max_failures`` (or
+    ``failures``) and a sizing policy reading ``cluster`` (a fixed size reads none), or ``sizing``."""
     lock = threading.RLock()
     storage = RunStorage(tmp_path, "unit")
     spec = RunSpec(RunOptions(name="unit", **options), fn_bytes=b"", fn_takes_config=False, launch_folder=None)
     ended = threading.Event()
+    made: list[RunController] = []
+    sizing = sizing or policy.for_run(spec.options, cluster or FakeCluster(free=0),
+                                      lambda kind, message: made[0].feed.event(kind, message, made[0].attempt))
     controller = RunController(spec, None, RunFeed(storage, lock), storage, WorkerTable(lock), supervisor=None,
-                               on_end=ended.set, before_transition=lambda state: None,
-                               start_group=groups.start, cluster=cluster)
+                               on_end=ended.set, failure_policy=failures or FailurePolicy(spec.options.max_failures),
+                               sizing=sizing, start_group=groups.start,
+                               callbacks=callbacks_for(spec, tmp_path) if callbacks is None else callbacks)
+    made.append(controller)
     controller.recover()
     return controller, ended
 
 
 def run_to_end(controller: RunController, ended: threading.Event) -> RunState:
-    controller.start(fresh_budget=True)
+    controller.start()
     assert ended.wait(20), f"the run did not end (state {controller.state})"
     return controller.state
 
@@ -198,7 +209,7 @@ def test_a_resumed_run_has_its_failure_budget_afresh(tmp_path):
     controller, ended = make_controller(tmp_path, groups, workers=2, max_failures=1)
     assert run_to_end(controller, ended) == RunState.FAILED
     ended.clear()
-    assert controller.resume(controller.spec, None) == "resumed"
+    assert controller.resume(controller.spec, None, FailurePolicy(1)) == "resumed"
     assert ended.wait(20) and controller.state == RunState.SUCCEEDED, "one failure after the resume: restarted"
     assert controller.attempt == 4 and [f["attempt"] for f in controller.failures] == [1, 2, 3]
 
@@ -209,7 +220,7 @@ def test_a_stop_during_an_attempt_ends_it_stopped(tmp_path):
 
     groups = FakeWorkerGroups(until_interrupted(tell_running))
     controller, ended = make_controller(tmp_path, groups, workers=2)
-    controller.start(fresh_budget=True)
+    controller.start()
     assert groups.running.wait(10)
     assert controller.state == RunState.RUNNING
     assert controller.request_stop(timeout=10) == RunState.STOPPED
@@ -312,9 +323,7 @@ def test_a_dead_ranks_last_printed_lines_are_in_the_runs_error(tmp_path):
 
 def test_pushes_a_rank_sent_that_never_landed_are_said(tmp_path, monkeypatch):
     """A rank that ends with pushes in flight that never arrive: the run says so, naming the rank and the count."""
-    from nbtrain._cluster.run import controller as controller_module
-
-    monkeypatch.setattr(controller_module, "FINAL_PUSHES_IDLE_S", 0.2)  # the wait for them, shortened
+    monkeypatch.setattr(missing_rows, "FINAL_PUSHES_IDLE_S", 0.2)  # the wait for them, shortened
 
     def three_sent_one_landed(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
         feed.accept(0, attempt.number, 1, [{"rank": 0, "step": 1, "attempt": 1, "time": 0.0, "loss": 1.0}], [])
@@ -324,7 +333,7 @@ def test_pushes_a_rank_sent_that_never_landed_are_said(tmp_path, monkeypatch):
     controller, ended = make_controller(tmp_path, FakeWorkerGroups(three_sent_one_landed), workers=2)
     feed = controller.feed
     assert run_to_end(controller, ended) == RunState.SUCCEEDED
-    assert events(controller, "note") == [controller_module.lost_pushes_note(0, 2)]
+    assert events(controller, "note") == [missing_rows.lost_pushes_note(0, 2)]
     assert "Rank 0's last 2 pushes of metric rows and log lines were sent but never reached" in events(
         controller, "note")[0]
 
@@ -413,7 +422,7 @@ def test_a_stop_recorded_before_the_supervisor_died_is_kept_by_the_next_one(tmp_
     monkeypatch.setattr(controller_module, "remove_leftover_group", lambda spec, attempt: left.append(attempt))
     groups = FakeWorkerGroups(until_interrupted(lambda attempt: groups.running.set()))
     first, _ = make_controller(tmp_path, groups, workers=2)
-    first.start(fresh_budget=True)
+    first.start()
     assert groups.running.wait(10)
     try:
         first._storage.save_state({**first._storage.load_state(), "stop_requested": True})  # stop()'s first step
@@ -425,3 +434,127 @@ def test_a_stop_recorded_before_the_supervisor_died_is_kept_by_the_next_one(tmp_
         assert any("restarted while stopping" in message for message in events(second, "state"))
     finally:
         first.request_stop(timeout=10)
+
+
+class Witness(ControllerCallback):
+    """A callback of the test's own: writes down each hook it is told of, in order."""
+
+    def __init__(self, end_after_ticks: int | None = None) -> None:
+        self.seen: list[str] = []
+        self._end_after = end_after_ticks
+
+    def on_run_start(self, run: RunView) -> None:
+        self.seen.append("run start")
+
+    def on_attempt_start(self, run: RunView) -> None:
+        self.seen.append(f"attempt {run.attempt} start")
+
+    def on_report_batch(self, run: RunView, rows: list[dict[str, Any]], nan_rows: list[dict[str, Any]]) -> None:
+        self.seen.append(f"report {len(rows)} rows, {len(nan_rows)} NaN")
+
+    def on_watch_tick(self, run: RunView) -> Outcome | None:
+        if not self.seen[-1].startswith("tick"):
+            self.seen.append("tick")
+        if self._end_after is not None:
+            self._end_after -= 1
+            if self._end_after == 0:
+                return Stopped()
+        return None
+
+    def on_attempt_end(self, run: RunView, outcome: Outcome, group: Any, ran_s: float) -> None:
+        self.seen.append(f"attempt {run.attempt} end: {type(outcome).__name__}")
+
+    def on_run_end(self, run: RunView, state: RunState) -> None:
+        assert run.state != state, "told before the final state is recorded"
+        self.seen.append(f"run end: {state.value}")
+
+
+def test_a_callback_is_told_each_hook_in_order(tmp_path):
+    """Two attempts (a failure, then a success): the run's start, each attempt's start, its reports and watch ticks
+    and end, the run's end, once each and in that order."""
+    def reports_then_fails(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        controller.report_batch([{"rank": 0, "step": 1, "loss": 1.0}], [])
+        assert interrupt() is None
+        return raise_at_step(attempt, interrupt)
+
+    def ticks_then_succeeds(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        assert interrupt() is None and interrupt() is None
+        return succeed(attempt, interrupt)
+
+    witness = Witness()
+    controller, ended = make_controller(tmp_path, FakeWorkerGroups(reports_then_fails, ticks_then_succeeds),
+                                        callbacks=[witness], workers=1, max_failures=1)
+    assert run_to_end(controller, ended) == RunState.SUCCEEDED
+    assert witness.seen == ["run start", "attempt 1 start", "report 1 rows, 0 NaN", "tick", "attempt 1 end: Failed",
+                            "attempt 2 start", "tick", "attempt 2 end: Succeeded", "run end: succeeded"]
+
+
+def test_a_callbacks_outcome_ends_the_attempt_at_its_tick(tmp_path):
+    """A watch tick's answer is the attempt's outcome: here a stop on the third tick ends the run stopped."""
+    witness = Witness(end_after_ticks=3)
+    groups = FakeWorkerGroups(until_interrupted())
+    controller, ended = make_controller(tmp_path, groups, callbacks=[witness], workers=1)
+    assert run_to_end(controller, ended) == RunState.STOPPED
+    assert witness.seen[-2:] == ["attempt 1 end: Stopped", "run end: stopped"]
+    assert groups.attempts[0].shut_down
+
+
+def test_the_failure_policy_handed_in_is_the_one_asked(tmp_path):
+    """The controller builds no policy: a budget of two failures handed to a run launched with max_failures=0
+    restarts it twice (the count it keeps is the policy's)."""
+    handed = FailurePolicy(max_failures=2)
+    groups = FakeWorkerGroups(raise_at_step, raise_at_step, succeed)
+    controller, ended = make_controller(tmp_path, groups, failures=handed, workers=1, max_failures=0)
+    assert run_to_end(controller, ended) == RunState.SUCCEEDED
+    assert controller.failure_policy is handed and handed.failed_attempts == 2
+
+
+def test_the_sizing_policy_handed_in_sizes_each_attempt(tmp_path):
+    """The attempts' sizes are the handed policy's, whatever the run's options say (a fixed size of 2 here)."""
+    class ThreeThenOne:
+        def __init__(self) -> None:
+            self.ended = False
+
+        def attempt_size(self, attempt: int) -> int:
+            return 3 if attempt == 1 else 1
+
+        def tick(self, checkpoint: dict[str, Any] | None, ranks: Any) -> Resize | None:
+            return None
+
+        def after_failure(self, died_on: dict[str, str]) -> Resize | None:
+            return None
+
+        def resize(self, resize: Resize) -> None:
+            pass
+
+        def drain(self, node_id: str, deadline_s: float, ranks: Any) -> str:
+            return "drained"
+
+        def checkpoint_wanted(self, attempt: int) -> bool:
+            return False
+
+        def end(self) -> None:
+            self.ended = True
+
+    sizing = ThreeThenOne()
+    groups = FakeWorkerGroups(raise_at_step, succeed)
+    controller, ended = make_controller(tmp_path, groups, sizing=sizing, workers=2, max_failures=1)
+    assert run_to_end(controller, ended) == RunState.SUCCEEDED
+    assert groups.sizes == [3, 1]
+    assert sizing.ended, "the run's end was told to the sizing policy (the resizes callback)"
+
+
+def test_a_nan_under_stop_on_nan_fails_the_run_once_said(tmp_path):
+    """The NaN concern as a callback: a report batch holding NaN is said once, and the next watch tick ends the
+    attempt with a failure that is not retried."""
+    def reports_nan(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        row = {"rank": 0, "step": 7, "loss": float("nan")}
+        controller.report_batch([row], [row])
+        controller.report_batch([row], [row])
+        return until_interrupted()(attempt, interrupt)
+
+    controller, ended = make_controller(tmp_path, FakeWorkerGroups(reports_nan), workers=1, max_failures=3,
+                                        stop_on_nan=True)
+    assert run_to_end(controller, ended) == RunState.FAILED
+    assert events(controller, "nan") == ["Rank 0 reported NaN for loss at step 7; stopping the run (stop_on_nan)."]
+    assert controller.attempt == 1

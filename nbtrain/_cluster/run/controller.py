@@ -5,14 +5,16 @@ which checks the move against :mod:`nbtrain._states`, records the end time,
 persists the state and tells readers (an event on the feed). The control
 thread loops: start a worker group (``pending`` → ``starting`` → ``running``),
 watch it, and ask two policies what next, as Ray Train v2's controller asks its
-scaling and failure policies. The sizing policy
-(:mod:`nbtrain._cluster.elastic.policy`) gives each attempt's size, may end an
-attempt at a checkpoint to resize (each watch tick), may turn ranks lost with
-their node into a shrink, and withdraws its autoscaler request at the end; the
+scaling and failure policies. Both are handed to it (the supervisor builds them):
+the sizing policy (:mod:`nbtrain._cluster.elastic.policy`) gives each attempt's
+size and may turn ranks lost with their node into a shrink; the
 :class:`~nbtrain._cluster.run.failure_policy.FailurePolicy` decides between a
-restart from the latest checkpoint and the end of the run. The worker group
-comes from a factory (:meth:`WorkerGroup.start`), which a unit test replaces
-with a fake that returns scripted outcomes.
+restart from the latest checkpoint and the end of the run. Whatever else it
+watches (NaN, stalls, stragglers, the epoch hold, guards, loggers, missing rows,
+resizes) is a callback told at each hook (:mod:`.controller_callback`): nothing
+it watches is a branch of its loop. The worker group comes from a factory
+(:meth:`WorkerGroup.start`, given an :class:`~nbtrain._cluster.run.attempt.AttemptStart`),
+which a unit test replaces with a fake that returns scripted outcomes.
 """
 
 from __future__ import annotations
@@ -20,20 +22,26 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import ray
 
-from nbtrain._cluster.commands import Command
-from nbtrain._cluster.elastic import policy
-from nbtrain._cluster.elastic.policy import Cluster, RayCluster, Resize
-from nbtrain._cluster.feed.feed import RunFeed, nan_keys
-from nbtrain._cluster.run import failure_policy, stall_stacks
-from nbtrain._cluster.run.failure_policy import Failed, Failure, FailurePolicy, Outcome, Restart, Stopped, Succeeded
+from nbtrain._cluster.elastic.policy import Resize, SizingPolicy
+from nbtrain._cluster.feed.feed import RunFeed
+from nbtrain._cluster.run.attempt import AttemptStart, StartGroup
+from nbtrain._cluster.run.controller_callback import ControllerCallback
+from nbtrain._cluster.run.failure_policy import (
+    Failed,
+    Failure,
+    FailurePolicy,
+    Outcome,
+    Restart,
+    Stopped,
+    Succeeded,
+    format_error,
+)
 from nbtrain._cluster.run.run_steering import RunSteering
-from nbtrain._cluster.run.stragglers import StragglerWatch
 from nbtrain._cluster.run.worker_group import StartFailed, StopRequested, WorkerGroup, remove_leftover_group
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
@@ -44,66 +52,24 @@ from nbtrain._guards import checked_guard
 from nbtrain._packing.runtime_env import pip_problem, setup_failure
 from nbtrain._states import RunState, check_transition
 
-# said once, at the end of the first attempt whose ranks sent no metric row: unchanged code may log nowhere nbtrain sees
-NO_ROWS_NOTE = ("No metric rows came from this run: its code reports nothing nbtrain sees, so the dashboard has no "
-                "curves (the ranks' logs are there). For live curves call nbtrain.report(loss=...) in the training "
-                "loop, or write scalars with torch.utils.tensorboard.SummaryWriter(...).add_scalar(tag, value, step): "
-                "each rank's become its rows.")
-NO_ROWS_AFTER_S = 60.0  # a stopped or failed attempt shorter than this had no time to report: it gets no such note
 DEAD_RANK_LINES = 15  # a dead rank's last printed lines in the run's error
-FINAL_PUSHES_IDLE_S = 15.0  # give up on a rank's missing pushes after this long without one
-
-
-def lost_pushes_note(rank: int, pushes: int) -> str:
-    """What a rank's pushes that were sent and never arrived mean: an event, so no row goes missing unsaid."""
-    return (f"Rank {rank}'s last {pushes} push{'es' if pushes != 1 else ''} of metric rows and log lines were sent "
-            f"but never reached the run's supervisor ({FINAL_PUSHES_IDLE_S:g} s after the rank ended): the run's "
-            "history lacks what they held. A busy or lost head node does this; its rows before them are all there.")
-
-
-def no_rows_note_due(outcome: Outcome, ran_s: float, rows: int, said_before: bool) -> bool:
-    """Whether :data:`NO_ROWS_NOTE` is true of an attempt that sent ``rows`` rows in ``ran_s`` s of running: its
-    code returned without reporting, or it ran ``NO_ROWS_AFTER_S`` before it was stopped or failed (a run stopped
-    3 s in, its kernel shut down, had not reached its first ``report()``)."""
-    if rows or said_before:
-        return False
-    return isinstance(outcome, Succeeded) or ran_s >= NO_ROWS_AFTER_S
-
-
-def unsent_note(rank: int, unsent: dict[str, float]) -> str:
-    """What a rank's outcome says its last flush could not send: an event, so no row goes missing unsaid."""
-    return (f"Rank {rank}'s last {unsent['rows']:.0f} metric rows and {unsent['logs']:.0f} log chunks never reached "
-            f"the run's supervisor: it took none of the rank's pushes within {unsent['wait_s']:g} s as the rank ended "
-            "(a busy head node). Report every few steps rather than every step, or give the head node more CPU.")
-
-
-class AttemptGroup(Protocol):
-    """One attempt's ranks, as the controller uses them (:class:`WorkerGroup`)."""
-
-    pushes: dict[int, int]
-    unsent: dict[int, dict[str, float]]
-
-    def watch(self, table: WorkerTable, interrupt: Callable[[], Outcome | None]) -> Outcome: ...
-
-    def shutdown(self, table: WorkerTable) -> None: ...
-
-
-# WorkerGroup.start's signature: spec, attempt, world size, supervisor, datasets, table, commands,
-# stop_requested, on_placed, run_dir, say
-StartGroup = Callable[[RunSpec, int, int, Any, "dict[str, Any] | None", WorkerTable, "list[Command]",
-                       Callable[[], bool], Callable[[], None], Path, Callable[[str], None]], AttemptGroup]
 
 
 class RunController:
+    """One run's attempts, from its parts: the two policies that decide, the callbacks that watch, and the
+    factory of each attempt's worker group. ``failure_policy`` counts the failed attempts against the run's
+    ``max_failures``; ``sizing`` sizes each attempt; ``callbacks`` are told at each hook, in their order."""
+
     def __init__(self, spec: RunSpec, datasets: dict[str, Any] | None, feed: RunFeed, storage: RunStorage,
-                 table: WorkerTable, supervisor: Any, on_end: Callable[[], None],
-                 before_transition: Callable[[RunState], None], *, start_group: StartGroup = WorkerGroup.start,
-                 cluster: Cluster | None = None) -> None:
+                 table: WorkerTable, supervisor: Any, on_end: Callable[[], None], *, failure_policy: FailurePolicy,
+                 sizing: SizingPolicy, callbacks: Sequence[ControllerCallback] = (),
+                 start_group: StartGroup = WorkerGroup.start) -> None:
         self.spec = spec
         self._start_group = start_group
-        self._cluster: Cluster = cluster or RayCluster()
         self._on_end = on_end  # called by the control thread once the run has ended
-        self._before_transition = before_transition
+        self.failure_policy = failure_policy
+        self.sizing = sizing
+        self.callbacks = tuple(callbacks)
         self.datasets = datasets
         self.feed = feed
         self.table = table
@@ -112,7 +78,6 @@ class RunController:
         self._launch_id = spec.launch_id  # kept through resumes: the files stay this launch's
         self._lock = feed.lock
         self._stop = threading.Event()
-        self._nan = threading.Event()
         self._thread: threading.Thread | None = None
         self.state = RunState.PENDING
         self.attempt = 0
@@ -127,18 +92,17 @@ class RunController:
         self.ended: float | None = None
         self.stop_requested = False
         self.world_size = 0  # the current attempt's ranks (elastic runs: it changes)
-        self.sizing = policy.for_run(spec.options, self._cluster, self._say)
-        self._stragglers = StragglerWatch(spec.options.straggler_window_s)
 
     # ------------------------------------------------------------------ the state machine
     def transition(self, new: RunState, why: str = "", *, resume: bool = False) -> None:
         """The one way the run's state changes (``resume``: the user's move out of an ended run).
 
-        ``before_transition`` runs first, outside the lock, so that what must be complete when
-        readers see the end (the metric loggers' last rows) is complete.
+        The callbacks' ``on_run_end`` runs first when ``new`` ends the run, outside the lock, so that what must
+        be complete when readers see the end (the metric loggers' last rows) is complete.
         """
-        if new != self.state:
-            self._before_transition(new)
+        if new != self.state and new.is_terminal:
+            for callback in self.callbacks:
+                callback.on_run_end(self, new)
         with self._lock:
             if new == self.state:
                 return
@@ -149,13 +113,14 @@ class RunController:
         self.feed.event("state", f"{new.value}" + (f": {why}" if why else ""), self.attempt)
 
     def guard_tripped(self, attempt: int, branch: int, step: int, kind: str, message: str) -> None:
-        """A rank's guard saw trouble (see guard_decisions): its action goes to every rank, or the run stops."""
-        with self._lock:
-            state, running = self.state, self.table.steering_now()
-        if state.is_terminal or attempt != self.attempt:
-            return
-        if self.steering.guards.tripped(attempt, branch, step, kind, message, running, live=state == RunState.RUNNING):
-            threading.Thread(target=self.request_stop, args=(30.0,), name="nbtrain-guard-stop", daemon=True).start()
+        """A rank's guard saw trouble (see guard_decisions): the callbacks decide (:mod:`.guard_trips`)."""
+        for callback in self.callbacks:
+            callback.on_guard_tripped(self, attempt, branch, step, kind, message)
+
+    def report_batch(self, rows: list[dict[str, Any]], nan_rows: list[dict[str, Any]]) -> None:
+        """A rank's push landed in the history (``nan_rows``: its rows holding NaN): the callbacks are told."""
+        for callback in self.callbacks:
+            callback.on_report_batch(self, rows, nan_rows)
 
     def _rewound(self, step: int) -> None:
         """The ranks went back to their restore point at ``step``: so does the run's checkpoint (a restart resumes
@@ -203,6 +168,8 @@ class RunController:
         self.attempt, self.failures, self.error = saved["attempt"], saved["failures"], saved["error"]
         self.checkpoint, self.started, self.ended = saved["checkpoint"], saved["started"], saved["ended"]
         self.stop_requested = saved.get("stop_requested", False)
+        # a supervisor restart takes up the run's failure budget where it was; a user's resume starts it afresh
+        self.failure_policy.failed_attempts = len({f["attempt"] for f in self.failures})
         self.steering = RunSteering(self.steering.record, self._persist_locked, saved.get("commands"),
                                     rewound=self._rewound)
         self.state = RunState(saved["state"])  # as recorded: this is where the machine stood
@@ -217,9 +184,9 @@ class RunController:
         self.transition(RunState.RESTARTING, "the supervisor restarted")
 
     # ------------------------------------------------------------------ requests
-    def start(self, fresh_budget: bool) -> None:
-        self._thread = threading.Thread(target=self._control, name="nbtrain-control", daemon=True,
-                                        args=(fresh_budget,))
+    def start(self) -> None:
+        """Run attempts on the control thread until the run ends."""
+        self._thread = threading.Thread(target=self._control, name="nbtrain-control", daemon=True)
         self._thread.start()
 
     def request_stop(self, timeout: float) -> RunState:
@@ -232,20 +199,26 @@ class RunController:
             self._thread.join(timeout=timeout)
         return self.state
 
-    def resume(self, spec: RunSpec, datasets: dict[str, Any] | None) -> str:
-        """Start an ended run again as a new attempt; ``"resumed"``, or the state that prevents it."""
+    def resume(self, spec: RunSpec, datasets: dict[str, Any] | None, failure_policy: FailurePolicy,
+               sizing: SizingPolicy | None = None) -> str:
+        """Start an ended run again as a new attempt; ``"resumed"``, or the state that prevents it.
+
+        ``failure_policy``: a fresh one (a user's resume starts the failure budget afresh, for ``spec``'s
+        ``max_failures``); ``sizing``: a new sizing policy when the options changed, else None and the run's
+        keeps what it knows (nodes drained).
+        """
         with self._lock:
             if not self.state.is_terminal:
                 return self.state.value
-            if spec.options != self.spec.options:  # else the policy keeps what it knows (nodes drained)
-                self.sizing = policy.for_run(spec.options, self._cluster, self._say)
+            self.failure_policy = failure_policy
+            if sizing is not None:
+                self.sizing = sizing
             self.spec, self.datasets = spec, datasets
             self.error, self.stop_requested = None, False
             self._stop.clear()
-            self._nan.clear()
             source = "the latest checkpoint" if self.checkpoint else "scratch"
         self.transition(RunState.RESTARTING, f"resumed by the user from {source}", resume=True)
-        self.start(fresh_budget=True)
+        self.start()
         return "resumed"
 
     def drain(self, node_id: str, deadline_s: float) -> str:
@@ -263,22 +236,10 @@ class RunController:
             value = {**value, "trace": profiles.write(self._storage.dir, command_id, rank, value["trace"])}
         self.steering.result(command_id, rank, ok, value)
 
-    def note_nan_rows(self, rows: list[dict[str, Any]]) -> None:
-        row = rows[0]
-        with self._lock:
-            first = not any(e["kind"] == "nan" and e["attempt"] == self.attempt for e in self.feed.events)
-        if first:
-            action = "stopping the run (stop_on_nan)" if self.spec.options.stop_on_nan else "training continues"
-            self.feed.event("nan", f"Rank {row['rank']} reported NaN for {', '.join(nan_keys(row))} at step "
-                                   f"{row['step']}; {action}.", self.attempt)
-        if self.spec.options.stop_on_nan:
-            self._nan.set()
-
     # ------------------------------------------------------------------ the control thread
-    def _control(self, fresh_budget: bool) -> None:
-        # a user's resume starts the failure budget afresh; a supervisor restart does not
-        on_failure = FailurePolicy(self.spec.options.max_failures,
-                                   0 if fresh_budget else len({f["attempt"] for f in self.failures}))
+    def _control(self) -> None:
+        for callback in self.callbacks:
+            callback.on_run_start(self)
         try:
             while True:
                 with self._lock:
@@ -307,7 +268,7 @@ class RunController:
                 if shrink is not None:
                     self._resize(shrink)
                     continue
-                decision = on_failure.decide(outcome)
+                decision = self.failure_policy.decide(outcome)
                 if isinstance(decision, Restart):
                     self.transition(RunState.RESTARTING, f"attempt {self.attempt + 1}/"
                                                          f"{self.spec.options.max_failures + 1} after: {decision.why}")
@@ -316,9 +277,8 @@ class RunController:
                         return
                     continue
                 with self._lock:
-                    self.error = failure_policy.format_error(self.failures, self.world_size,
-                                                             self.spec.options.max_failures, self.attempt,
-                                                             on_failure.failed_attempts)
+                    self.error = format_error(self.failures, self.world_size, self.spec.options.max_failures,
+                                              self.attempt, self.failure_policy.failed_attempts)
                 self.transition(RunState.FAILED, decision.why)
                 return
         except Exception:  # noqa: BLE001 - a bug here must still end the run visibly
@@ -328,7 +288,6 @@ class RunController:
                 self.transition(RunState.FAILED, "internal error")
         finally:
             if self.state.is_terminal:  # retiring on its own thread: a stop() waiting for this one is answered first
-                self.sizing.end()
                 threading.Thread(target=self._on_end, name="nbtrain-retire", daemon=True).start()
 
     def _last_lines(self, failure: Failure) -> list[str]:
@@ -351,11 +310,14 @@ class RunController:
         self.world_size = self.sizing.attempt_size(self.attempt)
         if self.attempt == 1 and (problem := pip_problem(self.spec.options.runtime_env)) is not None:
             return Failed([Failure(None, "runtime_env", problem, retriable=False)])
+        for callback in self.callbacks:
+            callback.on_attempt_start(self)
         try:
-            group = self._start_group(self.spec, self.attempt, self.world_size, self._supervisor, self.datasets,
-                                      self.table, self.steering.all(),
-                                      self._stop.is_set, lambda: self.transition(RunState.STARTING),
-                                      self._storage.dir, lambda said: self._say("startup", said))
+            group = self._start_group(AttemptStart(
+                spec=self.spec, attempt=self.attempt, world_size=self.world_size, supervisor=self._supervisor,
+                datasets=self.datasets, table=self.table, commands=self.steering.all(),
+                stop_requested=self._stop.is_set, on_placed=lambda: self.transition(RunState.STARTING),
+                run_dir=self._storage.dir, say=lambda said: self._say("startup", said)))
         except StopRequested:
             return Stopped()
         except StartFailed as failed:
@@ -367,53 +329,19 @@ class RunController:
             self.transition(RunState.RUNNING)
             running_since = time.monotonic()
             outcome = group.watch(self.table, self._interrupt)
-            # pushes travel beside the outcome: let the last rows land before readers see the end
-            lost = self.feed.wait_for_pushes(self.attempt, group.pushes, FINAL_PUSHES_IDLE_S)
-            for rank, pushes in sorted(lost.items()):
-                self.feed.event("note", lost_pushes_note(rank, pushes), self.attempt)
-            for rank, unsent in sorted(group.unsent.items()):
-                if unsent["rows"] or unsent["logs"]:
-                    self.feed.event("note", unsent_note(rank, unsent), self.attempt)
-            if no_rows_note_due(outcome, time.monotonic() - running_since, self.feed.row_count,
-                                any(e["message"] == NO_ROWS_NOTE for e in self.feed.events)):
-                self.feed.event("note", NO_ROWS_NOTE, self.attempt)
+            ran_s = time.monotonic() - running_since
+            for callback in self.callbacks:
+                callback.on_attempt_end(self, outcome, group, ran_s)
             return outcome
         finally:
             group.shutdown(self.table)
 
     def _interrupt(self) -> Outcome | None:
-        """Checked every watch tick: the user's stop, a NaN under stop_on_nan, a stalled rank."""
+        """Checked every watch tick: the user's stop, then each callback's (the first outcome ends the attempt)."""
         if self._stop.is_set():
             return Stopped()
-        if self._nan.is_set():
-            return Failed([Failure(None, "nan", "a reported metric became NaN and stop_on_nan is set",
-                                   retriable=False)])
-        options = self.spec.options
-        stalled = []
-        for rank, quiet in self.table.newly_stalled(options.stall_timeout_s):
-            message = (f"Rank {rank} made no progress for {quiet:.0f} s (stall_timeout={options.stall_timeout_s:g} s); "
-                       f"it may be stuck in a collective or in data loading.")
-            self.feed.event("stall", message, self.attempt)
-            stalled.append((rank, message))
-        if stalled:  # where each rank is: an event next (a stall that ends the attempt waits for it first)
-            attempt, ends = self.attempt, options.on_stall in ("fail", "restart")
-            stall_stacks.ask(self.steering, self.table.steering_now(),
-                             lambda said: self.feed.event("stacks", said, attempt), wait=ends)
-            if ends:
-                rank, message = stalled[0]
-                return Failed([Failure(rank, "stalled", message, retriable=options.on_stall == "restart")])
-        running = self.table.running_ranks()
-        held = [said.held_after_epoch for rank, said in self.table.steering_now().items() if rank in running]
-        if held and None not in held:
-            self.feed.event("state", f"every rank finished epoch {held[0]}: stopping, as run.stop(after='epoch') "
-                                     "asked (held at the next epoch's start, so run.result stays None: check "
-                                     "nbtrain.stop_requested() after each epoch and return to keep a result)",
-                            self.attempt)
-            return Stopped()
-        for rank, quiet in self.table.newly_recovered():
-            self.feed.event("stall", f"Rank {rank} made progress again after {quiet:.0f} s without.", self.attempt)
-        if options.step_timing:
-            for rank, flagged, message in self._stragglers.look(self.table.snapshot(), self.attempt):
-                self.table.note(rank, straggler=flagged)
-                self.feed.event("straggler", message, self.attempt)
-        return self.sizing.tick(self.checkpoint, self.table)
+        for callback in self.callbacks:
+            outcome = callback.on_watch_tick(self)
+            if outcome is not None:
+                return outcome
+        return None

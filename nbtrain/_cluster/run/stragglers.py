@@ -7,7 +7,8 @@ its communication (data wait plus compute, from its heartbeat; see
 :data:`RATIO` times the median of the running ranks' for the run's ``straggler_window_s`` is
 flagged: once per episode, an event naming the rank and where its time goes, and ``straggler``
 in its worker-table row (the dashboard and the sidebar show it). When it has stayed below for
-as long, the flag is cleared, with an event. Checked by the controller on every watch tick.
+as long, the flag is cleared, with an event. :class:`StragglerFlags` is the controller's callback that looks on
+every watch tick.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from __future__ import annotations
 import statistics
 import time
 from typing import Any
+
+from nbtrain._cluster.run.controller_callback import ControllerCallback, RunView
+from nbtrain._cluster.run.failure_policy import Outcome
 
 RATIO = 1.25
 
@@ -63,6 +67,20 @@ class StragglerWatch:
                         told.append((rank, False, f"Rank {rank} is no longer a straggler: {ms:.0f} ms of its own "
                                                   f"per step against a median of {median:.0f} ms."))
         return told
+
+
+class StragglerFlags(ControllerCallback):
+    """Each watch tick of a run with ``step_timing``: a straggler's row is flagged (or cleared), and said."""
+
+    def __init__(self, window_s: float) -> None:
+        self._watch = StragglerWatch(window_s)
+
+    def on_watch_tick(self, run: RunView) -> Outcome | None:
+        if run.spec.options.step_timing:
+            for rank, flagged, message in self._watch.look(run.table.snapshot(), run.attempt):
+                run.table.note(rank, straggler=flagged)
+                run.feed.event("straggler", message, run.attempt)
+        return None
 
 
 def own_ms(worker: dict[str, Any]) -> float | None:

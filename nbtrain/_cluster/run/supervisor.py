@@ -36,12 +36,12 @@ import ray
 
 from nbtrain._cluster.commands import Command, Heartbeat
 from nbtrain._cluster.feed.feed import RunFeed
-from nbtrain._cluster.feed.metric_loggers import MetricLoggers
 from nbtrain._cluster.feed.push_relay import Push
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.run import run_directory
 from nbtrain._cluster.run.controller import RunController
+from nbtrain._cluster.run.controller_parts import callbacks_for, failure_policy_for, sizing_for
 from nbtrain._cluster.run.stored_run import delete_files, record_in_index, write_final
 from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
@@ -117,19 +117,6 @@ def _imported() -> None:
     and importing it is the whole point."""
 
 
-def _start_loggers(spec: RunSpec, run_dir: Path, feed: RunFeed) -> MetricLoggers | None:
-    """The run's TensorBoard / MLflow writers (``loggers=``), announced as an event; None without."""
-    options = spec.options
-    if not options.loggers:
-        return None
-    loggers = MetricLoggers(options.loggers, spec.name, run_dir, Path(options.logger_dir or run_dir),
-                            dict(options.config or {}), dict(options.env or {}),
-                            on_error=lambda message: feed.event("loggers", message, 0))
-    for kind, where in loggers.where.items():
-        feed.event("loggers", f"every rank's metrics are also written to {kind} at {where}", 0)
-    return loggers
-
-
 class RunSupervisor:
     def __init__(self, *spec_parts: bytes, datasets: dict[str, Any] | None = None) -> None:
         """``spec_parts``: the run's pickled spec as :func:`spec_parts` cut it."""
@@ -153,10 +140,9 @@ class RunSupervisor:
         self._handle = ray.get_runtime_context().current_actor
         self._feed = RunFeed(storage, lock)
         self._table = WorkerTable(lock)
-        self._run = RunController(spec, datasets, self._feed, storage, self._table, self._handle,
-                                  on_end=self._retire, before_transition=self._open_or_close_loggers)
-        self._loggers: MetricLoggers | None = None
-        self._loggers_lock = threading.Lock()
+        self._run = RunController(spec, datasets, self._feed, storage, self._table, self._handle, on_end=self._retire,
+                                  failure_policy=failure_policy_for(spec), sizing=sizing_for(spec, self._say),
+                                  callbacks=callbacks_for(spec, storage.dir))
         # held while the run's final files are written (outside the feed's lock: a full disk waits there), so that
         # delete() never removes them just before they are written again
         self._final_files = threading.Lock()
@@ -169,7 +155,7 @@ class RunSupervisor:
         if self._run.state.is_terminal:
             threading.Timer(RESUME_GRACE_S, self._retire).start()
         else:
-            self._run.start(fresh_budget=False)
+            self._run.start()
 
     def _start_from(self, meta: dict[str, Any], data: bytes) -> None:
         """Keep a given checkpoint as the run's latest, before any rank starts (PBT's copy from another trial)."""
@@ -203,19 +189,9 @@ class RunSupervisor:
             self._retired = True
         ray.kill(self._handle, no_restart=True)
 
-    def _open_or_close_loggers(self, new: RunState) -> None:
-        """Loggers are open while the run is live: ended with its final state before anyone sees it.
-
-        Closed loggers stay in place until a resume opens new ones, so that a push racing the
-        close reaches them and its rows are written or counted as dropped, never lost unsaid.
-        """
-        with self._loggers_lock:  # the control thread's transitions and a user's resume
-            loggers = self._loggers
-            if new.is_terminal:
-                if loggers is not None:
-                    loggers.close(new.value)
-            elif loggers is None or loggers.closed:
-                self._loggers = _start_loggers(self._run.spec, self._storage.dir, self._feed)
+    def _say(self, kind: str, message: str) -> None:
+        """An event of the run's current attempt (the sizing policy's)."""
+        self._feed.event(kind, message, self._run.attempt)
 
     def _may_retire(self) -> bool:
         return self._run.state.is_terminal and not self._deleted and not self._retired
@@ -227,12 +203,8 @@ class RunSupervisor:
         nan_rows = self._feed.accept(rank, attempt, seq, rows, logs)
         if nan_rows is None:  # a push seen before
             return
-        loggers = self._loggers  # read once: a close meanwhile is MetricLoggers' to account for
-        if loggers is not None:
-            loggers.write(rows)
         self._table.beat(rank, attempt, beat)
-        if nan_rows:
-            self._run.note_nan_rows(nan_rows)
+        self._run.report_batch(rows, nan_rows)
 
     def push_many(self, pushes: list[Push]) -> None:
         """The pushes of one node's ranks on one tick, from its :mod:`~nbtrain._cluster.feed.push_relay`."""
@@ -423,7 +395,9 @@ class RunSupervisor:
                 return "deleted"
             if self._retired:
                 return "retired"
-        return self._run.resume(cloudpickle.loads(spec_bytes), datasets)
+        spec: RunSpec = cloudpickle.loads(spec_bytes)
+        sizing = sizing_for(spec, self._say) if spec.options != self._run.spec.options else None
+        return self._run.resume(spec, datasets, failure_policy_for(spec), sizing)
 
     def delete(self) -> str:
         """Remove the ended run's files: history, checkpoints and state (``storage=`` included).

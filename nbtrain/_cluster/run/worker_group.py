@@ -1,8 +1,10 @@
 """One attempt's ranks: placed together, started, watched to the end, and torn down.
 
-:meth:`WorkerGroup.start` is a factory: it reserves a placement group, starts
-one :class:`~nbtrain._cluster.rank.actor.worker.TrainWorker` actor per rank, asks each
-where it landed, and builds each rank's :class:`WorkerPayload`. If anything
+:meth:`WorkerGroup.start` is a factory, given one
+:class:`~nbtrain._cluster.run.attempt.AttemptStart`: it reserves a placement
+group, starts one :class:`~nbtrain._cluster.rank.actor.worker.TrainWorker`
+actor per rank, asks each where it landed, and builds each rank's
+:class:`WorkerPayload`. If anything
 fails or the user stops the run on the way, it removes what it had made before
 raising, so a failed start leaves no actor and no reserved CPU behind. A rank
 process lost before it answers (dead while importing torch, say) is started
@@ -28,6 +30,7 @@ from nbtrain._cluster.names import NAMESPACE, group_name, relay_name, worker_nam
 from nbtrain._cluster.rank.actor.worker import TrainWorker
 from nbtrain._cluster.rank.payload import WorkerPayload
 from nbtrain._cluster.run import failure_policy, rank_logs
+from nbtrain._cluster.run.attempt import AttemptStart
 from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Succeeded
 from nbtrain._cluster.run.rank_layout import layout_ranks
 from nbtrain._cluster.run.worker_table import WorkerTable
@@ -74,19 +77,18 @@ class WorkerGroup:
         self.unsent: dict[int, dict[str, float]] = {}  # rank -> what its last flush could not send
 
     @classmethod
-    def start(cls, spec: RunSpec, attempt: int, world_size: int, supervisor: Any, datasets: dict[str, Any] | None,
-              table: WorkerTable, commands: list[Command], stop_requested: Callable[[], bool],
-              on_placed: Callable[[], None], run_dir: Path, say: Callable[[str], None]) -> WorkerGroup:
-        """Place, start and launch ``world_size`` ranks; raises :class:`StartFailed` or :class:`StopRequested`
-        after removing whatever it had started. ``say`` tells the run's events (a rank started again)."""
-        group = cls(spec, attempt, world_size, run_dir, say)
+    def start(cls, start: AttemptStart) -> WorkerGroup:
+        """Place, start and launch ``start.world_size`` ranks; raises :class:`StartFailed` or :class:`StopRequested`
+        after removing whatever it had started. ``start.say`` tells the run's events (a rank started again)."""
+        group = cls(start.spec, start.attempt, start.world_size, start.run_dir, start.say)
+        stop_requested, table = start.stop_requested, start.table
         try:
             group._place(stop_requested)
-            on_placed()
+            start.on_placed()
             places = group._start_actors(stop_requested)
-            group._start_relays(places, supervisor)
-            payloads = group._payloads(places, supervisor, datasets, commands)
-            table.add_group(places, [p.device_name for p in payloads], attempt)
+            group._start_relays(places, start.supervisor)
+            payloads = group._payloads(places, start.supervisor, start.datasets, start.commands)
+            table.add_group(places, [p.device_name for p in payloads], start.attempt)
             group._refs = [actor.run.remote(payload) for actor, payload in zip(group.actors, payloads)]
         except BaseException:
             group.shutdown(table)
