@@ -152,9 +152,14 @@ def simulated_session(real: Any, rank: int, ranks: int, relay: Any) -> Any:
     rank's payload (its supervisor, its run), as the worker actor makes one."""
     from nbtrain._cluster.rank import session as sessions
 
-    simulated = dataclasses.replace(real.payload, rank=rank, world_size=ranks, local_rank=rank,
-                                    local_world_size=ranks, node_rank=0, config={}, storage=None,
-                                    datasets={}, relay=relay, commands=[])
+    payload = real.payload
+    simulated = dataclasses.replace(
+        payload, commands=[],
+        place=dataclasses.replace(payload.place, rank=rank, world_size=ranks, local_rank=rank, local_world_size=ranks,
+                                  node_rank=0),
+        code=dataclasses.replace(payload.code, config={}, datasets={}),
+        checkpoints=dataclasses.replace(payload.checkpoints, storage=None),
+        report_to=dataclasses.replace(payload.report_to, relay=relay))
     return sessions.TrainingSession(simulated, real.context.device)
 
 

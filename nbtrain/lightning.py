@@ -256,7 +256,7 @@ def trainer(*, strategy: Any = "ddp", precision: Any = RUN_PRECISION, **trainer_
     """
     session = current_session()
     if precision == RUN_PRECISION:
-        precision = session.payload.precision
+        precision = session.payload.training.precision
     if isinstance(strategy, str):
         if strategy not in STRATEGY_CHOICES:
             choices = " or ".join(map(repr, STRATEGY_CHOICES))

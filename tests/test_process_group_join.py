@@ -19,8 +19,10 @@ def _join_and_count(rank: int, port: int, answers: multiprocessing.Queue) -> Non
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
 
-    payload = types.SimpleNamespace(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port,
-                                    backend="gloo", collective_timeout_s=30)
+    payload = types.SimpleNamespace(
+        place=types.SimpleNamespace(rank=rank, world_size=2),
+        process_group=types.SimpleNamespace(master_addr="127.0.0.1", master_port=port, backend="gloo",
+                                            collective_timeout_s=30))
     worker._join_process_group(payload, None)
     store = distributed_c10d._get_default_store().underlying_store  # the TCPStore the run's ranks meet on
     key = f"{distributed_c10d.STORE_BASED_BARRIER_PREFIX}:{dist.group.WORLD.group_name}"

@@ -204,7 +204,7 @@ class RestorePoints:
             return None
         meta, data, path = found
         return load_trusted(checkpoint_source(data, path, meta.get("format", "torch")), session.context.device,
-                            session.payload.weights_only)
+                            session.payload.checkpoints.weights_only)
 
 
 def _copied(state: Any) -> Any:

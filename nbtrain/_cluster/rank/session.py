@@ -72,19 +72,21 @@ class TrainingSession:
 
     def __init__(self, payload: WorkerPayload, device: Any) -> None:
         self.payload = payload  # what the supervisor sent this rank: the run's options are read from it
+        place = payload.place
         self.context = TrainContext(
-            rank=payload.rank, world_size=payload.world_size, local_rank=payload.local_rank,
-            local_world_size=payload.local_world_size, node_rank=payload.node_rank, device=device,
-            attempt=payload.attempt, config=dict(payload.config), run_name=payload.run_name)
-        self.timing = StepTimes() if payload.step_timing else None  # data wait / compute / communication
+            rank=place.rank, world_size=place.world_size, local_rank=place.local_rank,
+            local_world_size=place.local_world_size, node_rank=place.node_rank, device=device,
+            attempt=payload.attempt, config=dict(payload.code.config), run_name=payload.run_name)
+        self.timing = StepTimes() if payload.training.step_timing else None  # data wait / compute / communication
         # the gradient noise scale, fed by prepare_model's DDP hook; None when not asked for
-        self.noise = NoiseScale() if payload.gns else None
+        self.noise = NoiseScale() if payload.training.gns else None
         self.batch_size = 0                   # the size of the last batch a prepared loader gave
         self.lr_gain = 1.0                    # AdaScale's gain applied to the prepared optimizers
         self.optimizers: list[Any] = []       # those prepare_optimizer gave back (their lr follows lr_gain)
         self.checkpoint_requested = False  # an elastic run's resize wants one (see steering's poll)
         self.grad_scaler: Any = None  # a torch GradScaler once a 16-mixed model was prepared
-        self.relay = payload.relay  # this node's push relay (see push_relay); None once it failed: to the supervisor
+        # this node's push relay (see push_relay); None once it failed: to the supervisor
+        self.relay = payload.report_to.relay
         self.reporter = Reporter()  # report()'s rows and the counts that number them (see reporting)
         self.resumed_step: int | None = None  # the step of the checkpoint this attempt loaded, once it did
         self.logs: collections.deque[tuple[str, float, str]] = collections.deque()
@@ -115,19 +117,19 @@ class TrainingSession:
 
     @property  # the options that other modules read from the session, as the payload has them
     def supervisor(self) -> Any:
-        return self.payload.supervisor
+        return self.payload.report_to.supervisor
 
     @property
     def datasets(self) -> dict[str, Any]:
-        return self.payload.datasets
+        return self.payload.code.datasets
 
     @property
     def adaptive_batch(self) -> tuple[int, int] | None:
-        return self.payload.adaptive_batch  # per-rank batch bounds for prepare_loader (see adaptive_batch)
+        return self.payload.training.adaptive_batch  # per-rank batch bounds for prepare_loader (see adaptive_batch)
 
     @property
     def batch_scale(self) -> float:
-        return self.payload.batch_scale  # prepare_loader's factor (elastic runs)
+        return self.payload.training.batch_scale  # prepare_loader's factor (elastic runs)
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> None:
@@ -217,7 +219,7 @@ class TrainingSession:
             noise_scale = self.noise.value
             if noise_scale is not None:
                 metrics.setdefault("gns", noise_scale)
-            if self.payload.adaptive_batch is not None and self.batch_size:
+            if self.payload.training.adaptive_batch is not None and self.batch_size:
                 metrics.setdefault("batch_size", self.batch_size)
 
     def commands_due(self, due: bool) -> None:
@@ -244,7 +246,7 @@ class TrainingSession:
 
     # -- background ------------------------------------------------------
     def _flush_loop(self) -> None:
-        while not self._stop.wait(until_next_tick(self.payload.flush_interval_s)):
+        while not self._stop.wait(until_next_tick(self.payload.report_to.flush_interval_s)):
             with self._flushing:
                 try:
                     self.flush(state="running")
@@ -403,7 +405,7 @@ class TrainingSession:
                 return
             except OSError:
                 self._drop_relay()
-        self._in_flight = RayPush((self.relay or self.payload.supervisor).push.remote(*push))
+        self._in_flight = RayPush((self.relay or self.payload.report_to.supervisor).push.remote(*push))
 
     def _drop_relay(self) -> None:
         self.relay = None

@@ -79,7 +79,7 @@ def prepare_model(model: Any, *, strategy: str | None = "ddp", precision: str | 
 
     session = current_session()
     if precision == RUN_PRECISION:
-        precision = session.payload.precision
+        precision = session.payload.training.precision
     parallel.check_choices(strategy, precision)
     ctx = session.context
     model = parallel.distribute(model, ctx.device, ctx.world_size, strategy, auto_wrap_policy,
@@ -125,8 +125,9 @@ def prepare_optimizer(optimizer: Any) -> Any:
         optimizer = nbtrain.prepare_optimizer(torch.optim.AdamW(model.parameters(), lr=config["lr"]))
     """
     session = current_session()
-    if session.payload.lr_scale != 1.0 and not getattr(optimizer, "_nbtrain_lr_scaled", False):
-        optimizer_settings.rescale_lr(optimizer, session.payload.lr_scale)  # an LR scheduler made before follows
+    lr_scale = session.payload.training.lr_scale
+    if lr_scale != 1.0 and not getattr(optimizer, "_nbtrain_lr_scaled", False):
+        optimizer_settings.rescale_lr(optimizer, lr_scale)  # an LR scheduler made before follows
         optimizer._nbtrain_lr_scaled = True
     if session.adaptive_batch is not None and optimizer not in session.optimizers:
         session.optimizers.append(optimizer)  # its learning rate follows the batch size (see adaptive_batch)
@@ -269,7 +270,7 @@ def save_checkpoint(obj: Any, *, sharded: bool = False) -> None:
     if sharded:
         ctx = session.context
         step = session.current_step()
-        path = sharded_checkpoint.save(obj, session.payload.storage, ctx.run_name, ctx.attempt, step)
+        path = sharded_checkpoint.save(obj, session.payload.checkpoints.storage, ctx.run_name, ctx.attempt, step)
         if ctx.rank == 0 and keep:
             meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time(),
                     "format": "dcp"}
@@ -293,10 +294,10 @@ def store_checkpoint(data: bytes, form: str) -> None:
     ctx = session.context
     step = session.current_step()
     meta = {"step": step, "epoch": session.epoch, "attempt": ctx.attempt, "time": time.time(), "format": form}
-    if not session.payload.storage:
+    if not session.payload.checkpoints.storage:
         ray.get(session.supervisor.record_checkpoint.remote(meta, data, None))
         return
-    path = storage_checkpoint(session.payload.storage, ctx.run_name, ctx.attempt, step, form)
+    path = storage_checkpoint(session.payload.checkpoints.storage, ctx.run_name, ctx.attempt, step, form)
     storage_uri.write_bytes(path, data)
     ray.get(session.supervisor.record_checkpoint.remote(meta, None, path))
 
@@ -349,7 +350,7 @@ def load_checkpoint(into: Any = None) -> Any | None:
         from ray.train import Checkpoint
 
         return Checkpoint.from_directory(str(unpack_directory(source, tempfile.mkdtemp(prefix="nbtrain-ckpt-"))))
-    return load_trusted(source, current_session().context.device, current_session().payload.weights_only)
+    return load_trusted(source, current_session().context.device, current_session().payload.checkpoints.weights_only)
 
 
 def checkpoint_to_resume() -> tuple[dict[str, Any], bytes | str] | None:

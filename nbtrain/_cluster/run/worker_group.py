@@ -28,7 +28,15 @@ from nbtrain._cluster.elastic.sizing import scaling
 from nbtrain._cluster.feed.push_relay import PushRelay, wants_relays
 from nbtrain._cluster.names import NAMESPACE, group_name, relay_name, worker_name
 from nbtrain._cluster.rank.actor.worker import TrainWorker
-from nbtrain._cluster.rank.payload import WorkerPayload
+from nbtrain._cluster.rank.payload import (
+    CheckpointSettings,
+    CodeToRun,
+    ProcessGroupJoin,
+    RankPlace,
+    ReportTo,
+    TrainingAids,
+    WorkerPayload,
+)
 from nbtrain._cluster.run import failure_policy, rank_logs
 from nbtrain._cluster.run.attempt import AttemptStart
 from nbtrain._cluster.run.failure_policy import Failed, Failure, Outcome, Succeeded
@@ -88,7 +96,7 @@ class WorkerGroup:
             places = group._start_actors(stop_requested)
             group._start_relays(places, start.supervisor)
             payloads = group._payloads(places, start.supervisor, start.datasets, start.commands)
-            table.add_group(places, [p.device_name for p in payloads], start.attempt)
+            table.add_group(places, [p.place.device_name for p in payloads], start.attempt)
             group._refs = [actor.run.remote(payload) for actor, payload in zip(group.actors, payloads)]
         except BaseException:
             group.shutdown(table)
@@ -234,21 +242,24 @@ class WorkerGroup:
         # a runtime_env working_dir is where Ray puts the ranks, and stays their folder
         folder = None if "working_dir" in (options.runtime_env or {}) else \
             RankFolder(self.spec.launch_folder, str(self.run_dir))
+        process_group = ProcessGroupJoin(backend=options.resolved_backend, master_addr=places[0]["node_ip"],
+                                         master_port=places[0]["port"],
+                                         collective_timeout_s=options.collective_timeout_s)
+        checkpoints = CheckpointSettings(storage=options.storage, weights_only=options.checkpoint_weights_only)
+        training = TrainingAids(precision=options.precision, batch_scale=batch_scale, lr_scale=lr_scale,
+                                gns=options.gns or options.adaptive_batch is not None,
+                                adaptive_batch=options.adaptive_batch, step_timing=options.step_timing)
         return [WorkerPayload(
-            rank=rank, world_size=self.world_size, elastic=options.elastic, batch_scale=batch_scale,
-            lr_scale=lr_scale, attempt=self.attempt, gns=options.gns or options.adaptive_batch is not None,
-            adaptive_batch=options.adaptive_batch, debug_capture_mb=options.debug_capture_mb,
-            step_timing=options.step_timing,
-            run_name=self.spec.name,
-            config=dict(options.config or {}), supervisor=supervisor,
-            relay=self.relays.get(places[rank]["node_id"]), flush_interval_s=options.flush_interval_s,
-            storage=options.storage, weights_only=options.checkpoint_weights_only, precision=options.precision,
-            backend=options.resolved_backend,
-            master_addr=places[0]["node_ip"], master_port=places[0]["port"],
-            collective_timeout_s=options.collective_timeout_s, fn_bytes=self.spec.fn_bytes,
-            fn_takes_config=self.spec.fn_takes_config, cpus_per_worker=options.cpus_per_worker,
-            datasets={name: split[rank] for name, split in shards.items()}, commands=commands, folder=folder,
-            **layout[rank],
+            run_name=self.spec.name, attempt=self.attempt,
+            place=RankPlace(rank=rank, world_size=self.world_size, **layout[rank]),
+            process_group=process_group,
+            code=CodeToRun(fn_bytes=self.spec.fn_bytes, fn_takes_config=self.spec.fn_takes_config,
+                           config=dict(options.config or {}), cpus_per_worker=options.cpus_per_worker,
+                           datasets={name: split[rank] for name, split in shards.items()}, folder=folder),
+            report_to=ReportTo(supervisor=supervisor, relay=self.relays.get(places[rank]["node_id"]),
+                               flush_interval_s=options.flush_interval_s),
+            checkpoints=checkpoints, training=training, commands=commands,
+            debug_capture_mb=options.debug_capture_mb,
         ) for rank in range(len(places))]
 
     def _wait(self, refs: Any, timeout: float, stop_requested: Callable[[], bool],

@@ -102,21 +102,21 @@ class TrainWorker:
         import torch
         import torch.distributed as dist
 
-        rank = payload.rank
+        rank = payload.place.rank
         listener, self._store_listener = self._store_listener, None
         if self._runs:
             self._start_afresh()
         self._runs += 1
         self._tidied = False
-        if payload.cuda_visible_devices is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = payload.cuda_visible_devices
+        if payload.place.cuda_visible_devices is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = payload.place.cuda_visible_devices
         os.environ.update(_torchrun_environment(payload))
-        torch.set_num_threads(max(1, int(payload.cpus_per_worker)))
-        device = torch.device(payload.device_name)
+        torch.set_num_threads(max(1, int(payload.code.cpus_per_worker)))
+        device = torch.device(payload.place.device_name)
         if device.type == "cuda" and torch.cuda.is_available():
             torch.cuda.set_device(device)
         elif device.type == "cuda":  # Ray gave a GPU (perhaps a custom resource) that this torch cannot use
-            print(f"nbtrain: Ray gave this rank GPU(s) {payload.cuda_visible_devices}, but torch sees no CUDA "
+            print(f"nbtrain: Ray gave this rank GPU(s) {payload.place.cuda_visible_devices}, but torch sees no CUDA "
                   f"device; code using {device} will fail. Install a CUDA build of torch on the cluster, or set "
                   "gpus_per_worker=0.", file=sys.stderr)
         session = TrainingSession(payload, device)
@@ -124,17 +124,18 @@ class TrainWorker:
         set_session(session)
         seam_watch.watch()
         session.start()
-        back = run_folder.enter(payload.folder)  # this run's folder, left in the finally below
+        back = run_folder.enter(payload.code.folder)  # this run's folder, left in the finally below
         try:
             _join_process_group(payload, listener)
-            fn = shipping.loads(payload.fn_bytes)
-            result = fn(context.config) if payload.fn_takes_config else fn()
+            fn = shipping.loads(payload.code.fn_bytes)
+            result = fn(context.config) if payload.code.fn_takes_config else fn()
             outcome: dict[str, Any] = {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
             user_code = _from_user_code(exc.__traceback__)
             text = "".join(traceback.format_exception(type(exc), exc, user_code))
             sys.stderr.write(text)
-            post_mortem.keep(exc, user_code, payload.supervisor, rank, payload.attempt, payload.debug_capture_mb)
+            post_mortem.keep(exc, user_code, payload.report_to.supervisor, rank, payload.attempt,
+                             payload.debug_capture_mb)
             outcome = {
                 "ok": False, "rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000],
                 "traceback": text, "step": session.current_step(),
@@ -194,14 +195,15 @@ def _torchrun_environment(payload: WorkerPayload) -> dict[str, str]:
     runs (see their_code.process_group). ``TORCHELASTIC_RUN_ID`` (the run's name) is torch's and Lightning's sign
     that the processes were started for them (``is_torchelastic_launched()``, ``TorchElasticEnvironment``);
     ``OMP_NUM_THREADS``, set by torchrun too unless given, keeps Accelerate from resetting torch's thread count."""
-    nodes = -(-payload.world_size // max(1, payload.local_world_size))  # as torchrun has it when nodes hold alike
-    return {"RANK": str(payload.rank), "WORLD_SIZE": str(payload.world_size), "LOCAL_RANK": str(payload.local_rank),
-            "LOCAL_WORLD_SIZE": str(payload.local_world_size), "GROUP_RANK": str(payload.node_rank),
-            "GROUP_WORLD_SIZE": str(nodes), "ROLE_RANK": str(payload.rank), "ROLE_WORLD_SIZE": str(payload.world_size),
-            "ROLE_NAME": "default", "NODE_RANK": str(payload.node_rank), "MASTER_ADDR": payload.master_addr,
-            "MASTER_PORT": str(payload.master_port), "TORCHELASTIC_RUN_ID": payload.run_name,
+    place, join = payload.place, payload.process_group
+    nodes = -(-place.world_size // max(1, place.local_world_size))  # as torchrun has it when nodes hold alike
+    return {"RANK": str(place.rank), "WORLD_SIZE": str(place.world_size), "LOCAL_RANK": str(place.local_rank),
+            "LOCAL_WORLD_SIZE": str(place.local_world_size), "GROUP_RANK": str(place.node_rank),
+            "GROUP_WORLD_SIZE": str(nodes), "ROLE_RANK": str(place.rank), "ROLE_WORLD_SIZE": str(place.world_size),
+            "ROLE_NAME": "default", "NODE_RANK": str(place.node_rank), "MASTER_ADDR": join.master_addr,
+            "MASTER_PORT": str(join.master_port), "TORCHELASTIC_RUN_ID": payload.run_name,
             "TORCHELASTIC_RESTART_COUNT": str(max(0, payload.attempt - 1)),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(max(1, int(payload.cpus_per_worker)))}
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(max(1, int(payload.code.cpus_per_worker)))}
 
 
 def _join_process_group(payload: WorkerPayload, listener: socket.socket | None) -> None:
@@ -223,15 +225,16 @@ def _join_process_group(payload: WorkerPayload, listener: socket.socket | None) 
 def _init_process_group(payload: WorkerPayload, listener: socket.socket | None) -> None:
     import torch.distributed as dist
 
-    is_master = payload.rank == 0
-    own_port = listener is not None and is_master and listener.getsockname()[1] == payload.master_port
+    place, join = payload.place, payload.process_group
+    is_master = place.rank == 0
+    own_port = listener is not None and is_master and listener.getsockname()[1] == join.master_port
     if listener is not None and not own_port:
         listener.close()
-    timeout = datetime.timedelta(seconds=payload.collective_timeout_s)
-    host, port = payload.master_addr, payload.master_port
+    timeout = datetime.timedelta(seconds=join.collective_timeout_s)
+    host, port = join.master_addr, join.master_port
     if not _is_loopback(host):
-        dist.init_process_group(backend=payload.backend, init_method=f"tcp://{host}:{port}",
-                                rank=payload.rank, world_size=payload.world_size, timeout=timeout)
+        dist.init_process_group(backend=join.backend, init_method=f"tcp://{host}:{port}",
+                                rank=place.rank, world_size=place.world_size, timeout=timeout)
         return
     loopback_interface = "lo0" if sys.platform == "darwin" else "lo"
     os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface
@@ -239,9 +242,9 @@ def _init_process_group(payload: WorkerPayload, listener: socket.socket | None) 
     listen_fd = None
     if is_master:  # the TCPStore takes the listening socket over (and closes it)
         listen_fd = listener.detach() if own_port and listener is not None else _listener(host, port).detach()
-    store = dist.TCPStore(host, port, payload.world_size, is_master, timeout, master_listen_fd=listen_fd)
-    dist.init_process_group(backend=payload.backend, store=store, rank=payload.rank,
-                            world_size=payload.world_size, timeout=timeout)
+    store = dist.TCPStore(host, port, place.world_size, is_master, timeout, master_listen_fd=listen_fd)
+    dist.init_process_group(backend=join.backend, store=store, rank=place.rank,
+                            world_size=place.world_size, timeout=timeout)
 
 
 def _is_loopback(host: str) -> bool:
