@@ -57,7 +57,7 @@ def test_a_kind_of_its_own_is_checked_issued_applied_and_described_through_the_k
     tag = Tag()
     definition = table.register(tag) and table.definition(tag.name)
     assert definition is not None
-    with pytest.raises(InvalidOptionError, match="tag\\(text=...\\) is a string"):
+    with pytest.raises(InvalidOptionError, match=r"tag\(text=...\) is a string"):
         table.command_kind("tag").check({"text": None})
     events: list[tuple[str, str]] = []
     supervisor = RunSteering(record=lambda kind, message: events.append((kind, message)), persist=lambda: None)

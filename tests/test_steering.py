@@ -85,7 +85,7 @@ def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
             run.send("nowhere", timeout=20)
 
         tag = register(Tag())  # a kind of command nbtrain does not know: notebook -> supervisor -> ranks
-        with pytest.raises(nbtrain.InvalidOptionError, match="tag\\(text=...\\) is a string, not 3"):
+        with pytest.raises(nbtrain.InvalidOptionError, match=r"tag\(text=...\) is a string, not 3"):
             run._reader.channel.steer("tag", {"text": 3}, "tagged")
         tagged = run._reader.channel.steer(tag.name, {"text": "here"}, "tagged")
         wait_for(lambda: any(c["kind"] == "tag" and c["step"] is not None for c in run.changes), timeout=60,
