@@ -187,7 +187,7 @@ def start_node_relay(real: Any, node_ranks: int) -> None:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from nbtrain._cluster.feed.push_relay import PushRelay
+    from nbtrain._cluster.relay.push_relay import PushRelay
 
     node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     real.relay = ray.remote(PushRelay).options(num_cpus=0, scheduling_strategy=node).remote(

@@ -129,7 +129,7 @@ def init_with_metadata(address: str, metadata: Sequence[tuple[str, str]], **kwar
     """``ray.init(address, **kwargs)`` that sends ``metadata`` (gRPC headers: the token) with every call.
 
     Public instead: none in Ray 2.60 (Ray's own token mode reads ``RAY_AUTH_MODE`` once, at ``import ray``:
-    see :mod:`nbtrain._client.auth`). Degrades: a Ray that refuses ``_metadata`` makes ``connect()`` fail
+    see :mod:`nbtrain._client.connecting.auth`). Degrades: a Ray that refuses ``_metadata`` makes ``connect()`` fail
     with Ray's error for the argument; ``tests/test_import_order.py`` pins it against the installed Ray.
     """
     import ray

@@ -119,7 +119,7 @@ def _each_module_deletes_its_runs():
     yield
     if not _session_cluster:
         return
-    from nbtrain._client import connection
+    from nbtrain._client.connecting import connection
 
     current = connection._current
     if current is None or current.address != _session_cluster[0] or not connection._ray_connected():

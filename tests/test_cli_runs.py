@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from nbtrain._cluster.run.stored_run import record_in_index, write_final
 from nbtrain._cluster.storage.run_storage import RunStorage
+from nbtrain._cluster.supervisor.stored_run import record_in_index, write_final
 from nbtrain._paths import storage_root
 from nbtrain._registry import record_launch
 

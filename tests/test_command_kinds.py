@@ -18,7 +18,7 @@ from nbtrain._cluster.command_kinds import table
 from nbtrain._cluster.command_kinds.kind import CommandKind
 from nbtrain._cluster.commands import ADJUST, Command
 from nbtrain._cluster.rank.rank_steering import RankSteering
-from nbtrain._cluster.run.run_steering import RunSteering
+from nbtrain._cluster.supervisor.run_steering import RunSteering
 
 from _tagging_kind import Tag
 

@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 import nbtrain
-from nbtrain._client.auth import preflight, read_token, resolve_token
-from nbtrain._client.cluster_address import parse as parse_address
+from nbtrain._client.connecting.auth import preflight, read_token, resolve_token
+from nbtrain._client.connecting.cluster_address import parse as parse_address
 from nbtrain._client.local import local_cluster
 from nbtrain._registry import read_cluster
 
@@ -106,7 +106,7 @@ def test_non_ray_scheme_is_refused():
 
 @pytest.mark.quick
 def test_versions_that_differ_are_both_named():
-    from nbtrain._client.version_check import check_versions
+    from nbtrain._client.connecting.version_check import check_versions
 
     with pytest.raises(nbtrain.VersionMismatchError) as raised:
         check_versions({"ray": "2.50.0", "python": "3.10.12", "nbtrain": "0.1.0"},
@@ -140,7 +140,7 @@ def test_an_address_or_token_that_is_not_a_string_is_named_at_once(kwargs, expec
     ("cluster", "on the cluster", "on every node of the cluster and restart it"),
 ])
 def test_a_ray_older_than_2_54_is_refused_saying_where_and_why(version, side, where, fix):
-    from nbtrain._client.version_check import check_ray_supported
+    from nbtrain._client.connecting.version_check import check_ray_supported
 
     with pytest.raises(nbtrain.VersionMismatchError) as raised:
         check_ray_supported(version, side)
@@ -153,7 +153,7 @@ def test_a_ray_older_than_2_54_is_refused_saying_where_and_why(version, side, wh
 @pytest.mark.quick
 @pytest.mark.parametrize("version", ["2.61.0", "2.62.3", "3.0.0.dev0"])
 def test_a_ray_outside_the_tested_range_is_refused_naming_both(version):
-    from nbtrain._client.version_check import check_ray_supported
+    from nbtrain._client.connecting.version_check import check_ray_supported
 
     with pytest.raises(nbtrain.VersionMismatchError) as raised:
         check_ray_supported(version, "cluster")
@@ -165,7 +165,7 @@ def test_a_ray_outside_the_tested_range_is_refused_naming_both(version):
 
 @pytest.mark.quick
 def test_an_nbtrain_that_differs_on_the_cluster_is_named():
-    from nbtrain._client.version_check import check_versions
+    from nbtrain._client.connecting.version_check import check_versions
 
     with pytest.raises(nbtrain.VersionMismatchError) as raised:
         check_versions({"ray": "2.60.0", "python": "3.11.7", "nbtrain": "0.0.9"},
@@ -179,8 +179,8 @@ def test_an_nbtrain_that_differs_on_the_cluster_is_named():
 
 @pytest.mark.quick
 def test_supported_rays_pass_and_ray_clients_mismatch_names_an_old_cluster():
-    from nbtrain._client.connect_errors import explain
-    from nbtrain._client.connection import check_ray_supported
+    from nbtrain._client.connecting.connect_errors import explain
+    from nbtrain._client.connecting.connection import check_ray_supported
 
     for version in ("2.54.0", "2.54.1", "2.56.1", "2.57.0", "2.59.2", "2.60.0", "2.60.1", "2.60.1rc1"):
         check_ray_supported(version, "cluster")

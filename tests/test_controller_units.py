@@ -21,18 +21,18 @@ import pytest
 
 from nbtrain._cluster.elastic import policy
 from nbtrain._cluster.elastic.policy import Resize, SizingPolicy
-from nbtrain._cluster.feed.feed import RunFeed
-from nbtrain._cluster.run import missing_rows
-from nbtrain._cluster.run.attempt import AttemptStart
-from nbtrain._cluster.run.controller import RunController
-from nbtrain._cluster.run.controller_callback import ControllerCallback, RunView
-from nbtrain._cluster.run.controller_parts import callbacks_for
-from nbtrain._cluster.run.failure_policy import Failed, Failure, FailurePolicy, Outcome, Stopped, Succeeded
-from nbtrain._cluster.run.missing_rows import NO_ROWS_AFTER_S, no_rows_note_due
-from nbtrain._cluster.run.worker_group import StopRequested
-from nbtrain._cluster.run.worker_table import WorkerTable
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage.run_storage import RunStorage
+from nbtrain._cluster.supervisor import missing_rows
+from nbtrain._cluster.supervisor.attempt import AttemptStart
+from nbtrain._cluster.supervisor.controller import RunController
+from nbtrain._cluster.supervisor.controller_callback import ControllerCallback, RunView
+from nbtrain._cluster.supervisor.controller_parts import callbacks_for
+from nbtrain._cluster.supervisor.failure_policy import Failed, Failure, FailurePolicy, Outcome, Stopped, Succeeded
+from nbtrain._cluster.supervisor.feed import RunFeed
+from nbtrain._cluster.supervisor.missing_rows import NO_ROWS_AFTER_S, no_rows_note_due
+from nbtrain._cluster.supervisor.worker_group import StopRequested
+from nbtrain._cluster.supervisor.worker_table import WorkerTable
 from nbtrain._exceptions import NbtrainError
 from nbtrain._options import RunOptions
 from nbtrain._ray_compat import Draining
@@ -345,7 +345,7 @@ def test_a_long_stall_is_said_once_and_its_end_once_however_many_heartbeats_come
     from types import SimpleNamespace
 
     from nbtrain._cluster.commands import Heartbeat, SteeringBeat
-    from nbtrain._cluster.run import worker_table
+    from nbtrain._cluster.supervisor import worker_table
 
     clock = [1_000.0]
     monkeypatch.setattr(worker_table, "time", SimpleNamespace(time=lambda: clock[0]))
@@ -384,7 +384,7 @@ def test_a_stalled_rank_under_on_stall_fail_ends_the_run_saying_why(tmp_path, mo
     from types import SimpleNamespace
 
     from nbtrain._cluster.commands import Heartbeat, SteeringBeat
-    from nbtrain._cluster.run import stall_stacks, worker_table
+    from nbtrain._cluster.supervisor import stall_stacks, worker_table
 
     clock = [1_000.0]
     monkeypatch.setattr(worker_table, "time", SimpleNamespace(time=lambda: clock[0]))
@@ -416,7 +416,7 @@ def test_a_stop_recorded_before_the_supervisor_died_is_kept_by_the_next_one(tmp_
     """``stop()`` records the request in the run's storage before acting on it; a supervisor that dies right then
     comes back (Ray restarts it) as stopped, with no new worker group. The real restart of a killed supervisor is
     in test_fault_tolerance.py; here the next supervisor's controller reads what the first one saved."""
-    from nbtrain._cluster.run import controller as controller_module
+    from nbtrain._cluster.supervisor import controller as controller_module
 
     left: list[int] = []
     monkeypatch.setattr(controller_module, "remove_leftover_group", lambda spec, attempt: left.append(attempt))

@@ -13,7 +13,7 @@ import pytest
 from nbtrain._cluster.commands import Heartbeat, SteeringBeat
 from nbtrain._cluster.rank.data.counted_shard import CountedShard
 from nbtrain._cluster.rank.data.loading import batch_size_of
-from nbtrain._cluster.run.worker_table import WorkerTable
+from nbtrain._cluster.supervisor.worker_table import WorkerTable
 from nbtrain._views.dashboard.dashboard import WidgetDashboard
 from nbtrain._views.dashboard.downsample import downsample
 from nbtrain._views.dashboard.history import MetricHistory

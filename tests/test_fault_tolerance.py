@@ -241,7 +241,7 @@ def test_a_big_runs_supervisor_depends_on_nothing_its_notebook_holds(cluster):
     """A supervisor restarts with its constructor's arguments: one Ray moved to the object store belongs to the
     notebook and is gone with it, and Ray said so in the cell (ray-project/ray#53727). The spec goes in parts Ray
     keeps inline, however big it is."""
-    from nbtrain._cluster.run.supervisor import SPEC_PART_BYTES, spec_parts
+    from nbtrain._cluster.supervisor.supervisor import SPEC_PART_BYTES, spec_parts
 
     spec = b"s" * (3 * SPEC_PART_BYTES + 5)
     assert [len(part) for part in spec_parts(spec)] == [SPEC_PART_BYTES] * 3 + [5]

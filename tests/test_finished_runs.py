@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import nbtrain
-from nbtrain._client import connection
+from nbtrain._client.connecting import connection
 from nbtrain._client.entry.cli import cluster_answer
 from nbtrain._client.local import local_cluster
 from nbtrain._client.run.stored import StoredRunHandle

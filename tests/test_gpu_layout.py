@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbtrain._cluster.run.rank_layout import layout_ranks
+from nbtrain._cluster.supervisor.rank_layout import layout_ranks
 from nbtrain._options import RunOptions
 
 pytestmark = pytest.mark.quick

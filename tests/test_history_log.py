@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain._cluster.feed.feed import ROW_TAIL, RunFeed
 from nbtrain._cluster.storage.history_log import FAULT_DISK_FULL_ENV, HistoryLog
 from nbtrain._cluster.storage.run_storage import RunStorage
+from nbtrain._cluster.supervisor.feed import ROW_TAIL, RunFeed
 
 from _helpers import wait_for
 

@@ -3,7 +3,7 @@ importing Ray (every process a run starts does) stays quick where nbtrain is ins
 
 nbtrain sends the cluster's token with each Ray Client connection
 (``ray.init(address, _metadata=[("authorization", "Bearer …")])``, see
-nbtrain/_client/auth.py) rather than switching on Ray's own token mode, which
+nbtrain/_client/connecting/auth.py) rather than switching on Ray's own token mode, which
 Ray reads from ``RAY_AUTH_MODE`` once, at ``import ray``. So a notebook may
 import ``ray`` before ``nbtrain``, and the process that runs the notebook
 (nbclient, papermill, Binder) needs no nbtrain and no ``RAY_AUTH_*`` variable.
@@ -77,7 +77,8 @@ def test_ray_takes_per_connection_metadata():
     builder = ClientBuilder("127.0.0.1:1")
     builder._init_args(_metadata=metadata)
     assert builder._metadata == metadata, (
-        "this Ray no longer takes ray.init(_metadata=...); nbtrain/_client/auth.py must send the token another way")
+        "this Ray no longer takes ray.init(_metadata=...); "
+        "nbtrain/_client/connecting/auth.py must send the token another way")
 
 
 @pytest.mark.quick

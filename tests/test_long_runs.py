@@ -11,7 +11,7 @@ import math
 
 import nbtrain
 from nbtrain._client.run import handle as run_module
-from nbtrain._cluster.run.missing_rows import unsent_note
+from nbtrain._cluster.supervisor.missing_rows import unsent_note
 
 ROWS = 130_000  # past the Run's window (50 000 rows, trimmed at 75 000)
 LINES = 16_000  # each print is two log chunks (the text, the newline): past the 20 000-chunk window

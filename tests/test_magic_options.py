@@ -70,7 +70,7 @@ def test_empty_cell_and_syntax_errors_are_reported_before_launch(ip):
 
 def test_running_without_a_connection_says_to_connect(ip):
     import nbtrain
-    from nbtrain._client import connection
+    from nbtrain._client.connecting import connection
 
     previous = connection._current  # the session cluster, when cluster tests ran before this one
     nbtrain.disconnect()

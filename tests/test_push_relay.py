@@ -16,9 +16,9 @@ import pytest
 import ray
 
 import nbtrain
-from nbtrain._cluster.feed.push_relay import wants_relays
-from nbtrain._cluster.feed.relay_link import FRAME
 from nbtrain._cluster.names import NAMESPACE, find_supervisor
+from nbtrain._cluster.relay.push_relay import wants_relays
+from nbtrain._cluster.relay.relay_link import FRAME
 
 from _helpers import wait_for
 

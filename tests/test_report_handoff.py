@@ -20,7 +20,6 @@ import torch
 from nbtrain._cluster.rank.payload import local_payload
 from nbtrain._cluster.rank.session import TrainingSession
 
-pytestmark = pytest.mark.quick
 ROWS = 1_000_000
 
 
@@ -28,6 +27,7 @@ def _session() -> TrainingSession:
     return TrainingSession(local_payload("handoff", flush_interval_s=0.001), torch.device("cpu"))
 
 
+# Not in the quick tier: 6 s of the 2 cores on a million rows (the whole suite runs it).
 def test_a_million_rows_collected_every_millisecond_arrive_once_each() -> None:
     session = _session()
     done = threading.Event()
@@ -59,6 +59,7 @@ def test_a_million_rows_collected_every_millisecond_arrive_once_each() -> None:
     assert lines == [f"{step}\n" for step in range(ROWS)]
 
 
+@pytest.mark.quick
 def test_a_tensor_changed_after_report_keeps_the_reported_value() -> None:
     session = _session()
     loss = torch.tensor(2.5)

@@ -17,7 +17,7 @@ from nbtrain._cluster.commands import ADJUST, GUARD, PAUSE, REWIND, Command, Ste
 from nbtrain._cluster.rank.guarding import RankGuard
 from nbtrain._cluster.rank.rank_steering import RankSteering
 from nbtrain._cluster.rank.reporting import Reporter
-from nbtrain._cluster.run.run_steering import RunSteering
+from nbtrain._cluster.supervisor.run_steering import RunSteering
 from nbtrain._guards import checked_guard, describe_guard
 from nbtrain._options import RunOptions
 

@@ -22,7 +22,7 @@ import pytest
 
 import nbtrain
 from nbtrain import _json, _registry
-from nbtrain._client import connection
+from nbtrain._client.connecting import connection
 from nbtrain._client.entry.cli import cluster_answer
 from nbtrain._client.run.handle import _readable
 from nbtrain._cluster.names import find_supervisor
@@ -168,7 +168,7 @@ def report_fresh(config):
 
 def test_an_odd_run_breaks_nothing_and_delete_clears_its_name(cluster, tmp_path):
 
-    from nbtrain._cluster.run.supervisor import spec_parts, supervisor_actor, supervisor_options
+    from nbtrain._cluster.supervisor.supervisor import spec_parts, supervisor_actor, supervisor_options
 
     name = "odd-then-deleted"
     address = connection.current().address

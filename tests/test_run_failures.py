@@ -15,7 +15,6 @@ from _helpers import run_actor_names, wait_for
 from _train_fns import train_steps
 
 
-@pytest.mark.quick
 def test_rank_raising_at_step_20_fails_the_run_within_10_s(cluster):
     run = nbtrain.launch(train_steps, config={"steps": 1000, "sleep": 0.05, "fail_rank": 1, "fail_step": 20},
                          workers=2, name="rank1-raises")

@@ -16,8 +16,8 @@ import pytest
 
 import nbtrain
 from nbtrain._client.run.files import RunFile, chosen
-from nbtrain._cluster.run_folder import RUN_FILES
 from nbtrain._cluster.storage import written_files
+from nbtrain._cluster.working_folder import RUN_FILES
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 
 BIG_MB = 100

@@ -23,7 +23,7 @@ from nbtrain._cluster.commands import (
     checked_settings,
 )
 from nbtrain._cluster.rank.rank_steering import RankSteering
-from nbtrain._cluster.run.run_steering import RunSteering
+from nbtrain._cluster.supervisor.run_steering import RunSteering
 
 pytestmark = pytest.mark.quick
 

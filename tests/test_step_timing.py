@@ -16,7 +16,7 @@ import torch
 
 import nbtrain
 from nbtrain._cluster.rank.inspection.step_timing import StepTimes
-from nbtrain._cluster.run.stragglers import StragglerWatch
+from nbtrain._cluster.supervisor.stragglers import StragglerWatch
 
 from _helpers import wait_for
 from _train_fns import TinyNet

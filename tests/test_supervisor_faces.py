@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from nbtrain._cluster.run.supervisor import RunSupervisor, supervisor_actor
-from nbtrain._cluster.run.supervisor_for_notebooks import ForNotebooks
-from nbtrain._cluster.run.supervisor_for_ranks import ForRanks
+from nbtrain._cluster.supervisor.supervisor import RunSupervisor, supervisor_actor
+from nbtrain._cluster.supervisor.supervisor_for_notebooks import ForNotebooks
+from nbtrain._cluster.supervisor.supervisor_for_ranks import ForRanks
 
 pytestmark = pytest.mark.quick
 

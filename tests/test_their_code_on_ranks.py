@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import nbtrain
-from nbtrain._cluster.run.missing_rows import NO_ROWS_NOTE
+from nbtrain._cluster.supervisor.missing_rows import NO_ROWS_NOTE
 
 from _helpers import wait_for
 

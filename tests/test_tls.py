@@ -19,7 +19,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from nbtrain._client import tls
+from nbtrain._client.connecting import tls
 
 TRAIN = '''
 import json, nbtrain

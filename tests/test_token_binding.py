@@ -22,8 +22,8 @@ import pytest
 from IPython.core.error import UsageError
 
 import nbtrain
-from nbtrain._client import connection
-from nbtrain._client.auth import read_token, remember_token, remembered_tokens, resolve_token, tokens_file
+from nbtrain._client.connecting import connection
+from nbtrain._client.connecting.auth import read_token, remember_token, remembered_tokens, resolve_token, tokens_file
 from nbtrain._client.local import local_cluster
 
 from _helpers import ipython_shell

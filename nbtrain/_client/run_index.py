@@ -8,7 +8,7 @@ The files answer in milliseconds, up or down:
   this home launched, its cluster and notebook, as it was at launch;
 * on the machine of the embedded cluster's head (this one), the run index
   (``run-index/<name>.json``) and each run's storage
-  (:class:`~nbtrain._cluster.run.stored_run.StoredRun`): its state, written at
+  (:class:`~nbtrain._cluster.supervisor.stored_run.StoredRun`): its state, written at
   every change; its metric history, appended as rows arrive (the step and
   values recorded last); its final summary once it ended.
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from nbtrain._client import cluster_address
+from nbtrain._client.connecting import cluster_address
 from nbtrain._client.local import local_cluster
-from nbtrain._cluster.run.stored_run import StoredRun, indexed_names
+from nbtrain._cluster.supervisor.stored_run import StoredRun, indexed_names
 from nbtrain._exceptions import ConnectionFailedError
 from nbtrain._net import port_is_open
 from nbtrain._registry import (

@@ -12,7 +12,7 @@ import dataclasses
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from nbtrain._client import connection
+from nbtrain._client.connecting import connection
 from nbtrain._cluster.names import NAMESPACE, POOL_PREFIX, pool_name
 from nbtrain._ray_compat import on_head_node
 

@@ -4,7 +4,7 @@ A command is issued by the notebook (``run.adjust(lr=0.01)``, a click on the das
 and given the step at which it takes effect by the run's supervisor, and applied by every rank at
 that step, so that DDP replicas stay identical. What each kind checks, where it lands and how it is
 applied and described is its own module in :mod:`nbtrain._cluster.command_kinds`, looked up in one
-table; :mod:`nbtrain._cluster.run.run_steering` (the supervisor's side) and
+table; :mod:`nbtrain._cluster.supervisor.run_steering` (the supervisor's side) and
 :mod:`nbtrain._cluster.rank.rank_steering` (the ranks') do what a kind says.
 
 Everything that travels is a dataclass of this module: the :class:`Command` (notebook ← supervisor →
@@ -175,7 +175,7 @@ class SteeringBeat:
 
 @dataclasses.dataclass(frozen=True)
 class Heartbeat:
-    """A rank's word on itself, with every push of its rows (see :mod:`nbtrain._cluster.feed.push_relay`)."""
+    """A rank's word on itself, with every push of its rows (see :mod:`nbtrain._cluster.relay.push_relay`)."""
 
     time: float                   # time.time() at the rank
     step: int                     # the last step it reported

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from nbtrain._cluster.run_folder import LaunchFolder
+from nbtrain._cluster.working_folder import LaunchFolder
 from nbtrain._options import RunOptions
 
 CONFIG_SUMMARY_CHARS = 300
@@ -29,7 +29,7 @@ class RunSpec:
     modules: tuple[str, ...] = ()     # the notebook's own modules sent with the function (name@hash)
     notes: tuple[str, ...] = ()       # what launch() decided for the user; one event each when the run is created
     owner: dict[str, Any] = dataclasses.field(default_factory=dict)  # notebook path, host, pid
-    # The launching process's folder: where the ranks work when they run on its machine (see run_folder).
+    # The launching process's folder: where the ranks work when they run on its machine (see working_folder).
     launch_folder: LaunchFolder | None = dataclasses.field(default_factory=LaunchFolder.here)
     created: float = dataclasses.field(default_factory=time.time)
     # Which launch the run's stored files belong to: a supervisor takes up only its own launch's files.

@@ -6,7 +6,7 @@ travel (:mod:`.shipping`): a rank unpacks them into a folder named by their cont
 folder first on ``sys.path`` (so ``from datautils import ...`` finds the script's neighbour, this
 version of it), sets ``sys.argv`` to ``[script, *args]`` and runs the file as ``__main__`` with
 ``runpy``. torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...) is
-the rank's already, and the working directory is the run's (:mod:`nbtrain._cluster.run_folder`): files
+the rank's already, and the working directory is the run's (:mod:`nbtrain._cluster.working_folder`): files
 the script writes relative to it land in the folder the run was launched from when the rank runs on
 that machine (the embedded cluster), else in the run's own folder (``run.files()``).
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain import _options
-from nbtrain._client import connection
+from nbtrain._client.connecting import connection
 from nbtrain._exceptions import NbtrainError
 from nbtrain._options import RunOptions
 

@@ -18,7 +18,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from nbtrain._client import connection
+from nbtrain._client.connecting import connection
 from nbtrain._client.kernel.progress_line import progress_line
 from nbtrain._client.kernel.widget_messages import join_serving_widgets, widgets_served_while_blocked
 from nbtrain._client.launching.serialization import check_values

@@ -30,7 +30,7 @@ from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._states import TERMINAL_STATE_NAMES
 
 if TYPE_CHECKING:
-    from nbtrain._client.connection import Cluster
+    from nbtrain._client.connecting.connection import Cluster
     from nbtrain._client.run.handle import Run
     from nbtrain._registry import ClusterRecord, RunRecord
 
@@ -41,7 +41,7 @@ def _say(message: str) -> None:
 
 def _connect(address: str | None) -> Cluster:
     """Connect as a reader: the sidebar's cluster line stays the one a notebook connected to."""
-    from nbtrain._client.connection import open_session
+    from nbtrain._client.connecting.connection import open_session
 
     return open_session(address, progress=lambda _m: None)
 

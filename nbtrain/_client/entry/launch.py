@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain import _options
-from nbtrain._client import connection
-from nbtrain._client.head_tasks import stored_names, stored_summaries
+from nbtrain._client.connecting import connection
+from nbtrain._client.connecting.head_tasks import stored_names, stored_summaries
 from nbtrain._client.launching import starting
 from nbtrain._client.run.following import block_until_done
 from nbtrain._client.run.handle import POLL_TIMEOUT_S, Run

@@ -13,9 +13,10 @@ import dataclasses
 import time
 from typing import Any
 
-from nbtrain._client import connection, views
+from nbtrain._client import views
+from nbtrain._client.connecting import connection
+from nbtrain._client.connecting.head_tasks import on_head
 from nbtrain._client.entry.launch import attach
-from nbtrain._client.head_tasks import on_head
 from nbtrain._client.kernel.widget_messages import widget_messages_served
 from nbtrain._client.run.following import POLL_WHILE_SERVING_S
 from nbtrain._client.run.handle import Run

@@ -23,8 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain import _registry
-from nbtrain._client import connection, warm
-from nbtrain._client.head_tasks import is_stored, stored_names, stored_summary
+from nbtrain._client import warm
+from nbtrain._client.connecting import connection
+from nbtrain._client.connecting.head_tasks import is_stored, stored_names, stored_summary
 from nbtrain._client.launching import room
 from nbtrain._client.launching.checks import (
     check_signature,
@@ -116,7 +117,7 @@ def start(checked: Checked) -> tuple[Any, RunSpec]:
     The name is chosen before the supervisor starts. Another launch may take it first (Ray refuses the
     actor's name, or the supervisor finds the run index holding it): then the name is chosen again.
     """
-    from nbtrain._cluster.run.supervisor import spec_parts, supervisor_actor, supervisor_options
+    from nbtrain._cluster.supervisor.supervisor import spec_parts, supervisor_actor, supervisor_options
 
     spec = checked.spec
     asked = spec.name
@@ -176,7 +177,7 @@ def _resume_stored(checked: Checked) -> Any:
     """Start a supervisor on an ended run's files (as the same launch, so that it takes them up) and resume it."""
     import ray
 
-    from nbtrain._cluster.run.supervisor import spec_parts, supervisor_actor, supervisor_options
+    from nbtrain._cluster.supervisor.supervisor import spec_parts, supervisor_actor, supervisor_options
 
     name = checked.spec.name
     launch_id = stored_summary(name).get("launch")

@@ -96,7 +96,7 @@ def _ensure_token() -> Path:
 def ray_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the local cluster's Ray processes (and for a plain-Ray driver of it,
     as in the benchmarks). nbtrain's own clients need none of it: they send the token per
-    connection (:mod:`nbtrain._client.auth`). Creates the token file if it is missing."""
+    connection (:mod:`nbtrain._client.connecting.auth`). Creates the token file if it is missing."""
     env = dict(os.environ if base is None else base)
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     env["RAY_AUTH_MODE"] = "token"
@@ -195,7 +195,7 @@ RAY_CLI = (sys.executable, "-m", "ray.scripts.scripts")
 def process_folder() -> Path:
     """The working directory of every process of the local cluster: the head's and each added node's
     processes keep the folder they were started in, and a notebook's folder may be renamed or deleted
-    (then each new worker dies at ``import torch``). Ranks work in a folder chosen per run (see run_folder)."""
+    (then each new worker dies at ``import torch``). Ranks work in a folder chosen per run (see working_folder)."""
     return private_dir(local_cluster_workdir())
 
 

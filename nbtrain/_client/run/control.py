@@ -3,7 +3,7 @@ settings, pause it, checkpoint it now, send the ranks a command — at the same 
 
 :class:`RunControl` is the part of :class:`~nbtrain._client.run.handle.Run` that writes (the Run holds one and
 hands it the run's :class:`~nbtrain._client.run.reader.RunReader`); every method asks the run's supervisor,
-which decides the step (see :mod:`nbtrain._cluster.run.run_steering`) and keeps each change in the run's history
+which decides the step (see :mod:`nbtrain._cluster.supervisor.run_steering`) and keeps each change in the run's history
 (``run.changes``, ``run.config_at(step)``, the curves' markers).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbtrain._client.cluster_nodes import worker_node_id
+from nbtrain._client.connecting.cluster_nodes import worker_node_id
 from nbtrain._client.run.reader import RunReader
 from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._cluster.commands import (

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbtrain import _registry
-from nbtrain._client import connection
+from nbtrain._client.connecting import connection
 from nbtrain._client.run import history_branches
 from nbtrain._client.run.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
 from nbtrain._cluster.command_kinds.table import command_kind, definition

@@ -3,7 +3,7 @@
 A :class:`StoredRunHandle` looks like the supervisor's actor handle to
 :class:`~nbtrain._client.run.handle.Run` (``handle.poll.remote(...)`` returns an object
 ref) but each call is a short-lived Ray task on the head node that reads the
-run's files (:mod:`nbtrain._cluster.run.stored_run`), by :mod:`nbtrain._client.head_tasks`: no
+run's files (:mod:`nbtrain._cluster.supervisor.stored_run`), by :mod:`nbtrain._client.connecting.head_tasks`: no
 process is kept for the run.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbtrain._client.head_tasks import head_task, is_stored
-from nbtrain._cluster.run import stored_run
+from nbtrain._client.connecting.head_tasks import head_task, is_stored
+from nbtrain._cluster.supervisor import stored_run
 
 READ_TIMEOUT_S = 60.0  # a read of a run, from its supervisor or its files
 

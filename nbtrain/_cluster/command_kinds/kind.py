@@ -1,7 +1,7 @@
 """What a kind of command is: its check in the notebook, its step at the supervisor, its hook point and its
 application on the ranks, and its line in the run's history — one class, one module per kind.
 
-The notebook (:mod:`nbtrain._client.run.reader`), the supervisor (:mod:`nbtrain._cluster.run.run_steering`) and
+The notebook (:mod:`nbtrain._client.run.reader`), the supervisor (:mod:`nbtrain._cluster.supervisor.run_steering`) and
 each rank (:mod:`nbtrain._cluster.rank.rank_steering`) look a command's kind up in the table
 (:mod:`.table`) and ask it; none of them branches on a kind's name. A kind reaches the rank's and the
 supervisor's state only through the two protocols below, so this folder imports neither process's code.
@@ -25,7 +25,7 @@ AFTER_UPDATE = "after update"    # the step post-hook, once the model is consist
 
 
 class SupervisorSide(Protocol):
-    """What a kind uses of the run's steering on the supervisor (:class:`~nbtrain._cluster.run.run_steering.
+    """What a kind uses of the run's steering on the supervisor (:class:`~nbtrain._cluster.supervisor.run_steering.
     RunSteering`)."""
 
     commands: list[Command]

@@ -1,6 +1,6 @@
 """How big a run's next attempt is, and when an attempt should end to change it: the sizing policy.
 
-The run's controller (:mod:`nbtrain._cluster.run.controller`) asks its policy at
+The run's controller (:mod:`nbtrain._cluster.supervisor.controller`) asks its policy at
 four points, as Ray Train v2's controller asks its scaling policy, and knows
 nothing of nodes, room or autoscalers itself:
 

@@ -1,6 +1,6 @@
 """What the supervisor sends each rank to start it: one picklable value per rank, grouped by concern.
 
-Built in the supervisor's process (:mod:`nbtrain._cluster.run.worker_group`), read in the rank's
+Built in the supervisor's process (:mod:`nbtrain._cluster.supervisor.worker_group`), read in the rank's
 (:mod:`.worker`): it lives on the rank's side so that the rank needs nothing of the run's code.
 """
 
@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any
 
 from nbtrain._cluster.commands import Command
-from nbtrain._cluster.run_folder import RankFolder
+from nbtrain._cluster.working_folder import RankFolder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,7 @@ class CodeToRun:
     config: dict[str, Any]
     datasets: dict[str, Any]  # this rank's shard of each Ray Dataset
     cpus_per_worker: float    # torch's threads (and OMP_NUM_THREADS)
-    folder: RankFolder | None = None  # where the run's relative paths go; None: where Ray put it (see run_folder)
+    folder: RankFolder | None = None  # where the run's relative paths go; None: where Ray put it (see working_folder)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A thread of its own waits on the supervisor for new commands (a long poll, answered the moment one is
 issued); in a wide run it asks its node's relay, which holds one such question for the node's ranks
-(:mod:`~nbtrain._cluster.feed.node_question`). Each command carries the step at which it takes effect;
+(:mod:`~nbtrain._cluster.relay.node_question`). Each command carries the step at which it takes effect;
 torch's global optimizer step pre-hook, registered while the rank's session runs
 (:meth:`RankSteering.hook`), applies what is due before that step's update, on every rank at the same
 step, so DDP replicas stay identical. Being global, the hook reaches every optimizer the code steps,

@@ -4,7 +4,7 @@
 numbers and appends a tuple to a deque. A background thread drains
 that deque every ``flush_interval_s`` and sends one push to the supervisor: an actor
 call, or in wide runs a message to its node's push relay's socket (see
-:mod:`~nbtrain._cluster.feed.push_relay`), carrying the rows, a heartbeat and any new
+:mod:`~nbtrain._cluster.relay.push_relay`), carrying the rows, a heartbeat and any new
 log text. Nothing on the
 step path waits for the supervisor, let alone the notebook.
 """
@@ -21,7 +21,6 @@ from typing import Any
 
 from nbtrain._cluster.commands import Heartbeat
 from nbtrain._cluster.elastic.gradient_noise import NoiseScale
-from nbtrain._cluster.feed.relay_link import Pending, RayPush, RelayLink, open_link
 from nbtrain._cluster.rank import reporting, rewinding, their_code
 from nbtrain._cluster.rank.inspection.resources import Resources
 from nbtrain._cluster.rank.inspection.step_timing import StepTimes
@@ -30,6 +29,7 @@ from nbtrain._cluster.rank.payload import WorkerPayload
 from nbtrain._cluster.rank.rank_steering import RankSteering
 from nbtrain._cluster.rank.reporting import NOT_IN_A_RUN, Reporter
 from nbtrain._cluster.rank.ticks import until_next_tick
+from nbtrain._cluster.relay.relay_link import Pending, RayPush, RelayLink, open_link
 from nbtrain._exceptions import NbtrainError
 
 PUSH_ORDER_WAIT_S = 30.0

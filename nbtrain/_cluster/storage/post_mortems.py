@@ -2,7 +2,7 @@
 
 Written by the supervisor as each failing rank hands its capture over (see
 :mod:`nbtrain._cluster.rank.inspection.post_mortem`), before the rank's failure is known; read by the
-supervisor and, once it has exited, by :class:`~nbtrain._cluster.run.stored_run.StoredRun`, so
+supervisor and, once it has exited, by :class:`~nbtrain._cluster.supervisor.stored_run.StoredRun`, so
 ``%ray_debug`` works after a kernel restart, from another notebook, and on a finished run. The
 captures of the last :data:`KEEP_ATTEMPTS` attempts that have any are kept (a run restarting
 often would otherwise keep a few MB per rank per attempt).

@@ -1,7 +1,7 @@
 """What a run's ranks wrote where they worked, listed and read on each of their nodes (``run.files()``,
 ``run.download()``).
 
-A rank works in the folder :mod:`nbtrain._cluster.run_folder` chose: the launching notebook's, when the
+A rank works in the folder :mod:`nbtrain._cluster.working_folder` chose: the launching notebook's, when the
 rank runs on its machine, else the run's own folder (``<run directory>/files``) on the rank's node. Each
 function here runs in a short task on one such node. In the run's own folder every file is the run's;
 in a notebook's folder, only those written while the run went (modified between its start and its end).
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nbtrain._cluster.run_folder import RUN_FILES, LaunchFolder, RankFolder
+from nbtrain._cluster.working_folder import RUN_FILES, LaunchFolder, RankFolder
 
 MAX_LISTED = 10_000          # files listed at most per node (a notebook's folder may hold a data set)
 WRITE_SLACK_S = 2.0          # a file's time may trail the run's recorded end by a flush

@@ -77,7 +77,7 @@ class NbtrainTrial(tune.Trainable):
         the bundles), no numbered name (the sweep's name was; a trial's derives from it), the sweep's supervisor
         holds the uploaded folders, no registry record (the sweep is the user's handle), and no wait here:
         :meth:`step` polls the run, and a supervisor that could not start fails the trial there."""
-        from nbtrain._cluster.run.supervisor import spec_parts, supervisor_actor, supervisor_options
+        from nbtrain._cluster.supervisor.supervisor import spec_parts, supervisor_actor, supervisor_options
 
         # DEFAULT scheduling: the supervisor must outlive the trial's placement group, which Tune removes
         self._run = supervisor_actor().options(**supervisor_options(self.run_name),
@@ -111,7 +111,7 @@ class NbtrainTrial(tune.Trainable):
         try:
             answer = ray.get(self._run.poll.remote(self._cursor, 1 << 30, 1 << 30, 10_000, POLL_WAIT_S))
         except ray.exceptions.RayActorError:  # the run ended and its supervisor retired: its files answer
-            from nbtrain._cluster.run.stored_run import read_stored
+            from nbtrain._cluster.supervisor.stored_run import read_stored
 
             reader = ray.remote(read_stored).options(num_cpus=0, resources=on_head_node(),
                                                     scheduling_strategy="DEFAULT")  # not in the trial's group
@@ -209,7 +209,7 @@ class NbtrainTrial(tune.Trainable):
         try:
             found = ray.get(self._run.latest_checkpoint.remote())
         except ray.exceptions.RayActorError:  # the run ended and its supervisor retired: its files answer
-            from nbtrain._cluster.run.stored_run import read_stored
+            from nbtrain._cluster.supervisor.stored_run import read_stored
 
             reader = ray.remote(read_stored).options(num_cpus=0, resources=on_head_node(),
                                                     scheduling_strategy="DEFAULT")  # not in the trial's group

@@ -34,7 +34,7 @@ def throughput(worker: dict[str, Any]) -> str:
 
 def stragglers(workers: list[dict[str, Any]]) -> list[int]:
     """Running ranks the run's supervisor flags (their own step time stays well above the median; see
-    ``_cluster/run/stragglers``), and those whose step lags the running ranks' median step by more than
+    ``_cluster/supervisor/stragglers``), and those whose step lags the running ranks' median step by more than
     ``STRAGGLER_MIN_LAG`` steps and ``STRAGGLER_LAG_SHARE`` of the median."""
     running = [w for w in workers if w.get("state") == "running" and w.get("step") is not None]
     flagged = {int(w["rank"]) for w in running if w.get("straggler")}

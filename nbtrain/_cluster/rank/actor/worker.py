@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import ray
 
-from nbtrain._cluster import run_folder
+from nbtrain._cluster import working_folder
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.inspection import post_mortem
 from nbtrain._cluster.rank.ray_train import seam_watch
@@ -124,7 +124,7 @@ class TrainWorker:
         set_session(session)
         seam_watch.watch()
         session.start()
-        back = run_folder.enter(payload.code.folder)  # this run's folder, left in the finally below
+        back = working_folder.enter(payload.code.folder)  # this run's folder, left in the finally below
         try:
             _join_process_group(payload, listener)
             fn = shipping.loads(payload.code.fn_bytes)
@@ -143,7 +143,7 @@ class TrainWorker:
         finally:
             set_session(None)
             seam_watch.unwatch()
-            run_folder.leave(back)
+            working_folder.leave(back)
             if dist.is_initialized():
                 try:
                     dist.destroy_process_group()

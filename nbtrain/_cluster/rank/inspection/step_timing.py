@@ -15,7 +15,7 @@
 Steps are counted at the end of each backward pass's all-reduce on a DDP model, else at each
 batch a prepared loader or shard hands out; a step is the time from one to the next. The
 heartbeat carries the averages per step over the last second or more (:meth:`StepTimes.window`),
-and the supervisor compares ranks (:mod:`nbtrain._cluster.run.stragglers`). The run's
+and the supervisor compares ranks (:mod:`nbtrain._cluster.supervisor.stragglers`). The run's
 ``step_timing=False`` leaves all of this out (``benchmarks/step_timing.py`` measures its cost).
 """
 
