@@ -93,8 +93,9 @@ def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):
         [change] = [c for c in run.changes if c["kind"] == "tag"]
         assert change["step"] >= tagged.at_step and change["before"] == {"lr": [0.01]}
         assert change["description"] == f"tag 'here' at step {change['step']}"
-        for rank in (0, 1):
-            assert f"tagged 'here' at step {change['step']}" in run.logs(rank), rank
+        for rank in (0, 1):  # what it printed comes with the rank's next push of its logs
+            wait_for(lambda rank=rank: f"tagged 'here' at step {change['step']}" in run.logs(rank), timeout=30,
+                     message=f"rank {rank}'s line of the tag, at rank 0's step")
 
         asked = run.checkpoint_now(wait=True)
         wait_for(lambda: (run.summary().get("checkpoint") or {}).get("step", -1) >= asked, timeout=60,
