@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from nbtrain._cluster.relay import metric_loggers
+from nbtrain._cluster.supervisor import metric_loggers
 from nbtrain._cluster.supervisor.metric_loggers import MetricLoggers
 
 pytestmark = pytest.mark.quick
