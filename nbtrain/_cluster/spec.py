@@ -47,6 +47,7 @@ class RunSpec:
     # run.fork(config=...)'s optimizer settings (lr, momentum, ...): applied to the optimizer the ranks restored
     # from the checkpoint before its first update, as a change of the run's history.
     settings_at_start: dict[str, Any] | None = None
+    patches_at_start: tuple[str, ...] = ()  # a fork's: the parent's patches, applied from its first step boundary
     # The names of the run's ``datasets=``: the Ray Datasets travel beside the spec and are kept nowhere, so a
     # fork of the run is given them again (run.fork(datasets=...)), and is told which when it is not.
     dataset_names: tuple[str, ...] = ()

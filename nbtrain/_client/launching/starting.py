@@ -81,6 +81,7 @@ class Checked:
 def checked_spec(code: Code | Callable[..., Any], options: RunOptions, *, notes: tuple[str, ...] = (),
                  initial_checkpoint: tuple[dict[str, Any], bytes] | None = None,
                  parent: dict[str, Any] | None = None, settings_at_start: dict[str, Any] | None = None,
+                 patches_at_start: tuple[str, ...] = (),
                  named: bool | None = None) -> Checked:
     """``options`` (validated) and the function, checked and pickled: everything the notebook can refuse is
     refused here, before any run exists. ``named``: whether ``options.name`` is the user's (default: given)."""
@@ -102,6 +103,7 @@ def checked_spec(code: Code | Callable[..., Any], options: RunOptions, *, notes:
     spec = RunSpec(options=options, fn_bytes=code.fn_bytes, fn_takes_config=code.takes_config, owner=owner(),
                    modules=code.modules, notes=notes, warm_pool=warm.pool_for(options),
                    initial_checkpoint=initial_checkpoint, parent=parent, settings_at_start=settings_at_start,
+                   patches_at_start=patches_at_start,
                    dataset_names=tuple(datasets or ()), runtime_env_given=given)
     spec_bytes = pickled(spec)
     warm.prestart(spec.warm_pool, options)  # the pickled spec is good: its first ranks may start now

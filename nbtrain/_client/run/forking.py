@@ -23,7 +23,7 @@ import cloudpickle
 
 from nbtrain import _options
 from nbtrain._client.launching import starting
-from nbtrain._cluster.commands import ADJUSTABLE, checked_settings
+from nbtrain._cluster.commands import ADJUSTABLE, PATCH, checked_settings
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._exceptions import InvalidOptionError, NbtrainError
 from nbtrain._options import RunOptions, check_keywords
@@ -33,7 +33,7 @@ FORK_READ_S = 120.0  # the checkpoint travels through the notebook: large ones t
 
 
 def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: str | None,
-         train_fn: Callable[..., Any] | None, options: dict[str, Any]) -> Any:
+         train_fn: Callable[..., Any] | None, patches: bool, options: dict[str, Any]) -> Any:
     """The forked :class:`~nbtrain.Run` (typed ``Any``: ``run`` imports this module's caller)."""
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise InvalidOptionError(f"run.fork(step=...) is a step (0 or more) or None for the latest, not {step!r}.")
@@ -66,9 +66,16 @@ def fork(parent: Any, *, step: int | None, config: dict[str, Any] | None, name: 
     checked = starting.checked_spec(code, chosen, notes=(note,), named=True,
                                     initial_checkpoint=({**meta, "from_run": parent.name}, data),
                                     parent={"run": parent.name, "step": meta["step"]},
-                                    settings_at_start=settings or None)
+                                    settings_at_start=settings or None,
+                                    patches_at_start=_patches(parent) if patches else ())
     handle, spec = starting.start(checked)
     return type(parent)(spec.name, handle, checked.address)
+
+
+def _patches(parent: Any) -> tuple[str, ...]:
+    """The sources of the parent's patches that applied, in order: the fork's code is patched as the parent's was."""
+    return tuple(change["args"]["source"] for change in parent.changes
+                 if change["kind"] == PATCH and change["step"] is not None)
 
 
 def _runtime_env(parent: str, launched: RunSpec | None) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from nbtrain._client.run.debugging import RunDebugging
 from nbtrain._client.run.files import RunFile, RunFiles
 from nbtrain._client.run.inspection import PROFILE_WAIT_S, RunInspection
 from nbtrain._client.run.inspection_results import Profile, Stacks
+from nbtrain._client.run.live_code import RunLiveCode
 from nbtrain._client.run.reader import POLL_TIMEOUT_S as POLL_TIMEOUT_S
 from nbtrain._client.run.reader import ROW_WINDOW as ROW_WINDOW
 from nbtrain._client.run.reader import RunReader, SupervisorChannel
@@ -74,6 +75,7 @@ class Run:
         self._control = RunControl(self._reader)
         self._files = RunFiles(self._reader)
         self._inspection = RunInspection(self._reader)
+        self._live_code = RunLiveCode(self._reader)
         self._debugging = RunDebugging(self._reader)
         self._rewinds = RunRewinds(self._reader)
         self._row_rule = RowRule(self._reader)
@@ -211,6 +213,15 @@ class Run:
     def profile(self, steps: int = 20, *, ranks: list[int] | None = None, timeout: float = PROFILE_WAIT_S) -> Profile:
         return self._inspection.profile(steps, ranks=ranks, timeout=timeout)
 
+    @_doc_of(RunLiveCode.exec)
+    def exec(self, source: str, *, ranks: list[int] | None = None, timeout: float = 30.0,
+             show_output: bool = True) -> dict[int, Any]:
+        return self._live_code.exec(source, ranks=ranks, timeout=timeout, show_output=show_output)
+
+    @_doc_of(RunLiveCode.patch)
+    def patch(self, source: str, *, new: bool = False, timeout: float = 30.0) -> int:
+        return self._live_code.patch(source, new=new, timeout=timeout)
+
     # ------------------------------------------------------------------ control
     @_doc_of(RunControl.stop)
     def stop(self, timeout: float = 30.0, *, after: str | None = None) -> RunState:
@@ -299,7 +310,7 @@ class Run:
         self._row_rule.set(callback)
 
     def fork(self, *, step: int | None = None, config: dict[str, Any] | None = None, name: str | None = None,
-             train_fn: Any = None, **options: Any) -> Any:
+             train_fn: Any = None, patches: bool = True, **options: Any) -> Any:
         """Launch a new run from this run's checkpoint, with ``config`` changed: to try another setting
         from a point this run reached without starting over. Works on live and ended runs.
 
@@ -311,6 +322,8 @@ class Run:
             config: the config values to change (merged over the parent's).
             name: the new run's name; default ``<this run>-fork-<time>``.
             train_fn: a different training function; default the parent's.
+            patches: apply the parent's :meth:`patch` es to the fork's code too (from its first step boundary);
+                False: the code as launched.
             **options: any other run option of :func:`launch`, e.g. ``workers=4``. A run's Ray Datasets are
                 kept nowhere: a fork of a run launched with ``datasets=`` is given them again, under the same
                 names (``datasets={"train": ds}``). The parent's uploaded ``runtime_env`` folders are used
@@ -334,7 +347,7 @@ class Run:
         """
         from nbtrain._client.run.forking import fork
 
-        return fork(self, step=step, config=config, name=name, train_fn=train_fn, options=options)
+        return fork(self, step=step, config=config, name=name, train_fn=train_fn, patches=patches, options=options)
 
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> RunState:
         """Block until the run ends (or ``timeout`` seconds pass) and return its state.

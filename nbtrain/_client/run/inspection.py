@@ -58,8 +58,8 @@ class RunInspection:
             run.stacks()                             # every running rank
             run.stacks(ranks=[3]).ranks[3]["threads"][0]["frames"][-1]
         """
-        wanted = self._live_ranks("stacks", ranks)
-        _check_timeout("stacks", timeout)
+        wanted = live_ranks(self.reader, "stacks", ranks)
+        check_timeout("stacks", timeout)
         issued = self._steer(STACKS, {"ranks": wanted}, "asked for its stacks")
         asked = issued.ranks
         answers = self._call("command_results", issued.id, asked, float(timeout), timeout=timeout + READ_TIMEOUT_S)
@@ -97,8 +97,8 @@ class RunInspection:
             run.profile(steps=5, ranks=[0, 1]).trace_paths
         """
         command_kind(PROFILE).check({"steps": steps})  # before asking the run: nothing is sent
-        wanted = self._live_ranks("profile", [0] if ranks is None else ranks)
-        _check_timeout("profile", timeout)
+        wanted = live_ranks(self.reader, "profile", [0] if ranks is None else ranks)
+        check_timeout("profile", timeout)
         issued = self._steer(PROFILE, {"steps": steps, "ranks": wanted}, "profiled")
         asked = issued.ranks
         answers = self._call("command_results", issued.id, asked, float(timeout), timeout=timeout + READ_TIMEOUT_S)
@@ -112,27 +112,27 @@ class RunInspection:
             raise NbtrainError("\n".join(failed))
         return Profile(self.name, steps, {rank: answers[rank][1] for rank in asked})
 
-    def _live_ranks(self, call: str, ranks: Any) -> list[int] | None:
-        """``ranks`` checked against the run (None stays None), or the one line that says why not."""
-        summary = self.reader.fetch_summary()
-        state = RunState(summary["state"])
-        if state.is_terminal:
-            what = "stacks to take" if call == "stacks" else "steps to profile"
-            raise NbtrainError(f"run.{call}(): run {self.name!r} has ended ({state.value}); it has no {what} "
-                               f"(run.error and run.logs() say how it ended).")
-        if ranks is None:
-            return None
-        world = int(summary.get("world_size") or 1)
-        if isinstance(ranks, int) and not isinstance(ranks, bool):
-            ranks = [ranks]
-        if not isinstance(ranks, (list, tuple)) or not ranks or any(
-                isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world for rank in ranks):
-            raise InvalidOptionError(f"run.{call}(ranks=...) is a list of the run's ranks, 0 to {world - 1}; "
-                                     f"got {ranks!r}.")
-        return sorted(set(ranks))
+def live_ranks(reader: RunReader, call: str, ranks: Any) -> list[int] | None:
+    """``ranks`` checked against the run (None stays None), or the one line that says why not."""
+    summary = reader.fetch_summary()
+    state = RunState(summary["state"])
+    if state.is_terminal:
+        what = {"stacks": "stacks to take", "profile": "steps to profile"}.get(call, "step to run code at")
+        raise NbtrainError(f"run.{call}(): run {reader.channel.name!r} has ended ({state.value}); it has no {what} "
+                           f"(run.error and run.logs() say how it ended).")
+    if ranks is None:
+        return None
+    world = int(summary.get("world_size") or 1)
+    if isinstance(ranks, int) and not isinstance(ranks, bool):
+        ranks = [ranks]
+    if not isinstance(ranks, (list, tuple)) or not ranks or any(
+            isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world for rank in ranks):
+        raise InvalidOptionError(f"run.{call}(ranks=...) is a list of the run's ranks, 0 to {world - 1}; "
+                                 f"got {ranks!r}.")
+    return sorted(set(ranks))
 
 
-def _check_timeout(call: str, timeout: Any) -> None:
+def check_timeout(call: str, timeout: Any) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
         raise InvalidOptionError(f"run.{call}(timeout=...) is a number of seconds above 0 (at most 3600), "
                                  f"got {timeout!r}.")

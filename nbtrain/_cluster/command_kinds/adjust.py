@@ -15,6 +15,7 @@ class Adjust(CommandKind):
     name: ClassVar[str] = ADJUST
     needs_optimizer: ClassVar[bool] = True
     replayed: ClassVar[str] = "each"
+    held_by_optimizer_state: ClassVar[bool] = True
 
     def check(self, args: dict[str, Any]) -> dict[str, Any]:
         group = args.get("group")

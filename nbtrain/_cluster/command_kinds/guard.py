@@ -18,6 +18,7 @@ class Guard(CommandKind):
     is_change: ClassVar[bool] = False
     replayed: ClassVar[str] = "last"
     bound_to_step: ClassVar[bool] = False
+    survives_rewind: ClassVar[bool] = True
 
     def on_issued(self, steering: SupervisorSide, command: Command) -> None:
         steering.record("guard", self.describe(command, ""))

@@ -34,6 +34,8 @@ class SupervisorSide(Protocol):
 
     def record(self, kind: str, message: str) -> None: ...
 
+    def answered(self, command_id: int) -> set[int]: ...
+
 
 class RankSide(Protocol):
     """What a kind uses of a rank's steering (:class:`~nbtrain._cluster.rank.rank_steering.RankSteering`): its
@@ -63,6 +65,16 @@ class RankSide(Protocol):
 
     def hold(self, step: int) -> None: ...
 
+    def has_step_boundary(self) -> bool: ...
+
+    def replayed(self, command: Command) -> bool: ...
+
+    def answer(self, command: Command, ok: bool, value: Any) -> None: ...
+
+    def run_code(self, command: Command) -> None: ...
+
+    def patch_code(self, command: Command, step: int) -> None: ...
+
 
 class Issuing:
     """A command being issued at the supervisor: the run's steering, what each running rank last said, whether
@@ -91,6 +103,9 @@ class CommandKind:
     event: ClassVar[str] = "change"           # the kind of the run's event that says it applied
     goes_back: ClassVar[bool] = False         # rows past its step belong to a branch it leaves (a rewind)
     bound_to_step: ClassVar[bool] = True      # described with the step it lands on
+    survives_rewind: ClassVar[bool] = False   # a rewind's branch does not take it back (a guard, a patch)
+    held_by_optimizer_state: ClassVar[bool] = False  # a checkpoint's optimizer state holds it once applied
+    dropped_when_refused: ClassVar[bool] = False     # rank 0's refusal (its answer) means it never applies
 
     # ------------------------------------------------------------------ the notebook
     def check(self, args: dict[str, Any]) -> dict[str, Any]:

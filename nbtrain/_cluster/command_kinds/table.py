@@ -11,8 +11,10 @@ from typing import ClassVar
 
 from nbtrain._cluster.command_kinds.adjust import Adjust
 from nbtrain._cluster.command_kinds.checkpoint import CheckpointNow
+from nbtrain._cluster.command_kinds.exec_code import Exec
 from nbtrain._cluster.command_kinds.guard import Guard
 from nbtrain._cluster.command_kinds.kind import CommandKind
+from nbtrain._cluster.command_kinds.patch import Patch
 from nbtrain._cluster.command_kinds.pause import Pause
 from nbtrain._cluster.command_kinds.profile import Profile
 from nbtrain._cluster.command_kinds.resume import Resume
@@ -23,7 +25,8 @@ from nbtrain._cluster.command_kinds.stop_after_epoch import StopAfterEpoch
 from nbtrain._cluster.commands import Command
 
 BUILT_IN: dict[str, CommandKind] = {kind.name: kind for kind in (
-    Adjust(), Pause(), Resume(), CheckpointNow(), StopAfterEpoch(), Send(), Stacks(), Profile(), Rewind(), Guard())}
+    Adjust(), Pause(), Resume(), CheckpointNow(), StopAfterEpoch(), Send(), Stacks(), Profile(), Rewind(), Guard(),
+    Exec(), Patch())}
 _registered: dict[str, CommandKind] = dict(BUILT_IN)
 _definitions: dict[str, bytes] = {}  # kinds registered here that are not nbtrain's own, pickled by value
 

@@ -28,7 +28,7 @@ from typing import Any
 from nbtrain._cluster.command_kinds.kind import AFTER_UPDATE, BEFORE_UPDATE
 from nbtrain._cluster.command_kinds.table import command_kind, learn
 from nbtrain._cluster.commands import AS_SOON_AS_BACK, IN_PARAM_GROUPS, Command, SteeringBeat
-from nbtrain._cluster.rank import optimizer_settings, rewinding
+from nbtrain._cluster.rank import live_code, optimizer_settings, rewinding
 from nbtrain._cluster.rank.guarding import RankGuard
 from nbtrain._cluster.rank.inspection import stacks
 from nbtrain._cluster.rank.inspection.profiling import StepProfile
@@ -90,7 +90,8 @@ class RankSteering:
         # a new attempt: the run's steered state (the changes made so far but those a rewind went back from, the
         # last guard); those applied before are re-applied here without a word (RunSteering.new_attempt)
         self._replayed = {c.id for c in known if c.applied_step is not None}
-        replayed = [c for c in known if command_kind(c.kind).replayed == "each" and not c.superseded]
+        replayed = [c for c in known if command_kind(c.kind).replayed == "each" and not c.superseded
+                    and c.dropped is None]
         for kind in {command_kind(c.kind) for c in known if command_kind(c.kind).replayed == "last"}:
             replayed.append([c for c in known if c.kind == kind.name][-1])
         self.learn(sorted(replayed, key=lambda c: c.id))
@@ -291,7 +292,7 @@ class RankSteering:
         """A change an earlier attempt applied at or before the step of the checkpoint this attempt loaded its
         optimizers' state from: that state holds it already (with the LR schedule's progress since, which
         applying it again would undo)."""
-        if command.id not in self._replayed or command_kind(command.kind).replayed != "each" \
+        if command.id not in self._replayed or not command_kind(command.kind).held_by_optimizer_state \
                 or command.applied_step is None:
             return False
         resumed = self.session.resumed_step
@@ -304,10 +305,58 @@ class RankSteering:
             return
         kind = command_kind(command.kind)
         before = kind.apply(self, command, step)
-        if kind.says_applied and command.id not in self._replayed:  # every rank says where: the supervisor checks
+        if kind.says_applied:
+            self._say_applied(command, step, before)
+        kind.after_said(self, command, step)
+
+    def _say_applied(self, command: Command, step: int, before: dict[str, Any] | None) -> None:
+        """Every rank says at which step it applied a change (the supervisor checks they agree); not again for a
+        change an earlier attempt applied (the run's state, re-applied here)."""
+        if command.id not in self._replayed:
             self.session.supervisor.command_applied.remote(command.id, self.session.context.rank, step, before,
                                                            time.time())
-        kind.after_said(self, command, step)
+
+    def replayed(self, command: Command) -> bool:
+        """Whether ``command`` is an earlier attempt's change, applied again here as the run's state."""
+        return command.id in self._replayed
+
+    def has_step_boundary(self) -> bool:
+        """Whether this rank has a point between two steps to apply a command at: an optimizer it steers, or a
+        loop that calls ``report()``."""
+        return bool(self.optimizers) or bool(self.session.report_calls)
+
+    def answer(self, command: Command, ok: bool, value: Any) -> None:
+        """This rank's answer to a command the notebook waits on (``send``, ``exec``, ``patch``...)."""
+        self.session.supervisor.command_result.remote(command.id, self.session.context.rank, ok, value)
+
+    def run_code(self, command: Command) -> None:
+        """``run.exec``: the source in the training code's namespace, here on the training thread; the answer is
+        its value and output, or its exception's traceback (training goes on either way)."""
+        rank = self.session.context.rank
+        value: Any
+        try:
+            ok, value = True, live_code.run_source(command.args["source"], command.id)
+        except Exception as exc:  # noqa: BLE001 - the notebook gets it; training goes on
+            ok, value = False, live_code.failure(rank, exc, live_code.source_name("exec", command.id))
+        self.answer(command, ok, value)
+
+    def patch_code(self, command: Command, step: int) -> None:
+        """``run.patch``: its definitions rebound in the training code's globals, or rank 0's refusal (then it
+        never applies: nothing was rebound)."""
+        rank = self.session.context.rank
+        try:
+            refusal = live_code.patch_globals(command.args["source"], command.args["names"],
+                                              bool(command.args.get("new")), command.id)
+        except Exception as exc:  # noqa: BLE001 - a definition that raises as it runs: nothing else rebound
+            refusal = live_code.failure(rank, exc, live_code.source_name("patch", command.id))
+        if self.replayed(command):
+            return
+        if refusal is not None:  # a name it lacks (said as such to the notebook), or the definitions raised
+            self.answer(command, False, {"refused": refusal} if refusal.startswith("its training code has no ")
+                        else refusal if refusal.startswith("Rank ") else f"Rank {rank}: {refusal}")
+            return
+        self._say_applied(command, step, None)
+        self.answer(command, True, step)
 
     def adjust(self, settings: dict[str, Any], group_index: int | None) -> None:
         """Apply settings checked by the notebook (:func:`nbtrain._cluster.commands.checked_settings`)."""

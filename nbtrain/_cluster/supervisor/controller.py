@@ -157,6 +157,8 @@ class RunController:
         if not saved:
             if self.spec.settings_at_start:
                 self.steering.start_with(self.spec.settings_at_start)
+            for source in self.spec.patches_at_start:
+                self.steering.start_with_patch(source)
             if self.spec.options.guard:
                 self.steering.start_with_guard(checked_guard(self.spec.options.guard, "launch(guard=...)"))
             self.persist()

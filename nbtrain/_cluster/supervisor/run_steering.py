@@ -23,7 +23,17 @@ from typing import Any
 
 from nbtrain._cluster.command_kinds.kind import Issuing
 from nbtrain._cluster.command_kinds.table import command_kind, describe, learn
-from nbtrain._cluster.commands import ADJUST, GUARD, PAUSE, RESUME, REWIND, STOP_AFTER_EPOCH, Command, SteeringBeat
+from nbtrain._cluster.commands import (
+    ADJUST,
+    GUARD,
+    PATCH,
+    PAUSE,
+    RESUME,
+    REWIND,
+    STOP_AFTER_EPOCH,
+    Command,
+    SteeringBeat,
+)
 from nbtrain._cluster.supervisor.guard_decisions import GuardDecisions
 
 
@@ -54,6 +64,13 @@ class RunSteering:
         with self._changed:
             self.commands.append(Command(id=len(self.commands) + 1, kind=ADJUST, args={**settings, "group": None},
                                          at_step=0, issued=time.time()))
+
+    def start_with_patch(self, source: str) -> None:
+        """A fork's patch of its parent, rebound from the new run's first step boundary."""
+        args = command_kind(PATCH).check({"source": source, "new": True})
+        with self._changed:
+            self.commands.append(Command(id=len(self.commands) + 1, kind=PATCH, args=args, at_step=0,
+                                         issued=time.time()))
 
     # ------------------------------------------------------------------ the notebook asks
     def issue(self, kind: str, args: dict[str, Any], running: dict[int, SteeringBeat], live: bool,
@@ -90,7 +107,7 @@ class RunSteering:
                     self.commands[index] = dataclasses.replace(command, dropped=why)
                     dropped.append(self.commands[index])
             follows = [command for command in self.commands if command_kind(command.kind).replayed == "each"
-                       and command.applied_step is not None and not command.superseded]
+                       and command.applied_step is not None and not command.superseded and command.dropped is None]
             self._changed.notify_all()
         if dropped:
             self._persist()
@@ -175,16 +192,28 @@ class RunSteering:
         to_step = rewind.rewind[0]
         for index, command in enumerate(self.commands[:rewind.id - 1]):
             if command.applied_step is not None and command.applied_step > to_step \
-                    and command_kind(command.kind).is_change and not command.superseded:
+                    and not command_kind(command.kind).survives_rewind and not command.superseded:
                 self.commands[index] = dataclasses.replace(command, superseded=True)
 
     def result(self, command_id: int, rank: int, ok: bool, value: Any) -> None:
+        """A rank's answer; rank 0's refusal of a kind that then never applies (a patch) drops it, with why."""
         with self._changed:
             self._results.setdefault(command_id, {})[rank] = (ok, value)
             command = self.commands[command_id - 1]
-            if command.applied_step is None and rank == 0:
+            refused = rank == 0 and not ok and command_kind(command.kind).dropped_when_refused
+            if refused:
+                why = value["refused"] if isinstance(value, dict) and "refused" in value else value
+                self.commands[command_id - 1] = dataclasses.replace(command, dropped=str(why))
+            elif command.applied_step is None and rank == 0:
                 self.commands[command_id - 1] = dataclasses.replace(command, applied=time.time())
             self._changed.notify_all()
+        if refused:
+            self._persist()
+
+    def answered(self, command_id: int) -> set[int]:
+        """The ranks that answered a command so far."""
+        with self._changed:
+            return set(self._results.get(command_id, {}))
 
     def results(self, command_id: int, ranks: list[int], wait_s: float) -> dict[int, tuple[bool, Any]]:
         """The answers of a user command's ranks so far, waiting up to ``wait_s`` for those of ``ranks``."""
@@ -206,7 +235,8 @@ class RunSteering:
     def changes(self) -> list[dict[str, Any]]:
         """The commands applied (or waiting), for ``run.changes`` and the curves' markers."""
         return [{**command.as_dict(), "description": describe(command)} for command in self.all()
-                if command_kind(command.kind).is_change]
+                if command_kind(command.kind).is_change
+                and (command.dropped is None or command_kind(command.kind).goes_back)]
 
 
 def _loaded(saved: dict[str, Any]) -> Command:

@@ -38,13 +38,14 @@ def _package_dir(name: str) -> str:
     return os.path.dirname(os.path.abspath(module.__file__)) + os.sep if module and module.__file__ else "\0"
 
 
-def _libraries() -> tuple[str, ...]:
+def libraries() -> tuple[str, ...]:
     """Folders whose frames are not the user's code: nbtrain, Ray, torch, Python's standard library."""
     return (NBTRAIN_DIR, _package_dir("ray"), _package_dir("torch"))
 
 
-def _is_library(filename: str, libraries: tuple[str, ...]) -> bool:
-    if filename.startswith(libraries):
+def is_library(filename: str, known: tuple[str, ...]) -> bool:
+    """Whether a frame of ``filename`` is not the user's code (``known``: :func:`libraries`)."""
+    if filename.startswith(known):
         return True
     return (filename.startswith(_STDLIB) and not filename.startswith(_SITE)) or filename.startswith("<frozen")
 
@@ -75,13 +76,13 @@ def verdict(frames: list[traceback.FrameSummary], *, paused_at: int | None = Non
     training thread's frames, outermost first."""
     if paused_at is not None:
         return "paused", f"paused at step {paused_at} by the notebook (run.resume() lets it go on)"
-    libraries = _libraries()
-    user = [index for index, frame in enumerate(frames) if not _is_library(frame.filename, libraries)]
+    known = libraries()
+    user = [index for index, frame in enumerate(frames) if not is_library(frame.filename, known)]
     if not user:
         return "outside", "is not in the training function (starting, or finishing its attempt)"
     caller = frames[user[-1]]
     callees = frames[user[-1] + 1:]
-    collective = _collective_of(callees, libraries[2])
+    collective = _collective_of(callees, known[2])
     if collective is None and allreduce_in_flight and any(f.name == "backward" for f in callees):
         collective = "DDP's gradient all_reduce in backward"
     if collective is not None:
@@ -118,7 +119,7 @@ def take_stacks(training_thread: int | None, *, paused_at: int | None = None,
     ``from``: its first frame of the user's code (the ones above are Ray's and nbtrain's), and the training thread's
     verdict (see :func:`verdict`)."""
     names = {thread.ident: thread for thread in threading.enumerate()}
-    libraries = _libraries()
+    known = libraries()
     threads: list[dict[str, Any]] = []
     found = ("outside", "has no training thread now (between attempts)")
     for ident, snapshot in _snapshot().items():
@@ -132,12 +133,12 @@ def take_stacks(training_thread: int | None, *, paused_at: int | None = None,
             found = verdict(list(stack), paused_at=paused_at, allreduce_in_flight=allreduce_in_flight)
         elif name.startswith(NBTRAIN_THREADS):
             whose = "nbtrain"
-        elif any(not _is_library(f.filename, libraries) for f in stack):
+        elif any(not is_library(f.filename, known) for f in stack):
             whose = "user"
         else:
             whose = "library"  # Ray's, torch's, the standard library's
         cut = max(len(stack) - MAX_FRAMES, 0)
-        first_own = next((index for index, f in enumerate(stack) if not _is_library(f.filename, libraries)), 0)
+        first_own = next((index for index, f in enumerate(stack) if not is_library(f.filename, known)), 0)
         threads.append({"name": name, "ident": ident, "whose": whose, "cut": cut, "from": max(first_own - cut, 0),
                         "frames": [(f.filename, f.lineno, f.name, (f.line or "")[:MAX_LINE]) for f in stack[cut:]]})
     order = {"training": 0, "user": 1, "nbtrain": 2, "library": 3}
