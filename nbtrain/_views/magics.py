@@ -427,11 +427,11 @@ def _with_suggestion(message: str, magic: Any, line: str) -> str:
 
 def register(ipython: Any) -> None:
     from nbtrain._views.debugging.debug_magics import DebugMagics
+    from nbtrain._views.live_code_magics import LiveCodeMagics
 
     ipython.register_magics(NbtrainMagics)
     ipython.register_magics(DebugMagics)
-
-
+    ipython.register_magics(LiveCodeMagics)
 
 
 def _print_warm_workers() -> None:

@@ -20,7 +20,9 @@ import ast
 import contextlib
 import io
 import linecache
+import os
 import sys
+import sysconfig
 import traceback
 import types
 from typing import Any
@@ -33,13 +35,25 @@ MAX_OUTPUT_CHARS = 100_000     # what exec's source printed, per rank (the end k
 
 
 def training_frames() -> list[types.FrameType]:
-    """The training code's frames on this (the training) thread, outermost first; empty outside it."""
-    found = []
+    """The training code's frames on this (the training) thread, outermost first; empty outside it.
+
+    From the innermost frame outward: library frames until the first of the user's code, then the user's frames
+    (torch's between them skipped: a module's ``__call__`` under the user's loop) until the first frame of other
+    code that called the training code: nbtrain's worker, a ``%%ray_train`` cell's runner, runpy for a script.
+    Code installed in site-packages is a library's (a training loop in an installed package has no namespace
+    here); a project installed in editable mode, and the notebook's own modules, are the user's.
+    """
     known = libraries()
+    torch_dir = known[2]
+    installed = tuple({sysconfig.get_paths()["purelib"] + os.sep, sysconfig.get_paths()["platlib"] + os.sep})
+    found: list[types.FrameType] = []
     frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
-        if not is_library(frame.f_code.co_filename, known):
+        filename = frame.f_code.co_filename
+        if not is_library(filename, known) and not filename.startswith(installed):
             found.append(frame)
+        elif found and not filename.startswith(torch_dir):
+            break
         frame = frame.f_back
     found.reverse()
     return found
