@@ -13,6 +13,7 @@ from nbtrain._exceptions import InvalidOptionError
 
 class Adjust(CommandKind):
     name: ClassVar[str] = ADJUST
+    marked: ClassVar[bool] = True
     needs_optimizer: ClassVar[bool] = True
     replayed: ClassVar[str] = "each"
     held_by_optimizer_state: ClassVar[bool] = True

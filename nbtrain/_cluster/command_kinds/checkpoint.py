@@ -11,6 +11,7 @@ from nbtrain._cluster.commands import CHECKPOINT, Command
 
 class CheckpointNow(CommandKind):
     name: ClassVar[str] = CHECKPOINT
+    marked: ClassVar[bool] = True
 
     def apply(self, rank: RankSide, command: Command, step: int) -> dict[str, Any] | None:
         rank.checkpoint_wanted = True

@@ -35,6 +35,7 @@ def checked_source(call: str, source: Any) -> str:
 
 class Exec(CommandKind):
     name: ClassVar[str] = EXEC
+    marked: ClassVar[bool] = True
     hook: ClassVar[str] = AFTER_UPDATE
     asks_ranks: ClassVar[bool] = True
 

@@ -106,6 +106,7 @@ class CommandKind:
     survives_rewind: ClassVar[bool] = False   # a rewind's branch does not take it back (a guard, a patch)
     held_by_optimizer_state: ClassVar[bool] = False  # a checkpoint's optimizer state holds it once applied
     dropped_when_refused: ClassVar[bool] = False     # rank 0's refusal (its answer) means it never applies
+    marked: ClassVar[bool] = False            # a mark on the curves at the step it applied at
 
     # ------------------------------------------------------------------ the notebook
     def check(self, args: dict[str, Any]) -> dict[str, Any]:

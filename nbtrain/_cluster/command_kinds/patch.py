@@ -38,6 +38,7 @@ def patched_names(source: str) -> list[str]:
 
 class Patch(CommandKind):
     name: ClassVar[str] = PATCH
+    marked: ClassVar[bool] = True
     hook: ClassVar[str] = AFTER_UPDATE
     replayed: ClassVar[str] = "each"
     survives_rewind: ClassVar[bool] = True

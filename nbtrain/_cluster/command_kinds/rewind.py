@@ -15,6 +15,7 @@ from nbtrain._cluster.commands import REWIND, Command
 
 class Rewind(CommandKind):
     name: ClassVar[str] = REWIND
+    marked: ClassVar[bool] = True
     needs_optimizer: ClassVar[bool] = True
     between_batches: ClassVar[bool] = True
     event: ClassVar[str] = "rewind"

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from nbtrain._cluster.command_kinds.table import command_kind
 from nbtrain._cluster.commands import ADJUSTABLE
 from nbtrain._guards import describe_guard
 
@@ -161,7 +162,7 @@ def change_marks(changes: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
     shapes, labels = [], []
     for change in changes:
         step = change.get("applied_step")
-        if step is None or change["kind"] not in ("adjust", "pause", "checkpoint", "rewind"):
+        if step is None or not command_kind(change["kind"]).marked:
             continue
         colour = CHANGE_COLOUR
         text = change["description"].rsplit(" at step ", 1)[0]
