@@ -16,6 +16,8 @@
 3. **Latency** (its own loopback cluster, 4 CPUs): a 2-rank DDP run at 10 steps/s; ``run.adjust(lr=...)``
    20 times, each ``wait=True`` (returns when rank 0 applied it). Call → applied, p50 and p95, and how many
    steps ahead of the furthest rank the supervisor put each change.
+4. **A live run as a kernel** (the same run): ``run.exec("float(model.module.weight.sum())")`` 20 times on both
+   ranks; call → ``{rank: value}``, p50 and p95.
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ def steered(config):
         _time.sleep(0.1)
 
 
-def latency() -> tuple[list[float], list[int]]:
+def latency() -> tuple[list[float], list[int], list[float]]:
     import nbtrain
 
     from _own_cluster import own_cluster
@@ -155,8 +157,14 @@ def latency() -> tuple[list[float], list[int]]:
             applied = run.adjust(lr=0.1 / (index + 2), wait=True)
             took.append(time.perf_counter() - started)
             ahead.append((applied or 0) - furthest)
+        execs = []
+        for _ in range(CHANGES):
+            started = time.perf_counter()
+            values = run.exec("float(model.module.weight.sum())")
+            execs.append(time.perf_counter() - started)
+            assert len(set(values.values())) == 1, values  # the replicas read at the same step
         run.stop()
-    return took, ahead
+    return took, ahead, execs
 
 
 def main() -> None:
@@ -170,11 +178,14 @@ def main() -> None:
           f"({(profiled - plain) / plain * 100:+.0f} %)")
     if "--step" in sys.argv[1:]:
         return
-    took, ahead = latency()
+    took, ahead, execs = latency()
     took.sort()
+    execs.sort()
     print(f"run.adjust(lr=..., wait=True) at 10 steps/s, {CHANGES} changes: call → applied p50 "
           f"{statistics.median(took):.2f} s, p95 {took[int(0.95 * (len(took) - 1))]:.2f} s; "
           f"the change's step was {statistics.median(ahead):.0f} steps ahead of the furthest rank (median)")
+    print(f"run.exec(...) on 2 ranks at 10 steps/s, {CHANGES} times: call → {{rank: value}} p50 "
+          f"{statistics.median(execs):.2f} s, p95 {execs[int(0.95 * (len(execs) - 1))]:.2f} s")
 
 
 if __name__ == "__main__":
