@@ -16,7 +16,7 @@
 3. **Latency** (its own loopback cluster, 4 CPUs): a 2-rank DDP run at 10 steps/s; ``run.adjust(lr=...)``
    20 times, each ``wait=True`` (returns when rank 0 applied it). Call → applied, p50 and p95, and how many
    steps ahead of the furthest rank the supervisor put each change.
-4. **A live run as a kernel** (the same run): ``run.exec("float(model.module.weight.sum())")`` 20 times on both
+4. **A live run as a kernel** (the same run): ``run.exec("float(model.module.weight.detach().sum())")`` 20 times on both
    ranks; call → ``{rank: value}``, p50 and p95.
 """
 
@@ -160,7 +160,7 @@ def latency() -> tuple[list[float], list[int], list[float]]:
         execs = []
         for _ in range(CHANGES):
             started = time.perf_counter()
-            values = run.exec("float(model.module.weight.sum())")
+            values = run.exec("float(model.module.weight.detach().sum())")
             execs.append(time.perf_counter() - started)
             assert len(set(values.values())) == 1, values  # the replicas read at the same step
         run.stop()
