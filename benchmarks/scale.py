@@ -20,7 +20,8 @@ and prints one markdown table each:
   node (``--relay``): nbtrain's own code — a tiny model and optimizer,
   10 steps a second and a restore point every 20 steps. torch's optimizer step hooks are called
   directly around each update (torch's are global to a process: they would cross the simulated
-  ranks). The notebook adjusts, pauses (then resumes) and rewinds the run a few times each.
+  ranks). The notebook adjusts, pauses (then resumes), rewinds and runs ``run.exec`` on every rank a few times each
+  (exec's "notebook's call" is its round trip: call → every rank's value).
   Figures: call → learnt and call → applied on every rank (p50/p95), whether every rank applied
   each command at the same step, the supervisor's threads and its CPU while the ranks only stand.
 * **finished runs** — N short runs launched and ended: supervisor processes left afterwards
@@ -439,6 +440,7 @@ def measure_steering(ranks: int, repeats: int, relay: bool) -> dict[str, Any]:
             time.sleep(2.5)  # past the next restore point (20 steps at 10/s): a rewind goes back to a fresh one
             called("rewind", lambda: run.rewind(wait=True))
             time.sleep(1.0)
+            called("exec", lambda: run.exec("step", timeout=60, show_output=False))  # every rank's answer
         open(done, "w").close()
         run.wait(timeout=300)
         run.raise_if_failed()
@@ -450,7 +452,7 @@ def measure_steering(ranks: int, repeats: int, relay: bool) -> dict[str, Any]:
     figures: dict[str, Any] = {"ranks": ranks, "relay": relay, "supervisor_threads": threads,
                                "questions": max(questions),
                                "standing_cores": standing_cores, "steps_per_s": steps_per_s, "failures": failures}
-    for kind in ("adjust", "pause", "rewind"):
+    for kind in ("adjust", "pause", "rewind", "exec"):
         # the n-th call of a kind is the n-th command of that kind the ranks applied (ids are issued in order)
         ids = sorted({entry[1] for entry in seen if entry[2] == kind})
         began = dict(zip(ids, [at for k, at, _wait in calls if k == kind]))  # a command never issued has no id
@@ -504,7 +506,8 @@ def main() -> None:
     parser.add_argument("--relay", choices=("both", "on", "off"), default="both",
                         help="wide and steered runs with a relay per simulated node, without, or both (both)")
     parser.add_argument("--steered-ranks", default="64,256", help="simulated ranks of the steered runs (64,256)")
-    parser.add_argument("--repeats", type=int, default=3, help="adjusts, pauses and rewinds of each steered run (3)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="adjusts, pauses, rewinds and execs of each steered run (3)")
     parser.add_argument("--finished-runs", type=int, default=20, help="short runs launched and ended (20)")
     parser.add_argument("--only", choices=("rows", "ranks", "steering", "finished"), help="measure one of them only")
     args = parser.parse_args()
@@ -574,7 +577,7 @@ def print_steered(steered: list[dict[str, Any]]) -> None:
           "| call → learnt p50 / p95 | call → applied p50 / p95 | notebook's call (wait=True) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in steered:
-        for kind in ("adjust", "pause", "rewind"):
+        for kind in ("adjust", "pause", "rewind", "exec"):
             k = r[kind]
             print(f"| {r['ranks']} | {'yes' if r['relay'] else 'no'} | {r['steps_per_s']:.1f} | "
                   f"{r['supervisor_threads']} | {r['questions']} | "
