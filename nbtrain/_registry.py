@@ -48,6 +48,7 @@ class RunRecord(TypedDict, total=False):
     paused_at: int | None      # the step every rank is held at by run.pause(), while it is
     parent: str | None         # run.fork(): "<parent run> at step <N>"
     rewinds: int | None        # run.rewind()s and guards' rewinds taken so far (from the cluster's answers only)
+    patches: int | None        # run.patch()es applied so far (from the cluster's answers only)
     stragglers: list[int]      # ranks its supervisor flags as stragglers now (from the cluster's answers only)
     source: str                # where the record's state and progress come from (SOURCES)
 
@@ -69,7 +70,7 @@ SOURCES = ("cluster", "files", "launch record")
 # What an observation of a run (its cluster's answer, its files) says of it; the rest of a record is
 # its identity (name, address, notebook, created), which the registry's record keeps.
 OBSERVED_RUN_FIELDS = ("state", "attempt", "progress", "latest", "error", "ended", "updated", "workers", "paused_at",
-                       "stragglers", "parent", "rewinds", "source")
+                       "stragglers", "parent", "rewinds", "patches", "source")
 # What a run's files say of it: the rest (its ranks now, a pause, stragglers) only its cluster knows.
 FILE_FIELDS = ("state", "attempt", "progress", "latest", "error", "ended", "updated", "source")
 
@@ -126,6 +127,7 @@ def record_from_summary(summary: dict[str, Any], address: str, source: str = "cl
         "paused_at": summary["paused_at"] if is_whole(summary.get("paused_at")) else None,
         "parent": _parent(summary.get("parent")),
         "rewinds": _count(summary.get("rewinds")),
+        "patches": _count(summary.get("patches")),
         "stragglers": sorted(w["rank"] for w in summary.get("workers") or []
                              if isinstance(w, dict) and w.get("straggler") and w.get("state") == "running"
                              and is_whole(w.get("rank"))),

@@ -88,6 +88,7 @@ def test_exec_reads_the_ranks_and_patch_changes_the_loop_at_one_step_even_after_
         assert all(row["scaled"] == 2.0 for row in run.metrics if row["attempt"] == 1 and row["step"] > first[0])
         [patch] = [c for c in run.changes if c["kind"] == "patch"]
         assert patch["description"] == f"patched scale at step {step}"
+        assert run.summary()["patches"] == 1  # what the lab sidebar's "patched" badge counts
 
         marker.touch()  # rank 0 fails; the second attempt starts the loop again, and the patch at its step
         wait_for(lambda: (_last_step(run) >= step + 3 and run.summary()["attempt"] == 2), timeout=120,

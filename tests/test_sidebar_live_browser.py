@@ -3,8 +3,8 @@
 ``launch()`` records the run once; the server's ``python -m nbtrain agent``
 reports what the cluster says of it (no notebook writes anything after the
 launch). The sidebar shows the run, its progress grows, the status bar counts
-it, its Pause button holds every rank at one step and Resume lets them go on, and
-the sidebar's Stop button stops it for real, through the same agent; two runs checked
+it, its Pause button holds every rank at one step and Resume lets them go on, a
+rewind and a patch mark its row, and the sidebar's Stop button stops it for real, through the same agent; two runs checked
 in the sidebar are compared in a notebook cell.
 """
 
@@ -91,6 +91,9 @@ def test_sidebar_follows_and_stops_a_real_run(page, lab):
         expect(row.locator(".jp-nbtrain-rewound")).to_be_hidden()
         nbtrain.attach("sidebar-live").rewind(wait=True)  # back to its last checkpoint, in place: the row says so
         expect(row.locator(".jp-nbtrain-rewound")).to_have_text("rewound", timeout=60_000)
+        expect(row.locator(".jp-nbtrain-patched")).to_be_hidden()
+        nbtrain.attach("sidebar-live").patch("NOTE = 'patched from the test'\n", new=True)  # its code changed
+        expect(row.locator(".jp-nbtrain-patched")).to_have_text("patched", timeout=60_000)
 
         row.locator(".jp-nbtrain-stop").click()
         page.locator(".jp-Dialog").get_by_role("button", name="Stop run").click()

@@ -45,6 +45,8 @@ export interface IRun {
   paused_at?: number | null;
   /** How many times the run was rewound in place (`run.rewind()` or a guard); null when its cluster did not say. */
   rewinds?: number | null;
+  /** How many times its code was patched (`run.patch()`); null when its cluster did not say. */
+  patches?: number | null;
   /** `run.fork()`: "<parent run> at step <N>"; else null. */
   parent?: string | null;
   /**

@@ -232,7 +232,8 @@ class RunRow {
         checked(this._run.name, this._select.checked);
       }
     });
-    this._top.append(this._select, this._name, this._badge, this._rewound, this._straggler, this._elapsed);
+    this._top.append(this._select, this._name, this._badge, this._rewound, this._patched, this._straggler,
+      this._elapsed);
 
     const bar = el('div', 'jp-nbtrain-progress');
     bar.appendChild(this._fill);
@@ -307,6 +308,13 @@ class RunRow {
       `Rewound in place ${rewinds} time${rewinds === 1 ? '' : 's'} (run.rewind() or a guard): ` +
       'the branches it went back from are kept, marked superseded, and drawn faded on its dashboard.';
 
+    const patches = run.patches ?? 0;
+    this._patched.hidden = patches === 0;
+    this._patched.textContent = patches > 1 ? `patched ×${patches}` : 'patched';
+    this._patched.title =
+      `Its code was patched ${patches} time${patches === 1 ? '' : 's'} while it ran (run.patch() or ` +
+      '%%ray_patch): run.changes lists each, with the step every rank took it at.';
+
     const late = !run.terminal && run.stragglers ? run.stragglers : [];
     this._straggler.hidden = late.length === 0;
     this._straggler.textContent = late.length
@@ -371,6 +379,7 @@ class RunRow {
     this._badge.className = 'jp-nbtrain-badge jp-nbtrain-state-unknown';
     this._straggler.hidden = true;
     this._rewound.hidden = true;
+    this._patched.hidden = true;
     this._elapsed.textContent = '';
     this._progress.hidden = true;
     this._metrics.hidden = true;
@@ -397,6 +406,7 @@ class RunRow {
   private _name = el('span', 'jp-nbtrain-run-name');
   private _badge = el('span', 'jp-nbtrain-badge');
   private _rewound = el('span', 'jp-nbtrain-rewound');  // not a -badge: that is the state's
+  private _patched = el('span', 'jp-nbtrain-patched');
   private _straggler = el('span', 'jp-nbtrain-straggler');  // not a -badge: that is the state's
   private _elapsed = el('span', 'jp-nbtrain-elapsed');
   private _fill = el('div', 'jp-nbtrain-progress-fill');

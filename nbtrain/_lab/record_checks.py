@@ -26,7 +26,8 @@ SAFE_ADDRESS = re.compile(
     r"^(?:ray://)?(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}$")
 
 _TEXT_FIELDS = ("state", "notebook", "error", "parent")
-_NUMBER_FIELDS = ("created", "updated", "ended", "workers", "attempt", "paused_at", "rewinds")
+_NUMBER_FIELDS = ("created", "updated", "ended", "workers", "attempt", "paused_at", "rewinds",
+                  "patches")
 _OBJECT_FIELDS = ("progress", "latest")
 
 
@@ -92,7 +93,7 @@ def malformed_row(run: dict[str, Any], problem: str, source: str) -> dict[str, A
     return {
         "name": shown[:200], "state": "unknown", "address": None, "created": None, "updated": None,
         "ended": None, "notebook": None, "workers": None, "attempt": None, "progress": None, "latest": None,
-        "paused_at": None, "rewinds": None,
+        "paused_at": None, "rewinds": None, "patches": None,
         "error": f"This run cannot be shown: {problem} ({source}).",
         "malformed": True, "attach_cell": None,
     }

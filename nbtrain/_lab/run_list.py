@@ -95,7 +95,8 @@ class ClusterAnswers:
 
 
 # What a run record has only from its cluster's answers (the registry and the files know none of it): unknown.
-ONLY_ITS_CLUSTER_SAYS: dict[str, Any] = {"paused_at": None, "parent": None, "rewinds": None}
+ONLY_ITS_CLUSTER_SAYS: dict[str, Any] = {"paused_at": None, "parent": None, "rewinds": None,
+                                         "patches": None}
 
 def served_runs(registry: list[RunRecord], answers: ClusterAnswers, now: float,
                 stale_after: float, current: str | None = None,

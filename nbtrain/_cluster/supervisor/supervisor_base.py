@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from nbtrain._cluster.commands import PATCH
 from nbtrain._cluster.storage.run_storage import RunStorage
 from nbtrain._cluster.supervisor.controller import RunController
 from nbtrain._cluster.supervisor.feed import RunFeed
@@ -74,5 +75,7 @@ class SupervisorBase:
             "changes": run.steering.changes(),
             "guard": run.steering.guard(),
             "rewinds": sum(1 for command in run.steering.rewinds() if command.applied_step is not None),
+            "patches": sum(1 for command in run.steering.all()
+                           if command.kind == PATCH and command.applied_step is not None),
             "files": self._files_where,
         }
