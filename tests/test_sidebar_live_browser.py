@@ -4,8 +4,8 @@
 reports what the cluster says of it (no notebook writes anything after the
 launch). The sidebar shows the run, its progress grows, the status bar counts
 it, its Pause button holds every rank at one step and Resume lets them go on, a
-rewind and a patch mark its row, and the sidebar's Stop button stops it for real, through the same agent; two runs checked
-in the sidebar are compared in a notebook cell.
+rewind and a patch mark its row, and the sidebar's Stop button stops it for real,
+through the same agent; two runs checked in the sidebar are compared in a notebook cell.
 """
 
 from __future__ import annotations
