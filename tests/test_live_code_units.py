@@ -160,3 +160,41 @@ def test_a_patch_and_an_exec_are_marked_on_the_dashboards_curves_where_they_appl
                {"applied_step": 9, "kind": "stop_after_epoch", "args": {}, "description": "stop after epoch 1"}]
     _shapes, labels = change_marks(changes)
     assert [(label["x"], label["text"]) for label in labels] == [(7, "patched scale"), (9, "exec 'x' on rank(s) [0]")]
+
+
+def test_a_rewind_keeps_a_patch_and_a_new_attempt_follows_it():
+    events: list = []
+    supervisor = _supervisor(events)
+    running = {0: SteeringBeat(step=45, rate=0.0, epoch=0, restore_points=(40,))}
+    patch = supervisor.issue(PATCH, command_kind(PATCH).check({"source": "def scale(x):\n    return 2 * x\n"}),
+                             running, live=True, attempt=1)
+    supervisor.applied(patch.id, 0, 50, None, 1.0, world_size=1)
+    rewind = supervisor.issue("rewind", {"step": 45}, running, live=True, attempt=1)
+    supervisor.applied(rewind.id, 0, 52, None, 2.0, world_size=1)
+    assert not supervisor.all()[patch.id - 1].superseded  # in place, the code stays patched
+    supervisor.new_attempt(2)
+    assert ("change", "attempt 2 follows the run's changes: patched scale at step 50") in events
+
+
+def test_a_fork_starts_with_its_parents_applied_patches_from_its_first_step_boundary():
+    from nbtrain._client.run.forking import _patches
+
+    parent = SimpleNamespace(changes=[
+        {"kind": PATCH, "step": 12, "args": {"source": "LOG_EVERY = 5\n"}},
+        {"kind": PATCH, "step": None, "args": {"source": "never = 1\n"}},  # not applied: not inherited
+        {"kind": "adjust", "step": 3, "args": {"lr": 0.1}}])
+    assert _patches(parent) == ("LOG_EVERY = 5\n",)
+    supervisor = _supervisor([])
+    supervisor.start_with_patch("LOG_EVERY = 5\n")
+    [inherited] = supervisor.all()
+    assert (inherited.kind, inherited.at_step, inherited.args["new"]) == (PATCH, 0, True)
+    steering, applied, answers = _rank()
+    fresh = RankSteering(steering.session, [inherited])  # the fork's rank, given the run's commands at its start
+    assert [c.id for c in fresh.pending] == [inherited.id]
+    global LOG_EVERY
+    try:
+        _train(fresh, 2)
+        # after the first update: the boundary before the second step
+        assert LOG_EVERY == 5 and [said[:3] for said in applied] == [(1, 0, 2)] and answers[0][2] is True
+    finally:
+        del LOG_EVERY
