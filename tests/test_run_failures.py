@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -29,6 +30,8 @@ def test_rank_raising_at_step_20_fails_the_run_within_10_s(cluster):
     assert "Rank 1 raised ValueError at step 20: boom at step 20" in message
     assert "Traceback (most recent call last)" in message
     assert 'raise ValueError(f"boom at step {step}")' in message
+    # a function pickled here (the tests' functions travel by value) keeps its origin on the rank
+    assert f'File "{sys.modules["_train_fns"].__file__}"' in message and "<dynamic-code>" not in message
     assert "The other 1 worker" in message
     assert run.state == nbtrain.RunState.FAILED
     wait_for(lambda: not run_actor_names("rank1-raises", run), 10, message="the run's workers to be gone")

@@ -15,14 +15,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
-
-import nbtrain
 
 
 def _cell(source: str) -> nbformat.NotebookNode:
@@ -143,16 +140,3 @@ def test_scripts_and_modules_shipped_by_value_show_file_line_and_source(cluster,
     assert re.search(rf'File "{re.escape(str(helpers / "shipped_models.py"))}", line 8, in train', module_error), \
         module_error
     assert 'raise KeyError("boom from a module shipped by value")' in module_error
-
-
-def test_a_function_pickled_here_keeps_its_origin_on_the_rank(cluster) -> None:
-    """The same through the Python API in this process (the tests' functions travel by value)."""
-    from _train_fns import train_steps
-
-    run = nbtrain.launch(train_steps, config={"steps": 5, "sleep": 0.0, "fail_rank": 0, "fail_step": 2},
-                         workers=1, name="tb-api")
-    assert run.wait(timeout=120, raise_on_failure=False) == nbtrain.RunState.FAILED
-    source_file = sys.modules["_train_fns"].__file__
-    assert f'File "{source_file}"' in run.error, run.error
-    assert 'raise ValueError(f"boom at step {step}")' in run.error
-    assert "<dynamic-code>" not in run.error
