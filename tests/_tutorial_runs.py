@@ -111,7 +111,7 @@ PROMISES: dict[str, list[Promise]] = {
          lambda found: _sizes(found)[0] == 1 and 2 in _sizes(found) and _sizes(found)[-1] == 1,
          "the elastic run starts on 1 rank, grows to 2 and shrinks back to 1"),
         (r"run \S+: (\w+)\n", lambda found: found[0] == "succeeded", "the elastic run succeeds"),
-        (r"epoch \d+: batch (\d+) per rank", lambda found: int(found[-1]) > int(found[0]), "the adaptive batch grows")],
+        (r"epoch \d+: batch (\d+) per rank", lambda found: int(found[1]) > int(found[0]), "the adaptive batch grows")],
     "10_steer_and_compare.ipynb": [
         (r"before: ([\d.]+)  from then: ([\d.]+)", lambda found: found[-1] == ("0.05", "0.01"),
          "`adjust(lr=0.01)` applies from the step it returned"),
