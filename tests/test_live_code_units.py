@@ -33,7 +33,7 @@ def test_a_source_that_is_not_python_or_defines_nothing_is_refused_in_the_notebo
 
 
 def _supervisor(events: list) -> RunSteering:
-    return RunSteering(record=lambda kind, message: events.append((kind, message)), persist=lambda: None)
+    return RunSteering(record=lambda kind, message, **_fields: events.append((kind, message)), persist=lambda: None)
 
 
 def test_a_second_exec_is_refused_while_a_rank_of_the_first_has_not_answered():

@@ -138,7 +138,7 @@ def _beats(points: tuple[int, ...], step: int = 65, refusal: str | None = None) 
 
 def test_the_supervisor_rewinds_to_the_latest_point_every_rank_has_or_says_why_not():
     events: list[tuple[str, str]] = []
-    steering = RunSteering(record=lambda kind, message: events.append((kind, message)), persist=lambda: None)
+    steering = RunSteering(record=lambda kind, message, **_fields: events.append((kind, message)), persist=lambda: None)
     running = {0: SteeringBeat(step=65, rate=10.0, epoch=0, restore_points=(20, 40, 60)),
                1: SteeringBeat(step=65, rate=10.0, epoch=0, restore_points=(40, 60))}
     with pytest.raises(ValueError, match="no checkpoint at or before step 30 to rewind to; its ranks can go back to "
@@ -160,7 +160,7 @@ def test_the_supervisor_rewinds_to_the_latest_point_every_rank_has_or_says_why_n
 
 def test_a_trip_gets_one_action_and_pauses_once_max_rewinds_are_spent():
     events: list[tuple[str, str]] = []
-    steering = RunSteering(record=lambda kind, message: events.append((kind, message)), persist=lambda: None)
+    steering = RunSteering(record=lambda kind, message, **_fields: events.append((kind, message)), persist=lambda: None)
     steering.issue(GUARD, checked_guard({"nan": "rewind", "lr_factor": 0.5, "max_rewinds": 1}), {}, live=True)
     running = _beats((20, 40))
     assert steering.guards.tripped(1, 0, 60, "nan", "rank 0: its loss was nan at step 60", running, live=True) is False

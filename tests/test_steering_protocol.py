@@ -56,7 +56,7 @@ def test_a_saved_command_reads_back_the_same():
 
 
 def _supervisor_steering() -> RunSteering:
-    return RunSteering(record=lambda kind, message: None, persist=lambda: None)
+    return RunSteering(record=lambda kind, message, **_fields: None, persist=lambda: None)
 
 
 def _rank_steering(rank: int) -> tuple[RankSteering, list[tuple]]:
@@ -153,7 +153,7 @@ def test_a_new_attempt_follows_the_runs_changes_as_one_fact_and_no_rank_reports_
     0 at step 140, rank 1 at step 41)" on its new attempt. The new attempt's ranks re-apply the change without a
     word; the supervisor says once what the attempt follows; a rewind no rank reached is dropped, with why."""
     events: list[tuple[str, str]] = []
-    run = RunSteering(record=lambda kind, message: events.append((kind, message)), persist=lambda: None)
+    run = RunSteering(record=lambda kind, message, **_fields: events.append((kind, message)), persist=lambda: None)
     beats = {rank: SteeringBeat(step=1, rate=0.0, epoch=0, settings={"lr": [0.1]}, restore_points=(1,))
              for rank in (0, 1)}
     change = run.issue(ADJUST, {"lr": 0.05, "group": None}, beats, live=True)

@@ -22,7 +22,6 @@ from typing import Any
 import cloudpickle
 
 from nbtrain._client.run.checkpoint_files import load_in_notebook, local_checkpoint_dir
-from nbtrain._client.run.history_branches import rewinds_of, superseded_column
 from nbtrain._client.run.reader import RunReader
 from nbtrain._client.run.stored import READ_TIMEOUT_S
 from nbtrain._cluster.storage import written_files
@@ -30,7 +29,6 @@ from nbtrain._exceptions import InvalidOptionError, NbtrainError
 
 FILES_ANSWER_S = 60.0  # one node's listing of the ranks' files, or one part of a file
 PROGRESS_FROM_BYTES = 16 * 1024 * 1024  # a download at least this big shows a progress bar
-FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of metrics_frame(): ~150 MB of supervisor memory at most
 
 
 class RunFiles:
@@ -64,7 +62,8 @@ class RunFiles:
         Returns:
             A ``pandas.DataFrame`` with columns ``rank``, ``step``, ``attempt``, ``time``, one per
             metric (empty, with those four columns, before the first report), and ``superseded``: True for
-            the rows of a branch a :meth:`rewind` went back from.
+            the rows of a branch a :meth:`rewind` went back from (a rank's rows past the step it went back to,
+            reported before it went back).
 
         Raises:
             RunNotFoundError: the run is gone from the cluster (deleted, or its files lost).
@@ -74,24 +73,7 @@ class RunFiles:
             frame = run.metrics_frame()
             frame[frame["rank"] == 0].plot(x="step", y="loss")
         """
-        import pyarrow as pa
-
-        tables = []
-        start = 0
-        while True:
-            data = self._call("frame_ipc", start, start + FRAME_PAGE_ROWS, timeout=READ_TIMEOUT_S)
-            table = pa.ipc.open_stream(data).read_all()
-            if table.num_rows:
-                tables.append(table)
-            if table.num_rows < FRAME_PAGE_ROWS:
-                break
-            start += table.num_rows
-        if not tables:
-            return pa.table({"rank": [], "step": [], "attempt": [], "time": [], "superseded": pa.array([], pa.bool_())
-                             }).to_pandas()
-        frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
-        frame["superseded"] = superseded_column(frame, rewinds_of(self.reader.fetch_summary()))
-        return frame
+        return self.reader.history().frame()
 
     def logs(self, rank: int | None = None) -> str:
         """What the workers printed (stdout and stderr), from the first attempt on.

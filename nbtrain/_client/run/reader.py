@@ -25,7 +25,7 @@ from typing import Any
 
 from nbtrain import _registry
 from nbtrain._client.connecting import connection
-from nbtrain._client.run import history_branches
+from nbtrain._client.run.run_history import RESERVED, RunHistory
 from nbtrain._client.run.stored import READ_TIMEOUT_S, StoredRunHandle, find_stored
 from nbtrain._cluster.command_kinds.table import command_kind, definition
 from nbtrain._cluster.commands import Command
@@ -36,6 +36,7 @@ POLL_TIMEOUT_S = 15.0
 ROW_WINDOW = 50_000   # metric rows kept in the notebook (~25 MB); older ones are fetched when asked
 LOG_WINDOW = 20_000   # log chunks kept likewise
 PAGE_ROWS = 50_000    # rows per poll when fetching a long history
+FRAME_PAGE_ROWS = 500_000  # rows per Arrow page of a whole history: ~150 MB of supervisor memory at most
 SUPERVISOR_RESTART_GRACE_S = 60.0
 
 
@@ -323,9 +324,31 @@ class RunReader:
         with self._lock:
             return any(not view.closed for view in self._views)
 
-    def superseded(self, row: dict[str, Any]) -> bool:
-        """Whether ``row`` belongs to a branch a rewind went back from, as of the last read (views fade it)."""
-        return history_branches.superseded(row, history_branches.rewinds_of(self.summary))
+    def history(self) -> RunHistory:
+        """The run's whole history as of now, for analysis (``run.metrics_frame()``, the figures, ``compare``):
+        every metric row, fetched as Arrow pages (no Python object per row: millions load in seconds), then the
+        summary and events, so its rewinds cover every row read (:class:`RunHistory`)."""
+        import pyarrow as pa
+
+        tables = []
+        start = 0
+        while True:
+            data = self.channel.call("frame_ipc", start, start + FRAME_PAGE_ROWS, timeout=READ_TIMEOUT_S)
+            table = pa.ipc.open_stream(data).read_all()
+            if table.num_rows:
+                tables.append(table)
+            if table.num_rows < FRAME_PAGE_ROWS:
+                break
+            start += table.num_rows
+        if tables:
+            whole = pa.concat_tables(tables, promote_options="permissive")
+            rows = whole.to_pandas()
+            integers = frozenset(field.name for field in whole.schema if pa.types.is_integer(field.type))
+        else:
+            rows = pa.table({name: pa.array([], pa.float64()) for name in RESERVED}).to_pandas()
+            integers = frozenset()
+        summary = self.fetch_summary()
+        return RunHistory(summary, self.events, rows, integers)
 
     def close_views(self) -> None:
         """End the live views added so far (what they drew stays)."""

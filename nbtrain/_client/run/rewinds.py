@@ -3,8 +3,8 @@
 and :mod:`nbtrain._guards` for the guards').
 
 A rewind leaves the branch it goes back from in the run's history: the rows reported past the restore
-point before the rewind are *superseded* (:mod:`.history_branches`, the ``superseded`` column of
-``run.metrics_frame()``), and its marker says ``rewound to step N``.
+point before the rewind are *superseded* (the run's history model decides which: :mod:`.run_history`; the
+``superseded`` column of ``run.metrics_frame()``), and its mark says ``rewound to step N``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from nbtrain._client.run.control import applied
-from nbtrain._client.run.history_branches import rewinds_of
+from nbtrain._client.run.run_history import branches_of
 from nbtrain._client.run.reader import RunReader
 from nbtrain._cluster.commands import GUARD, REWIND
 from nbtrain._exceptions import InvalidOptionError
@@ -112,4 +112,4 @@ class RunRewinds:
         were when they went back; None while under way), ``why`` (a guard's trip, or None for a call),
         ``attempt``, ``superseded`` (a later rewind went back before it), ``rank_times`` (rank -> when it went
         back, by its clock: its rows past ``to_step`` from before then are superseded) and ``description``."""
-        return rewinds_of(self.reader.fetch_summary())
+        return [branch.as_dict() for branch in branches_of(self.reader.fetch_summary())]

@@ -4,12 +4,15 @@ in the notebook (lower the learning rate on a plateau, an automated tuner) that 
 
 Rows are handed over, in order, by whichever thread fetches them for this run: the dashboard's
 following thread when a view follows it, else a thread of the rule's own that long-polls as a
-dashboard would (and does nothing while a view follows). A callback that raises is shown once, with
-its traceback, and detached; the run is never touched by it. ``run.on_row(None)`` detaches.
+dashboard would (and does nothing while a view follows). A row the run's history already knows a rewind
+superseded (a rank's row from before it went back, arriving late) is not handed over: a rule acts on the branch
+the run goes on with (:mod:`.run_history` decides, as for ``run.metrics_frame()``). A callback that raises is
+shown once, with its traceback, and detached; the run is never touched by it. ``run.on_row(None)`` detaches.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import traceback
@@ -18,6 +21,7 @@ from typing import Any
 
 from nbtrain._client.run.following import LONG_POLL_S
 from nbtrain._client.run.reader import RunReader
+from nbtrain._client.run.run_history import branches_of
 from nbtrain._exceptions import InvalidOptionError
 from nbtrain._states import RunState
 
@@ -58,7 +62,10 @@ class RowRule:
             try:
                 rows = self.reader.rows_since(self._cursor)
                 self._cursor = max(self._cursor, self.reader.row_window_start) + len(rows)
+                branches = branches_of(self.reader.summary)
                 for row in rows:
+                    if any(branch.holds(row["rank"], row["step"], row.get("time", math.inf)) for branch in branches):
+                        continue
                     callback = self._callback()
                     if callback is None:  # the callback detached itself
                         return

@@ -86,7 +86,8 @@ class RunController:
         self.results: list[bytes] | None = None
         self.checkpoint: dict[str, Any] | None = None
         self.resume_from: dict[str, Any] | None = None  # the checkpoint the current attempt started from
-        self.steering = RunSteering(lambda kind, message: self.feed.event(kind, message, self.attempt),
+        self.steering = RunSteering(lambda kind, message, **fields: self.feed.event(kind, message, self.attempt,
+                                                                                 **fields),
                                     self._persist_locked, rewound=self._rewound)
         self.started = time.time()
         self.ended: float | None = None
@@ -110,7 +111,7 @@ class RunController:
             self.state = new
             self.ended = time.time() if new.is_terminal else None
             self.persist()
-        self.feed.event("state", f"{new.value}" + (f": {why}" if why else ""), self.attempt)
+        self.feed.event("state", f"{new.value}" + (f": {why}" if why else ""), self.attempt, state=new.value)
 
     def guard_tripped(self, attempt: int, branch: int, step: int, kind: str, message: str) -> None:
         """A rank's guard saw trouble (see guard_decisions): the callbacks decide (:mod:`.guard_trips`)."""
@@ -301,7 +302,7 @@ class RunController:
     def _resize(self, resize: Resize) -> None:
         """An elastic run goes on at another size: a new attempt from the latest checkpoint, no failure counted."""
         self.sizing.resize(resize)
-        self.feed.event("resize", resize.why, self.attempt)
+        self.feed.event("resize", resize.why, self.attempt, from_size=self.world_size, to_size=resize.size)
         self.transition(RunState.RESTARTING, resize.why)
 
     def _run_attempt(self) -> Outcome:

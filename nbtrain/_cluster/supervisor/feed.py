@@ -196,16 +196,18 @@ class RunFeed:
                     break
         return lines[-count:]
 
-    def event(self, kind: str, message: str, attempt: int) -> None:
+    def event(self, kind: str, message: str, attempt: int, **fields: Any) -> None:
+        """An event of the run's history: ``message`` for people, ``fields`` (JSON values) for readers, which
+        never parse the message (a resize's ``from_size`` and ``to_size``, a guard trip's ``step``...)."""
         with self.lock:
             if self._told_failure is not None:
                 self._storage.flush_pending()
-            self._add_event(kind, message, attempt)
+            self._add_event(kind, message, attempt, **fields)
             self._tell_storage_failure(attempt)
             self.changed.notify_all()
 
-    def _add_event(self, kind: str, message: str, attempt: int) -> None:
-        record = {"time": time.time(), "kind": kind, "message": message, "attempt": attempt}
+    def _add_event(self, kind: str, message: str, attempt: int, **fields: Any) -> None:
+        record = {**fields, "time": time.time(), "kind": kind, "message": message, "attempt": attempt}
         self.events.append(record)
         self._events.append([record])
 

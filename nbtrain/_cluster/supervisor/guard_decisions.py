@@ -29,7 +29,7 @@ class RunSteering(Protocol):
 
     def issue(self, kind: str, args: dict[str, Any], running: dict[int, SteeringBeat], live: bool) -> Command: ...
 
-    def record(self, kind: str, message: str) -> None: ...
+    def record(self, kind: str, message: str, **fields: Any) -> None: ...
 
 
 GUARD_WHY = "guard"  # a rewind's ``why`` starts so when a guard asked for it: those count against max_rewinds
@@ -66,7 +66,8 @@ class GuardDecisions:
                                                       "why": f"{GUARD_WHY}: {kind} at step {step}"}, running, live)
                 except ValueError as refused:
                     action, why = "pause", f"; it cannot rewind ({refused}), so the run is paused"
-            steering.record("guard", f"guard tripped, {message}: {action}{why}")
+            steering.record("guard", f"guard tripped, {message}: {action}{why}", tripped=kind, step=step,
+                            action=action)
             if action == "stop":
                 self._stopping = True
                 return True

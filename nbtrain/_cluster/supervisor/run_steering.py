@@ -40,10 +40,10 @@ from nbtrain._cluster.supervisor.guard_decisions import GuardDecisions
 class RunSteering:
     """The commands of one run; thread-safe (pushes, polls and the notebook's calls come on many threads)."""
 
-    def __init__(self, record: Callable[[str, str], None], persist: Callable[[], None],
+    def __init__(self, record: Callable[..., None], persist: Callable[[], None],
                  saved: list[dict[str, Any]] | None = None,
                  rewound: Callable[[int], None] | None = None) -> None:
-        self.record = record       # (kind, message): an event in the run's history
+        self.record = record       # (kind, message, **fields): an event in the run's history
         self._persist = persist    # the run's state, commands included, to its storage
         self.rewound = rewound     # (step): rank 0 went back to its point at step (the run's checkpoint follows)
         self.commands: list[Command] = [_loaded(saved_command) for saved_command in saved or []]

@@ -70,6 +70,13 @@ class RankBand:
         np.minimum.at(self.fine[:, 2], cells, v)
         np.maximum.at(self.fine[:, 3], cells, v)
 
+    def copy(self) -> RankBand:
+        """An independent band holding the same counts (a rewind's branch starts as what was drawn)."""
+        other = RankBand()
+        other.width, other.top = self.width, self.top
+        other.coarse, other.fine = self.coarse.copy(), self.fine.copy()
+        return other
+
     def forget_from(self, step: int) -> None:
         """A new attempt resumes at ``step``: what earlier attempts reported from there on no longer counts."""
         step = max(step, 0)

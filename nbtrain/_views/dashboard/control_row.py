@@ -1,8 +1,8 @@
 """The live dashboard's control row: the run's optimizer settings, each with an input to change it, Pause /
 Resume, Checkpoint now and Stop — the buttons of :class:`~nbtrain._client.run.control.RunControl` — Rewind with
 its step and skip fields (``run.rewind``), the active guards and how many rewinds the run took, Stacks and
-Profile 10 steps (:class:`~nbtrain._client.run.inspection.RunInspection`), and the markers each change leaves
-on the curves.
+Profile 10 steps (:class:`~nbtrain._client.run.inspection.RunInspection`). (The marks each change leaves on
+the curves are the run's history model's: :mod:`nbtrain._client.run.run_history`.)
 
 Clicks call the same ``run.adjust()`` / ``run.pause()`` / ``run.stacks()`` a cell would, on a thread of their own
 (a click never waits on the cluster in the kernel's widget handler); what happened, or why not, shows in the
@@ -16,12 +16,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._cluster.command_kinds.table import command_kind
 from nbtrain._cluster.commands import ADJUSTABLE
 from nbtrain._guards import describe_guard
 
 CHANGE_COLOUR = "#2ca02c"
-REWIND_COLOUR = "#d62728"
 FIELD_WIDTH = "150px"
 PROFILE_STEPS = 10   # the Profile button's steps, on rank 0
 PROFILE_ROWS = 10    # operators shown under the row (run.profile() in a cell has them all)
@@ -154,26 +152,6 @@ class ControlRow:
             finally:
                 button.disabled = False
         threading.Thread(target=go, name="nbtrain-control", daemon=True).start()
-
-
-def change_marks(changes: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """A dotted line at each applied change's step, labelled with it ("lr 0.1 → 0.01"); a rewind's at the step it
-    went back to ("rewound to step 60", the branch it left drawn faded from there)."""
-    shapes, labels = [], []
-    for change in changes:
-        step = change.get("applied_step")
-        if step is None or not command_kind(change["kind"]).marked:
-            continue
-        colour = CHANGE_COLOUR
-        text = change["description"].rsplit(" at step ", 1)[0]
-        if change["kind"] == "rewind":
-            step, colour = change["args"]["to_step"], REWIND_COLOUR
-            text = f"rewound to step {step}"
-        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0, "y1": 1,
-                       "line": {"dash": "dot", "width": 1, "color": colour}})
-        labels.append({"x": step, "xref": "x", "yref": "paper", "y": 0.92, "yanchor": "bottom", "text": text,
-                       "showarrow": False, "font": {"size": 9, "color": colour}})
-    return shapes, labels
 
 
 def _shown(values: list[Any]) -> str:

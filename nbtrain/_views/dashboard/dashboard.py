@@ -24,9 +24,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from nbtrain._client.run.run_history import Mark, marks_of
 from nbtrain._states import RunState
 from nbtrain._views.dashboard.charts_widget import ChartsWidget
-from nbtrain._views.dashboard.control_row import ControlRow, change_marks
+from nbtrain._views.dashboard.control_row import ControlRow
 from nbtrain._views.dashboard.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
 from nbtrain._views.dashboard.front_end import (
     DashboardOutput,
@@ -39,6 +40,7 @@ from nbtrain._views.dashboard.front_end import (
     widget_tree,
 )
 from nbtrain._views.dashboard.history import MetricHistory, take_new_rows
+from nbtrain._views.dashboard.mark_styles import widget_marks
 from nbtrain._views.dashboard.static_plot import COLOURS, static_summary, summary_line
 from nbtrain._views.dashboard.step_time_plot import StepTimePlot, debug_hint
 from nbtrain._views.dashboard.summary_text import (
@@ -187,9 +189,7 @@ class WidgetDashboard(Follower):
         if summary is None:
             return (f'<div class="nbtrain-summary nbtrain-live-fallback">Run <b>{html.escape(self.run.name)}</b>: '
                     f"its live dashboard is a widget; this front end does not show widgets.</div>")
-        _shapes, labels = self._resize_marks()
-        marks = [(label["x"], label["text"], label["font"]["color"]) for label in labels]
-        return static_summary(self.run.name, summary, self.history, marks, self.worker_table.value)
+        return static_summary(self.run.name, summary, self.history, self.marks(), self.worker_table.value)
 
     def _on_stop(self, _button: Any) -> None:
         self.stop_button.disabled = True
@@ -284,19 +284,20 @@ class WidgetDashboard(Follower):
                                 if summary.get("modules") else ""))
         fraction = progress_fraction(summary)
         seconds = elapsed(summary)
+        counted = "".join(f" · {name} {value}" for name, value in self.history.counters.items())
         self.progress.bar_style = {"failed": "danger", "succeeded": "success", "stopped": "warning"}.get(state, "")
         if fraction is not None:
             self.progress.layout.display = None
             self.progress.value = fraction
             eta = seconds / fraction * (1 - fraction) if fraction > 0 and state == "running" else None
-            self.progress_label.value = f" {fraction:.0%}" + (f" · ETA {fmt_duration(eta)}" if eta else "")
+            self.progress_label.value = f" {fraction:.0%}" + (f" · ETA {fmt_duration(eta)}" if eta else "") + counted
         elif RunState(state).is_terminal:
             self.progress.layout.display = None
             self.progress.value = 1.0  # a full bar in the state's colour (red stays red)
-            self.progress_label.value = f" step {summary.get('step', 0)} · {fmt_duration(seconds)}"
+            self.progress_label.value = f" step {summary.get('step', 0)}{counted} · {fmt_duration(seconds)}"
         else:  # no total_steps: how far and how long, and a bar that says it is going
             self.progress.layout.display = "none"
-            self.progress_label.value = (f"{indeterminate_bar(seconds)} step {summary.get('step', 0)} · "
+            self.progress_label.value = (f"{indeterminate_bar(seconds)} step {summary.get('step', 0)}{counted} · "
                                          f"{fmt_duration(seconds)}")
 
     def _straggler_note(self, summary: dict[str, Any]) -> str:
@@ -318,7 +319,7 @@ class WidgetDashboard(Follower):
         for index, metric in enumerate(metrics):
             colour = COLOURS[index % len(COLOURS)]
             traces += [(f"{metric} superseded {number}", xs, ys, SUPERSEDED_STYLE)  # branches rewinds went back from
-                       for number, (xs, ys) in enumerate(self.history.superseded.get(metric, []), 1)]
+                       for number, (xs, ys) in enumerate(self.history.left_branches(metric), 1)]
             steps, mean, low, high = self.history.band(metric)
             if not self.wide:
                 for rank in self.history.ranks(metric):
@@ -340,27 +341,13 @@ class WidgetDashboard(Follower):
         return traces
 
     def _draw_curves(self) -> None:
-        shapes, labels = self._resize_marks()
-        marks = [{"x": label["x"], "text": label["text"], "color": label["font"]["color"],
-                  "dash": shape["line"]["dash"]} for shape, label in zip(shapes, labels)]
+        marks = widget_marks(self.marks())
         for group, metrics in self.history.groups().items():
             self.charts.draw(group, group, self.curve_traces(metrics), marks)
 
-    def _resize_marks(self) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
-        """A dashed line at the step each resized attempt resumed from, labelled with the change ("2 → 1 ranks")."""
-        said: dict[int, str] = {}
-        for event in self.run.reader.events:
-            if event["kind"] == "resize" and " ranks: " in event["message"] and " → " in event["message"]:
-                said[event["attempt"] + 1] = event["message"].split(":")[0]
-        shapes, labels = [], []
-        for attempt, step in sorted(self.history.resumed_at.items()):
-            if attempt in said:
-                shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": step, "x1": step, "y0": 0,
-                               "y1": 1, "line": {"dash": "dash", "width": 1, "color": "#ff7f0e"}})
-                labels.append({"x": step, "xref": "x", "yref": "paper", "y": 1, "yanchor": "bottom",
-                               "text": said[attempt], "showarrow": False, "font": {"size": 9, "color": "#ff7f0e"}})
-        changed_shapes, changed_labels = change_marks(self._summary.get("changes") or [])
-        return tuple(shapes + changed_shapes), tuple(labels + changed_labels)
+    def marks(self) -> list[Mark]:
+        """The run's marks (the history model's): changes, rewinds, resizes, restarts, guard trips."""
+        return marks_of(self._summary, self.run.reader.events, self.history.resumed_at)
 
     def _draw_workers(self, summary: dict[str, Any]) -> None:
         workers = sorted(summary.get("workers") or [], key=lambda worker: worker["rank"])
@@ -424,7 +411,7 @@ class WidgetDashboard(Follower):
     def _draw_notice(self) -> None:
         events = [e for e in self.run.reader.events
                   if e["kind"] in ("restart", "stall", "stacks", "resize", "note") or
-                  (e["kind"] == "state" and e["message"].startswith("restarting"))]
+                  (e["kind"] == "state" and e.get("state") == RunState.RESTARTING)]
         if events:
             last = events[-1]
             self.notice.value = (f'<span class="nbtrain-notice" style="color:#ff7f0e">'

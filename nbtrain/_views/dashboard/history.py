@@ -12,10 +12,14 @@ Rows arrive in order per rank almost always, so a batch is an append; a restart
 that resumes from an earlier step (or a late batch) replaces the overlapping
 tail, so the curve shows the attempt that counts. (A tail that reaches back into
 the buckets is cut at the nearest kept point; the band forgets the steps from
-where a new attempt resumes.) A rank going back within an attempt is a rewind
-(``run.rewind()`` or a guard): the band's mean past that step is kept as the
-branch the run went back from (:attr:`MetricHistory.superseded`, drawn faded),
-the last ``KEPT_BRANCHES`` of them, before the band forgets it.
+where a new attempt resumes.) Which rows a rewind (``run.rewind()`` or a guard)
+superseded is the run's history model's decision
+(:mod:`nbtrain._client.run.run_history`), the one ``run.metrics_frame()`` makes:
+once a rank has gone back, what was drawn past the rewind's step becomes the
+branch's own band (:meth:`MetricHistory.left_branches`, drawn faded; the last
+``KEPT_BRANCHES``), and rows past that step of a rank that has not gone back yet
+wait until it has. Metrics that only count (``epoch``) are not curves
+(:attr:`MetricHistory.counters`).
 """
 
 from __future__ import annotations
@@ -23,20 +27,23 @@ from __future__ import annotations
 import math
 from itertools import repeat
 from operator import itemgetter
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from nbtrain._client.run.run_history import RESERVED, Branch, CountWatch, branch_of_rows, branches_of
+from nbtrain._states import RunState
 from nbtrain._views.dashboard.band import RankBand
 from nbtrain._views.dashboard.downsample import Array, downsample
 
-RESERVED = frozenset({"rank", "step", "attempt", "time"})
 EXACT_POINTS = 2000     # per metric and rank: the recent points, kept exactly
 SPILL_POINTS = 500      # when the exact buffer is full, this many (or more) go to buckets at once
 MAX_BUCKETS = 256       # per metric and rank: older points, in at most this many buckets
 MAX_POINTS = 2000       # per drawn curve, unless the caller asks otherwise
 KEPT_BRANCHES = 3       # per metric: the branches rewinds went back from, drawn faded
+HELD_ROWS = 100_000     # rows held for a rewind under way, at most (a rank that never goes back: drawn as they are)
 
 Ints = npt.NDArray[np.int64]
 FX, FY, MINX, MINY, MAXX, MAXY, LX, LY = range(8)  # a bucket's fields
@@ -269,36 +276,111 @@ class MetricHistory:
         self._bands: dict[str, RankBand] = {}
         self._attempt = 0
         self.resumed_at: dict[int, int] = {}  # attempt -> the step it resumed from (where a curve mark goes)
-        # metric -> the mean across ranks of each branch a rewind went back from, oldest first: (steps, means)
-        self.superseded: dict[str, list[tuple[Array, Array]]] = {}
-        self._last_step: dict[int, float] = {}  # rank -> its last step this attempt (a step back is a rewind)
-        self._went_back: tuple[float, set[int]] = (math.nan, set())  # the last rewind's first step, ranks seen back
+        self._branches: tuple[Branch, ...] = ()      # the run's rewinds, as the last batch came with them
+        self._moved: set[int] = set()                # branches whose rows drawn before were moved to their bands
+        self._branch_bands: dict[int, dict[str, RankBand]] = {}  # branch -> metric -> its rows' band (the last few)
+        self._held: list[dict[str, Any]] = []        # rows a rewind under way may yet supersede, in report order
+        self._counting: dict[str, CountWatch] = {}
         self.rows_seen = 0
         self.latest: dict[str, float] = {}
         self.text: dict[int, dict[str, str]] = {}  # rank -> the last text (or true/false) of each metric
 
-    def add(self, rows: list[dict[str, Any]]) -> None:
-        """Take a batch of metric rows (as ``run.reader.rows_since`` gives them), a column at a time."""
+    def add(self, rows: list[dict[str, Any]], branches: Sequence[Branch] = ()) -> None:
+        """Take a batch of metric rows (as ``run.reader.rows_since`` gives them), a column at a time, with the
+        run's rewinds as of them (:func:`~nbtrain._client.run.run_history.branches_of`): which rows a rewind
+        superseded is the history model's decision (:class:`~nbtrain._client.run.run_history.Branch`); rows it may
+        yet supersede (a rank that has not gone back yet) wait here until it says."""
         self.rows_seen += len(rows)
+        self._learn(tuple(branches))
+        self._take(self._held + rows)
+
+    def release(self) -> None:
+        """The run has ended and every row is here: rows still waiting on a rewind that never came are drawn."""
+        held, self._held = self._held, []
+        self._take(held, final=True)
+
+    def _take(self, rows: list[dict[str, Any]], final: bool = False) -> None:
+        self._held = []
         while rows:
-            ranks = np.fromiter(map(itemgetter("rank"), rows), np.int64, len(rows))
-            steps = np.fromiter(map(itemgetter("step"), rows), float, len(rows))
             attempts = np.fromiter((a or 1 for a in map(dict.get, rows, repeat("attempt"))), np.int64, len(rows))
             if attempts[0] > self._attempt:  # one attempt at a time: a batch may hold the end of one, the next's start
+                if self._held:  # the last attempt's rows that waited on a rewind: it never came for their ranks
+                    held, self._held = self._held, []
+                    self._decide(held, final=True)
+                steps = np.fromiter(map(itemgetter("step"), rows), float, len(rows))
                 self._new_attempt(int(attempts[0]), steps[attempts == attempts[0]])
             later = np.flatnonzero(attempts > self._attempt)
             end = int(later[0]) if len(later) else len(rows)  # rows up to the next attempt's first
-            current = np.flatnonzero(attempts[:end] == self._attempt)
-            back = _first_back_in(ranks[current], steps[current], self._last_step)
-            stop = end if back is None else int(current[back])
-            if stop:
-                self._add_columns(rows[:stop], ranks[:stop], steps[:stop])
-                taken = current[current < stop][::-1]  # each rank's last row first
-                seen_ranks, last = np.unique(ranks[taken], return_index=True)
-                self._last_step.update(zip(seen_ranks.tolist(), steps[taken][last].tolist()))
-            if back is not None:
-                self._rewound(int(ranks[stop]), float(steps[stop]))
-            rows = rows[stop:]
+            self._decide(rows[:end], final)
+            rows = rows[end:]
+
+    def _decide(self, rows: list[dict[str, Any]], final: bool) -> None:
+        """Draw the rows the model has decided (current, or a branch's); keep those a rewind under way may take."""
+        ranks = np.fromiter(map(itemgetter("rank"), rows), np.int64, len(rows))
+        steps = np.fromiter(map(itemgetter("step"), rows), float, len(rows))
+        times = np.fromiter((t if t is not None else math.inf for t in map(dict.get, rows, repeat("time"))), float,
+                            len(rows))
+        branch = branch_of_rows(self._branches, ranks, steps, times)
+        waiting = np.zeros(len(rows), dtype=bool) if final else self._waiting(ranks, steps) & (branch < 0)
+        if waiting.any():  # a rank's rows wait from its first that does: they stay in report order
+            first = {int(rank): int(np.flatnonzero(waiting & (ranks == rank))[0]) for rank in np.unique(ranks[waiting])}
+            waiting = np.fromiter((index >= first.get(int(rank), len(rows)) for index, rank in enumerate(ranks)),
+                                  bool, len(rows))
+            if len(self._held) + int(waiting.sum()) > HELD_ROWS:  # a rank never says: draw them as they are
+                waiting[:] = False
+        now = np.flatnonzero(~waiting & (branch < 0))
+        if len(now):
+            self._add_columns([rows[i] for i in now], ranks[now], steps[now])
+        for number in np.unique(branch[branch >= 0]).tolist():
+            left = np.flatnonzero(branch == number)
+            self._add_to_branch(number, [rows[i] for i in left], steps[left])
+        self._held.extend(rows[i] for i in np.flatnonzero(waiting))
+
+    def _waiting(self, ranks: Ints, steps: Array) -> npt.NDArray[np.bool_]:
+        """Rows past a rewind's step whose rank has not gone back yet, in this attempt."""
+        waits = np.zeros(len(ranks), dtype=bool)
+        for branch in self._branches:
+            if branch.dropped or branch.attempt not in (None, self._attempt):
+                continue
+            gone_back = np.fromiter(branch.rank_times, np.int64, len(branch.rank_times))
+            waits |= (steps > branch.to_step) & ~np.isin(ranks, gone_back)
+        return waits
+
+    def _learn(self, branches: tuple[Branch, ...]) -> None:
+        """A rewind of this attempt that a rank has applied: what was drawn past its step was reported before
+        (rows it may take wait meanwhile), so it is the branch's; the band and the ranks' curves forget it."""
+        self._branches = branches
+        for number, branch in enumerate(branches):
+            if number in self._moved or branch.dropped or not branch.rank_times:
+                continue
+            if branch.attempt is not None and branch.attempt > self._attempt:
+                continue  # a later attempt's (a history read whole): its rows are decided as they come
+            self._moved.add(number)
+            if branch.attempt not in (None, self._attempt):
+                continue  # an earlier attempt's, learnt late: its rows past the resume step are forgotten already
+            first_left = branch.to_step + 1
+            self._branch_bands[number] = {name: band.copy() for name, band in self._bands.items()}
+            for band in self._bands.values():
+                band.forget_from(first_left)
+            for tier in self._tiers.values():
+                for rank in tier.ranks():
+                    if tier.last[rank] >= first_left:
+                        tier._truncate(rank, first_left)
+            for old in sorted(self._branch_bands)[:-KEPT_BRANCHES]:
+                del self._branch_bands[old]
+
+    def _add_to_branch(self, number: int, rows: list[dict[str, Any]], steps: Array) -> None:
+        """Rows a rewind superseded, reported after it was learnt (a slower rank's): into its branch's band."""
+        if number in self._moved and number not in self._branch_bands:
+            return  # an old branch, no longer drawn
+        bands = self._branch_bands.setdefault(number, {})
+        for name in set().union(*rows).difference(RESERVED):
+            values = np.array([v if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+                               for v in map(dict.get, rows, repeat(name))], dtype=float)
+            if np.isfinite(values).any():
+                bands.setdefault(name, RankBand()).add(steps, values)
+        for old in sorted(self._branch_bands)[:-KEPT_BRANCHES]:
+            del self._branch_bands[old]
 
     def _new_attempt(self, attempt: int, steps: Array) -> None:
         """Rows of a new attempt (a restart, a resize), at ``steps``: it resumes where they begin, and the band
@@ -309,26 +391,22 @@ class MetricHistory:
             for band in self._bands.values():
                 band.forget_from(resumed)
         self._attempt = attempt
-        self._last_step.clear()
-        self._went_back = (math.nan, set())
+        for watch in self._counting.values():
+            watch.new_attempt()
 
-    def _rewound(self, rank: int, step: float) -> None:
-        """``rank`` went back to ``step`` in this attempt (a rewind): the first rank to do so keeps the band's branch
-        from there as superseded and has the band forget it; the others, going back to that step, find it done."""
-        at, ranks = self._went_back
-        self._last_step[rank] = step - 1
-        if at == step and rank not in ranks:
-            ranks.add(rank)
-            return
-        for name, band in self._bands.items():
+    def left_branches(self, metric: str) -> list[tuple[Array, Array]]:
+        """The mean across ranks of each branch a rewind left (the last ``KEPT_BRANCHES``), oldest first, from the
+        step after the one it went back to: drawn faded."""
+        curves = []
+        for number in sorted(self._branch_bands):
+            band = self._branch_bands[number].get(metric)
+            if band is None or number >= len(self._branches):
+                continue
             xs, means, _low, _high = band.view()
-            kept = xs >= step
+            kept = xs > self._branches[number].to_step
             if kept.any():
-                branches = self.superseded.setdefault(name, [])
-                branches.append((xs[kept], means[kept]))
-                del branches[:-KEPT_BRANCHES]
-            band.forget_from(int(step))
-        self._went_back = (step, {rank})
+                curves.append((xs[kept], means[kept]))
+        return curves
 
     def _add_columns(self, rows: list[dict[str, Any]], ranks: Ints, steps: Array) -> None:
         first = list(rows[0])  # in the order rows name them: the worker table shows text in that order
@@ -352,13 +430,20 @@ class MetricHistory:
                 return
             numbers, present = np.array([v for v, m in zip(values, mask) if m], dtype=float), mask
         rank_numbers, step_numbers = ranks[present], steps[present]
+        self._counting.setdefault(name, CountWatch()).take(rank_numbers, numbers, kinds - {type(None)} == {int})
         self._tiers.setdefault(name, _RankTiers()).add(rank_numbers, step_numbers, numbers)
         self._bands.setdefault(name, RankBand()).add(step_numbers, numbers)
         self.latest[name] = float(numbers[-1])
 
     @property
     def metrics(self) -> list[str]:
-        return sorted(self._tiers)
+        """The metrics drawn as curves: every number reported but those that only count (:attr:`counters`)."""
+        return sorted(name for name in self._tiers if not self._counting[name].counts)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The metrics that only count (``epoch`` beside the loss), with their latest value: progress, not curves."""
+        return {name: int(self.latest[name]) for name in sorted(self._tiers) if self._counting[name].counts}
 
     def groups(self) -> dict[str, list[str]]:
         """Losses together, accuracies together, everything else on its own."""
@@ -405,20 +490,11 @@ class MetricHistory:
         return sum(t.nbytes for t in self._tiers.values()) + sum(b.nbytes for b in self._bands.values())
 
 
-def _first_back_in(ranks: Ints, steps: Array, last: dict[int, float]) -> int | None:
-    """The index of the first row whose step is not past its rank's previous one (in ``last``, then in the rows);
-    None when every rank only goes on."""
-    order = np.argsort(ranks, kind="stable")
-    r, s = ranks[order], steps[order]
-    starts = np.concatenate([[0], np.flatnonzero(np.diff(r)) + 1])
-    previous = np.empty_like(s)
-    previous[1:] = s[:-1]
-    previous[starts] = [last.get(int(rank), -math.inf) for rank in r[starts]]
-    back = np.flatnonzero(s < previous)  # a step again is not back: rows of one step (loss, then val_loss)
-    return int(order[back].min()) if len(back) else None
-
-
 def take_new_rows(run: Any, history: MetricHistory) -> None:
-    """Rows from where the history left off; rows the Run no longer holds are skipped, not waited for."""
+    """Rows from where the history left off, with the run's rewinds as of them; rows the Run no longer holds are
+    skipped, not waited for. Once the run has ended and every row is here, rows still waiting are drawn."""
     history.rows_seen = max(history.rows_seen, run.reader.row_window_start)
-    history.add(run.reader.rows_since(history.rows_seen))
+    summary = run.reader.summary
+    history.add(run.reader.rows_since(history.rows_seen), branches_of(summary))
+    if RunState(summary.get("state", RunState.PENDING)).is_terminal and run.reader.caught_up:
+        history.release()

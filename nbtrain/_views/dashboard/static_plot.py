@@ -15,14 +15,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nbtrain._client.run.run_history import Mark
 from nbtrain._views.dashboard.downsample import Points, downsample
 from nbtrain._views.dashboard.history import MetricHistory
+from nbtrain._views.dashboard.mark_styles import style_of
 from nbtrain._views.dashboard.step_time_plot import debug_hint
 from nbtrain._views.dashboard.summary_text import STATE_COLOURS, elapsed, fmt_duration
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
-Mark = tuple[float, str, str]  # a vertical line at this step, its label, its colour
 SUPERSEDED = "superseded"  # a series name's end: the branch a rewind went back from, drawn faded
 
 
@@ -88,8 +89,8 @@ def static_summary(run_name: str, summary: dict[str, Any], history: MetricHistor
     """The HTML a finished run's dashboard leaves: one line of outcome, a chart per metric group, the workers'
     ``table`` (HTML) as it ended, the failure."""
     charts = [svg_chart(group, {**{f"{metric} mean": history.mean(metric) for metric in metrics},
-                                **{f"{metric} {SUPERSEDED}": history.superseded[metric][-1] for metric in metrics
-                                   if history.superseded.get(metric)}}, marks=marks)
+                                **{f"{metric} {SUPERSEDED}": history.left_branches(metric)[-1] for metric in metrics
+                                   if history.left_branches(metric)}}, marks=marks)
               for group, metrics in history.groups().items()]
     error = summary.get("error")
     return (f'<div class="nbtrain-summary">{summary_line(run_name, summary, history)}{"".join(charts)}{table}'
@@ -117,7 +118,8 @@ def svg_chart(title: str, series: Mapping[str, tuple[Points, Points]],
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5"{style} points="{path}"/>')
         parts.append(f'<text x="{width - right - 4}" y="{top + 12 + 12 * i}" text-anchor="end" '
                      f'fill="{colour}">{html.escape(name)}</text>')
-    for step, label, colour in marks:
+    for mark in marks:
+        step, label, colour = mark.step, mark.label, style_of(mark).colour
         if axes.x0 <= step <= axes.x1:
             x = sx(step)
             parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" stroke="{colour}" '
