@@ -251,7 +251,7 @@ def test_an_elastic_run_shrinks_on_a_lost_node_and_grows_back(tmp_path):
                                             "1 → 2 ranks: resources freed up"]
     resized = [(e["attempt"], e["from_size"], e["to_size"]) for e in controller.feed.events if "to_size" in e]
     assert resized == [(1, 2, 1), (2, 1, 2)], "a resize's event says its sizes: readers never parse its message"
-    assert [e["state"] for e in controller.feed.events if e["kind"] == "state"][-1] == "succeeded"
+    assert [e["state"] for e in controller.feed.events if "state" in e][-1] == "succeeded"
     assert cluster.asked == [1], "below max, the run asked the autoscaler for room"
     assert cluster.withdrawn == 1, "back at max, it withdrew the request"
 

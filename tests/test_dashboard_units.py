@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from nbtrain._client.run.run_history import Branch, Mark
 from nbtrain._cluster.commands import Heartbeat, SteeringBeat
 from nbtrain._cluster.rank.data.counted_shard import CountedShard
 from nbtrain._cluster.rank.data.loading import batch_size_of
@@ -82,7 +83,8 @@ def test_static_chart_is_a_small_svg_with_the_series_names():
 
 def test_static_chart_marks_the_changes_inside_its_steps_and_leaves_out_the_others():
     xs = np.arange(100, dtype=float)
-    svg = svg_chart("loss", {"loss mean": (xs, xs)}, marks=[(40, "lr 0.1 → 0.01", "#9467bd"), (500, "later", "#000")])
+    svg = svg_chart("loss", {"loss mean": (xs, xs)},
+                    marks=[Mark(40, "adjust", "lr 0.1 → 0.01"), Mark(500, "adjust", "later")])
     assert svg.count("<line ") == 1 and "lr 0.1 → 0.01" in svg and "later" not in svg
 
 
@@ -177,9 +179,11 @@ def test_a_dataset_shards_batches_count_toward_samples_per_s():
 
 
 def test_each_resize_is_marked_on_the_curves_where_the_new_size_resumed():
+    """The sizes come from the events' structured fields (a message is for people: it is not parsed)."""
     events = [{"kind": "resize", "attempt": 1, "message": "room for 2 ranks (now 1): growing at the next checkpoint"},
-              {"kind": "resize", "attempt": 1, "message": "1 → 2 ranks: resources freed up"},
-              {"kind": "resize", "attempt": 2, "message": "2 → 1 ranks: node 127.0.0.1 (node 65ab12) draining"}]
+              {"kind": "resize", "attempt": 1, "message": "resources freed up", "from_size": 1, "to_size": 2},
+              {"kind": "resize", "attempt": 2, "message": "node 127.0.0.1 (node 65ab12) draining", "from_size": 2,
+               "to_size": 1}]
     dashboard = WidgetDashboard(SimpleNamespace(name="elastic", reader=SimpleNamespace(events=events)))
     dashboard.history.add([{"rank": 0, "step": s, "attempt": 1, "time": 0.0, "loss": 1.0} for s in range(1, 11)])
     dashboard.history.add([{"rank": r, "step": s, "attempt": 2, "time": 0.0, "loss": 1.0}
@@ -210,16 +214,26 @@ def test_under_a_dashboard_a_failed_cell_names_the_failing_rank_once_and_points_
                        "Each failing rank's traceback is in the dashboard above, in its log (marked failed)."]
 
 
-def test_a_rewound_branch_is_drawn_faded_from_the_step_gone_back_to_and_the_mean_follows_the_new_one():
+def test_a_rewound_branch_is_drawn_faded_from_the_step_after_the_one_gone_back_to_and_the_mean_follows_the_new_one():
+    """Live, as the rows and the rewind's record arrive: rank 0 goes back to step 40 (skipping 41 and 42) before rank
+    1 does. Which rows the rewind superseded is the history model's decision (as run.metrics_frame() makes it): 41
+    onwards, reported before each rank went back; rank 1's rows past 40 wait until its going back is recorded."""
     dashboard = WidgetDashboard(SimpleNamespace(name="rewound", reader=SimpleNamespace(events=[])))
-    rows = [{"rank": r, "step": s, "attempt": 1, "time": 0.0, "loss": 1.0, "val_loss": 2.0}
+    rows = [{"rank": r, "step": s, "attempt": 1, "time": float(s), "loss": 1.0, "val_loss": 2.0}
             for s in range(1, 51) for r in (0, 1)]
     # the same step twice for a rank (a validation row after the training row) is not a rewind
-    dashboard.history.add([*rows, {"rank": 0, "step": 50, "attempt": 1, "time": 0.0, "val_loss": 2.5}])
-    assert dashboard.history.superseded == {}
-    # rank 0 goes back to step 40 and goes on (skipping 41, 42) before rank 1's last old row and its own rewind
-    dashboard.history.add([{"rank": 0, "step": s, "attempt": 1, "time": 0.0, "loss": 5.0} for s in range(43, 60)]
-                          + [{"rank": 1, "step": s, "attempt": 1, "time": 0.0, "loss": 5.0} for s in range(43, 60)])
+    dashboard.history.add([*rows, {"rank": 0, "step": 50, "attempt": 1, "time": 50.5, "val_loss": 2.5}])
+    assert dashboard.history.left_branches("loss") == []
+    under_way = Branch(to_step=40, rank_times={}, skip=2, attempt=1)
+    rank_0_back = Branch(to_step=40, rank_times={0: 51.0}, skip=2, step=51, attempt=1)
+    both_back = Branch(to_step=40, rank_times={0: 51.0, 1: 51.5}, skip=2, step=51, attempt=1)
+    dashboard.history.add([{"rank": 1, "step": 51, "attempt": 1, "time": 51.0, "loss": 1.0}], [under_way])
+    dashboard.history.add([{"rank": 0, "step": s, "attempt": 1, "time": 60.0 + s, "loss": 5.0} for s in range(43, 60)],
+                          [rank_0_back])
+    steps, mean = dashboard.history.mean("loss")
+    assert steps.max() == 59 and set(mean[steps > 40]) == {5.0}, "rank 1's rows past 40 are drawn before it said"
+    dashboard.history.add([{"rank": 1, "step": s, "attempt": 1, "time": 60.0 + s, "loss": 5.0} for s in range(43, 60)],
+                          [both_back])
     dashboard._summary = {"changes": [{"kind": "rewind", "applied_step": 51, "args": {"to_step": 40, "skip": 2},
                                        "description": "rewound to step 40, 2 batches skipped, at step 51"}]}
 
@@ -228,9 +242,9 @@ def test_a_rewound_branch_is_drawn_faded_from_the_step_gone_back_to_and_the_mean
     names = dashboard.charts.trace_names("loss")
     assert {"loss superseded 1", "val_loss superseded 1"} <= set(names), names
     left_x, left_y = dashboard.charts.points("loss", "loss superseded 1")
-    assert list(left_x) == list(range(43, 51)) and set(left_y) == {1.0}
+    assert list(left_x) == list(range(41, 52)) and set(left_y) == {1.0}
     steps, mean = dashboard.charts.points("loss", "loss mean")
-    assert list(steps) == [*range(1, 43), *range(43, 60)]
+    assert list(steps) == [*range(1, 41), *range(43, 60)]
     assert set(mean[steps > 42]) == {5.0}, "the mean mixes the branch gone back from with the new one"
     dashed = [trace["name"] for trace in dashboard.charts.spec("loss")["traces"] if trace.get("dash")]
     assert dashed == ["loss superseded 1", "val_loss superseded 1"]
@@ -240,12 +254,13 @@ def test_a_rewound_branch_is_drawn_faded_from_the_step_gone_back_to_and_the_mean
 
 def test_a_history_read_whole_after_the_end_finds_the_rewind_of_an_earlier_attempt():
     history = MetricHistory()
-    first = [{"rank": 0, "step": s, "attempt": 1, "time": 0.0, "loss": 1.0} for s in range(1, 53)]
-    branch = [{"rank": 0, "step": s, "attempt": 1, "time": 0.0, "loss": 2.0} for s in range(43, 91)]
-    second = [{"rank": 0, "step": s, "attempt": 2, "time": 0.0, "loss": 3.0} for s in range(81, 101)]
-    history.add([*first, *branch, *second])  # one batch, as a dashboard opened after the run's end reads it
-    [(left_x, left_y)] = history.superseded["loss"]
-    assert list(left_x) == list(range(43, 53)) and set(left_y) == {1.0}
+    first = [{"rank": 0, "step": s, "attempt": 1, "time": float(s), "loss": 1.0} for s in range(1, 53)]
+    branch = [{"rank": 0, "step": s, "attempt": 1, "time": 100.0 + s, "loss": 2.0} for s in range(43, 91)]
+    second = [{"rank": 0, "step": s, "attempt": 2, "time": 200.0 + s, "loss": 3.0} for s in range(81, 101)]
+    rewind = Branch(to_step=40, rank_times={0: 100.0}, skip=2, step=53, attempt=1)
+    history.add([*first, *branch, *second], [rewind])  # one batch, as a dashboard opened after the run's end reads it
+    [(left_x, left_y)] = history.left_branches("loss")
+    assert list(left_x) == list(range(41, 53)) and set(left_y) == {1.0}
     assert history.resumed_at == {2: 81}
     steps, mean = history.mean("loss")
-    assert list(steps) == list(range(1, 101)) and set(mean[steps > 80]) == {3.0}
+    assert list(steps) == [*range(1, 41), *range(43, 101)] and set(mean[steps > 80]) == {3.0}

@@ -153,13 +153,13 @@ def test_a_patch_rebinds_the_training_codes_global_at_its_step_and_a_missing_nam
 
 
 def test_a_patch_and_an_exec_are_marked_on_the_dashboards_curves_where_they_applied():
-    from nbtrain._views.dashboard.control_row import change_marks
+    from nbtrain._client.run.run_history import Mark, marks_of
 
     changes = [{"applied_step": 7, "kind": PATCH, "args": {}, "description": "patched scale at step 7"},
                {"applied_step": 9, "kind": EXEC, "args": {}, "description": "exec 'x' on rank(s) [0] at step 9"},
                {"applied_step": 9, "kind": "stop_after_epoch", "args": {}, "description": "stop after epoch 1"}]
-    _shapes, labels = change_marks(changes)
-    assert [(label["x"], label["text"]) for label in labels] == [(7, "patched scale"), (9, "exec 'x' on rank(s) [0]")]
+    assert marks_of({"changes": changes}, [], {}) == [Mark(7, PATCH, "patched scale"),
+                                                       Mark(9, EXEC, "exec 'x' on rank(s) [0]")]
 
 
 def test_a_rewind_keeps_a_patch_and_a_new_attempt_follows_it():

@@ -246,8 +246,7 @@ def test_the_dashboards_controls_steer_the_run_and_mark_the_curves(cluster):
         wait_for(lambda: [c for c in run.changes if c["step"] is not None], timeout=30, message="the change applied")
         dashboard.update()
         assert controls.fields["lr"].value == "0.02"
-        _shapes, labels = dashboard._resize_marks()
-        assert [label["text"] for label in labels] == ["lr 0.1 → 0.02"]
+        assert [mark.label for mark in dashboard.marks()] == ["lr 0.1 → 0.02"]
 
         controls.pause_button.click()
         wait_for(lambda: run.summary()["paused_at"] is not None, timeout=30, message="the run paused")

@@ -163,7 +163,7 @@ class RunController:
             if self.spec.options.guard:
                 self.steering.start_with_guard(checked_guard(self.spec.options.guard, "launch(guard=...)"))
             self.persist()
-            self.feed.event("state", f"run {self.spec.name} created", self.attempt)
+            self.feed.event("state", f"run {self.spec.name} created", self.attempt, state=self.state.value)
             for note in self.spec.notes:
                 self.feed.event("note", note, self.attempt)
             return
