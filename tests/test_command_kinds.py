@@ -60,7 +60,8 @@ def test_a_kind_of_its_own_is_checked_issued_applied_and_described_through_the_k
     with pytest.raises(InvalidOptionError, match=r"tag\(text=...\) is a string"):
         table.command_kind("tag").check({"text": None})
     events: list[tuple[str, str]] = []
-    supervisor = RunSteering(record=lambda kind, message, **_fields: events.append((kind, message)), persist=lambda: None)
+    supervisor = RunSteering(record=lambda kind, message, **_fields: events.append((kind, message)),
+                             persist=lambda: None)
     applied: list[tuple] = []
     session = SimpleNamespace(
         supervisor=SimpleNamespace(command_applied=SimpleNamespace(remote=lambda *args: applied.append(args))),

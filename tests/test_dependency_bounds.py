@@ -55,3 +55,4 @@ def test_lower_bounds_match_the_apis_used() -> None:
     named = {r.name: r for r in _requirements(binder=False)}
     assert Version("2.5.9") not in named["torch"].specifier  # FSDP2's public fully_shard: torch 2.6
     assert Version("2.2.9") not in named["lightning"].specifier  # ModelParallelStrategy: lightning 2.3
+    assert Version("5.24.1") not in named["plotly"].specifier  # figures saved with base64 arrays: plotly 6

@@ -47,7 +47,7 @@ def test_every_module_but_the_package_root_and_the_integrations_is_private():
     assert public == expected, f"modules outside private subpackages: {public}"
 
 
-def test_integrations_are_pinned_and_imported_only_when_asked_for():
+def test_integrations_are_pinned_and_they_and_plotly_are_imported_only_when_asked_for():
     import importlib
     import subprocess
     import sys
@@ -55,7 +55,8 @@ def test_integrations_are_pinned_and_imported_only_when_asked_for():
     for name, exported in PUBLIC_SUBMODULES.items():
         assert importlib.import_module(f"nbtrain.{name}").__all__ == exported
         assert getattr(nbtrain, name).__name__ == f"nbtrain.{name}"
-    probe = "import sys, nbtrain; print(sorted(m for m in ('lightning', 'transformers') if m in sys.modules))"
+    probe = ("import sys, nbtrain; "
+             "print(sorted(m for m in ('lightning', 'transformers', 'plotly') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 

@@ -1,7 +1,8 @@
 """What the client side shows, reached without importing the views: ``nbtrain/_views/__init__.py`` gives each
 opener here when the views are loaded (``import nbtrain`` loads them), and ``Run.dashboard()``,
-``Sweep.dashboard()`` and ``Run.debug()`` call them. So ``_client`` never imports ``_views``: the views sit above
-the client and attach what they draw to its handles (``tests/test_module_layout.py`` checks the direction)."""
+``Sweep.dashboard()``, ``Run.debug()`` and the ``figure()`` methods call them. So ``_client`` never imports
+``_views``: the views sit above the client and attach what they draw to its handles
+(``tests/test_module_layout.py`` checks the direction)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 RUN_DASHBOARD = "the run's dashboard"
 SWEEP_DASHBOARD = "the sweep's dashboard"
 POST_MORTEM = "the post-mortem debugger"
+RUN_FIGURE = "the run's plotly figure"
+SWEEP_FIGURE = "the sweep's plotly figure of its best trials"
 _openers: dict[str, Callable[..., Any]] = {}
 
 

@@ -1,6 +1,8 @@
 """``nbtrain.compare()``: several runs' curves on one plot, with their config differences and final metrics.
 
-Each run is drawn as its ranks' mean of one metric, by step or by time since it started. A forked run
+Each run is drawn as its ranks' mean of one metric, by step or by time since it started, as its history model
+says it (:class:`~nbtrain._client.run.run_history.RunHistory`: the rows a rewind left or a later attempt
+replaced do not count). ``figure()`` gives the same curves as a plotly figure. A forked run
 (``run.fork()``) is drawn from its fork step on: its rows are numbered from the parent's checkpoint
 when its code continues the parent's steps, and shifted there when its steps start again from 0. The
 comparison follows live runs: while any of them goes on, a thread of its own refreshes it every
@@ -11,10 +13,11 @@ from __future__ import annotations
 
 import html
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nbtrain._exceptions import InvalidOptionError
+from nbtrain._registry import is_whole
 from nbtrain._states import RunState
 
 FOLLOW_S = 2.0
@@ -94,19 +97,32 @@ class Comparison:
         """
         found = {}
         for run in self.runs:
-            by_step: dict[int, list[tuple[float, float]]] = {}
-            for row in run.metrics:
-                value = row.get(self.metric)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    by_step.setdefault(int(row["step"]), []).append((float(value), float(row.get("time") or 0.0)))
-            steps = sorted(by_step)
-            shift = _fork_shift(run, steps)
-            start = min((t for values in by_step.values() for _, t in values), default=0.0)
-            xs = [float(step + shift) if self.x == "step" else min(t for _, t in by_step[step]) - start
-                  for step in steps]
-            ys = [sum(v for v, _ in by_step[step]) / len(by_step[step]) for step in steps]
-            found[run.name] = (xs, ys)
+            history = run.reader.history()
+            steps, means = history.mean(self.metric)
+            if self.x == "step":
+                xs = steps + _fork_shift(history.summary, steps)
+            else:
+                _steps, first = history.first_times(self.metric)
+                xs = first - first.min() if len(first) else first
+            found[run.name] = (xs.astype(float).tolist(), means.astype(float).tolist())
         return found
+
+    def figure(self) -> Any:
+        """The comparison as a plotly figure: one trace per run (its mean across ranks, downsampled as the
+        dashboard's curves are), the legend right of the plot, no line drawn across a gap in a run's reports.
+
+        Returns:
+            A ``plotly.graph_objects.Figure`` (no run reported the metric yet: an empty one whose title says so).
+
+        Example::
+
+            nbtrain.compare([run, child], metric="val_loss").figure().write_html("compare.html")
+        """
+        from nbtrain._views.figures import comparison_figure
+
+        curves = {name: curve for name, curve in self.curves().items() if curve[0]}
+        return comparison_figure(f"{self.metric} by {self.x}: {', '.join(run.name for run in self.runs)}", curves,
+                                 xlabel="step" if self.x == "step" else "seconds since the first report")
 
     def table(self) -> list[dict[str, Any]]:
         """The table under the plot: how the runs differ and how they did.
@@ -205,9 +221,9 @@ class Comparison:
         return all(RunState(run.summary()["state"]).is_terminal for run in self.runs)
 
 
-def _fork_shift(run: Any, steps: list[int]) -> int:
-    parent = run.summary().get("parent")
-    if not parent or not steps:
+def _fork_shift(summary: Mapping[str, Any], steps: Any) -> int:
+    parent = summary.get("parent")
+    if not parent or not len(steps):
         return 0
     return int(parent["step"]) if steps[0] < int(parent["step"]) else 0
 
@@ -225,3 +241,29 @@ def _shown(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return "" if value is None else str(value)
+
+
+def sweep_figure(sweep: Any, best: int = 3) -> Any:
+    """``sweep.figure(best)``: the best trials' curves of the sweep's metric, best first (failed trials left out)."""
+    from nbtrain._views.figures import comparison_figure
+
+    if not is_whole(best) or best < 1:
+        raise InvalidOptionError(f"sweep.figure(best=...) is how many trials to draw, a whole number >= 1; "
+                                 f"got {best!r}.")
+    trials = sweep.trials
+    answer = sweep.cached
+    metric, mode = answer.get("metric"), answer.get("mode")
+    scored = [t for t in trials if t.best is not None and t.state != "failed" and t.run_name is not None]
+    picked = sorted(scored, key=lambda t: t.best, reverse=mode == "max")[:best]
+    title = f"sweep {sweep.name}: best {len(picked)} of {len(trials)} trials by {metric} ({mode})"
+    if not picked:
+        return comparison_figure(title, {})
+    curves = Comparison([t.run for t in picked], str(metric), "step").curves()
+    named = {f"trial {t.index}: {_config_said(t.config)}": curves[t.run_name] for t in picked if t.run_name in curves}
+    return comparison_figure(title, {name: curve for name, curve in named.items() if curve[0]})
+
+
+def _config_said(config: Mapping[str, Any], chars: int = 60) -> str:
+    said = ", ".join(f"{key}={value:.3g}" if isinstance(value, float) else f"{key}={value}"
+                     for key, value in config.items())
+    return said if len(said) <= chars else said[:chars - 1] + "…"

@@ -241,6 +241,26 @@ class Sweep:
         if self._handle is not None:
             ray.get(self._handle.stop_trial.remote(found[0].id), timeout=TRIAL_STOP_S)
 
+    def figure(self, best: int = 3) -> Any:
+        """The ``best`` trials' curves of the sweep's metric as one plotly figure (each trial's run, its mean across
+        ranks), best first, failed trials left out: as :meth:`Comparison.figure <nbtrain._views.compare.Comparison.
+        figure>` draws them.
+
+        Args:
+            best: how many trials, by their best value of the metric (the sweep's ``mode``).
+
+        Returns:
+            A ``plotly.graph_objects.Figure`` (no trial reported yet: an empty one whose title says so).
+
+        Raises:
+            InvalidOptionError: ``best`` is not a whole number >= 1.
+
+        Example::
+
+            sweep.figure(best=5).write_html("best-trials.html")
+        """
+        return views.open_view(views.SWEEP_FIGURE, self, best)
+
     def dashboard(self) -> Any:
         """Show the sweep's live view and return it: every trial's curve, each hyperparameter against the
         metric, the trial table (stop a trial from there)."""

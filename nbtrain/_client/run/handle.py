@@ -438,6 +438,35 @@ class Run:
         """
         return views.open_view(views.RUN_DASHBOARD, self, **options)
 
+    def figure(self, metrics: str | list[str] | None = None) -> Any:
+        """The run's history as a plotly figure, to zoom, hover, restyle or export (``write_html``, ``write_image``).
+
+        One subplot per metric: a thin translucent line per rank and a thick dark one for the mean across ranks
+        (a run of more than 8 ranks: the mean and its min-max band); the branches its rewinds left, faded; its
+        marks (changes, rewinds, resizes, restarts, patches, guard trips) as labelled vertical lines. Each trace
+        is downsampled to at most 2,000 points as the dashboard's curves are (each stretch's first, lowest,
+        highest and last point kept), so a run of millions of rows draws at once. A metric that only counts
+        (``epoch``) is said in the title, not drawn (unless named); one reported more rarely than the run's
+        steps (``epoch_loss``) is drawn as points, and no line crosses a gap in a metric's reports. A live run's
+        figure is its history so far; an ended run's is read from its files. In a notebook it shows without
+        putting a copy of plotly.js in the saved file.
+
+        Args:
+            metrics: a metric's name or a list of them, in the order drawn; ``None``: every metric but counters.
+
+        Returns:
+            A ``plotly.graph_objects.Figure`` (a run with no rows yet: an empty one whose title says so).
+
+        Raises:
+            InvalidOptionError: a metric the run does not report (a ``ValueError``; the message lists those it does).
+
+        Example::
+
+            fig = run.figure(["loss", "val_loss"])
+            fig.write_html("loss.html")
+        """
+        return views.open_view(views.RUN_FIGURE, self, metrics)
+
     def close(self) -> None:
         """End this Run's live views (its dashboards) within a second; what they drew stays, and the run goes on."""
         self._reader.close_views()

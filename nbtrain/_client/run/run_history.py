@@ -25,6 +25,7 @@ knows how a curve is drawn.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -243,8 +244,9 @@ class RunHistory:
     marks: list[Mark] = field(init=False)
 
     def __post_init__(self) -> None:
+        self._columns: dict[str, npt.NDArray[Any]] = {}
         self.branches = branches_of(self.summary)
-        ranks, steps, times, attempts = (self.column(name) for name in RESERVED)
+        ranks, steps, attempts, times = (self.column(name) for name in RESERVED)
         self.starts = attempt_starts(attempts, steps)
         self.superseded = superseded_mask(self.branches, ranks, steps, times)
         self.current = ~self.superseded & ~replaced_mask(attempts, steps, self.starts)
@@ -283,12 +285,18 @@ class RunHistory:
 
     def column(self, name: str) -> npt.NDArray[Any]:
         """A reserved column as numbers (an attempt missing from an old row reads as 1)."""
+        found = self._columns.get(name)
+        if found is not None:
+            return found
         if name not in self.rows or not len(self.rows):
-            return np.zeros(len(self.rows), dtype=np.int64 if name != "time" else float)
-        values = self.rows[name].to_numpy()
-        if name == "attempt":
-            return np.nan_to_num(values.astype(float), nan=1.0).astype(np.int64)
-        return values.astype(float) if name in ("time", "step") else values.astype(np.int64)
+            found = np.zeros(len(self.rows), dtype=np.int64 if name != "time" else float)
+        elif name == "attempt":
+            found = np.nan_to_num(self.rows[name].to_numpy().astype(float), nan=1.0).astype(np.int64)
+        else:
+            values = self.rows[name].to_numpy()
+            found = values.astype(float) if name in ("time", "step") else values.astype(np.int64)
+        self._columns[name] = found
+        return found
 
     def frame(self) -> Any:
         """The rows with the :data:`SUPERSEDED` column: ``run.metrics_frame()``."""
@@ -300,11 +308,17 @@ class RunHistory:
                                                                       npt.NDArray[np.float64]]:
         """(ranks, steps, values) of ``metric`` where it was reported, among ``rows`` (default: the current ones),
         each rank's in step order."""
+        if metric not in self._numeric:
+            return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0)
         chosen = (self.current if rows is None else rows) & ~np.isnan(self._numeric[metric])
-        ranks, steps = self.column("rank")[chosen], self.column("step")[chosen]
-        values = self._numeric[metric][chosen]
-        order = np.lexsort((steps, ranks))
-        return ranks[order], steps[order], values[order]
+        order = self._order[chosen[self._order]]
+        return self.column("rank")[order], self.column("step")[order], self._numeric[metric][order]
+
+    @functools.cached_property
+    def _order(self) -> npt.NDArray[np.int64]:
+        """Every row's index, by rank, then step (then report order)."""
+        order: npt.NDArray[np.int64] = np.lexsort((self.column("step"), self.column("rank")))
+        return order
 
     def mean(self, metric: str, rows: Bools | None = None) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """(steps, mean across ranks) of ``metric`` among ``rows`` (default: the current ones); non-finite values
@@ -315,6 +329,16 @@ class RunHistory:
         sums = np.bincount(where, weights=values[finite], minlength=len(at))
         counts = np.bincount(where, minlength=len(at))
         return at, sums / np.maximum(counts, 1)
+
+    def first_times(self, metric: str) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """(steps, the first time any rank reported ``metric`` at each) among the current rows."""
+        if metric not in self._numeric:
+            return np.empty(0), np.empty(0)
+        chosen = self.current & ~np.isnan(self._numeric[metric])
+        at, where = np.unique(self.column("step")[chosen], return_inverse=True)
+        first = np.full(len(at), np.inf)
+        np.minimum.at(first, where, self.column("time")[chosen])
+        return at, first
 
     def branch_rows(self) -> list[tuple[Branch, Bools]]:
         """Each branch with the rows drawn with it (a row two branches hold is drawn with the first)."""

@@ -25,9 +25,9 @@ wait until it has. Metrics that only count (``epoch``) are not curves
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from itertools import repeat
 from operator import itemgetter
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
