@@ -98,10 +98,12 @@ def history_figure(name: str, history: RunHistory, metrics: str | Sequence[str] 
         figure.add_trace(_line("mean of ranks", steps, mean, sparse, legend="mean", width=3.0, colour=MEAN_COLOUR),
                          row=row, col=1)
     _first_in_legend(figure)
-    more = _add_marks(figure, history.marks)
+    shown = history.marks[-MAX_MARKS:]
+    more = len(history.marks) - len(shown)
     ranks_said = f"{len(ranks)} ranks: mean and min–max band" if wide else f"{len(ranks)} rank" + (
         "s" if len(ranks) != 1 else "")
-    figure.update_layout(title={"text": f"{said} · {rows} · {ranks_said}" + (f" · {more} more marks" if more else "")})
+    figure.update_layout(title={"text": f"{said} · {rows} · {ranks_said}" + (f" · {more} more marks" if more else "")},
+                         **_marks(shown, list(figure.layout.annotations)))
     return figure
 
 
@@ -252,17 +254,15 @@ def _first_in_legend(figure: Any) -> None:
         seen.add(group)
 
 
-def _add_marks(figure: Any, marks: list[Mark]) -> int:
-    """A vertical line across every subplot at each mark, labelled above the plots; how many were left out."""
-    shown = marks[-MAX_MARKS:]
+def _marks(marks: list[Mark], annotations: list[Any]) -> dict[str, Any]:
+    """A vertical line across every subplot at each mark, labelled above the plots (``annotations``: those the
+    layout has already, the subplots' titles)."""
     shapes, labels = [], []
-    for mark in shown:
+    for mark in marks:
         style = style_of(mark)
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": mark.step, "x1": mark.step, "y0": 0,
                        "y1": 1, "line": {"color": style.colour, "width": 1, "dash": style.dash}, "layer": "below"})
         labels.append({"x": mark.step, "xref": "x", "yref": "paper", "y": 1, "yanchor": "bottom", "text": mark.label,
                        "showarrow": False, "textangle": -30, "xanchor": "left", "font": {"size": 9,
                                                                                          "color": style.colour}})
-    figure.update_layout(shapes=shapes, annotations=[*figure.layout.annotations, *labels])
-    return len(marks) - len(shown)
-
+    return {"shapes": shapes, "annotations": [*annotations, *labels]}

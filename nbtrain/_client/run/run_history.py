@@ -245,6 +245,7 @@ class RunHistory:
 
     def __post_init__(self) -> None:
         self._columns: dict[str, npt.NDArray[Any]] = {}
+        self._means: dict[str, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]] = {}
         self.branches = branches_of(self.summary)
         ranks, steps, attempts, times = (self.column(name) for name in RESERVED)
         self.starts = attempt_starts(attempts, steps)
@@ -323,12 +324,24 @@ class RunHistory:
     def mean(self, metric: str, rows: Bools | None = None) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """(steps, mean across ranks) of ``metric`` among ``rows`` (default: the current ones); non-finite values
         are left out of a step's mean."""
+        if rows is None and metric in self._means:
+            return self._means[metric]
         _ranks, steps, values = self.values(metric, rows)
         finite = np.isfinite(values)
-        at, where = np.unique(steps[finite], return_inverse=True)
-        sums = np.bincount(where, weights=values[finite], minlength=len(at))
-        counts = np.bincount(where, minlength=len(at))
-        return at, sums / np.maximum(counts, 1)
+        steps, values = steps[finite], values[finite]
+        low = steps.min() if len(steps) else 0.0
+        if len(steps) and np.all(steps == np.floor(steps)) and steps.max() - low <= 4 * len(steps):
+            where = (steps - low).astype(np.int64)  # whole steps, densely reported: counted without a sort
+            counts = np.bincount(where)
+            held = np.flatnonzero(counts)
+            at, sums, counts = held + low, np.bincount(where, weights=values)[held], counts[held]
+        else:
+            at, where = np.unique(steps, return_inverse=True)
+            sums, counts = np.bincount(where, weights=values, minlength=len(at)), np.bincount(where, minlength=len(at))
+        found = (at.astype(float), sums / np.maximum(counts, 1))
+        if rows is None:
+            self._means[metric] = found
+        return found
 
     def first_times(self, metric: str) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """(steps, the first time any rank reported ``metric`` at each) among the current rows."""
