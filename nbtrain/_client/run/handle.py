@@ -285,9 +285,10 @@ class Run:
         """Call ``callback(row)`` with each metric row of this run as it arrives, to steer it by a rule written in
         the notebook: the callback may call :meth:`adjust`, :meth:`pause`, :meth:`rewind`, :meth:`send` or
         :meth:`stop`. Rows come in order, on the dashboard's following thread when a view follows the run (else
-        on a thread of the rule's own), from the next one fetched on. A callback that raises is shown once, with
-        its traceback, and detached; the run is never touched by it. One callback per ``Run``: a new one
-        replaces it; ``None`` detaches.
+        on a thread of the rule's own), from the next one fetched on; a row the run already knows a rewind left
+        (a rank's row from before it went back, arriving late) is not handed over. A callback that raises is
+        shown once, with its traceback, and detached; the run is never touched by it. One callback per ``Run``:
+        a new one replaces it; ``None`` detaches.
 
         Args:
             callback: a function of one row (a dict: ``rank``, ``step``, ``attempt``, ``time`` and the metrics),
