@@ -340,10 +340,10 @@ class MetricHistory:
         """Rows past a rewind's step whose rank has not gone back yet, in this attempt."""
         waits = np.zeros(len(ranks), dtype=bool)
         for branch in self._branches:
-            if branch.dropped or branch.attempt not in (None, self._attempt):
+            if branch.attempt not in (None, self._attempt):
                 continue
-            gone_back = np.fromiter(branch.rank_times, np.int64, len(branch.rank_times))
-            waits |= (steps > branch.to_step) & ~np.isin(ranks, gone_back)
+            still = [rank for rank in np.unique(ranks).tolist() if branch.waits_for(rank)]
+            waits |= (steps > branch.to_step) & np.isin(ranks, still)
         return waits
 
     def _learn(self, branches: tuple[Branch, ...]) -> None:
