@@ -5,7 +5,8 @@ history (2 ranks x 5*10^5 steps = 10^6 rows by default; ``loss`` every step, ``e
 ``epoch_loss`` once an epoch of 1,000 steps, a rewind's branch of 500 steps a rank and a change marked), so what
 is timed is what a notebook does: read every row as Arrow pages, build the history model (branches, marks,
 counters), draw the figure (per-rank traces and the mean, downsampled). Also the parts alone, and the size of
-the figure as a saved notebook holds it. Prints a markdown table::
+the figure as a saved notebook holds it. Prints a markdown table (each time: the median of ``--repeats`` calls
+and the fastest)::
 
     python benchmarks/figure.py                      # ~30 s on a 2-core VM
     python benchmarks/figure.py --steps 50000 --repeats 3   # 10^5 rows
@@ -70,13 +71,15 @@ def stand_in(table: pa.Table, summary: dict[str, Any]) -> tuple[Any, Any]:
     return call, poll
 
 
-def timed(repeats: int, work: Any) -> tuple[float, Any]:
+def timed(repeats: int, work: Any) -> tuple[str, Any]:
+    """The median and, in parentheses, the fastest of ``repeats`` calls (on a busy machine the fastest is the
+    closer to what the work costs), and the last call's result."""
     seconds, result = [], None
     for _ in range(repeats):
         start = time.perf_counter()
         result = work()
         seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), result
+    return f"{statistics.median(seconds):.2f} s ({min(seconds):.2f})", result
 
 
 def main() -> None:
@@ -100,7 +103,7 @@ def main() -> None:
     points = max(len(trace.x) for trace in figure.data)
     print(f"| rows | run.figure() | read (Arrow pages) + model | model alone | figure from the model | traces | "
           f"points per trace, most | saved (JSON + HTML) |\n|---|---|---|---|---|---|---|---|\n"
-          f"| {table.num_rows:,} | {whole:.2f} s | {read:.2f} s | {model:.2f} s | {drawn:.2f} s | {len(figure.data)} | "
+          f"| {table.num_rows:,} | {whole} | {read} | {model} | {drawn} | {len(figure.data)} | "
           f"{points} | {sum(len(json.dumps(part)) for part in bundle.values()) / 1000:.0f} KB |")
 
 
