@@ -51,22 +51,30 @@ EXACT_FLOAT32 = 2 ** 24  # steps below this are exact in float32 (half the bytes
 
 class NbtrainFigure(go.Figure):  # type: ignore[misc]
     """A ``plotly.graph_objects.Figure`` that shows itself in a notebook without a copy of plotly.js (see the
-    module's docstring); everything else is plotly's."""
+    module's docstring); everything else is plotly's (``fig.show()`` included)."""
+
+    def _ipython_display_(self) -> None:
+        """A cell's value or ``display(fig)``: plotly's own would go through its renderers (see above)."""
+        from IPython.display import display
+
+        display(display_bundle(self), raw=True)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any) -> dict[str, Any]:
         return display_bundle(self)
 
 
 def display_bundle(figure: Any) -> dict[str, Any]:
-    """What a notebook stores for ``figure``: plotly's JSON (JupyterLab, Notebook 7, VS Code) and HTML loading
-    plotly.js from its CDN (nbconvert's HTML, Colab, a front end without plotly's extension)."""
+    """What a notebook stores for ``figure``: plotly's JSON (JupyterLab, Notebook 7, VS Code), HTML loading
+    plotly.js from its CDN (nbconvert's HTML, Colab, a front end without plotly's extension) and a line of text
+    (a terminal)."""
     import plotly.io as pio
 
     height = figure.layout.height
     html = pio.to_html(figure, include_plotlyjs="cdn", full_html=False, validate=False,
                        default_height=f"{height}px" if height else "100%")
     return {"application/vnd.plotly.v1+json": json.loads(pio.to_json(figure, validate=False, remove_uids=False)),
-            "text/html": html}
+            "text/html": html,
+            "text/plain": f"<plotly Figure: {figure.layout.title.text or 'untitled'}, {len(figure.data)} traces>"}
 
 
 def run_figure(run: Any, metrics: str | Sequence[str] | None = None) -> NbtrainFigure:
