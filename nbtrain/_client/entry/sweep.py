@@ -243,8 +243,7 @@ class Sweep:
 
     def figure(self, best: int = 3) -> Any:
         """The ``best`` trials' curves of the sweep's metric as one plotly figure (each trial's run, its mean across
-        ranks), best first, failed trials left out: as :meth:`Comparison.figure <nbtrain._views.compare.Comparison.
-        figure>` draws them.
+        ranks), best first, failed trials left out: as ``nbtrain.compare(...).figure()`` draws runs.
 
         Args:
             best: how many trials, by their best value of the metric (the sweep's ``mode``).
