@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ["NBTRAIN_HOME"] = tempfile.mkdtemp(prefix="nbtrain-test-home-")  # always fresh, never the user's
 os.environ["NBTRAIN_FAULT_DISK_FULL"] = os.path.join(os.environ["NBTRAIN_HOME"], "fault-disk-full")  # see history_log
@@ -56,6 +57,15 @@ OLDEST_RAY_TIER = (
     "test_multi_node.py::test_a_drained_node_gets_a_checkpoint_and_the_run_goes_on_without_it",
     "test_tune_sweeps.py::test_asha_stops_bad_trials_early_and_best_is_the_known_best",
 )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``-m quick``, a test module that marks nothing quick is not even imported: importing them all
+    (Lightning, transformers, MLflow, ...) was a fifth of the quick tier's minute, for tests it deselects."""
+    if (config.getoption("markexpr") == "quick" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_")):
+        return "mark.quick" not in collection_path.read_text(encoding="utf-8") or None
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -107,7 +117,7 @@ def reference_run(cluster):
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _each_module_deletes_its_runs():
+def _each_module_deletes_its_runs(request: pytest.FixtureRequest):
     """A module leaves no run behind on the session cluster: it stops what still runs and deletes the rest.
 
     A run still going holds its workers and their CPUs, which a later test would wait for;
@@ -117,8 +127,9 @@ def _each_module_deletes_its_runs():
     import _reference_run
 
     yield
-    if not _session_cluster:
-        return
+    module_items = [item for item in request.session.items if item.module is request.module]
+    if not _session_cluster or not any("cluster" in item.fixturenames for item in module_items):
+        return  # a module of tests that never used the session cluster has nothing on it to delete
     from nbtrain._client.connecting import connection
 
     current = connection._current

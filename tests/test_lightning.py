@@ -92,19 +92,6 @@ def test_ray_train_lightning_helpers_work_unchanged(cluster):
     assert checksum(restored) == pytest.approx(run.result[0], abs=1e-6)
 
 
-@pytest.mark.quick
-def test_unknown_lightning_strategy_names_the_choices():
-    from nbtrain._cluster.rank.payload import local_payload
-    from nbtrain._cluster.rank.session import TrainingSession, set_session
-
-    set_session(TrainingSession(local_payload("x"), torch.device("cpu")))
-    try:
-        with pytest.raises(nbtrain.InvalidOptionError, match="'ddp' or 'fsdp'"):
-            nbtrain.lightning.trainer(strategy="horovod")
-    finally:
-        set_session(None)
-
-
 def test_lightning_fsdp_strategy_trains_and_checkpoints_a_full_model(cluster):
     def train():
         trainer = nbtrain.lightning.trainer(max_epochs=1, strategy="fsdp")
