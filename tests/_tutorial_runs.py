@@ -124,7 +124,9 @@ PROMISES: dict[str, list[Promise]] = {
         (r"rewound to step (\d+) from step \d+, 2 batches passed over; the same processes: (\w+)",
          lambda found: found[-1] == ("40", "True"), "`rewind()` goes back to step 40 in the same processes"),
         (r"(\w+); (\d+) rows of the branch left are kept, marked superseded",
-         lambda found: found[-1][0] == "succeeded" and int(found[-1][1]) > 0, "the branch left is kept, superseded")],
+         lambda found: found[-1][0] == "succeeded" and int(found[-1][1]) > 0, "the branch left is kept, superseded"),
+        (r"marked on the curves: (.*)", lambda found: "lr" in found[-1] and "patched" in found[-1],
+         "`run.figure()` marks the learning rate's change and the patch")],
     "11_debug_and_profile.ipynb": [
         (r"loss is NaN at step (\d+)", lambda found: found[0] == "7", "the failing rank's error"),
         (r"(Rank \d+) is a straggler", lambda found: found == ["Rank 1"], "rank 1 is flagged as the straggler"),
