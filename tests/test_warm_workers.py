@@ -2,8 +2,9 @@
 
 Real loopback cluster. Each test gives its runs an ``env`` of its own, so its workers'
 shape differs from every other test's and they are its own (a lease of another shape
-ends the idle workers of the shape before: that is tested too). Whether a process is
-alive is asked of the OS: the cluster is on this machine.
+ends the idle workers of the shape before). Whether a process is alive is asked of the
+OS: the cluster is on this machine. Which idle worker a rank is lent (fewer or more ranks,
+another shape, a GPU's view) is decided in the pool: ``test_warm_pool_units.py``.
 """
 
 from __future__ import annotations
@@ -143,25 +144,6 @@ def test_a_relaunchs_supervisor_takes_the_spare_process_its_previous_run_asked_f
     finally:
         again.stop()
         nbtrain.release_warm()
-
-
-def test_another_shape_gets_new_workers_and_the_idle_ones_end(cluster):
-    before = _launch("warm-shape-a", "a")
-    after = _launch("warm-shape-b", "b")
-    assert not set(_pids(after)) & set(_pids(before))
-    wait_for(lambda: _all_gone(_pids(before)), 30, message="shape a's idle workers to end")
-    nbtrain.release_warm()
-
-
-def test_fewer_workers_take_some_idle_ones_and_more_start_only_the_missing(cluster):
-    two = _launch("warm-count-2", "count")
-    one = _launch("warm-count-1", "count", workers=1)
-    assert set(_pids(one)) < set(_pids(two)), (_pids(two), _pids(one))
-    [left] = set(_pids(two)) - set(_pids(one))
-    assert not _all_gone([left]), "the worker the 1-worker run did not need stays idle"
-    three = _launch("warm-count-3", "count", workers=3)
-    assert set(_pids(two)) < set(_pids(three)), (_pids(two), _pids(three))
-    nbtrain.release_warm()
 
 
 def test_idle_workers_exit_after_warm_idle_s(cluster):

@@ -95,6 +95,31 @@ class _Worker:
     idle_s: float = 0.0
 
 
+def stale_for(workers: list[_Worker], run_name: str, shape: Shape) -> list[_Worker]:
+    """The workers to end as ``run_name`` leases workers of ``shape``: those it leased before and did not give
+    back (its supervisor restarted), and idle ones of another shape (the session moved on)."""
+    return [w for w in workers if w.leased_by == run_name or (w.leased_by is None and w.shape != shape)]
+
+
+def choose(bundles: list[Bundle], idle: list[_Worker]) -> list[_Worker | None]:
+    """For each rank's bundle, an idle worker on its node whose CUDA view is the bundle's or not fixed yet (it
+    never had a GPU), each worker at most once; None where none fits (a new worker starts for that rank)."""
+    free = list(idle)
+    chosen: list[_Worker | None] = []
+    for node_id, view in bundles:
+        match = next((w for w in free if w.node_id == node_id and w.cuda_view in (None, view)), None)
+        if match is not None:
+            free.remove(match)
+        chosen.append(match)
+    return chosen
+
+
+def lend(worker: _Worker, run_name: str, view: CudaView | None) -> None:
+    """``worker`` is ``run_name``'s now; its first CUDA view stays its view for good (CUDA reads it once)."""
+    worker.leased_by = run_name
+    worker.cuda_view = worker.cuda_view or view
+
+
 class WarmPool:
     """Runs as a detached, threaded Ray actor on the head node: one per notebook session."""
 
@@ -118,20 +143,14 @@ class WarmPool:
         with self._lock:
             if self._closing:
                 raise RuntimeError("this notebook session has ended; its warm workers are gone")
-            stale = [w for w in self._workers if w.leased_by == run_name
-                     or (w.leased_by is None and w.shape != shape)]
-            self._end(stale)
+            self._end(stale_for(self._workers, run_name, shape))
             idle = [w for w in self._workers if w.leased_by is None]
         alive = self._alive(idle)
-        chosen: list[_Worker | None] = []
         with self._lock:
-            for node_id, view in bundles:
-                match = next((w for w in alive if w.node_id == node_id and w.leased_by is None
-                              and w.cuda_view in (None, view) and w in self._workers), None)
-                if match is not None:
-                    match.leased_by = run_name
-                    match.cuda_view = view or match.cuda_view
-                chosen.append(match)
+            chosen = choose(bundles, [w for w in alive if w.leased_by is None and w in self._workers])
+            for worker, (_, view) in zip(chosen, bundles):
+                if worker is not None:
+                    lend(worker, run_name, view)
             self._end([w for w in idle if w not in alive])
         lent = []
         for rank, worker in enumerate(chosen):
