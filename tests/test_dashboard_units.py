@@ -15,10 +15,10 @@ from nbtrain._cluster.commands import Heartbeat, SteeringBeat
 from nbtrain._cluster.rank.data.counted_shard import CountedShard
 from nbtrain._cluster.rank.data.loading import batch_size_of
 from nbtrain._cluster.supervisor.worker_table import WorkerTable
+from nbtrain._views.dashboard.chart import Chart, Trace
 from nbtrain._views.dashboard.dashboard import WidgetDashboard
 from nbtrain._views.dashboard.downsample import downsample
 from nbtrain._views.dashboard.history import MetricHistory
-from nbtrain._views.dashboard.chart import Chart, Trace
 from nbtrain._views.dashboard.static_plot import svg_chart
 from nbtrain._views.dashboard.summary_text import CONFIG_CHARS, progress_fraction, state_label
 
