@@ -99,6 +99,7 @@ def test_the_live_view_sends_each_trials_points_to_the_charts_widget_and_keeps_a
     assert "50 of 120 trials" in widget.spec("trials")["title"]
     assert "trial 0" in widget.trace_names("trials") and "trial 119" not in widget.trace_names("trials"), \
         "the best trials are drawn"
+    assert len(svg_chart(trials_chart(many))) < 60_000, "the static picture of a big sweep stays small"
 
 
 def test_the_sweep_dashboard_draws_its_trials_in_the_charts_widget():

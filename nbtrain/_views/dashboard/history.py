@@ -43,6 +43,7 @@ from nbtrain._views.dashboard.spacing import breaks_between, is_sparse
 
 EXACT_POINTS = 2000     # per metric and rank: the recent points, kept exactly
 GAP_RANKS = 8           # the ranks a metric's usual gap between reports is read from
+GAP_POINTS = 500        # and their latest points
 SPILL_POINTS = 500      # when the exact buffer is full, this many (or more) go to buckets at once
 MAX_BUCKETS = 256       # per metric and rank: older points, in at most this many buckets
 MAX_POINTS = 2000       # per drawn curve, unless the caller asks otherwise
@@ -250,8 +251,8 @@ class _RankTiers:
     # ------------------------------------------------------------------ drawing
     def usual_gap(self) -> float | None:
         """The median step between a rank's consecutive reports, read where they are kept exactly (None: too few)."""
-        diffs = np.concatenate([np.diff(self.x[rank, :self.n[rank]]) for rank in self.ranks()[:GAP_RANKS]] or
-                               [np.empty(0)])
+        diffs = np.concatenate([np.diff(self.x[rank, max(0, self.n[rank] - GAP_POINTS):self.n[rank]])
+                                for rank in self.ranks()[:GAP_RANKS]] or [np.empty(0)])
         diffs = diffs[diffs > 0]
         return float(np.median(diffs)) if len(diffs) else None
 
@@ -304,6 +305,7 @@ class MetricHistory:
         self._branch_bands: dict[int, dict[str, RankBand]] = {}  # branch -> metric -> its rows' band (the last few)
         self._held: list[dict[str, Any]] = []        # rows a rewind under way may yet supersede, in report order
         self._counting: dict[str, CountWatch] = {}
+        self._gaps: dict[str, float | None] = {}   # per metric, its usual gap as of the last batch (None: unknown)
         self.rows_seen = 0
         self.latest: dict[str, float] = {}
         self.text: dict[int, dict[str, str]] = {}  # rank -> the last text (or true/false) of each metric
@@ -324,6 +326,7 @@ class MetricHistory:
 
     def _take(self, rows: list[dict[str, Any]], final: bool = False) -> None:
         self._held = []
+        self._gaps.clear()
         while rows:
             attempts = np.fromiter((a or 1 for a in map(dict.get, rows, repeat("attempt"))), np.int64, len(rows))
             if attempts[0] > self._attempt:  # one attempt at a time: a batch may hold the end of one, the next's start
@@ -505,15 +508,20 @@ class MetricHistory:
         steps, mean, _, _ = self.band(metric)
         return steps, mean
 
+    def _gap(self, metric: str) -> float | None:
+        if metric not in self._gaps:
+            tier = self._tiers.get(metric)
+            self._gaps[metric] = tier.usual_gap() if tier else None
+        return self._gaps[metric]
+
     def usual_gap(self, metric: str) -> float:
         """The usual step between a rank's consecutive reports of ``metric`` (1 when too few to tell)."""
-        tier = self._tiers.get(metric)
-        found = tier.usual_gap() if tier else None
+        found = self._gap(metric)
         return 1.0 if found is None else found
 
     def sparse(self, metric: str) -> bool:
         """Whether ``metric`` is reported so much more rarely than the densest metric that it is drawn as points."""
-        gaps = [gap for tier in self._tiers.values() if (gap := tier.usual_gap()) is not None]
+        gaps = [gap for name in self._tiers if (gap := self._gap(name)) is not None]
         return is_sparse(self.usual_gap(metric), min(gaps, default=1.0))
 
     def rank_breaks(self, metric: str, rank: int) -> Array:

@@ -26,7 +26,9 @@ from nbtrain._views.dashboard.spacing import broken
 from nbtrain._views.dashboard.step_time_plot import debug_hint
 from nbtrain._views.dashboard.summary_text import STATE_COLOURS, elapsed, fmt_duration
 
-STATIC_POINTS = 400      # per trace in a static picture
+STATIC_POINTS = 400      # per trace in a static picture, at most
+STATIC_BUDGET = 3000     # per static chart, all its traces together (a sweep's 50 trials: 60 points each)
+STATIC_FEWEST = 16       # per trace, however many share the budget
 LEGEND_ROWS = 14         # legend entries at most; then "and N more"
 LEGEND_CHARS = 24        # a legend entry's name, cut with "…" (the whole name in its tooltip)
 
@@ -82,7 +84,8 @@ def svg_open(width: int, height: int, title: str, left: int, css_class: str = ""
 def svg_chart(chart: Chart, width: int = 560, height: int = 260) -> str:
     """``chart`` as an SVG picture: what the charts widget draws live, drawn once."""
     margins = left, right, top, bottom = 52, 150, 24, 30
-    drawn = [(trace, *downsample(trace.xs, trace.ys, STATIC_POINTS)) for trace in chart.traces if len(trace.xs)]
+    each = min(STATIC_POINTS, max(STATIC_FEWEST, STATIC_BUDGET // max(1, len(chart.traces))))
+    drawn = [(trace, *downsample(trace.xs, trace.ys, each)) for trace in chart.traces if len(trace.xs)]
     finite = [(x, y) for _trace, xs, ys in drawn for x, y in zip(xs.tolist(), ys.tolist()) if math.isfinite(y)]
     parts = [svg_open(width, height, chart.title, left, f"nbtrain-static-chart nbtrain-chart-{chart.id}")]
     if not finite:
