@@ -4,6 +4,7 @@ chart (the charts widget's traces live, the static SVG of the same chart), the s
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -103,7 +104,7 @@ def test_the_live_view_sends_each_trials_points_to_the_charts_widget_and_keeps_a
 
 
 def test_the_sweep_dashboard_draws_its_trials_in_the_charts_widget():
-    sweep = type("FakeSweep", (), {"name": "s", "trials": [], "cached": ANSWER})()
+    sweep = SimpleNamespace(name="s", trials=[], cached=ANSWER)
     dashboard = SweepDashboard(sweep)
     dashboard.draw(ANSWER)
     assert isinstance(dashboard.curves, ChartsWidget)
@@ -144,3 +145,19 @@ def test_no_reports_yet_is_said_not_drawn_empty():
     empty = {**ANSWER, "trials": [_trial(0, "pending", 0.1, [])]}
     assert "no reports yet" in svg_chart(trials_chart(empty))
     assert "no results yet" in scatter_svg(empty, "lr")
+
+
+def test_an_ended_sweep_leaves_its_final_picture_in_the_widget_and_the_same_chart_as_its_fallback():
+    ended = {**ANSWER, "state": "succeeded", "trials": [{**t, "state": "succeeded" if t["state"] == "running"
+                                                         else t["state"]} for t in ANSWER["trials"]]}
+    sweep = SimpleNamespace(name="s", trials=[], cached=ended, refresh=lambda wait_s=0: ended)
+    dashboard = SweepDashboard(sweep)
+    left: list[str] = []
+    dashboard._static = SimpleNamespace(update=lambda shown: left.append(shown.data))
+
+    dashboard.follow()
+
+    assert [name for _chart, name, _n in dashboard.curves.snapshot_index] == ["trial 0", "trial 1", "trial 2"]
+    assert 0 < len(dashboard.curves.snapshot) <= 48_000
+    [fallback] = left
+    assert 'class="nbtrain-static-chart nbtrain-chart-trials"' in fallback and 'data-name="trial 1"' in fallback
