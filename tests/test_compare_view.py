@@ -73,15 +73,17 @@ def test_runs_without_the_metric_yet_draw_nothing_and_say_so():
     assert np.size(shown._charts.points("compare", "new")[0]) == 0
 
 
-def test_a_comparison_of_ended_runs_shown_in_a_notebook_is_one_output_with_its_final_picture_kept():
-    from IPython.core.interactiveshell import InteractiveShell
-    from IPython.utils.capture import capture_output
+def test_a_comparison_of_ended_runs_shown_in_a_notebook_is_one_output_with_its_final_picture_kept(monkeypatch):
+    import IPython.display
 
-    InteractiveShell.instance()
+    shown_outputs: list[Any] = []
+    monkeypatch.setattr(IPython.display, "display", lambda output, **_kwargs: shown_outputs.append(output))
     shown = comparison()
-    with capture_output() as captured:
-        shown._ipython_display_()
-    [output] = captured.outputs
-    assert set(output.data) == {"application/vnd.jupyter.widget-view+json", "text/html", "text/plain"}
-    assert 'data-name="b"' in output.data["text/html"]
+
+    shown._ipython_display_()
+
+    [output] = shown_outputs
+    bundle = output._repr_mimebundle_()
+    assert set(bundle) == {"application/vnd.jupyter.widget-view+json", "text/html", "text/plain"}
+    assert 'data-name="b"' in bundle["text/html"]
     assert [name for _chart, name, _n in shown._charts.snapshot_index] == ["a", "b", "c"], "no snapshot kept"
