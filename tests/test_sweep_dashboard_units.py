@@ -3,6 +3,8 @@ chart (the charts widget's traces live, the static SVG of the same chart), the s
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -97,6 +99,8 @@ def test_the_live_view_sends_each_trials_points_to_the_charts_widget_and_keeps_a
     widget.freeze()
     assert len(widget.spec("trials")["traces"]) == MAX_TRIALS_DRAWN
     assert len(widget.snapshot) <= 48_000 and len(str(widget.charts)) < 12_000, "a finished sweep saves little"
+    saved = json.dumps(widget.get_state(), default=lambda buffer: base64.b64encode(bytes(buffer)).decode())
+    assert len(saved) < 100_000, "the charts widget's state in a saved notebook (its code, the charts, the snapshot)"
     assert "50 of 120 trials" in widget.spec("trials")["title"]
     assert "trial 0" in widget.trace_names("trials") and "trial 119" not in widget.trace_names("trials"), \
         "the best trials are drawn"
