@@ -15,7 +15,7 @@ import numpy as np
 
 from nbtrain._client.run.run_history import Mark
 from nbtrain._views.dashboard.downsample import Array, Points, downsample
-from nbtrain._views.dashboard.spacing import breaks_of, is_sparse, usual_gap, widest
+from nbtrain._views.dashboard.spacing import breaks_of, is_sparse, latest, usual_gap
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 MEAN_COLOUR = "#222222"
@@ -59,7 +59,7 @@ class Trace:
         if self.points:
             found["points"] = True
         if len(self.breaks):
-            found["breaks"] = [float(x) for x in widest(self.breaks)]
+            found["breaks"] = [float(x) for x in latest(self.breaks)]
         return found
 
 

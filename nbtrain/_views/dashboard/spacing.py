@@ -18,7 +18,7 @@ from nbtrain._views.dashboard.downsample import Array, Points
 
 GAP_FACTOR = 10          # a stretch with no report this many times the usual gap breaks the line
 SPARSE_FACTOR = 3        # a series reported this many times more rarely than the densest: points, not a line
-MAX_BREAKS = 64          # per trace handed to a renderer (the widest): what a chart's description carries
+MAX_BREAKS = 64          # per trace handed to a renderer (the latest): what a chart's description carries
 
 
 def usual_gap(steps: Points) -> float:
@@ -51,15 +51,9 @@ def breaks_of(steps: Points, usual: float | None = None) -> Array:
     return breaks_between(at[:-1], at[1:], usual_gap(at) if usual is None else usual)
 
 
-def widest(breaks: Array, lefts: Array | None = None, most: int = MAX_BREAKS) -> Array:
-    """At most ``most`` of ``breaks`` (those of the widest stretches when ``lefts`` says where each began; else the
-    latest), in step order."""
-    if len(breaks) <= most:
-        return breaks
-    if lefts is None:
-        return breaks[-most:]
-    keep = np.argsort(breaks - lefts, kind="stable")[-most:]
-    return np.sort(breaks[keep])
+def latest(breaks: Array, most: int = MAX_BREAKS) -> Array:
+    """At most ``most`` of ``breaks`` (sorted), the latest: what a chart's description carries to a renderer."""
+    return breaks[-most:] if len(breaks) > most else breaks
 
 
 def broken(x: Array, y: Array, breaks: Array) -> tuple[Array, Array]:
