@@ -82,7 +82,7 @@ def measure(ranks: int, steps: int, batch: int, chosen: list[int], repeats: int)
         start = time.perf_counter()
         dashboard._draw_curves()
         redraw.append(time.perf_counter() - start)
-    points = max(len(xs) for traces in drawn for _name, xs, _ys, _options in traces)
+    points = max(len(trace.xs) for traces in drawn for trace in traces)
     return {"ranks": ranks, "rows": ranks * steps, "held": dashboard.history.stored_points(),
             "arrays_mb": dashboard.history.nbytes / 2**20, "rss_mb": rss_mb() - before,
             "ingest_s": ingest, "feed_s": total, "build_ms": 1000 * statistics.median(build),

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from nbtrain._views.dashboard.chart import Chart, Trace
 from nbtrain._views.dashboard.charts_widget import SNAPSHOT_BYTES, STATIC, ChartsWidget
 
 pytestmark = pytest.mark.quick
@@ -27,16 +28,16 @@ class Recorded(ChartsWidget):
         self.sent.append((content, list(buffers or [])))
 
 
-def trace(n: int, start: int = 0) -> tuple[str, Any, Any, dict[str, Any]]:
+def loss(n: int, start: int = 0) -> Chart:
     xs = np.arange(start, start + n, dtype=float)
-    return ("loss mean", xs, 1.0 / (xs + 1), {"color": "#222222", "width": 2.5})
+    return Chart("loss", "loss", [Trace("loss mean", xs, 1.0 / (xs + 1), "#222222", 3.0)])
 
 
 def test_a_growing_curve_sends_only_its_new_points():
     widget = Recorded()
-    widget.draw("loss", "loss", [trace(10)])
-    widget.draw("loss", "loss", [trace(15)])
-    widget.draw("loss", "loss", [trace(15)])  # nothing new: nothing sent
+    widget.draw(loss(10))
+    widget.draw(loss(15))
+    widget.draw(loss(15))  # nothing new: nothing sent
     (first, first_buffers), (grown, grown_buffers) = widget.sent
     assert first["parts"] == [{"chart": "loss", "trace": "loss mean", "mode": "replace"}]
     assert [len(b) // 8 for b in first_buffers] == [10, 10]
@@ -47,8 +48,8 @@ def test_a_growing_curve_sends_only_its_new_points():
 
 def test_thinned_points_are_sent_whole_and_a_new_view_gets_everything():
     widget = Recorded()
-    widget.draw("loss", "loss", [trace(10)])
-    widget.draw("loss", "loss", [trace(8, start=4)])  # downsampling moved the older points
+    widget.draw(loss(10))
+    widget.draw(loss(8, start=4))  # downsampling moved the older points
     assert widget.sent[-1][0]["parts"][0]["mode"] == "replace"
     widget._on_view_message(widget, {"kind": "hello"}, [])
     hello, buffers = widget.sent[-1]
@@ -57,10 +58,21 @@ def test_thinned_points_are_sent_whole_and_a_new_view_gets_everything():
 
 def test_the_saved_picture_stays_small_however_long_the_run():
     widget = Recorded()
-    widget.draw("loss", "loss", [(f"loss rank {r}", np.arange(2000.0), np.random.rand(2000), {}) for r in range(8)])
+    widget.draw(Chart("loss", "loss", [Trace(f"loss rank {r}", np.arange(2000.0), np.random.rand(2000), "#1f77b4")
+                                       for r in range(8)]))
     widget.freeze()
     assert len(widget.snapshot) <= SNAPSHOT_BYTES
     assert sum(n for _chart, _trace, n in widget.snapshot_index) * 8 == len(widget.snapshot)
+
+
+def test_a_traces_looks_and_breaks_reach_the_front_end_with_its_chart():
+    xs = np.array([*range(1, 101), *range(500, 601)], dtype=float)
+    widget = Recorded()
+    widget.draw(Chart("loss", "loss", [Trace("loss rank 0", xs, xs, "#1f77b4", 1.0, 0.45, breaks=np.array([300.0])),
+                                       Trace("epoch_loss mean", xs[::50], xs[::50], "#ff7f0e", 3.0, points=True)]))
+    rank, epoch = widget.spec("loss")["traces"]
+    assert rank == {"name": "loss rank 0", "color": "#1f77b4", "width": 1.0, "opacity": 0.45, "breaks": [300.0]}
+    assert epoch == {"name": "epoch_loss mean", "color": "#ff7f0e", "width": 3.0, "points": True}
 
 
 def test_the_front_end_is_small_and_fetches_nothing():

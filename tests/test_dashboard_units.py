@@ -15,6 +15,7 @@ from nbtrain._cluster.commands import Heartbeat, SteeringBeat
 from nbtrain._cluster.rank.data.counted_shard import CountedShard
 from nbtrain._cluster.rank.data.loading import batch_size_of
 from nbtrain._cluster.supervisor.worker_table import WorkerTable
+from nbtrain._views.dashboard.chart import Chart, Trace
 from nbtrain._views.dashboard.dashboard import WidgetDashboard
 from nbtrain._views.dashboard.downsample import downsample
 from nbtrain._views.dashboard.history import MetricHistory
@@ -76,16 +77,17 @@ def test_progress_and_state_labels():
 
 def test_static_chart_is_a_small_svg_with_the_series_names():
     xs = np.arange(100_000, dtype=float)
-    svg = svg_chart("loss", {"loss mean": (xs, 1 / (xs + 1))})
+    svg = svg_chart(Chart("loss", "loss", [Trace("loss mean", xs, 1 / (xs + 1), "#222222", 3.0)]))
     assert svg.startswith("<svg") and svg.endswith("</svg>") and "loss mean" in svg
     assert len(svg) < 20_000
 
 
 def test_static_chart_marks_the_changes_inside_its_steps_and_leaves_out_the_others():
     xs = np.arange(100, dtype=float)
-    svg = svg_chart("loss", {"loss mean": (xs, xs)},
-                    marks=[Mark(40, "adjust", "lr 0.1 → 0.01"), Mark(500, "adjust", "later")])
-    assert svg.count("<line ") == 1 and "lr 0.1 → 0.01" in svg and "later" not in svg
+    svg = svg_chart(Chart("loss", "loss", [Trace("loss mean", xs, xs, "#222222")],
+                          [Mark(40, "adjust", "lr 0.1 → 0.01"), Mark(500, "adjust", "later")]))
+    assert svg.count('<line class="nbtrain-mark" data-kind="adjust"') == 1
+    assert "lr 0.1 → 0.01" in svg and "later" not in svg
 
 
 def beats(table: WorkerTable, rank: int, *beats: tuple[float, int, float | None]) -> None:
@@ -259,8 +261,47 @@ def test_a_history_read_whole_after_the_end_finds_the_rewind_of_an_earlier_attem
     second = [{"rank": 0, "step": s, "attempt": 2, "time": 200.0 + s, "loss": 3.0} for s in range(81, 101)]
     rewind = Branch(to_step=40, rank_times={0: 100.0}, skip=2, step=53, attempt=1)
     history.add([*first, *branch, *second], [rewind])  # one batch, as a dashboard opened after the run's end reads it
-    [(left_x, left_y)] = history.left_branches("loss")
+    [(left_x, left_y, _breaks)] = history.left_branches("loss")
     assert list(left_x) == list(range(41, 53)) and set(left_y) == {1.0}
     assert history.resumed_at == {2: 81}
     steps, mean = history.mean("loss")
     assert list(steps) == [*range(1, 41), *range(43, 101)] and set(mean[steps > 80]) == {3.0}
+
+
+def test_a_metric_reported_once_an_epoch_is_points_and_no_line_crosses_a_gap_live_or_static():
+    """``epoch_loss`` once an epoch beside ``loss`` each step: dots, not a line joining the epochs; nothing reported
+    from 1201 to 1499: every line of ``loss`` breaks there; ``epoch`` only counts (progress, not a chart)."""
+    dashboard = WidgetDashboard(SimpleNamespace(name="rates", reader=SimpleNamespace(events=[])))
+    dashboard.history.add([{"rank": r, "step": s, "attempt": 1, "time": float(s), "loss": 1.0 / s,
+                            "epoch": (s - 1) // 500, **({"epoch_loss": 2.0 / s} if s % 500 == 0 else {})}
+                           for s in range(1, 3001) if not 1200 < s < 1500 for r in (0, 1)])
+
+    dashboard._draw_curves()
+
+    assert dashboard.charts.titles() == ["loss"] and dashboard.history.counters == {"epoch": 5}
+    looks = {trace["name"]: trace for trace in dashboard.charts.spec("loss")["traces"]}
+    assert {name for name, look in looks.items() if look.get("points")} == {
+        "epoch_loss rank 0", "epoch_loss rank 1", "epoch_loss mean"}
+    for name in ("loss rank 0", "loss rank 1", "loss mean"):
+        [middle] = looks[name]["breaks"]
+        assert 1200 < middle < 1500 and not looks[name].get("points"), looks[name]
+    assert looks["loss rank 0"]["width"] < looks["loss mean"]["width"] and looks["loss rank 0"]["opacity"] < 0.5
+
+    picture = dashboard._fallback({"state": "succeeded", "world_size": 2, "attempt": 1})
+    assert re.search(r'<g class="nbtrain-trace nbtrain-points" data-name="epoch_loss mean"[^>]*>(<circle [^>]*/>){6}'
+                     r"</g>", picture), "the static picture draws the epochs as dots too"
+    mean = re.search(r'<path class="nbtrain-trace" data-name="loss mean" [^>]*d="([^"]+)"', picture)[1]
+    assert mean.count("M") == 2, "the static picture's line crosses the gap"
+
+
+def test_a_long_thinned_history_is_joined_where_its_reports_were_steady():
+    dashboard = WidgetDashboard(SimpleNamespace(name="long", reader=SimpleNamespace(events=[])))
+    for start in range(0, 100_000, 5000):
+        dashboard.history.add([{"rank": r, "step": s, "attempt": 1, "time": 0.0, "loss": 1.0 / (s + 1)}
+                               for s in range(start, start + 5000) for r in (0, 1)])
+
+    dashboard._draw_curves()
+
+    xs, _ys = dashboard.charts.points("loss", "loss rank 0")
+    assert len(xs) <= 2000 and np.diff(xs).max() > 10, "thinned: its points far apart"
+    assert not any(trace.get("breaks") for trace in dashboard.charts.spec("loss")["traces"])

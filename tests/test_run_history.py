@@ -46,7 +46,7 @@ def test_the_rows_a_rewind_superseded_are_the_same_for_the_frame_the_dashboard_a
     drawn.add(rows[:94], [])
     drawn.add(rows[94:100], branches_of({"changes": [rewind_change({0: GONE_BACK[0]})]}))
     drawn.add(rows[100:], branches_of(SUMMARY))
-    [(left_steps, left_mean)] = drawn.left_branches("loss")
+    [(left_steps, left_mean, _breaks)] = drawn.left_branches("loss")
     assert list(left_steps) == sorted({s for _, s in LEFT}) and set(left_mean) == {1.0}
     steps, mean = drawn.mean("loss")
     assert list(steps) == [*range(1, 41), *range(43, 61)] and set(mean[steps > 40]) == {2.0}

@@ -19,7 +19,7 @@ import pytest
 from test_dashboard_browser import ARTIFACTS, browser_type_launch_args, open_and_run, write_notebook  # noqa: F401
 
 from nbtrain._lab.sidebar_agent import NbtrainServer
-from nbtrain._views.sweep_dashboard import FADED_OPACITY
+from nbtrain._views.dashboard.chart import FADED_OPACITY
 
 from _helpers import wait_for
 from _jupyterlab import expect, start_jupyterlab
@@ -45,11 +45,18 @@ sweep = nbtrain.tune(train, space={{"q": tune.grid_search({GRID!r})}}, metric="l
 sweep.dashboard()
 """
 
-CURVES = ".nbtrain-sweep-dashboard svg.nbtrain-sweep-curves"
-# How many trial lines the live figure has, and how many points they hold together.
-FIGURE = (f"() => {{ const lines = [...document.querySelectorAll('{CURVES} polyline.trial')];"
-          " return {lines: lines.length,"
-          " points: lines.reduce((n, l) => n + l.getAttribute('points').trim().split(/\\s+/).length, 0)}; }")
+# The trials' chart of the sweep dashboard's charts widget (static/charts.js): a trace per trial, its line a
+# path.nbtrain-trace and a trial of one report a dot (path.nbtrain-dots), each named "trial <index>".
+CURVES = ".nbtrain-sweep-dashboard svg.nbtrain-chart[data-chart=trials]"
+TRACES = f"{CURVES} path.nbtrain-trace, {CURVES} path.nbtrain-dots"
+# How many trials the live chart draws, and how many points they hold together.
+FIGURE = (f"() => {{ const svg = document.querySelector('{CURVES}'); if (!svg) return {{lines: 0, points: 0}};"
+          f" const names = new Set([...document.querySelectorAll('{TRACES}')].map(p => p.dataset.name));"
+          " return {lines: names.size, points: parseInt(svg.dataset.points || '0')}; }")
+# Each trial's state, as the trial table (under the chart) says it: {index: state}.
+STATES = ("() => Object.fromEntries([...document.querySelectorAll('.nbtrain-sweep-dashboard tr.trial-row')]"
+          ".map(r => [r.cells[0].textContent.trim().split(/\\s+/).pop(),"
+          " [...r.classList].find(c => c.startsWith('trial-') && c !== 'trial-row').slice(6)]))")
 
 
 @pytest.fixture(scope="module")
@@ -81,20 +88,24 @@ def test_sweep_dashboard_grows_fades_cut_trials_and_the_sidebar_lists_the_trials
 
         # A trial ASHA cut is drawn faded; the best one stays opaque.
         stopped = page.wait_for_function(
-            f"() => {{ const l = document.querySelector('{CURVES} polyline.trial.trial-stopped');"
-            " return l && parseFloat(l.getAttribute('stroke-opacity')) < 1"
-            " && parseFloat(getComputedStyle(l).strokeOpacity) < 1 && l.dataset.trial; }",
+            f"() => {{ const states = ({STATES})();"
+            " for (const [index, state] of Object.entries(states)) { if (state !== 'stopped') continue;"
+            f"   const l = document.querySelector(`{CURVES} path[data-name=\"trial ${{index}}\"]`);"
+            "   if (l && parseFloat(l.getAttribute('stroke-opacity')) < 1"
+            "       && parseFloat(getComputedStyle(l).strokeOpacity) < 1) return index; }"
+            " return null; }",
             timeout=180_000, polling=200).json_value()
         assert int(stopped) != 0
         header = page.locator(".nbtrain-sweep-dashboard .nbtrain-sweep-header")
         expect(header).to_contain_text(f"Sweep {SWEEP} succeeded", timeout=300_000)
         page.screenshot(path=str(ARTIFACTS / "sweep-dashboard.png"), full_page=True)
-        lines = page.evaluate(f"() => [...document.querySelectorAll('{CURVES} polyline.trial')]"
-                              ".map(l => [l.dataset.trial, l.getAttribute('class'), l.getAttribute('stroke-opacity')])")
-        states = {int(index): css.removeprefix("trial trial-") for index, css, _ in lines}
-        assert sorted(states) == list(range(len(GRID))) and states[0] == "succeeded", lines
-        for index, _, opacity in lines:  # every trial cut short is faded, every other one is not
-            faded = states[int(index)] in ("stopped", "failed")
+        states = {int(index): state for index, state in page.evaluate(STATES).items()}
+        lines = page.evaluate(f"() => [...document.querySelectorAll('{TRACES}')]"
+                              ".map(l => [l.dataset.name, l.getAttribute('stroke-opacity')])")
+        assert sorted(states) == list(range(len(GRID))) and states[0] == "succeeded", states
+        assert {int(name.split()[-1]) for name, _ in lines} == set(states), lines
+        for name, opacity in lines:  # every trial cut short is faded, every other one is not
+            faded = states[int(name.split()[-1])] in ("stopped", "failed")
             assert float(opacity) == (FADED_OPACITY if faded else 1.0), lines
 
         # The sidebar: the sweep with its state, metric and best value, opening to its trials.

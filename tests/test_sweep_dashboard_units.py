@@ -1,12 +1,29 @@
-"""The sweep dashboard's pictures and table, drawn from a sweep's table as the supervisor answers it."""
+"""The sweep dashboard's pictures and table, drawn from a sweep's table as the supervisor answers it: the trials'
+chart (the charts widget's traces live, the static SVG of the same chart), the scatters, the header and table."""
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+from types import SimpleNamespace
+from typing import Any
 
+import numpy as np
 import pytest
 
-from nbtrain._views.sweep_dashboard import FADED_OPACITY, curves_svg, header_html, rungs, scatter_svg, table_html
+from nbtrain._views.dashboard.chart import FADED_OPACITY
+from nbtrain._views.dashboard.charts_widget import ChartsWidget
+from nbtrain._views.dashboard.static_plot import svg_chart
+from nbtrain._views.sweep_dashboard import (
+    MAX_TRIALS_DRAWN,
+    SweepDashboard,
+    header_html,
+    rungs,
+    scatter_svg,
+    table_html,
+    trials_chart,
+)
 
 pytestmark = pytest.mark.quick
 
@@ -31,18 +48,81 @@ ANSWER = {
 }
 
 
-def test_every_trial_has_its_curve_and_stopped_or_failed_ones_are_faded():
-    svg = curves_svg(ANSWER)
-    lines = dict(re.findall(r'<polyline class="trial trial-(\w+)" data-trial="(\d+)"', svg))
-    assert lines == {"running": "0", "stopped": "1", "failed": "2"}
-    assert re.search(r'trial-running".*?stroke-opacity="1"', svg)
-    assert re.search(rf'trial-stopped".*?stroke-opacity="{FADED_OPACITY}"', svg)
-    assert re.search(r'trial-failed".*?stroke-dasharray', svg)
+def test_every_trial_is_a_trace_and_stopped_or_failed_ones_are_faded():
+    chart = trials_chart(ANSWER)
+    looks = {trace.name: trace.look() for trace in chart.traces}
+    assert list(looks) == ["trial 0", "trial 1", "trial 2"], "the pending trial has no curve yet"
+    assert "opacity" not in looks["trial 0"]
+    assert looks["trial 1"]["opacity"] == looks["trial 2"]["opacity"] == FADED_OPACITY
+    assert looks["trial 2"].get("dash") and not looks["trial 1"].get("dash"), "a failed trial is dashed"
+    assert [looks[name]["color"] for name in looks] == ["#1f77b4", "#ff7f0e", "#2ca02c"]
+    assert chart.title == "loss per training_iteration, every trial" and chart.xlabel == "training_iteration"
+    trial_0 = chart.traces[0]
+    assert list(trial_0.xs) == [1, 2, 3] and list(trial_0.ys) == [1.0, 0.6, 0.4]
 
 
-def test_asha_rungs_are_marked_where_the_curves_reach():
-    assert rungs(ANSWER) == [1.0, 2.0, 4.0, 8.0]
-    assert curves_svg(ANSWER).count('class="rung"') == 2  # 1 and 2: the curves end at 3, before rung 4
+def test_the_static_picture_draws_the_same_chart():
+    svg = svg_chart(trials_chart(ANSWER))
+    lines = dict(re.findall(r'<path class="nbtrain-trace" data-name="trial (\d+)" fill="none" stroke="[^"]+" '
+                            r'stroke-width="2" stroke-opacity="([\d.]+)"', svg))
+    assert lines == {"0": "1", "1": str(FADED_OPACITY)}
+    assert re.search(r'<circle class="nbtrain-lone" data-name="trial 2"[^>]*fill-opacity="0.25"', svg), \
+        "a trial of one report is a dot"
+    assert svg.count('<g class="nbtrain-legend">') == 3
+
+
+class Recorded(ChartsWidget):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[dict[str, Any], list[bytes]]] = []
+
+    def send(self, content: Any, buffers: Any = None) -> None:
+        self.sent.append((content, list(buffers or [])))
+
+
+def test_the_live_view_sends_each_trials_points_to_the_charts_widget_and_keeps_a_small_snapshot_when_it_ends():
+    widget = Recorded()
+    widget.draw(trials_chart(ANSWER))
+    [(message, buffers)] = widget.sent
+    assert [part["trace"] for part in message["parts"]] == ["trial 0", "trial 1", "trial 2"]
+    assert list(np.frombuffer(buffers[0])) == [1.0, 2.0, 3.0]
+    assert [trace["name"] for trace in widget.spec("trials")["traces"]] == ["trial 0", "trial 1", "trial 2"]
+
+    grown = {**ANSWER, "trials": [{**ANSWER["trials"][0], "curve": [(1, 1.0), (2, 0.6), (3, 0.4), (4, 0.3)]},
+                                  *ANSWER["trials"][1:]]}
+    widget.draw(trials_chart(grown))
+    assert widget.sent[-1][0]["parts"] == [{"chart": "trials", "trace": "trial 0", "mode": "append"}]
+
+    many = {**ANSWER, "trials": [_trial(i, "succeeded" if i % 3 else "stopped", 0.01,
+                                        [(s, i + 1.0 / s) for s in range(1, 2001)]) for i in range(120)]}
+    widget.draw(trials_chart(many))
+    widget.freeze()
+    assert len(widget.spec("trials")["traces"]) == MAX_TRIALS_DRAWN
+    assert len(widget.snapshot) <= 48_000 and len(str(widget.charts)) < 12_000, "a finished sweep saves little"
+    saved = json.dumps(widget.get_state(), default=lambda buffer: base64.b64encode(bytes(buffer)).decode())
+    assert len(saved) < 100_000, "the charts widget's state in a saved notebook (its code, the charts, the snapshot)"
+    assert "50 of 120 trials" in widget.spec("trials")["title"]
+    assert "trial 0" in widget.trace_names("trials") and "trial 119" not in widget.trace_names("trials"), \
+        "the best trials are drawn"
+    assert len(svg_chart(trials_chart(many))) < 60_000, "the static picture of a big sweep stays small"
+
+
+def test_the_sweep_dashboard_draws_its_trials_in_the_charts_widget():
+    sweep = SimpleNamespace(name="s", trials=[], cached=ANSWER)
+    dashboard = SweepDashboard(sweep)
+    dashboard.draw(ANSWER)
+    assert isinstance(dashboard.curves, ChartsWidget)
+    assert dashboard.curves.trace_names("trials") == ["trial 0", "trial 1", "trial 2"]
+    assert [mark["text"] for mark in dashboard.curves.spec("trials")["marks"]] == ["rung 0", "rung 1", "rung 2",
+                                                                                   "rung 3"]
+    assert "<svg" in dashboard.scatters.value and "Sweep <b>s</b>" not in dashboard.scatters.value
+
+
+def test_asha_rungs_are_marks_where_the_curves_reach():
+    assert [(mark.step, mark.kind, mark.label) for mark in rungs(ANSWER)] == [
+        (1.0, "rung", "rung 0"), (2.0, "rung", "rung 1"), (4.0, "rung", "rung 2"), (8.0, "rung", "rung 3")]
+    svg = svg_chart(trials_chart(ANSWER))
+    assert svg.count('data-kind="rung"') == 2  # 1 and 2: the curves end at 3, before rung 2 at 4
     assert rungs({**ANSWER, "scheduler": "fifo"}) == []
 
 
@@ -67,5 +147,21 @@ def test_header_and_table_say_what_each_trial_is_doing():
 
 def test_no_reports_yet_is_said_not_drawn_empty():
     empty = {**ANSWER, "trials": [_trial(0, "pending", 0.1, [])]}
-    assert "no reports yet" in curves_svg(empty)
+    assert "no reports yet" in svg_chart(trials_chart(empty))
     assert "no results yet" in scatter_svg(empty, "lr")
+
+
+def test_an_ended_sweep_leaves_its_final_picture_in_the_widget_and_the_same_chart_as_its_fallback():
+    ended = {**ANSWER, "state": "succeeded", "trials": [{**t, "state": "succeeded" if t["state"] == "running"
+                                                         else t["state"]} for t in ANSWER["trials"]]}
+    sweep = SimpleNamespace(name="s", trials=[], cached=ended, refresh=lambda wait_s=0: ended)
+    dashboard = SweepDashboard(sweep)
+    left: list[str] = []
+    dashboard._static = SimpleNamespace(update=lambda shown: left.append(shown.data))
+
+    dashboard.follow()
+
+    assert [name for _chart, name, _n in dashboard.curves.snapshot_index] == ["trial 0", "trial 1", "trial 2"]
+    assert 0 < len(dashboard.curves.snapshot) <= 48_000
+    [fallback] = left
+    assert 'class="nbtrain-static-chart nbtrain-chart-trials"' in fallback and 'data-name="trial 1"' in fallback

@@ -7,6 +7,11 @@ replaced do not count). ``figure()`` gives the same curves as a plotly figure. A
 when its code continues the parent's steps, and shifted there when its steps start again from 0. The
 comparison follows live runs: while any of them goes on, a thread of its own refreshes it every
 :data:`FOLLOW_S` seconds, and stops once all have ended (or ``close()``).
+
+Shown in a notebook it is one output: the charts widget draws the runs (a thick line each, points for a run
+reported far more rarely than the others, no line across a gap in a run's reports), the static SVG of the same
+chart is the fallback where widgets do not render, and once every run has ended the widget keeps its final
+picture (a bounded snapshot) for a notebook saved with widget state.
 """
 
 from __future__ import annotations
@@ -14,11 +19,14 @@ from __future__ import annotations
 import html
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbtrain._exceptions import InvalidOptionError
 from nbtrain._registry import is_whole
 from nbtrain._states import RunState
+
+if TYPE_CHECKING:
+    from nbtrain._views.dashboard.chart import Chart
 
 FOLLOW_S = 2.0
 X_CHOICES = ("step", "time")
@@ -159,17 +167,29 @@ class Comparison:
         from nbtrain._views.dashboard.front_end import DashboardOutput
 
         self._build()
+        ended = self._all_ended()
+        if ended:
+            self._charts.freeze()
         # one output: the live plot and table, and the static picture for front ends without widgets
         self._static = display(DashboardOutput(self._widget, self._picture()), display_id=True)
-        if not self._all_ended():
+        if not ended:
             threading.Thread(target=self._follow, name="nbtrain-compare", daemon=True).start()
+
+    def _chart(self) -> Chart:
+        """What is drawn, live and static: one trace per run (:func:`~nbtrain._views.dashboard.chart.series`)."""
+        from nbtrain._views.dashboard.chart import MEAN_WIDTH, Chart, colour_of, series
+
+        traces = series([(name, xs, ys, {"colour": colour_of(index), "width": MEAN_WIDTH})
+                         for index, (name, (xs, ys)) in enumerate(self.curves().items())])
+        return Chart("compare", f"{self.metric} by {self.x}", traces,
+                     xlabel="step" if self.x == "step" else "seconds")
 
     def _picture(self) -> str:
         """The comparison as static HTML (an SVG and the table): what a saved notebook shows without widgets."""
         from nbtrain._views.dashboard.static_plot import svg_chart
 
-        chart = svg_chart(f"{self.metric} by {self.x}", self.curves(), width=640, height=300)
-        return f'<div class="nbtrain-compare-summary">{chart}{_html_table(self.table())}</div>'
+        return f'<div class="nbtrain-compare-summary">{svg_chart(self._chart(), width=640, height=300)}' \
+               f"{_html_table(self.table())}</div>"
 
     def _leave_static(self) -> None:
         """Once every run has ended: the output's static fallback shows the final picture."""
@@ -199,11 +219,7 @@ class Comparison:
         self._draw()
 
     def _draw(self) -> None:
-        from nbtrain._views.dashboard.static_plot import COLOURS
-
-        traces = [(name, xs, ys, {"color": COLOURS[index % len(COLOURS)], "width": 2.0})
-                  for index, (name, (xs, ys)) in enumerate(self.curves().items())]
-        self._charts.draw("compare", self.metric, traces, xlabel="step" if self.x == "step" else "seconds")
+        self._charts.draw(self._chart())
         self._table.value = f'<div class="nbtrain-compare-summary">{_html_table(self.table())}</div>'
 
     def _follow(self) -> None:
@@ -214,6 +230,7 @@ class Comparison:
                 return
             if self._all_ended():
                 self._draw()
+                self._charts.freeze()
                 self._leave_static()
                 return
 

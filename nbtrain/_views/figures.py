@@ -6,7 +6,9 @@ the branches rewinds left (drawn faded) and the marks (vertical lines, nbtrain's
 styles them). What is drawn reads well: a subplot per metric; per rank a thin translucent line and across ranks a
 thick dark mean (a wide run: the mean and its min-max band); a metric that only counts (``epoch``) is said in the
 title, not drawn; a metric reported more rarely than the run's steps (``epoch_loss``) is drawn as points, and no
-line is drawn across a gap in a metric's steps; the legend sits right of the plots. Every trace is downsampled as
+line is drawn across a gap in a metric's steps (the rule every picture of nbtrain follows:
+:mod:`~nbtrain._views.dashboard.spacing`); the legend sits right of the plots; the looks are the charts widget's
+(:mod:`~nbtrain._views.dashboard.chart`). Every trace is downsampled as
 the dashboard's curves are (:func:`~nbtrain._views.dashboard.downsample.downsample`: at most ``MAX_POINTS``,
 each bucket's first, minimum, maximum and last kept), whatever the run's length.
 
@@ -23,7 +25,6 @@ plotly is imported here, and this module only when a figure is asked for: ``impo
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,18 +35,24 @@ from plotly.subplots import make_subplots
 
 from nbtrain._client.run.run_history import Mark, RunHistory
 from nbtrain._exceptions import InvalidOptionError
+from nbtrain._views.dashboard.chart import (
+    BRANCH_COLOUR,
+    BRANCH_OPACITY,
+    BRANCH_WIDTH,
+    MAX_POINTS,
+    MEAN_COLOUR,
+    MEAN_WIDTH,
+    RANK_OPACITY,
+    RANK_WIDTH,
+    colour_of,
+)
 from nbtrain._views.dashboard.downsample import Array, downsample
 from nbtrain._views.dashboard.mark_styles import style_of
-from nbtrain._views.dashboard.static_plot import COLOURS
+from nbtrain._views.dashboard.spacing import breaks_of, broken, is_sparse, usual_gap
 
-MAX_POINTS = 2000        # per trace, as the dashboard's curves
-GAP_FACTOR = 10          # a step gap this many times a trace's usual one breaks its line
-SPARSE_FACTOR = 3        # a metric reported this many times more rarely than the run's steps: points, not lines
 WIDE_RANKS = 8           # above this many ranks: the mean and its min-max band, no line per rank
 MAX_MARKS = 200          # marks drawn at most (the latest); the title says how many more
 ROW_HEIGHT = 260         # pixels per subplot
-MEAN_COLOUR = "#222222"
-BRANCH_COLOUR = "#999999"
 EXACT_FLOAT32 = 2 ** 24  # steps below this are exact in float32 (half the bytes of float64 in a saved notebook)
 
 
@@ -95,15 +102,16 @@ def history_figure(name: str, history: RunHistory, metrics: str | Sequence[str] 
     figure: NbtrainFigure = _subplots(chosen)
     ranks = np.unique(history.column("rank"))
     wide = len(ranks) > WIDE_RANKS
-    run_gap = _usual_gap(np.unique(history.column("step")[history.current]))
+    run_gap = usual_gap(history.column("step")[history.current])
     for row, metric in enumerate(chosen, 1):
-        sparse = _usual_gap(history.mean(metric)[0]) > SPARSE_FACTOR * run_gap
+        sparse = is_sparse(usual_gap(history.mean(metric)[0]), run_gap)
         for trace in (_band(history, metric, sparse) if wide else _ranks(history, metric, sparse)):
             figure.add_trace(trace, row=row, col=1)
         for trace in _branches(history, metric, sparse):
             figure.add_trace(trace, row=row, col=1)
         steps, mean = history.mean(metric)
-        figure.add_trace(_line("mean of ranks", steps, mean, sparse, legend="mean", width=3.0, colour=MEAN_COLOUR),
+        figure.add_trace(_line("mean of ranks", steps, mean, sparse, legend="mean", width=MEAN_WIDTH,
+                               colour=MEAN_COLOUR),
                          row=row, col=1)
     _first_in_legend(figure)
     shown = history.marks[-MAX_MARKS:]
@@ -119,13 +127,12 @@ def comparison_figure(title: str, curves: Mapping[str, tuple[Sequence[float], Se
                       xlabel: str = "step") -> NbtrainFigure:
     """One trace per run (its mean across ranks), on one plot: ``compare(...).figure()``, ``sweep.figure()``."""
     figure = NbtrainFigure()
-    gaps = [_usual_gap(np.asarray(xs, dtype=float)) for xs, _ys in curves.values() if len(xs)]
-    usual = min(gaps, default=1.0)
+    gaps = [usual_gap(xs) for xs, _ys in curves.values() if len(xs)]
+    densest = min(gaps, default=1.0)
     for index, (name, (xs, ys)) in enumerate(curves.items()):
         x = np.asarray(xs, dtype=float)
-        sparse = _usual_gap(x) > SPARSE_FACTOR * usual
-        figure.add_trace(_line(name, x, np.asarray(ys, dtype=float), sparse, legend=name, width=2.5,
-                               colour=COLOURS[index % len(COLOURS)]))
+        figure.add_trace(_line(name, x, np.asarray(ys, dtype=float), is_sparse(usual_gap(x), densest), legend=name,
+                               width=MEAN_WIDTH, colour=colour_of(index)))
     _layout(figure, 1)
     figure.update_layout(title={"text": title if curves else f"{title}: no rows yet"})
     figure.update_xaxes(title_text=xlabel)
@@ -160,7 +167,7 @@ def _ranks(history: RunHistory, metric: str, sparse: bool) -> list[Any]:
     for begin, end in zip(starts, [*starts[1:], len(ranks)]):
         rank = int(ranks[begin])
         traces.append(_line(f"rank {rank}", steps[begin:end], values[begin:end], sparse, legend=f"rank {rank}",
-                            width=1.0, colour=COLOURS[rank % len(COLOURS)], opacity=0.45))
+                            width=RANK_WIDTH, colour=colour_of(rank), opacity=RANK_OPACITY))
     return traces
 
 
@@ -177,10 +184,10 @@ def _band(history: RunHistory, metric: str, sparse: bool) -> list[Any]:
     x_high, y_high = downsample(at, high, MAX_POINTS)
     mode = "markers" if sparse else "lines"
     return [go.Scatter(x=_compact(x_low), y=_compact(y_low), mode=mode, name="min across ranks",
-                       legendgroup="band", line={"width": 0, "color": COLOURS[0]}, showlegend=False,
+                       legendgroup="band", line={"width": 0, "color": colour_of(0)}, showlegend=False,
                        hoverinfo="skip"),
             go.Scatter(x=_compact(x_high), y=_compact(y_high), mode=mode, name="min–max across ranks",
-                       legendgroup="band", line={"width": 0, "color": COLOURS[0]}, fill="tonexty",
+                       legendgroup="band", line={"width": 0, "color": colour_of(0)}, fill="tonexty",
                        fillcolor="rgba(31,119,180,0.2)")]
 
 
@@ -191,7 +198,8 @@ def _branches(history: RunHistory, metric: str, sparse: bool) -> list[Any]:
         steps, mean = history.mean(metric, rows)
         if len(steps):
             traces.append(_line(f"left by the rewind to step {branch.to_step}", steps, mean, sparse,
-                                legend="branches", width=1.5, colour=BRANCH_COLOUR, opacity=0.6, dash="dash"))
+                                legend="branches", width=BRANCH_WIDTH, colour=BRANCH_COLOUR, opacity=BRANCH_OPACITY,
+                                dash="dash"))
     return traces
 
 
@@ -200,33 +208,11 @@ def _line(name: str, steps: Array, values: Array, sparse: bool, *, legend: str, 
     """One trace, downsampled, its line broken across gaps (points only for a sparse metric)."""
     x, y = downsample(steps, values, MAX_POINTS)
     if not sparse:
-        x, y = _broken(steps, x, y)
+        x, y = broken(x, y, breaks_of(steps))
     return go.Scatter(x=_compact(x), y=_compact(y), name=name, legendgroup=legend, opacity=opacity,
                       mode="markers" if sparse else "lines",
                       line={"width": width, "color": colour, **({"dash": dash} if dash else {})},
                       marker={"size": 4 + width, "color": colour})
-
-
-def _usual_gap(steps: Array) -> float:
-    """The median step between consecutive points (1 when there are too few to tell)."""
-    gaps = np.diff(np.unique(steps))
-    return float(np.median(gaps)) if len(gaps) else 1.0
-
-
-def _broken(steps: Array, x: Array, y: Array) -> tuple[Array, Array]:
-    """``(x, y)`` (drawn from ``steps``) with a NaN point in each gap of ``steps`` far wider than its usual one, so
-    no straight line crosses a stretch with no report (plotly draws no line through NaN)."""
-    gaps = np.diff(steps)
-    usual = float(np.median(gaps[gaps > 0])) if np.any(gaps > 0) else 1.0
-    wide = np.flatnonzero(gaps > max(GAP_FACTOR * usual, 1.0))
-    if not len(wide) or len(x) < 2:
-        return x, y
-    left, right = steps[wide], steps[wide + 1]
-    at = np.searchsorted(x, right, side="left")
-    keep = (at > 0) & (at < len(x))
-    keep[keep] &= x[at[keep] - 1] <= left[keep]
-    at, middle = at[keep], (left[keep] + right[keep]) / 2
-    return np.insert(x, at, middle), np.insert(y, at, math.nan)
 
 
 def _compact(values: Array) -> npt.NDArray[Any]:

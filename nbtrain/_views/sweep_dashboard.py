@@ -1,10 +1,12 @@
-"""The live view of a sweep: every trial's curve in one figure, each hyperparameter against the metric,
+"""The live view of a sweep: every trial's curve in one chart, each hyperparameter against the metric,
 and the trial table with a button to open a trial's run dashboard or stop it.
 
-It reads the sweep's table with one long poll for all trials (the curves of the
-metric are in it), redraws at most every ``REDRAW_INTERVAL_S``, and draws SVG
-(a few KB, no JavaScript), so the picture left when the sweep ends is the same
-one, and stays in the saved notebook. Outside a notebook it prints a line per change.
+It reads the sweep's table with one long poll for all trials (the curves of the metric are in it) and redraws
+at most every ``REDRAW_INTERVAL_S``. The trials' curves are a :class:`~nbtrain._views.dashboard.chart.Chart`
+that the charts widget draws live (a trace per trial, stopped and failed trials faded, ASHA's rungs as marks)
+and the static SVG draws for the output's fallback; when the sweep ends the widget keeps its final picture (a
+bounded snapshot of at most ``MAX_TRIALS_DRAWN`` trials) for a notebook saved with widget state. The scatter
+plots are small static SVG. Outside a notebook it prints a line per change.
 """
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ import threading
 import time
 from typing import Any
 
+from nbtrain._client.run.run_history import Mark
+from nbtrain._views.dashboard.chart import FADED_OPACITY, Chart, colour_of, series
 from nbtrain._views.dashboard.follower import REDRAW_INTERVAL_S
 from nbtrain._views.dashboard.front_end import in_notebook
-from nbtrain._views.dashboard.static_plot import COLOURS, Axes, svg_open
+from nbtrain._views.dashboard.mark_styles import RUNG
+from nbtrain._views.dashboard.static_plot import Dot, svg_chart, svg_scatter
 from nbtrain._views.dashboard.summary_text import STATE_COLOURS
 
-FADED_OPACITY = 0.25
 TERMINAL = ("succeeded", "failed", "stopped")
+CUT = ("stopped", "failed")     # trials drawn faded
+MAX_TRIALS_DRAWN = 50           # trials with a curve beyond this: the unfinished ones and the best are drawn
+TRIAL_POINTS = 500              # per trial's curve
+TRIAL_WIDTH = 2.0
 
 
 def show_sweep_dashboard(sweep: Any) -> Any:
@@ -32,86 +40,58 @@ def show_sweep_dashboard(sweep: Any) -> Any:
     return view
 
 
-def _colour(index: int) -> str:
-    return COLOURS[index % len(COLOURS)]
-
-
-def rungs(answer: dict[str, Any], options: dict[str, Any] | None = None) -> list[float]:
-    """ASHA's rung milestones, drawn as dashed lines (empty for other schedulers)."""
+def rungs(answer: dict[str, Any], options: dict[str, Any] | None = None) -> list[Mark]:
+    """ASHA's rungs (0: the grace period), marked where trials below the best fraction are stopped (none for
+    other schedulers)."""
     knobs = options or answer.get("knobs") or {}
     if answer.get("scheduler") != "asha" or not knobs:
         return []
-    marks, milestone = [], float(knobs["grace_period"])
+    marks: list[Mark] = []
+    milestone = float(knobs["grace_period"])
     while milestone <= knobs["max_t"]:
-        marks.append(milestone)
+        marks.append(Mark(milestone, RUNG, f"rung {len(marks)}"))
         milestone *= knobs["reduction_factor"]
     return marks
 
 
-def curves_svg(answer: dict[str, Any], width: int = 520, height: int = 280) -> str:
-    """Every trial's metric per iteration: a colour per trial, stopped and failed trials faded."""
-    margins = left, right, top, bottom = 56, 90, 24, 30
-    trials = answer.get("trials", [])
-    points = [(x, y) for t in trials for x, y in t["curve"] if math.isfinite(y)]
-    parts = [svg_open(width, height, f'{answer.get("metric")} per {answer.get("time_attr", "iteration")}, every trial',
-                      left, "nbtrain-sweep-curves")]
-    if not points:
-        return "".join(parts) + f'<text x="{left}" y="{height // 2}">no reports yet</text></svg>'
-    axes = Axes.fitted((p[0] for p in points), (p[1] for p in points), width, height, margins)
-    sx, sy = axes.sx, axes.sy
-    parts.append(axes.frame((f"{axes.x0:g}", f"{axes.x1:g}")))
-    for mark in rungs(answer):
-        if axes.x0 <= mark <= axes.x1:
-            parts.append(f'<line class="rung" x1="{sx(mark):.1f}" y1="{top}" x2="{sx(mark):.1f}" '
-                         f'y2="{height - bottom}" stroke="#999" stroke-dasharray="3,3"/>')
-    for t in trials:
-        line = [(x, y) for x, y in t["curve"] if math.isfinite(y)]
-        if not line:
-            continue
-        faded = t["state"] in ("stopped", "failed")
-        style = f'stroke-opacity="{FADED_OPACITY}"' if faded else 'stroke-opacity="1"'
-        dash = ' stroke-dasharray="4,2"' if t["state"] == "failed" else ""
-        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in line)
-        parts.append(f'<polyline class="trial trial-{t["state"]}" data-trial="{t["index"]}" fill="none" '
-                     f'stroke="{_colour(t["index"])}" stroke-width="1.5" {style}{dash} points="{path}"/>')
-        if len(line) == 1:
-            parts.append(f'<circle cx="{sx(line[0][0]):.1f}" cy="{sy(line[0][1]):.1f}" r="2.5" '
-                         f'fill="{_colour(t["index"])}" {style.replace("stroke-", "fill-")}/>')
-    for row, t in enumerate(trials[:16]):
-        opacity = FADED_OPACITY * 2 if t["state"] in ("stopped", "failed") else 1
-        parts.append(f'<text x="{width - right + 6}" y="{top + 10 + 12 * row}" fill="{_colour(t["index"])}" '
-                     f'fill-opacity="{opacity}">trial {t["index"]}</text>')
-    return "".join(parts) + "</svg>"
+def drawn_trials(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trials with a curve, in their order; beyond ``MAX_TRIALS_DRAWN`` of them, the unfinished ones and then
+    the best of the others."""
+    trials = [t for t in answer.get("trials", []) if any(math.isfinite(y) for _x, y in t["curve"])]
+    if len(trials) <= MAX_TRIALS_DRAWN:
+        return trials
+    going = [t for t in trials if t["state"] not in TERMINAL]
+    ended = sorted((t for t in trials if t["state"] in TERMINAL and t["best"] is not None),
+                   key=lambda t: t["best"], reverse=answer.get("mode") == "max")
+    kept = {t["index"] for t in [*going, *ended][:MAX_TRIALS_DRAWN]}
+    return [t for t in trials if t["index"] in kept]
 
 
-def scatter_svg(answer: dict[str, Any], key: str, width: int = 250, height: int = 200) -> str:
-    """One hyperparameter (x) against each trial's best metric (y); log scale over two decades or more."""
-    margins = 50, 10, 24, 30
-    left = margins[0]
-    pairs = [(t["config"].get(key), t["best"], t) for t in answer.get("trials", [])
-             if t["best"] is not None and math.isfinite(t["best"])]
-    numeric = [(float(x), y, t) for x, y, t in pairs if isinstance(x, (int, float)) and not isinstance(x, bool)]
-    parts = [svg_open(width, height, f'best {answer.get("metric")} by {key}', left, "nbtrain-sweep-scatter")]
-    if pairs and not numeric:  # categorical: evenly spaced categories
-        categories = sorted({str(x) for x, _, _ in pairs})
-        numeric = [(float(categories.index(str(x))), y, t) for x, y, t in pairs]
-        labels = categories
-    else:
-        labels = []
-    if not numeric:
-        return "".join(parts) + f'<text x="{left}" y="{height // 2}">no results yet</text></svg>'
-    xs = [x for x, _, _ in numeric]
-    log = not labels and min(xs) > 0 and max(xs) / min(xs) >= 100
-    xs_t = [math.log10(x) if log else x for x in xs]
-    axes = Axes.fitted(xs_t, (y for _, y, _ in numeric), width, height, margins)
-    low, high = (labels[0], labels[-1]) if labels else (f"{min(xs):.3g}", f"{max(xs):.3g}")
-    parts.append(axes.frame((low, high + (" (log)" if log else "")), y_format=".3g"))
-    for (x, y, t), xt in zip(numeric, xs_t):
-        opacity = FADED_OPACITY * 2 if t["state"] in ("stopped", "failed") else 1
-        parts.append(f'<circle cx="{axes.sx(xt):.1f}" cy="{axes.sy(y):.1f}" r="4" fill="{_colour(t["index"])}" '
-                     f'fill-opacity="{opacity}"><title>trial {t["index"]}: {html.escape(key)}={x:g}, '
-                     f'{y:.4g}</title></circle>')
-    return "".join(parts) + "</svg>"
+def trials_chart(answer: dict[str, Any]) -> Chart:
+    """Every trial's metric per iteration (live and static alike): a colour per trial, stopped and failed trials
+    faded (failed ones dashed), ASHA's rungs marked."""
+    trials = drawn_trials(answer)
+    total = sum(1 for t in answer.get("trials", []) if t["curve"])
+    which = "every trial" if len(trials) == total else f"{len(trials)} of {total} trials (the unfinished and the best)"
+    traces = series([(f"trial {t['index']}", [x for x, _y in t["curve"]], [y for _x, y in t["curve"]],
+                      {"colour": colour_of(t["index"]), "width": TRIAL_WIDTH,
+                       "opacity": FADED_OPACITY if t["state"] in CUT else 1.0, "dash": t["state"] == "failed"})
+                     for t in trials], TRIAL_POINTS)
+    time_attr = answer.get("time_attr", "iteration")
+    return Chart("trials", f"{answer.get('metric')} per {time_attr}, {which}", traces, rungs(answer), time_attr)
+
+
+def scatters_html(answer: dict[str, Any]) -> str:
+    """Each hyperparameter against each trial's best metric (log scale over two decades or more)."""
+    return "".join(scatter_svg(answer, key) for key in answer.get("space", {}))
+
+
+def scatter_svg(answer: dict[str, Any], key: str) -> str:
+    dots = [Dot(t["config"].get(key), t["best"], colour_of(t["index"]),
+             FADED_OPACITY * 2 if t["state"] in CUT else 1.0,
+             f"trial {t['index']}: {key}={_fmt(t['config'].get(key))}, {t['best']:.4g}")
+            for t in answer.get("trials", []) if t["best"] is not None and math.isfinite(t["best"])]
+    return svg_scatter(f"best {answer.get('metric')} by {key}", dots)
 
 
 def header_html(answer: dict[str, Any]) -> str:
@@ -141,10 +121,10 @@ def table_html(answer: dict[str, Any]) -> str:
     for t in answer.get("trials", []):
         why = t["stop_reason"] or (t["error"] or "")[:160] or (f"pending: needs {t['waiting_for']}"
                                                                 if t["state"] == "pending" and t["waiting_for"] else "")
-        cells = [f'<span style="color:{_colour(t["index"])}">■</span> {t["index"]}',
+        cells = [f'<span style="color:{colour_of(t["index"])}">■</span> {t["index"]}',
                  *[_fmt(t["config"].get(k)) for k in keys], t["state"], str(t["iterations"]),
                  _fmt(t["best"]), _fmt(t["last"]), why]
-        faded = ' style="opacity:0.55"' if t["state"] in ("stopped", "failed") else ""
+        faded = ' style="opacity:0.55"' if t["state"] in CUT else ""
         rows.append(f'<tr class="trial-row trial-{t["state"]}"{faded}>' +
                     "".join(f"<td>{html.escape(c) if i else c}</td>" for i, c in enumerate(cells)) + "</tr>")
     return (f'<table class="nbtrain-sweep-trials" style="border-collapse:collapse;font-size:12px">'
@@ -163,10 +143,12 @@ class SweepDashboard:
     def __init__(self, sweep: Any) -> None:
         import ipywidgets as w
 
+        from nbtrain._views.dashboard.charts_widget import ChartsWidget
+
         self.sweep = sweep
         self.thread: threading.Thread | None = None
         self.header = w.HTML()
-        self.curves = w.HTML()
+        self.curves = ChartsWidget()
         self.scatters = w.HTML()
         self.table = w.HTML()
         self.picker = w.Dropdown(description="trial:", options=[], layout=w.Layout(width="220px"))
@@ -200,8 +182,8 @@ class SweepDashboard:
 
     def draw(self, answer: dict[str, Any]) -> None:
         self.header.value = header_html(answer)
-        self.curves.value = curves_svg(answer)
-        self.scatters.value = "".join(scatter_svg(answer, key) for key in answer.get("space", {}))
+        self.curves.draw(trials_chart(answer))
+        self.scatters.value = scatters_html(answer)
         self.table.value = table_html(answer)
         choices = [(f"trial {t['index']} ({t['state']})", t["index"]) for t in answer.get("trials", [])]
         if [c[1] for c in choices] != [c[1] for c in self.picker.options] or choices != list(self.picker.options):
@@ -240,6 +222,7 @@ class SweepDashboard:
             if time.monotonic() - drawn >= REDRAW_INTERVAL_S or answer.get("state") in TERMINAL:
                 self.draw(answer)
                 drawn = time.monotonic()
+        self.curves.freeze()
         self._leave_static(answer)
 
     def _leave_static(self, answer: dict[str, Any]) -> None:
@@ -247,9 +230,8 @@ class SweepDashboard:
 
         if self._static is not None:
             self._static.update(DashboardOutput(self.widget, (
-                '<div class="nbtrain-sweep-summary">' + header_html(answer) + curves_svg(answer)
-                + "".join(scatter_svg(answer, key) for key in answer.get("space", {})) + table_html(answer)
-                + "</div>")))
+                '<div class="nbtrain-sweep-summary">' + header_html(answer) + svg_chart(trials_chart(answer))
+                + scatters_html(answer) + table_html(answer) + "</div>")))
 
 
 class SweepText:

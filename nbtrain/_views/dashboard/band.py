@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from nbtrain._views.dashboard.downsample import Array
+from nbtrain._views.dashboard.spacing import breaks_between, widest_allowed
 
 BAND_RECENT_STEPS = 1000
 BAND_BINS = 1000        # even: bins merge in pairs
@@ -86,16 +87,34 @@ class RankBand:
                         % BAND_RECENT_STEPS)
             self.top = step - 1
 
-    def view(self) -> tuple[Array, Array, Array, Array]:
-        """(steps, mean, min, max): coarse bins before the recent window, one point per step in it."""
+    def _coarse(self) -> tuple[Array, Array, Array]:
+        """The non-empty bins before the recent window: their numbers, rows, and the steps they are drawn at."""
         start = self.top - BAND_RECENT_STEPS + 1
         bins = np.flatnonzero((self.coarse[:, 0] > 0) & (np.arange(BAND_BINS) * self.width < start))
         old = self.coarse[bins]
-        old_x = np.minimum(old[:, 1] / np.maximum(old[:, 0], 1), start - 0.5)
-        steps = np.arange(max(start, 0), self.top + 1)
+        return bins.astype(float), old, np.minimum(old[:, 1] / np.maximum(old[:, 0], 1), start - 0.5)
+
+    def _fine(self) -> tuple[Array, Array]:
+        """The recent steps some rank reported, and their rows."""
+        steps = np.arange(max(self.top - BAND_RECENT_STEPS + 1, 0), self.top + 1)
         new = self.fine[steps % BAND_RECENT_STEPS]
         held = new[:, 0] > 0
-        steps, new = steps[held], new[held]
-        return (np.concatenate([old_x, steps.astype(float)]),
+        return steps[held].astype(float), new[held]
+
+    def view(self) -> tuple[Array, Array, Array, Array]:
+        """(steps, mean, min, max): coarse bins before the recent window, one point per step in it."""
+        _bins, old, old_x = self._coarse()
+        steps, new = self._fine()
+        return (np.concatenate([old_x, steps]),
                 np.concatenate([old[:, 2] / old[:, 0], new[:, 1] / new[:, 0]]),
                 np.concatenate([old[:, 3], new[:, 2]]), np.concatenate([old[:, 4], new[:, 3]]))
+
+    def breaks(self, usual: float) -> Array:
+        """Where the drawn band's lines break (:mod:`~nbtrain._views.dashboard.spacing`), for a metric whose
+        usual gap is ``usual``: between recent steps too far apart, and between bins with more empty bins between
+        them than the rule allows (bins side by side are never a gap, however wide)."""
+        bins, _old, old_x = self._coarse()
+        empty = (np.diff(bins) - 1) * self.width > widest_allowed(usual)
+        coarse = (old_x[:-1][empty] + old_x[1:][empty]) / 2
+        steps, _new = self._fine()
+        return np.concatenate([coarse, breaks_between(steps[:-1], steps[1:], usual)])

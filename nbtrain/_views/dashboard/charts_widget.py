@@ -1,21 +1,23 @@
-"""The dashboard's charts as a widget of our own (anywidget): line charts of a run's curves, stacked bars of
-its step times.
+"""The live renderer of every chart nbtrain draws, as a widget of our own (anywidget): a run's curves and step
+times (the dashboard), every trial of a sweep (the sweep dashboard), the runs of a comparison (``compare()``).
+Each is a :class:`~nbtrain._views.dashboard.chart.Chart`, the description the static SVG
+(:mod:`~nbtrain._views.dashboard.static_plot`) draws too.
 
 Why not plotly's FigureWidget: its saved widget state carries all of plotly.js (5 MB per figure), so every
 notebook saved with widget state (nbclient, papermill, VS Code) grew by megabytes per dashboard. This
-widget's front end is ``static/charts.js`` (~10 KB, hand-written SVG, nothing fetched at run time).
+widget's front end is ``static/charts.js`` (~15 KB, hand-written SVG, nothing fetched at run time).
 
-What crosses to the browser: each chart's description (names, colours, marks) as a synced list, and the
-points as increments in binary buffers (custom messages): a trace whose drawn points only grew sends the new
-tail, one whose older points were thinned (a long history's downsampling) is sent whole, at most
+What crosses to the browser: each chart's description (names, looks, where lines break, marks) as a synced list,
+and the points as increments in binary buffers (custom messages): a trace whose drawn points only grew sends the
+new tail, one whose older points were thinned (a long history's downsampling) is sent whole, at most
 ``MAX_POINTS`` points. A view that opens later (a page reload, the same output drawn again) says "hello" and
-is sent everything. When the run ends, :meth:`ChartsWidget.freeze` keeps the final picture in the model's
-``snapshot`` (float32, at most ``SNAPSHOT_BYTES``), the only points a saved notebook stores.
+is sent everything. When what it shows has ended, :meth:`ChartsWidget.freeze` keeps the final picture in the
+model's ``snapshot`` (float32, at most ``SNAPSHOT_BYTES`` for up to ``SNAPSHOT_BYTES / 8 / SNAPSHOT_FEWEST``
+traces), the only points a saved notebook stores.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +25,13 @@ import anywidget
 import numpy as np
 import traitlets
 
+from nbtrain._views.dashboard.chart import Chart
 from nbtrain._views.dashboard.downsample import downsample
+from nbtrain._views.dashboard.mark_styles import widget_marks
 
 STATIC = Path(__file__).parent / "static"
 SNAPSHOT_BYTES = 48_000    # the final picture's points in a saved notebook, all traces together (float32 x, y)
-SNAPSHOT_MIN_POINTS = 100  # per trace, however many traces share the budget
-
-Trace = tuple[str, Any, Any, dict[str, Any]]  # name, steps, values, style (color, width, opacity, band)
+SNAPSHOT_FEWEST = 16       # per trace, however many traces share the budget (a sweep draws at most 50)
 
 
 class ChartsWidget(anywidget.AnyWidget):
@@ -53,29 +55,28 @@ class ChartsWidget(anywidget.AnyWidget):
         self.on_msg(self._on_view_message)
 
     # ------------------------------------------------------------------ what the kernel draws
-    def draw(self, chart: str, title: str, traces: list[Trace], marks: Sequence[dict[str, Any]] = (),
-             xlabel: str = "step") -> None:
-        """Line chart ``chart``: its traces' points (each at most what the caller downsampled to) and marks."""
-        spec = {"id": chart, "title": title, "kind": "lines", "marks": list(marks), "xlabel": xlabel,
-                "traces": [{"name": name, **style} for name, _xs, _ys, style in traces]}
-        held = self._points.setdefault(chart, {})
-        wanted = {name for name, *_ in traces}
+    def draw(self, chart: Chart) -> None:
+        """Line chart ``chart``: its traces' points (each as thinned as its caller made it), looks and marks."""
+        spec = {"id": chart.id, "title": chart.title, "kind": "lines", "marks": widget_marks(chart.marks),
+                "xlabel": chart.xlabel, "traces": [trace.look() for trace in chart.traces]}
+        held = self._points.setdefault(chart.id, {})
+        wanted = {trace.name for trace in chart.traces}
         for name in [name for name in held if name not in wanted]:
             del held[name]
-        self._set_spec(chart, spec)
+        self._set_spec(chart.id, spec)
         parts, buffers = [], []
-        for name, xs, ys, _style in traces:
-            x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
-            old = held.get(name)
+        for trace in chart.traces:
+            x, y = np.asarray(trace.xs, dtype=np.float64), np.asarray(trace.ys, dtype=np.float64)
+            old = held.get(trace.name)
             if old is not None and len(old[0]) == len(x) and np.array_equal(old[0], x) \
                     and np.array_equal(old[1], y, equal_nan=True):
                 continue
             grew = old is not None and len(old[0]) < len(x) and np.array_equal(old[0], x[:len(old[0])]) \
                 and np.array_equal(old[1], y[:len(old[1])], equal_nan=True)
             start = len(old[0]) if grew and old is not None else 0
-            parts.append({"chart": chart, "trace": name, "mode": "append" if grew else "replace"})
+            parts.append({"chart": chart.id, "trace": trace.name, "mode": "append" if grew else "replace"})
             buffers += [x[start:].tobytes(), y[start:].tobytes()]
-            held[name] = (x.copy(), y.copy())
+            held[trace.name] = (x.copy(), y.copy())
         if parts:
             self.send({"kind": "points", "parts": parts}, buffers=buffers)
 
@@ -87,9 +88,10 @@ class ChartsWidget(anywidget.AnyWidget):
 
     def freeze(self) -> None:
         """Keep the picture as it stands in the model itself, thinned to ``SNAPSHOT_BYTES``: what a notebook
-        saved with widget state draws with no kernel behind it."""
+        saved with widget state draws with no kernel behind it (where each line breaks is in the charts'
+        descriptions, so a thinned snapshot still breaks where the reports had a gap)."""
         traces = [(chart, name, xs, ys) for chart, held in self._points.items() for name, (xs, ys) in held.items()]
-        each = max(SNAPSHOT_MIN_POINTS, SNAPSHOT_BYTES // (8 * max(1, len(traces))))
+        each = max(SNAPSHOT_FEWEST, SNAPSHOT_BYTES // (8 * max(1, len(traces))))
         index, arrays = [], []
         for chart, name, xs, ys in traces:
             x, y = downsample(xs, ys, each)

@@ -26,6 +26,18 @@ from typing import Any
 
 from nbtrain._client.run.run_history import Mark, marks_of
 from nbtrain._states import RunState
+from nbtrain._views.dashboard.chart import (
+    BRANCH_COLOUR,
+    BRANCH_OPACITY,
+    BRANCH_WIDTH,
+    MEAN_COLOUR,
+    MEAN_WIDTH,
+    RANK_OPACITY,
+    RANK_WIDTH,
+    Chart,
+    Trace,
+    colour_of,
+)
 from nbtrain._views.dashboard.charts_widget import ChartsWidget
 from nbtrain._views.dashboard.control_row import ControlRow
 from nbtrain._views.dashboard.follower import REDRAW_INTERVAL_S, STRAGGLERS_LISTED, Follower, TextProgress
@@ -40,8 +52,7 @@ from nbtrain._views.dashboard.front_end import (
     widget_tree,
 )
 from nbtrain._views.dashboard.history import MetricHistory, take_new_rows
-from nbtrain._views.dashboard.mark_styles import widget_marks
-from nbtrain._views.dashboard.static_plot import COLOURS, static_summary, summary_line
+from nbtrain._views.dashboard.static_plot import static_summary, summary_line
 from nbtrain._views.dashboard.step_time_plot import StepTimePlot, debug_hint
 from nbtrain._views.dashboard.summary_text import (
     STATE_COLOURS,
@@ -64,8 +75,6 @@ from nbtrain._views.dashboard.workers_view import (
 
 MAX_POINTS_PER_TRACE = 2000
 LOG_PANE_CHARS = 20_000
-MEAN_COLOUR = "#222222"
-SUPERSEDED_STYLE = {"color": "#999999", "width": 1.5, "opacity": 0.45, "dash": True}  # a branch a rewind left
 WIDE_RANKS = 8               # above this many ranks: a band across ranks, a summarised and paged worker table
 
 
@@ -189,7 +198,8 @@ class WidgetDashboard(Follower):
         if summary is None:
             return (f'<div class="nbtrain-summary nbtrain-live-fallback">Run <b>{html.escape(self.run.name)}</b>: '
                     f"its live dashboard is a widget; this front end does not show widgets.</div>")
-        return static_summary(self.run.name, summary, self.history, self.marks(), self.worker_table.value)
+        return static_summary(self.run.name, summary, self.history, self.curve_charts(ranks=False),
+                              self.worker_table.value)
 
     def _on_stop(self, _button: Any) -> None:
         self.stop_button.disabled = True
@@ -310,40 +320,49 @@ class WidgetDashboard(Follower):
                 f'median step of the running ranks">straggler{"s" if len(late) > 1 else ""}: rank'
                 f'{"s" if len(late) > 1 else ""} {listed}</span>')
 
-    def curve_traces(self, metrics: list[str]) -> list[tuple[str, Any, Any, dict[str, Any]]]:
-        """(name, x, y, style) of one chart: per-rank lines and the mean, or in a wide run the mean, its
-        min-max band and the chosen ranks' lines. One metric: a colour per rank and a dark mean; several
-        (loss, val_loss): a colour per metric, its ranks' lines faint."""
-        traces: list[tuple[str, Any, Any, dict[str, Any]]] = []
+    def curve_traces(self, metrics: list[str], ranks: bool = True) -> list[Trace]:
+        """One chart's traces: per-rank lines (thin, translucent) and the mean (thick), or in a wide run the mean,
+        its min-max band and the chosen ranks' lines; the branches rewinds left, faded. One metric: a colour per
+        rank and a dark mean; several (loss, val_loss): a colour per metric. A metric reported far more rarely
+        than the others (``epoch_loss`` beside ``loss``) is points; lines break across gaps in the reports.
+        ``ranks=False``: no rank's own line (the static picture's)."""
+        traces: list[Trace] = []
         alone = len(metrics) == 1
+        history = self.history
         for index, metric in enumerate(metrics):
-            colour = COLOURS[index % len(COLOURS)]
-            traces += [(f"{metric} superseded {number}", xs, ys, SUPERSEDED_STYLE)  # branches rewinds went back from
-                       for number, (xs, ys) in enumerate(self.history.left_branches(metric), 1)]
-            steps, mean, low, high = self.history.band(metric)
+            tint, points = colour_of(index), history.sparse(metric)
+            traces += [Trace(f"{metric} superseded {number}", xs, ys, BRANCH_COLOUR, BRANCH_WIDTH, BRANCH_OPACITY,
+                             dash=True, points=points, breaks=breaks)
+                       for number, (xs, ys, breaks) in enumerate(history.left_branches(metric), 1)]
+            steps, mean, low, high = history.band(metric)
+            breaks = history.band_breaks(metric)
             if not self.wide:
-                for rank in self.history.ranks(metric):
-                    xs, ys = self.history.points(metric, rank, MAX_POINTS_PER_TRACE)
-                    traces.append((f"{metric} rank {rank}", xs, ys,
-                                   {"color": COLOURS[rank % len(COLOURS)] if alone else colour, "width": 1.0,
-                                    "opacity": 0.6 if alone else 0.35}))
-                traces.append((f"{metric} mean", steps, mean, {"color": MEAN_COLOUR if alone else colour,
-                                                                "width": 2.5}))
+                for rank in history.ranks(metric) if ranks else []:
+                    xs, ys = history.points(metric, rank, MAX_POINTS_PER_TRACE)
+                    traces.append(Trace(f"{metric} rank {rank}", xs, ys, colour_of(rank) if alone else tint, RANK_WIDTH,
+                                        RANK_OPACITY, points=points, breaks=history.rank_breaks(metric, rank)))
+                traces.append(Trace(f"{metric} mean", steps, mean, MEAN_COLOUR if alone else tint, MEAN_WIDTH,
+                                    points=points, breaks=breaks))
                 continue
-            traces.append((f"{metric} min across ranks", steps, low, {"color": colour, "band": "low"}))
-            traces.append((f"{metric} min–max across ranks", steps, high, {"color": colour, "band": "high"}))
-            traces.append((f"{metric} mean", steps, mean, {"color": colour, "width": 2.5}))
-            for number, rank in enumerate(self.chosen_ranks):
-                xs, ys = self.history.points(metric, rank, MAX_POINTS_PER_TRACE)
+            traces.append(Trace(f"{metric} min across ranks", steps, low, tint, band="low", breaks=breaks))
+            traces.append(Trace(f"{metric} min–max across ranks", steps, high, tint, band="high", breaks=breaks))
+            traces.append(Trace(f"{metric} mean", steps, mean, tint, MEAN_WIDTH, points=points, breaks=breaks))
+            for number, rank in enumerate(self.chosen_ranks if ranks else []):
+                xs, ys = history.points(metric, rank, MAX_POINTS_PER_TRACE)
                 if len(xs):
-                    traces.append((f"{metric} rank {rank}", xs, ys,
-                                   {"color": COLOURS[(index + number + 1) % len(COLOURS)], "width": 1.0}))
+                    traces.append(Trace(f"{metric} rank {rank}", xs, ys, colour_of(index + number + 1), RANK_WIDTH,
+                                        points=points, breaks=history.rank_breaks(metric, rank)))
         return traces
 
+    def curve_charts(self, ranks: bool = True) -> list[Chart]:
+        """A chart per group of metrics (losses together...), with the run's marks."""
+        marks = self.marks()
+        return [Chart(group, group, self.curve_traces(metrics, ranks), marks)
+                for group, metrics in self.history.groups().items()]
+
     def _draw_curves(self) -> None:
-        marks = widget_marks(self.marks())
-        for group, metrics in self.history.groups().items():
-            self.charts.draw(group, group, self.curve_traces(metrics), marks)
+        for chart in self.curve_charts():
+            self.charts.draw(chart)
 
     def marks(self) -> list[Mark]:
         """The run's marks (the history model's): changes, rewinds, resizes, restarts, guard trips."""

@@ -19,7 +19,9 @@ once a rank has gone back, what was drawn past the rewind's step becomes the
 branch's own band (:meth:`MetricHistory.left_branches`, drawn faded; the last
 ``KEPT_BRANCHES``), and rows past that step of a rank that has not gone back yet
 wait until it has. Metrics that only count (``epoch``) are not curves
-(:attr:`MetricHistory.counters`).
+(:attr:`MetricHistory.counters`). How far apart a metric's reports are (:mod:`.spacing`: a sparse metric is drawn
+as points, a line breaks across a gap) is read from the points kept exactly and the edges of the buckets, which are
+real consecutive reports: a thinned curve's widely spaced points are not a gap.
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ from nbtrain._client.run.run_history import RESERVED, Branch, CountWatch, branch
 from nbtrain._states import RunState
 from nbtrain._views.dashboard.band import RankBand
 from nbtrain._views.dashboard.downsample import Array, downsample
+from nbtrain._views.dashboard.spacing import breaks_between, is_sparse
 
 EXACT_POINTS = 2000     # per metric and rank: the recent points, kept exactly
+GAP_RANKS = 8           # the ranks a metric's usual gap between reports is read from
+GAP_POINTS = 500        # and their latest points
 SPILL_POINTS = 500      # when the exact buffer is full, this many (or more) go to buckets at once
 MAX_BUCKETS = 256       # per metric and rank: older points, in at most this many buckets
 MAX_POINTS = 2000       # per drawn curve, unless the caller asks otherwise
@@ -244,6 +249,25 @@ class _RankTiers:
         self.last[rank] = rows[nb - 1, LX]
 
     # ------------------------------------------------------------------ drawing
+    def usual_gap(self) -> float | None:
+        """The median step between a rank's consecutive reports, read where they are kept exactly (None: too few)."""
+        diffs = np.concatenate([np.diff(self.x[rank, max(0, self.n[rank] - GAP_POINTS):self.n[rank]])
+                                for rank in self.ranks()[:GAP_RANKS]] or [np.empty(0)])
+        diffs = diffs[diffs > 0]
+        return float(np.median(diffs)) if len(diffs) else None
+
+    def breaks(self, rank: int, usual: float) -> Array:
+        """Where the rank's curve breaks: between consecutive reports known exactly, or the edges of two buckets,
+        further apart than the rule allows."""
+        if rank >= len(self.n) or not self.seen[rank]:
+            return np.empty(0)
+        exact, rows = self.x[rank, :self.n[rank]], self.buckets[rank, :self.nb[rank]]
+        lefts, rights = [rows[:-1, LX], exact[:-1]], [rows[1:, FX], exact[1:]]
+        if len(rows) and len(exact):
+            lefts.append(rows[-1:, LX])
+            rights.append(exact[:1])
+        return breaks_between(np.concatenate(lefts), np.concatenate(rights), usual)
+
     def points(self, rank: int, max_points: int = MAX_POINTS) -> tuple[Array, Array]:
         """The rank's curve in at most ``max_points`` points: the recent half exact, older ones M4-reduced."""
         if rank >= len(self.n) or not self.seen[rank]:
@@ -281,6 +305,7 @@ class MetricHistory:
         self._branch_bands: dict[int, dict[str, RankBand]] = {}  # branch -> metric -> its rows' band (the last few)
         self._held: list[dict[str, Any]] = []        # rows a rewind under way may yet supersede, in report order
         self._counting: dict[str, CountWatch] = {}
+        self._gaps: dict[str, float | None] = {}   # per metric, its usual gap as of the last batch (None: unknown)
         self.rows_seen = 0
         self.latest: dict[str, float] = {}
         self.text: dict[int, dict[str, str]] = {}  # rank -> the last text (or true/false) of each metric
@@ -301,6 +326,7 @@ class MetricHistory:
 
     def _take(self, rows: list[dict[str, Any]], final: bool = False) -> None:
         self._held = []
+        self._gaps.clear()
         while rows:
             attempts = np.fromiter((a or 1 for a in map(dict.get, rows, repeat("attempt"))), np.int64, len(rows))
             if attempts[0] > self._attempt:  # one attempt at a time: a batch may hold the end of one, the next's start
@@ -394,10 +420,11 @@ class MetricHistory:
         for watch in self._counting.values():
             watch.new_attempt()
 
-    def left_branches(self, metric: str) -> list[tuple[Array, Array]]:
+    def left_branches(self, metric: str) -> list[tuple[Array, Array, Array]]:
         """The mean across ranks of each branch a rewind left (the last ``KEPT_BRANCHES``), oldest first, from the
-        step after the one it went back to: drawn faded."""
+        step after the one it went back to, as ``(steps, mean, breaks)``: drawn faded."""
         curves = []
+        usual = self.usual_gap(metric)
         for number in sorted(self._branch_bands):
             band = self._branch_bands[number].get(metric)
             if band is None or number >= len(self._branches):
@@ -405,7 +432,7 @@ class MetricHistory:
             xs, means, _low, _high = band.view()
             kept = xs > self._branches[number].to_step
             if kept.any():
-                curves.append((xs[kept], means[kept]))
+                curves.append((xs[kept], means[kept], band.breaks(usual)))
         return curves
 
     def _add_columns(self, rows: list[dict[str, Any]], ranks: Ints, steps: Array) -> None:
@@ -480,6 +507,32 @@ class MetricHistory:
     def mean(self, metric: str) -> tuple[Array, Array]:
         steps, mean, _, _ = self.band(metric)
         return steps, mean
+
+    def _gap(self, metric: str) -> float | None:
+        if metric not in self._gaps:
+            tier = self._tiers.get(metric)
+            self._gaps[metric] = tier.usual_gap() if tier else None
+        return self._gaps[metric]
+
+    def usual_gap(self, metric: str) -> float:
+        """The usual step between a rank's consecutive reports of ``metric`` (1 when too few to tell)."""
+        found = self._gap(metric)
+        return 1.0 if found is None else found
+
+    def sparse(self, metric: str) -> bool:
+        """Whether ``metric`` is reported so much more rarely than the densest metric that it is drawn as points."""
+        gaps = [gap for name in self._tiers if (gap := self._gap(name)) is not None]
+        return is_sparse(self.usual_gap(metric), min(gaps, default=1.0))
+
+    def rank_breaks(self, metric: str, rank: int) -> Array:
+        """Where one rank's curve of ``metric`` breaks (:mod:`.spacing`)."""
+        tier = self._tiers.get(metric)
+        return tier.breaks(rank, self.usual_gap(metric)) if tier else np.empty(0)
+
+    def band_breaks(self, metric: str) -> Array:
+        """Where the mean (and the band) across ranks of ``metric`` breaks."""
+        band = self._bands.get(metric)
+        return band.breaks(self.usual_gap(metric)) if band else np.empty(0)
 
     def stored_points(self) -> int:
         """Points held for drawing, all metrics and ranks (bounded whatever the run's length)."""

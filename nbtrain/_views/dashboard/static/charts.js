@@ -1,10 +1,15 @@
-// nbtrain's dashboard charts, as an anywidget front end: SVG line charts (per-rank lines, their mean, a
-// min-max band, dashed marks at resizes and changes) and stacked bar charts, drawn by hand (no library,
-// nothing fetched at run time). The kernel sends points as increments (binary buffers); a view that opens
-// late says "hello" and is sent every trace whole; a finished run's last picture is kept in the model's
-// `snapshot` (float32), so a notebook saved with widget state draws it without a kernel.
+// nbtrain's live charts, as an anywidget front end: SVG line charts of whatever the kernel describes (a run's ranks
+// and their mean, a min-max band, the branches a rewind left; a sweep's trials; a comparison's runs), with marks
+// (changes, rewinds, resizes, ASHA rungs), and stacked bar charts, drawn by hand (no library, nothing fetched at
+// run time). A trace says how it looks (colour, width, opacity, dash), whether it is a sparse series drawn as
+// points, and where its line breaks (`breaks`: steps in stretches with no report too wide to cross, found by the
+// kernel where the reports are known, so a thinned curve is still joined). The legend sits right of the plot.
+// The kernel sends points as increments (binary buffers); a view that opens late says "hello" and is sent every
+// trace whole; a finished picture is kept in the model's `snapshot` (float32), so a notebook saved with widget
+// state draws it without a kernel.
 const SVG = "http://www.w3.org/2000/svg";
-const WIDTH = 460, HEIGHT = 280, LEFT = 58, RIGHT = 12, TOP = 30, BOTTOM = 36;
+const WIDTH = 600, HEIGHT = 280, LEFT = 58, RIGHT = 160, TOP = 30, BOTTOM = 36;
+const LEGEND_ROWS = 16, LEGEND_CHARS = 24, DOT = 5;
 
 function node(tag, attrs, parent) {
   const made = document.createElementNS(SVG, tag);
@@ -65,6 +70,57 @@ function frame(svg, x0, x1, y0, y1) {
   return { sx, sy };
 }
 
+// Runs of consecutive points a line joins, as [start, end) index pairs: a run ends at a value that is not finite
+// and where a break lies between two points.
+function runs(data, breaks) {
+  const found = [];
+  let start = -1, b = 0, prev = -Infinity;
+  for (let i = 0; i < data.n; i++) {
+    const x = data.x[i];
+    if (!Number.isFinite(data.y[i])) { if (start >= 0) found.push([start, i]); start = -1; continue; }
+    while (b < breaks.length && breaks[b] <= prev) b++;
+    if (start >= 0 && b < breaks.length && breaks[b] < x) { found.push([start, i]); start = -1; }
+    if (start < 0) start = i;
+    prev = x;
+  }
+  if (start >= 0) found.push([start, data.n]);
+  return found;
+}
+
+function looks(trace) {
+  return { stroke: trace.color, "stroke-width": trace.width || 1.5,
+    "stroke-opacity": trace.opacity == null ? 1 : trace.opacity, ...(trace.dash ? { "stroke-dasharray": "5,3" } : {}) };
+}
+
+// A trace: its line (left open at each break) and a dot for each point standing alone, or for a sparse series a
+// dot per point. Dots are one path of zero-length round-capped strokes.
+function drawTrace(svg, trace, data, sx, sy) {
+  const dots = [];
+  let d = "";
+  if (trace.points) {
+    for (let i = 0; i < data.n; i++) if (Number.isFinite(data.y[i])) dots.push(i);
+  } else {
+    for (const [start, end] of runs(data, trace.breaks || [])) {
+      if (end - start === 1) { dots.push(start); continue; }
+      for (let i = start; i < end; i++) d += (i === start ? "M" : "L") + sx(data.x[i]).toFixed(1) + "," + sy(data.y[i]).toFixed(1);
+    }
+  }
+  if (d) {
+    const path = node("path", { d, fill: "none", class: "nbtrain-trace", ...looks(trace) }, svg);
+    path.dataset.name = trace.name;
+    path.dataset.points = String(data.n);
+    path.dataset.mode = "lines";
+  }
+  if (dots.length) {
+    const path = node("path", { d: dots.map((i) => "M" + sx(data.x[i]).toFixed(1) + "," + sy(data.y[i]).toFixed(1) + "h0").join(""),
+      fill: "none", class: trace.points ? "nbtrain-trace nbtrain-dots" : "nbtrain-dots", "stroke-linecap": "round",
+      ...looks(trace), "stroke-width": Math.max(DOT, (trace.width || 1.5) + 2) }, svg);
+    path.dataset.name = trace.name;
+    path.dataset.points = String(dots.length);
+    path.dataset.mode = "points";
+  }
+}
+
 function lineChart(svg, chart, store) {
   const traces = chart.traces || [];
   const box = extent(traces, store);
@@ -94,38 +150,38 @@ function lineChart(svg, chart, store) {
   }
   for (const trace of traces) {
     const data = store.get(trace.name);
-    if (trace.band || !data || !data.n) continue;
-    let d = "", pen = "M";
-    for (let i = 0; i < data.n; i++) {
-      if (!Number.isFinite(data.y[i])) { pen = "M"; continue; }
-      d += pen + sx(data.x[i]).toFixed(1) + "," + sy(data.y[i]).toFixed(1);
-      pen = "L";
-    }
-    const path = node("path", { d, fill: "none", stroke: trace.color, "stroke-width": trace.width || 1.5,
-      "stroke-opacity": trace.opacity == null ? 1 : trace.opacity, class: "nbtrain-trace",
-      ...(trace.dash ? { "stroke-dasharray": "5,3" } : {}) }, svg);
-    path.dataset.name = trace.name;
-    path.dataset.points = String(data.n);
+    if (!trace.band && data && data.n) drawTrace(svg, trace, data, sx, sy);
   }
   for (const mark of chart.marks || []) {
     if (mark.x < box.x0 || mark.x > box.x1) continue;
     const x = sx(mark.x);
-    node("line", { x1: x, x2: x, y1: TOP, y2: HEIGHT - BOTTOM, stroke: mark.color,
+    const line = node("line", { x1: x, x2: x, y1: TOP, y2: HEIGHT - BOTTOM, stroke: mark.color,
       "stroke-dasharray": mark.dash === "dot" ? "2,2" : "4,3", class: "nbtrain-mark" }, svg);
-    node("text", { x: x + 3, y: TOP + 10, fill: mark.color, "font-size": 9 }, svg).textContent = mark.text;
+    line.dataset.kind = mark.kind || "";
+    if (mark.text) node("text", { x: x + 3, y: TOP + 10, fill: mark.color, "font-size": 9 }, svg).textContent = mark.text;
   }
   legend(svg, traces.filter((t) => t.band !== "low" && store.get(t.name)));
 }
 
+// Right of the plot box, never over a curve: a swatch drawn as the trace looks (a dot for a sparse series) and
+// its name (cut short; the whole name as the entry's tooltip).
 function legend(svg, traces) {
-  const shown = traces.slice(0, 9);
+  const shown = traces.slice(0, LEGEND_ROWS), x = WIDTH - RIGHT + 10;
   shown.forEach((trace, i) => {
-    node("text", { x: WIDTH - RIGHT - 4, y: TOP + 12 + 11 * i, "text-anchor": "end", fill: trace.color,
-      "font-size": 10, class: "nbtrain-legend" }, svg).textContent = trace.name;
+    const y = TOP + 8 + 13 * i;
+    const entry = node("g", { class: "nbtrain-legend" }, svg);
+    entry.dataset.name = trace.name;
+    if (trace.points) node("circle", { cx: x + 8, cy: y - 3, r: 2.5, fill: trace.color }, entry);
+    else if (trace.values) node("rect", { x, y: y - 8, width: 16, height: 8, fill: trace.color }, entry);
+    else node("line", { x1: x, x2: x + 16, y1: y - 3, y2: y - 3, ...looks(trace),
+      "stroke-width": Math.min(trace.width || 1.5, 3), "stroke-opacity": Math.max(trace.opacity == null ? 1 : trace.opacity, 0.35) }, entry);
+    const text = node("text", { x: x + 20, y, "font-size": 10 }, entry);
+    text.textContent = trace.name.length > LEGEND_CHARS ? trace.name.slice(0, LEGEND_CHARS - 1) + "…" : trace.name;
+    node("title", {}, entry).textContent = trace.name;
   });
   if (traces.length > shown.length) {
-    node("text", { x: WIDTH - RIGHT - 4, y: TOP + 12 + 11 * shown.length, "text-anchor": "end",
-      "font-size": 10 }, svg).textContent = `and ${traces.length - shown.length} more`;
+    node("text", { x, y: TOP + 8 + 13 * shown.length, "font-size": 10, class: "nbtrain-legend-more" }, svg)
+      .textContent = `and ${traces.length - shown.length} more`;
   }
 }
 
