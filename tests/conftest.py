@@ -74,6 +74,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.oldest_ray)
         if "cluster" in item.fixturenames:  # the marker follows the fixture: never kept by hand (it drifted)
             item.add_marker(pytest.mark.cluster)
+            if item.get_closest_marker("quick") is not None:
+                raise pytest.UsageError(f"{item.nodeid} is marked quick but uses the session cluster: the quick tier "
+                                        "starts no cluster (its minute holds only tests that need none)")
     lane = config.getoption("--lane")
     if lane is None:
         return

@@ -45,7 +45,6 @@ def test_every_listening_socket_of_the_local_cluster_is_on_loopback(cluster):
     assert all(addr.ip in loopback for _name, addr in listening), listening
 
 
-@pytest.mark.quick
 def test_client_port_refuses_a_connection_without_the_token(cluster):
     address = local_cluster.status().address  # its Ray Client port, whichever way this session connected
     target = parse_address(address)

@@ -11,7 +11,6 @@ import nbtrain
 from _train_fns import TinyNet, train_regression
 
 
-@pytest.mark.quick
 def test_ranks_end_with_identical_parameters(cluster):
     run = nbtrain.launch(train_regression, config={"epochs": 2, "init_seed": 0}, workers=2, name="ddp-sync")
     assert run.wait(timeout=180) == nbtrain.RunState.SUCCEEDED

@@ -40,7 +40,6 @@ def _interrupt_once_reporting(name: str) -> None:
     threading.Thread(target=interrupt, daemon=True).start()
 
 
-@pytest.mark.quick
 def test_interrupting_a_blocking_launch_stops_the_run(cluster, capsys, python_sigint_handler):
     _interrupt_once_reporting("blocking-launch")
     with pytest.raises(KeyboardInterrupt):

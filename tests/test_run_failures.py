@@ -50,7 +50,6 @@ def test_killed_worker_process_is_reported_as_died(cluster):
     wait_for(lambda: not run_actor_names("killed", run), 10, message="the run's workers to be gone")
 
 
-@pytest.mark.quick
 def test_unpicklable_closure_is_named_before_any_worker_starts(cluster):
     lock = threading.Lock()
 
@@ -67,7 +66,6 @@ def test_unpicklable_closure_is_named_before_any_worker_starts(cluster):
         nbtrain.attach("unpicklable")
 
 
-@pytest.mark.quick
 def test_too_many_workers_is_refused_at_once_listing_what_exists(cluster):
     began = time.monotonic()
     with pytest.raises(nbtrain.ResourcesUnavailableError) as raised:
