@@ -45,7 +45,9 @@ templates_path: list[str] = []
 nb_execution_mode = "off"
 myst_enable_extensions = ["colon_fence", "deflist", "substitution"]
 myst_heading_anchors = 3
-suppress_warnings = ["myst.header"]  # notebooks start with a title cell, then use ### freely
+# notebooks start with a title cell, then use ### freely; a plotly figure (run.figure()) saves its JSON
+# (application/vnd.plotly.v1+json, which myst-nb has no renderer for) beside the HTML the site shows
+suppress_warnings = ["myst.header", "mystnb.unknown_mime_type"]
 
 
 
