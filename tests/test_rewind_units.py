@@ -4,6 +4,7 @@ its one decision per trip; each bad input refused by one line (tests/test_rewind
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -300,3 +301,15 @@ def test_an_adjust_waited_for_says_why_it_has_not_landed_as_a_rewind_does(live, 
     with pytest.raises(NbtrainError) as refused:
         control.adjust(lr=0.01, wait=True)
     assert str(refused.value) == said
+
+
+def test_a_pause_waited_for_returns_once_rank_0_applied_it_though_other_ranks_paused_first():
+    """At 64 ranks (``benchmarks/scale.py``) the summary said "paused at step 79" before rank 0's own word on the
+    pause came in, and ``pause(wait=True)`` raised that the run was paused: the pause it was waiting for."""
+    run = _LiveRun(paused_at=79)
+    waiting = Command(1, PAUSE, {}, at_step=79, issued=1.0)
+    answers = iter([waiting, dataclasses.replace(waiting, applied_step=79)])
+    run.call = lambda method, *args, timeout: next(answers)  # type: ignore[method-assign]
+    control = RunControl(SimpleNamespace(channel=run, fetch_summary=run.fetch_summary))  # type: ignore[arg-type]
+    run.command = waiting
+    assert control.pause(wait=True) == 79

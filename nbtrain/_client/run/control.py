@@ -17,6 +17,7 @@ import cloudpickle
 from nbtrain._client.connecting.cluster_nodes import worker_node_id
 from nbtrain._client.run.reader import RunReader
 from nbtrain._client.run.stored import READ_TIMEOUT_S
+from nbtrain._cluster.command_kinds.table import command_kind
 from nbtrain._cluster.commands import (
     ADJUST,
     AS_SOON_AS_BACK,
@@ -341,7 +342,7 @@ def applied(reader: RunReader, command: Command, what: str, listed_in: str) -> C
         if summary.get("state") in TERMINAL:
             raise NbtrainError(f"Run {name!r} ended ({summary['state']}) before rank 0 reached {where}, where "
                                f"{what} was due.")
-        if summary.get("paused_at") is not None:
+        if summary.get("paused_at") is not None and not command_kind(command.kind).holds_the_run:
             raise NbtrainError(f"Run {name!r} is paused at step {summary['paused_at']}: {what} applies between two "
                                "whole steps, so it lands as the run goes on (run.resume()); it is still due, nothing "
                                "was cancelled.")

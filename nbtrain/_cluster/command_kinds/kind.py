@@ -107,6 +107,7 @@ class CommandKind:
     held_by_optimizer_state: ClassVar[bool] = False  # a checkpoint's optimizer state holds it once applied
     dropped_when_refused: ClassVar[bool] = False     # rank 0's refusal (its answer) means it never applies
     marked: ClassVar[bool] = False            # a mark on the curves at the step it applied at
+    holds_the_run: ClassVar[bool] = False     # it pauses the run: a pause seen before rank 0 said so is its own
 
     # ------------------------------------------------------------------ the notebook
     def check(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from nbtrain._cluster.commands import PAUSE, Command
 class Pause(CommandKind):
     name: ClassVar[str] = PAUSE
     marked: ClassVar[bool] = True
+    holds_the_run: ClassVar[bool] = True
 
     def issued_args(self, args: dict[str, Any], issuing: Issuing) -> dict[str, Any]:
         if issuing.steering.paused():
