@@ -94,6 +94,7 @@ class WorkerGroup:
             group._place(stop_requested)
             start.on_placed()
             places = group._start_actors(stop_requested)
+            start.on_assigned(group.world_size - len(group._replaced) if group._pool is not None else 0)
             group._start_relays(places, start.supervisor)
             payloads = group._payloads(places, start.supervisor, start.datasets, start.commands)
             table.add_group(places, [p.place.device_name for p in payloads], start.attempt)
