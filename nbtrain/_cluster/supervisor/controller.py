@@ -28,6 +28,7 @@ from typing import Any
 import ray
 
 from nbtrain._cluster.elastic.policy import Resize, SizingPolicy
+from nbtrain._cluster.launch_phases import LaunchPhases
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import profiles
 from nbtrain._cluster.storage.run_storage import RunStorage, drop_checkpoints_after, kept_checkpoint
@@ -44,7 +45,6 @@ from nbtrain._cluster.supervisor.failure_policy import (
     format_error,
 )
 from nbtrain._cluster.supervisor.feed import RunFeed
-from nbtrain._cluster.launch_phases import LaunchPhases
 from nbtrain._cluster.supervisor.run_steering import RunSteering
 from nbtrain._cluster.supervisor.worker_group import StartFailed, StopRequested, WorkerGroup, remove_leftover_group
 from nbtrain._cluster.supervisor.worker_table import WorkerTable
