@@ -86,3 +86,51 @@ def test_the_benchmark_logs_each_phases_share_and_when_it_ended() -> None:
                      "first_row        + 2.000 s  (at  3.000 s)"]
     assert bench.median_phases([{"supervisor_up": 1.0, "first_row": 3.0}, {"supervisor_up": 2.0, "first_row": 5.0},
                                 {"supervisor_up": 4.0}]) == {"supervisor_up": 2.0, "first_row": 4.0}
+
+
+def test_the_controller_records_when_its_first_attempts_ranks_were_placed_and_how_many_were_warm(tmp_path) -> None:
+    import threading
+
+    from nbtrain._cluster.elastic import policy
+    from nbtrain._cluster.spec import RunSpec
+    from nbtrain._cluster.storage.run_storage import RunStorage
+    from nbtrain._cluster.supervisor.attempt import AttemptStart
+    from nbtrain._cluster.supervisor.controller import RunController
+    from nbtrain._cluster.supervisor.failure_policy import Failed, Failure, FailurePolicy, Succeeded
+    from nbtrain._cluster.supervisor.feed import RunFeed
+    from nbtrain._cluster.supervisor.worker_table import WorkerTable
+    from nbtrain._options import RunOptions
+
+    outcomes = [Failed([Failure(0, "raised", "Rank 0 raised ValueError at step 3", "Traceback ...")]),
+                Succeeded([b"", b""])]
+
+    class Group:
+        pushes: dict[int, int] = {}
+        unsent: dict[int, dict[str, float]] = {}
+
+        def __init__(self, start: AttemptStart) -> None:
+            start.on_placed()
+            start.on_assigned(2 if start.attempt == 1 else 0)  # the first attempt's ranks lent warm, the next's not
+
+        def watch(self, table: Any, interrupt: Any) -> Any:
+            return outcomes.pop(0)
+
+        def shutdown(self, table: Any) -> None:
+            pass
+
+    lock = threading.RLock()
+    storage = RunStorage(tmp_path, "unit")
+    spec = RunSpec(RunOptions(name="unit", workers=2, max_failures=1), fn_bytes=b"", fn_takes_config=False,
+                   launch_folder=None, launch_called=1.0)
+    ended = threading.Event()
+    controller = RunController(spec, None, RunFeed(storage, lock), storage, WorkerTable(lock), supervisor=None,
+                               on_end=ended.set, failure_policy=FailurePolicy(1),
+                               sizing=policy.for_run(spec.options, None, lambda kind, message: None),
+                               start_group=Group, callbacks=())
+    controller.recover()
+    controller.start()
+    assert ended.wait(20)
+    recorded = controller.phases.summary()
+    assert recorded["world_size"] == 2 and recorded["warm_ranks"] == 2  # the first attempt's, not the restart's
+    at = recorded["at"]
+    assert at["launch_call"] == 1.0 and at["supervisor_up"] <= at["ranks_assigned"]
