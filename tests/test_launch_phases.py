@@ -105,10 +105,9 @@ def test_the_controller_records_when_its_first_attempts_ranks_were_placed_and_ho
                 Succeeded([b"", b""])]
 
     class Group:
-        pushes: dict[int, int] = {}
-        unsent: dict[int, dict[str, float]] = {}
-
         def __init__(self, start: AttemptStart) -> None:
+            self.pushes: dict[int, int] = {}
+            self.unsent: dict[int, dict[str, float]] = {}
             start.on_placed()
             start.on_assigned(2 if start.attempt == 1 else 0)  # the first attempt's ranks lent warm, the next's not
 
