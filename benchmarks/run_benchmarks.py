@@ -45,7 +45,10 @@ launcher differ. Figures (medians over repetitions):
 * report() cost: median time of one report call inside the training loop (µs);
 * report → driver p50: arrival time in the driver (for Ray Train: in its controller, via a
   ``UserCallback``) minus the ``time.time()`` the worker put in the report;
-* total wall: launch call until the launcher sees the run finished.
+* total wall: launch call until the launcher sees the run finished;
+* nbtrain's launch phases, for each first launch and relaunch (``Run.timeline()``: supervisor up, ranks
+  assigned, group formed, function loaded, first step, first row in the notebook), each phase's share and
+  its medians over repetitions in the log and the JSON (``phases``, ``relaunch_phases``).
 
 Hidden mode ``--raytrain-driver`` is the Ray Train driver subprocess.
 """
@@ -146,6 +149,22 @@ def _attempt(run: Callable[[], dict[str, Any]]) -> Outcome:
         return exc
 
 
+def phase_breakdown(phases: dict[str, float]) -> list[str]:
+    """A launch's phases (``Run.timeline()``: seconds since the launch call, in order) as log lines: each phase's
+    own share (since the one before) and when it ended, so a slower launch names the phase that grew."""
+    lines, before = [], 0.0
+    for phase, at in phases.items():
+        lines.append(f"{phase:16s} +{at - before:6.3f} s  (at {at:6.3f} s)")
+        before = at
+    return lines
+
+
+def median_phases(timelines: list[dict[str, float]]) -> dict[str, float]:
+    """Each phase's median over the runs that reached it, in the first run's order (then any others')."""
+    order = list(dict.fromkeys(phase for timeline in timelines for phase in timeline))
+    return {phase: statistics.median(t[phase] for t in timelines if phase in t) for phase in order}
+
+
 def _relaunch_fields(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
     """What a run keeps of its relaunch: the launch time and wall only (its few steps would
     skew the throughput and latency figures), and how many of its ranks ran in the
@@ -153,7 +172,8 @@ def _relaunch_fields(first: dict[str, Any], again: dict[str, Any]) -> dict[str, 
     return {"relaunch_to_first_step_s": again["launch_to_first_step_s"],
             "relaunch_total_wall_s": again["total_wall_s"],
             "relaunch_steps": again["steps"], "relaunch_warmup": again["warmup"],
-            "relaunch_reused_ranks": len(set(again["pids"]) & set(first["pids"]))}
+            "relaunch_reused_ranks": len(set(again["pids"]) & set(first["pids"])),
+            "relaunch_phases": again.get("phases"), "relaunch_warm_ranks": again.get("warm_ranks")}
 
 
 def _paired_ratio(runs: list[dict[str, Any]], torchrun_runs: list[dict[str, Any]],
@@ -415,6 +435,7 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
     if state != RunState.SUCCEEDED:
         raise RuntimeError(f"nbtrain run {name} ended {state.value}:\n{run.error}")
     results = list(run.result or [])
+    phases, warm_ranks = run.timeline(), (run.reader.summary.get("launch_phases") or {}).get("warm_ranks")
     latencies = [(arrival - row["t"]) * 1000.0 for arrival, row in arrivals
                  if "t" in row and row.get("step", 0) > warmup]
     try:
@@ -424,6 +445,7 @@ def run_nbtrain(steps: int, warmup: int, timeout: float, poll_ms: float, name: s
     return _summarise(variant, launched, ended, results, latencies, {
         "rows_received": len(arrivals), "latency_where": "driver (run.refresh())",
         "poll_ms": poll_ms, "refresh_ms_median": statistics.median(poll_costs) * 1000.0 if poll_costs else None,
+        "phases": phases, "warm_ranks": warm_ranks,
     })
 
 
@@ -794,6 +816,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{_numbers(result['runqueue_wait_ms_per_step'], 1)} ms, preempted "
                     f"{_numbers(result['preemptions_per_step'], 0)} times, page faults "
                     f"{_numbers(result['page_faults_per_step'], 0)}")
+                if result.get("phases"):
+                    log(f"rep {rep} {variant:8s} launch phases ({result['warm_ranks']}/{WORKERS} ranks warm):")
+                    for line in phase_breakdown(result["phases"]):
+                        log(f"    {line}")
                 if isinstance(again, Exception):
                     errors.append(f"rep {rep} {variant} relaunch: {again}")
                     log(f"rep {rep} {variant} relaunch FAILED: {again}")
@@ -803,6 +829,11 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"rep {rep} {variant:8s} relaunch ({again['steps']} steps): launch→first step "
                         f"{result['relaunch_to_first_step_s']:.2f} s, wall {result['relaunch_total_wall_s']:.1f} s, "
                         f"ranks in the processes of the run before {result['relaunch_reused_ranks']}/{WORKERS}")
+                    if result.get("relaunch_phases"):
+                        log(f"rep {rep} {variant:8s} relaunch phases ({result['relaunch_warm_ranks']}/{WORKERS} "
+                            f"ranks warm):")
+                        for line in phase_breakdown(result["relaunch_phases"]):
+                            log(f"    {line}")
     finally:
         try:
             nbtrain.disconnect()
@@ -822,6 +853,9 @@ def main(argv: list[str] | None = None) -> int:
         summary[variant] = {key: _median([r.get(key) for r in runs]) for key in keys}
         summary[variant]["reps_ok"] = len(runs)
         summary[variant]["relaunch_reps_ok"] = sum(1 for r in runs if "relaunch_to_first_step_s" in r)
+        for key in ("phases", "relaunch_phases"):
+            if timelines := [r[key] for r in runs if r.get(key)]:
+                summary[variant][key] = median_phases(timelines)
         if runs:
             summary[variant]["steps"] = runs[0]["steps"]
             summary[variant]["warmup"] = runs[0]["warmup"]
@@ -841,6 +875,13 @@ def main(argv: list[str] | None = None) -> int:
     log("")
     log(table)
     log("")
+    for variant in variants:
+        for key, what in (("phases", "first launch"), ("relaunch_phases", "relaunch")):
+            if summary[variant].get(key):
+                log(f"## {variant}: where a {what}'s time went (medians, seconds since the launch call)")
+                log("")
+                log("\n".join(f"    {line}" for line in phase_breakdown(summary[variant][key])))
+                log("")
     log("## nbtrain targets")
     log("")
     for check in checks:

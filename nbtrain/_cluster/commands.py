@@ -185,6 +185,7 @@ class Heartbeat:
     steering: SteeringBeat
     samples_per_s: float | None = None   # measured about once a second
     measured: dict[str, float] = dataclasses.field(default_factory=dict)  # step timing, memory (rss_mb, ...)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # the launch's phases it ended (launch_phases)
 
 
 def where_rank_is(rank: int, answer: tuple[bool, Any] | None, wait_s: float) -> str:

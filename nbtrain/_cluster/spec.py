@@ -32,6 +32,7 @@ class RunSpec:
     # The launching process's folder: where the ranks work when they run on its machine (see working_folder).
     launch_folder: LaunchFolder | None = dataclasses.field(default_factory=LaunchFolder.here)
     created: float = dataclasses.field(default_factory=time.time)
+    launch_called: float | None = None  # time.time() as the notebook's launch began (see launch_phases)
     # Which launch the run's stored files belong to: a supervisor takes up only its own launch's files.
     launch_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     # The launching notebook session's warm pool (its actor name), when the run may use warm workers.

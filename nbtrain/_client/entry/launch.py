@@ -118,6 +118,7 @@ def start(train_fn: Callable[..., Any], options: RunOptions) -> Run:
     else:
         handle, spec = starting.start(checked)
     run = Run(spec.name, handle, checked.address)
+    run.reader.times_first_row = True  # this reader follows the run from its launch: its first row is a phase
     if spec.options.wait:
         block_until_done(run, launched=True)
         run.raise_if_failed()

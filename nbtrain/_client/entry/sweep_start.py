@@ -120,6 +120,7 @@ def start_sweep(train_fn: Any, options: SweepOptions, run_options: dict[str, Any
     # (uploads, room for Ray Data, resources, storage, this session's warm pool) as launch() checks a run
     checked = starting.checked_spec(code, RunOptions(**run_options, workers=options.workers_per_trial))
     trial_run, datasets, address = checked.spec, checked.datasets, checked.address
+    trial_run = dataclasses.replace(trial_run, launch_called=None)  # a trial starts when Tune says: no phases
     holds = packages_to_hold(trial_run.options.runtime_env)
     for _ in range(NAME_TRIES):  # another sweep may take the name chosen before this one starts: choose again
         name = _free_sweep_name(asked, address)

@@ -85,6 +85,7 @@ def checked_spec(code: Code | Callable[..., Any], options: RunOptions, *, notes:
                  named: bool | None = None) -> Checked:
     """``options`` (validated) and the function, checked and pickled: everything the notebook can refuse is
     refused here, before any run exists. ``named``: whether ``options.name`` is the user's (default: given)."""
+    launch_called = time.time()  # the launch's first phase (see launch_phases)
     code = code if isinstance(code, Code) else Code.of(code)
     named = options.name is not None if named is None else named
     datasets = options.datasets
@@ -104,7 +105,7 @@ def checked_spec(code: Code | Callable[..., Any], options: RunOptions, *, notes:
                    modules=code.modules, notes=notes, warm_pool=warm.pool_for(options),
                    initial_checkpoint=initial_checkpoint, parent=parent, settings_at_start=settings_at_start,
                    patches_at_start=patches_at_start,
-                   dataset_names=tuple(datasets or ()), runtime_env_given=given)
+                   dataset_names=tuple(datasets or ()), runtime_env_given=given, launch_called=launch_called)
     spec_bytes = pickled(spec)
     warm.prestart(spec.warm_pool, options)  # the pickled spec is good: its first ranks may start now
     return Checked(spec, spec_bytes, datasets, named=named, address=cluster.address)

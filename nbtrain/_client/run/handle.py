@@ -29,6 +29,7 @@ from nbtrain._client.run.reader import _readable as _readable
 from nbtrain._client.run.rewinds import RunRewinds
 from nbtrain._client.run.row_rules import RowRule
 from nbtrain._client.run.stored import StoredRunHandle
+from nbtrain._cluster.launch_phases import timeline
 from nbtrain._cluster.names import wait_until_name_free
 from nbtrain._exceptions import NbtrainError, RunFailedError
 from nbtrain._states import RunState
@@ -167,9 +168,32 @@ class Run:
         Returns:
             A dict with, among others, ``state``, ``attempt``, ``step`` (the slowest rank's), ``world_size``,
             ``workers``, ``error``, ``parent`` (a forked run's ``{"run", "step"}``), ``latest`` (the last
-            values reported), ``started`` and ``ended``.
+            values reported), ``started``, ``ended`` and ``launch_phases`` (see :meth:`timeline`).
         """
         return self._reader.fetch_summary()
+
+    def timeline(self) -> dict[str, float]:
+        """Where the launch's time went: seconds from the ``launch()`` call to the end of each phase reached so far.
+
+        In the order they happen: ``supervisor_up`` (the run's supervisor actor made), ``ranks_assigned`` (every
+        rank's worker leased warm or started, and placed), ``group_formed`` (``torch.distributed`` joined on every
+        rank), ``function_loaded`` (the training function unpickled on every rank), ``first_step`` (the first
+        ``report()`` on every rank) and ``first_row`` (this notebook got the first metric row; only for the
+        :class:`Run` that ``launch()`` returned). Each is read from the clock of the process where it happened,
+        the first attempt's only. How many ranks were lent warm: ``summary()["launch_phases"]["warm_ranks"]``.
+
+        Returns:
+            ``{phase: seconds}``; empty for a sweep's trial or a run started by an older nbtrain.
+
+        Example::
+
+            >>> run = nbtrain.launch(train, workers=2)
+            >>> run.wait()
+            >>> run.timeline()
+            {'supervisor_up': 0.21, 'ranks_assigned': 0.35, 'group_formed': 0.52, 'function_loaded': 0.53,
+             'first_step': 0.61, 'first_row': 0.83}
+        """
+        return timeline(self._reader.fetch_summary().get("launch_phases"), self._reader.first_row_at)
 
     @_doc_of(RunFiles.metrics_frame)
     def metrics_frame(self) -> Any:

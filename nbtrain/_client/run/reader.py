@@ -171,6 +171,9 @@ class RunReader:
         self._has_more = False  # the last poll left rows for the next
         self._views: list[Any] = []  # the live views of this run (dashboard(), %%ray_train's), until close_views()
         self.row_listener: Callable[[], None] | None = None  # run.on_row's: told after rows were fetched
+        # when this reader got its first row, if it follows the run from its launch (see launch_phases)
+        self.first_row_at: float | None = None
+        self.times_first_row = False
 
     def refresh(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """Fetch what is new: up to one page of rows (``PAGE_ROWS``), every new log chunk and event, and the
@@ -200,6 +203,8 @@ class RunReader:
         """Add the part of ``reply``, the answer to a poll from cursors ``asked``, not yet here."""
         have = self._cursors
         rows: list[dict[str, Any]] = reply["rows"][have[0] - asked[0]:]
+        if rows and self.times_first_row and self.first_row_at is None:
+            self.first_row_at = time.time()
         self._rows.extend(rows)
         self._logs.extend(reply["logs"][have[1] - asked[1]:])
         if len(self._rows) > ROW_WINDOW * 3 // 2:  # drop the oldest in chunks, not on every poll

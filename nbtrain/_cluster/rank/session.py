@@ -21,6 +21,7 @@ from typing import Any
 
 from nbtrain._cluster.commands import Heartbeat
 from nbtrain._cluster.elastic.gradient_noise import NoiseScale
+from nbtrain._cluster.launch_phases import FIRST_STEP
 from nbtrain._cluster.rank import reporting, rewinding, their_code
 from nbtrain._cluster.rank.inspection.resources import Resources
 from nbtrain._cluster.rank.inspection.step_timing import StepTimes
@@ -111,6 +112,7 @@ class TrainingSession:
         self._waiting_rows: list[dict[str, Any]] = []
         self._waiting_logs: list[tuple[str, float, str]] = []
         self._renamed: set[str] = set()
+        self.phases: dict[str, float] = {}  # the launch's phases this rank ended, and when (see launch_phases)
         self.commands_due(False)
         self.steering = RankSteering(self, payload.commands)  # the notebook's commands to this live run
         self.commands_due(bool(self.steering.pending))  # a guard in force from an earlier attempt watches reports
@@ -285,7 +287,8 @@ class TrainingSession:
             measured = {**(self.timing.window() if self.timing is not None else {}), **self._usage}
         return Heartbeat(time=now, step=self.current_step(), last_progress=self.last_progress,
                          state="paused" if self.steering.paused_at is not None else state,
-                         steering=self.steering.beat(), samples_per_s=samples_per_s, measured=measured)
+                         steering=self.steering.beat(), samples_per_s=samples_per_s, measured=measured,
+                         phases=dict(self.phases))
 
     def flush(self, state: str, wait: bool = False) -> None:
         """Send what was reported since the last push (and a heartbeat) to the supervisor.
@@ -356,6 +359,8 @@ class TrainingSession:
                     key = self._renamed_key(key, logs)
                 row[key] = value
             self._waiting_rows.append(row)
+        if rows and FIRST_STEP not in self.phases:  # read here, off report()'s path
+            self.phases[FIRST_STEP] = rows[0][1]
         if rows:  # a report is progress: report() leaves saying so to here
             self.last_progress = max(self.last_progress, rows[-1][1])
         self._waiting_logs.extend(logs)

@@ -34,6 +34,7 @@ class AttemptStart:
     on_placed: Callable[[], None]        # the placement group is ready (the run becomes ``starting``)
     run_dir: Path                        # the run's directory (see working_folder)
     say: Callable[[str], None]           # an event on the run's feed (a rank started again)
+    on_assigned: Callable[[int], None]   # every rank leased or started and placed; how many were lent warm
 
 
 class AttemptGroup(Protocol):

@@ -28,6 +28,7 @@ from typing import Any
 import ray
 
 from nbtrain._cluster.elastic.policy import Resize, SizingPolicy
+from nbtrain._cluster.launch_phases import LaunchPhases
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import profiles
 from nbtrain._cluster.storage.run_storage import RunStorage, drop_checkpoints_after, kept_checkpoint
@@ -93,6 +94,7 @@ class RunController:
         self.ended: float | None = None
         self.stop_requested = False
         self.world_size = 0  # the current attempt's ranks (elastic runs: it changes)
+        self.phases = LaunchPhases(spec.launch_called, time.time())  # where the first attempt's start went
 
     # ------------------------------------------------------------------ the state machine
     def transition(self, new: RunState, why: str = "", *, resume: bool = False) -> None:
@@ -320,7 +322,9 @@ class RunController:
                 spec=self.spec, attempt=self.attempt, world_size=self.world_size, supervisor=self._supervisor,
                 datasets=self.datasets, table=self.table, commands=self.steering.all(),
                 stop_requested=self._stop.is_set, on_placed=lambda: self.transition(RunState.STARTING),
-                run_dir=self._storage.dir, say=lambda said: self._say("startup", said)))
+                run_dir=self._storage.dir, say=lambda said: self._say("startup", said),
+                on_assigned=lambda warm: self.phases.ranks_assigned(self.attempt, self.world_size, warm,
+                                                                    time.time())))
         except StopRequested:
             return Stopped()
         except StartFailed as failed:

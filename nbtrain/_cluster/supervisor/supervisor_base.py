@@ -78,4 +78,5 @@ class SupervisorBase:
             "patches": sum(1 for command in run.steering.all()
                            if command.kind == PATCH and command.applied_step is not None),
             "files": self._files_where,
+            "launch_phases": run.phases.summary(),
         }

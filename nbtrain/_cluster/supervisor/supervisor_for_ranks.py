@@ -26,6 +26,7 @@ class ForRanks(SupervisorBase):
         if nan_rows is None:  # a push seen before
             return
         self._table.beat(rank, attempt, beat)
+        self._run.phases.rank_reached(rank, attempt, beat.phases)
         self._run.report_batch(rows, nan_rows)
 
     def push_many(self, pushes: list[Push]) -> None:

@@ -77,6 +77,7 @@ class WorkerGroup:
         self._replaced: set[int] = set()   # ranks whose leased warm worker was lost while starting: ours now
         self.relays: dict[str, Any] = {}  # node id -> its push relay
         self._pool: Any = None             # the warm pool the actors were leased from, if any
+        self.warm_reused = 0               # how many of the leased workers were idle ones lent again
         self._leased_gpus: list[list[str]] = []  # by rank: the GPU ids of its bundle, for leased workers
         self._succeeded = False            # every rank's run() returned: warm workers go back to the pool
         self._group: Any = None
@@ -94,6 +95,7 @@ class WorkerGroup:
             group._place(stop_requested)
             start.on_placed()
             places = group._start_actors(stop_requested)
+            start.on_assigned(max(group.warm_reused - len(group._replaced), 0))
             group._start_relays(places, start.supervisor)
             payloads = group._payloads(places, start.supervisor, start.datasets, start.commands)
             table.add_group(places, [p.place.device_name for p in payloads], start.attempt)
@@ -199,9 +201,9 @@ class WorkerGroup:
             views = [(entry["cuda_visible_devices"], entry["device_name"]) if options.gpus_per_worker else None
                      for entry in layout]
             bundles = list(zip(nodes, views))
-            lent = self._wait(pool.lease.remote(self.spec.name, shape_of(options), bundles, options.warm_idle_s),
-                              WORKER_START_TIMEOUT_S, stop_requested,
-                              lambda: Failure(None, "startup", "the warm pool did not answer"))
+            leased = pool.lease.remote(self.spec.name, shape_of(options), bundles, options.warm_idle_s)
+            lent, self.warm_reused = self._wait(leased, WORKER_START_TIMEOUT_S, stop_requested,
+                                                lambda: Failure(None, "startup", "the warm pool did not answer"))
         except (ValueError, StartFailed, ray.exceptions.RayError):
             return False
         self._pool = pool

@@ -131,10 +131,11 @@ class WarmPool:
         threading.Thread(target=self._watch, name="nbtrain-warm-watch", daemon=True).start()
 
     # ------------------------------------------------------------------ called by a run's worker group
-    def lease(self, run_name: str, shape: Shape, bundles: list[Bundle], idle_s: float) -> list[Any]:
+    def lease(self, run_name: str, shape: Shape, bundles: list[Bundle], idle_s: float) -> tuple[list[Any], int]:
         """One worker per rank (``bundles[rank]`` is the node and CUDA view of its bundle): an idle one of this
         shape on that node with that CUDA view (or one that never had a GPU), else a new one. Returns their
-        handles, by rank. Idle ones of this shape left over
+        handles, by rank, and how many of them were idle workers lent again (the rest start now). Idle ones of
+        this shape left over
         (the run has fewer ranks than the last) stay idle for the next run.
 
         Idle workers of another shape are ended (the session moved on); workers this run leased before
@@ -153,13 +154,14 @@ class WarmPool:
                     lend(worker, run_name, view)
             self._end([w for w in idle if w not in alive])
         lent = []
+        reused = sum(worker is not None for worker in chosen)
         for rank, worker in enumerate(chosen):
             if worker is None:
                 worker = self._start(shape, bundles[rank][0], run_name, idle_s)
                 worker.cuda_view = bundles[rank][1]
             worker.idle_s = idle_s
             lent.append(worker.handle)
-        return lent
+        return lent, reused
 
     def prestart(self, shape: Shape, workers: int, idle_s: float) -> None:
         """Have ``workers`` idle workers of ``shape`` before the run asks, so the missing ones' process start

@@ -22,6 +22,7 @@ import ipaddress
 import os
 import socket
 import sys
+import time
 import traceback
 import types
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ import cloudpickle
 import ray
 
 from nbtrain._cluster import working_folder
+from nbtrain._cluster.launch_phases import FUNCTION_LOADED, GROUP_FORMED
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.inspection import post_mortem
 from nbtrain._cluster.rank.ray_train import seam_watch
@@ -127,7 +129,9 @@ class TrainWorker:
         back = working_folder.enter(payload.code.folder)  # this run's folder, left in the finally below
         try:
             _join_process_group(payload, listener)
+            session.phases[GROUP_FORMED] = time.time()
             fn = shipping.loads(payload.code.fn_bytes)
+            session.phases[FUNCTION_LOADED] = time.time()
             result = fn(context.config) if payload.code.fn_takes_config else fn()
             outcome: dict[str, Any] = {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
