@@ -6,26 +6,15 @@ No browser: the widget's messages are recorded where the kernel would hand them 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 from nbtrain._views.dashboard.chart import Chart, Trace
-from nbtrain._views.dashboard.charts_widget import SNAPSHOT_BYTES, STATIC, ChartsWidget
+from nbtrain._views.dashboard.charts_widget import SNAPSHOT_BYTES, STATIC
+
+from _recorded_widget import RecordedCharts
 
 pytestmark = pytest.mark.quick
-
-
-class Recorded(ChartsWidget):
-    """The widget, its custom messages kept instead of sent to a front end."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent: list[tuple[dict[str, Any], list[bytes]]] = []
-
-    def send(self, content: Any, buffers: Any = None) -> None:
-        self.sent.append((content, list(buffers or [])))
 
 
 def loss(n: int, start: int = 0) -> Chart:
@@ -34,7 +23,7 @@ def loss(n: int, start: int = 0) -> Chart:
 
 
 def test_a_growing_curve_sends_only_its_new_points():
-    widget = Recorded()
+    widget = RecordedCharts()
     widget.draw(loss(10))
     widget.draw(loss(15))
     widget.draw(loss(15))  # nothing new: nothing sent
@@ -47,7 +36,7 @@ def test_a_growing_curve_sends_only_its_new_points():
 
 
 def test_thinned_points_are_sent_whole_and_a_new_view_gets_everything():
-    widget = Recorded()
+    widget = RecordedCharts()
     widget.draw(loss(10))
     widget.draw(loss(8, start=4))  # downsampling moved the older points
     assert widget.sent[-1][0]["parts"][0]["mode"] == "replace"
@@ -57,7 +46,7 @@ def test_thinned_points_are_sent_whole_and_a_new_view_gets_everything():
 
 
 def test_the_saved_picture_stays_small_however_long_the_run():
-    widget = Recorded()
+    widget = RecordedCharts()
     widget.draw(Chart("loss", "loss", [Trace(f"loss rank {r}", np.arange(2000.0), np.random.rand(2000), "#1f77b4")
                                        for r in range(8)]))
     widget.freeze()
@@ -67,7 +56,7 @@ def test_the_saved_picture_stays_small_however_long_the_run():
 
 def test_a_traces_looks_and_breaks_reach_the_front_end_with_its_chart():
     xs = np.array([*range(1, 101), *range(500, 601)], dtype=float)
-    widget = Recorded()
+    widget = RecordedCharts()
     widget.draw(Chart("loss", "loss", [Trace("loss rank 0", xs, xs, "#1f77b4", 1.0, 0.45, breaks=np.array([300.0])),
                                        Trace("epoch_loss mean", xs[::50], xs[::50], "#ff7f0e", 3.0, points=True)]))
     rank, epoch = widget.spec("loss")["traces"]

@@ -7,7 +7,6 @@ import base64
 import json
 import re
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +23,8 @@ from nbtrain._views.sweep_dashboard import (
     table_html,
     trials_chart,
 )
+
+from _recorded_widget import RecordedCharts
 
 pytestmark = pytest.mark.quick
 
@@ -71,17 +72,8 @@ def test_the_static_picture_draws_the_same_chart():
     assert svg.count('<g class="nbtrain-legend">') == 3
 
 
-class Recorded(ChartsWidget):
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent: list[tuple[dict[str, Any], list[bytes]]] = []
-
-    def send(self, content: Any, buffers: Any = None) -> None:
-        self.sent.append((content, list(buffers or [])))
-
-
 def test_the_live_view_sends_each_trials_points_to_the_charts_widget_and_keeps_a_small_snapshot_when_it_ends():
-    widget = Recorded()
+    widget = RecordedCharts()
     widget.draw(trials_chart(ANSWER))
     [(message, buffers)] = widget.sent
     assert [part["trace"] for part in message["parts"]] == ["trial 0", "trial 1", "trial 2"]
