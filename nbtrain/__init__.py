@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbtrain._client.connecting.connection import Cluster, connect, disconnect
+from nbtrain._client.connecting.connection import Cluster, disconnect
+from nbtrain._client.entry.connect import connect
 from nbtrain._client.entry.launch import attach, launch, runs
 from nbtrain._client.entry.script_launch import launch_script
 from nbtrain._client.entry.sweep import Sweep, Trial, attach_sweep, sweeps

@@ -35,8 +35,11 @@ def leftovers(config):
 
     import torch
 
+    context = nbtrain.get_context()
     found = {"global": "LEFT_BEHIND" in globals(), "env": "NBTRAIN_LEFT_BEHIND" in _os.environ,
-             "torch_seed": torch.initial_seed(), "pid": _os.getpid()}
+             "torch_seed": torch.initial_seed(), "pid": _os.getpid(), "run_name": context.run_name,
+             "config": dict(config), "world_size": context.world_size, "WORLD_SIZE": _os.environ.get("WORLD_SIZE"),
+             "CUDA_VISIBLE_DEVICES": _os.environ.get("CUDA_VISIBLE_DEVICES")}
     globals()["LEFT_BEHIND"] = True
     _os.environ["NBTRAIN_LEFT_BEHIND"] = "1"
     torch.manual_seed(1234)
@@ -51,7 +54,8 @@ def _pids(run) -> list[int]:
 
 
 def _launch(name: str, shape: str, workers: int = 2, **options):
-    run = nbtrain.launch(leftovers, name=name, workers=workers, env={"WARM_TEST_SHAPE": shape}, **options)
+    run = nbtrain.launch(leftovers, name=name, workers=workers, env={"WARM_TEST_SHAPE": shape},
+                         config=options.pop("config", {"run": name}), **options)
     run.wait(timeout=120)
     assert run.state == nbtrain.RunState.SUCCEEDED, run.error
     return run
@@ -64,7 +68,7 @@ def _all_gone(pids: list[int]) -> bool:
 def _launch_to_first_row(name: str, shape: str):
     """A run of ``shape``, the seconds from launch() to its first row in the notebook, once it succeeded."""
     started = time.monotonic()
-    run = nbtrain.launch(leftovers, name=name, workers=2, env={"WARM_TEST_SHAPE": shape})
+    run = nbtrain.launch(leftovers, name=name, workers=2, env={"WARM_TEST_SHAPE": shape}, config={"run": name})
     wait_for(lambda: run.refresh(wait_s=0.5) or run.reader.rows_since(0), 120, message=f"{name}'s first row")
     took = time.monotonic() - started
     run.wait(timeout=120)
@@ -82,6 +86,14 @@ def test_a_relaunch_reuses_the_workers_started_afresh_and_reaches_its_first_step
     seed_of = {r["pid"]: r["torch_seed"] for r in first.result}  # torch's seed as the process started with
     assert {r["pid"]: r["torch_seed"] for r in again.result} == seed_of
     assert relaunch_s < first_launch_s, (relaunch_s, first_launch_s)
+    # ... and never sees the run before's name, config, world size or devices
+    one = _launch("warm-one", "same", workers=1)
+    assert _pids(one)[0] in _pids(again)
+    for run, world in ((first, 2), (again, 2), (one, 1)):
+        for result in run.result:
+            assert result["run_name"] == run.name and result["config"] == {"run": run.name}, result
+            assert result["world_size"] == world and result["WORLD_SIZE"] == str(world), result
+            assert result["CUDA_VISIBLE_DEVICES"] in (None, ""), result  # no GPU asked for, none left from before
 
     printed = StringIO()  # %ray_status lists this notebook's idle warm workers with their time left
     with redirect_stdout(printed):

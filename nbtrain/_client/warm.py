@@ -9,6 +9,7 @@ every session's, for ``%ray_status`` and the sidebar.
 from __future__ import annotations
 
 import dataclasses
+import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from nbtrain._options import RunOptions
 
 DESCRIBE_TIMEOUT_S = 10.0
+WARM_START_ENV = "NBTRAIN_WARM_START"  # "0": connect() warms no ranks (as connect(warm=False))
 
 
 @dataclasses.dataclass
@@ -58,16 +60,41 @@ def pool_for(options: RunOptions) -> str | None:
     return pool_for_launch()
 
 
-def prestart(pool: str | None, options: RunOptions) -> None:
-    """Ask ``pool`` for the first workers of a run with these options (see ``WarmPool.prestart``), as many as
-    its supervisor will start with: :func:`~nbtrain._cluster.elastic.sizing.starting_size` decides it for both."""
+def prestart(pool: str | None, options: RunOptions, workers: int | None = None) -> None:
+    """Ask ``pool`` for the first workers of a run with these options (see ``WarmPool.prestart``): ``workers``
+    in the background (no launch waits for them yet), else as many as its supervisor will start with
+    (:func:`~nbtrain._cluster.elastic.sizing.starting_size` decides it for both)."""
     from nbtrain._cluster.elastic.sizing import starting_size
     from nbtrain._cluster.warm.warm_pool import shape_of
 
     if pool is None:
         return
     assert _made is not None and _made.name == pool
-    _made.pool.prestart.remote(shape_of(options), starting_size(options), options.warm_idle_s)
+    count = starting_size(options) if workers is None else workers
+    _made.pool.prestart.remote(shape_of(options), count, options.warm_idle_s, workers is not None)
+
+
+def warm_start_wanted(asked: bool) -> bool:
+    """Whether ``connect()`` warms the first run's ranks: asked for (its default) and not turned off for every
+    kernel by ``$NBTRAIN_WARM_START=0`` (``nbtrain lab --no-warm`` sets it for its kernels)."""
+    return asked and os.environ.get(WARM_START_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def warm_at_start(cluster_cpus: float) -> tuple[int, RunOptions]:
+    """Start idle workers of the default shape (``RunOptions()``: what ``%%ray_train`` with no flags asks
+    for), as many as its first launch takes and the cluster holds, so that launch finds them ready: their
+    processes start, import torch and its lazy parts while the notebook runs its next cells. Returns how
+    many and the options they are for. They are this session's pool's workers like any other: they end after
+    ``warm_idle_s``, with ``release_warm()``, or when a run of another shape leases from the pool."""
+    from nbtrain._cluster.elastic.sizing import starting_size
+    from nbtrain._options import RunOptions
+
+    options = RunOptions()
+    workers = min(starting_size(options), int(cluster_cpus // max(float(options.cpus_per_worker), 1e-9)))
+    if workers < 1:
+        return 0, options
+    prestart(pool_for_launch(), options, workers)
+    return workers, options
 
 
 def release_warm() -> int:

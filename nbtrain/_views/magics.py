@@ -19,6 +19,7 @@ from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbtrain._client.connecting import connection
+from nbtrain._client.entry.connect import connect
 from nbtrain._client.kernel.progress_line import progress_line
 from nbtrain._client.kernel.widget_messages import join_serving_widgets, widgets_served_while_blocked
 from nbtrain._client.launching.serialization import check_values
@@ -73,6 +74,8 @@ class NbtrainMagics(Magics):
               help="CPUs of the local cluster, when this starts it (default: the machine's)")
     @argument("--num-gpus", type=int, default=None,
               help="GPUs of the local cluster, when this starts it (default: those Ray detects)")
+    @argument("--no-warm", action="store_true",
+              help="do not warm the first run's ranks in the background on the local cluster (default: warm them)")
     @line_magic
     def ray_connect(self, line: str) -> Any:
         """Connect this notebook to a Ray cluster (default: an embedded local one on 127.0.0.1).
@@ -96,8 +99,8 @@ class NbtrainMagics(Magics):
             return None
         token = token_from_flags(args)
         try:
-            cluster = connection.connect(args.address, token=token, num_cpus=args.num_cpus,
-                                          num_gpus=args.num_gpus, progress=progress_line(sys.stdout))
+            cluster = connect(args.address, token=token, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+                              progress=progress_line(sys.stdout), warm=not args.no_warm)
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
         print(f"Connected: {cluster.describe()}")

@@ -127,6 +127,7 @@ class WarmPool:
         self._anchor = anchor
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
+        self._prestarting = threading.Lock()
         self._closing = False  # the session ended: no more idling, exit once nothing is lent
         threading.Thread(target=self._watch, name="nbtrain-warm-watch", daemon=True).start()
 
@@ -163,20 +164,23 @@ class WarmPool:
             lent.append(worker.handle)
         return lent, reused
 
-    def prestart(self, shape: Shape, workers: int, idle_s: float) -> None:
+    def prestart(self, shape: Shape, workers: int, idle_s: float, background: bool = False) -> None:
         """Have ``workers`` idle workers of ``shape`` before the run asks, so the missing ones' process start
         and ``import torch`` overlap the supervisor's start and the placement. Only on a one-node cluster
-        (the embedded one, a laptop), where the node a bundle lands on is known in advance."""
-        alive = [node for node in ray.nodes() if node["Alive"]]
-        if len(alive) != 1:
-            return
-        with self._lock:
-            if self._closing:
+        (the embedded one, a laptop), where the node a bundle lands on is known in advance. ``background``:
+        no launch waits for them yet (``connect()`` warms the first run's): they import torch at a
+        bookkeeping priority."""
+        with self._prestarting:  # two at once (connect()'s, then a launch's) would each count the same idle ones
+            alive = [node for node in ray.nodes() if node["Alive"]]
+            if len(alive) != 1:
                 return
-            self._end([w for w in self._workers if w.leased_by is None and w.shape != shape])
-            have = sum(1 for w in self._workers if w.leased_by is None)
-        for _ in range(workers - have):
-            self._start(shape, alive[0]["NodeID"], None, idle_s)
+            with self._lock:
+                if self._closing:
+                    return
+                self._end([w for w in self._workers if w.leased_by is None and w.shape != shape])
+                have = sum(1 for w in self._workers if w.leased_by is None)
+            for _ in range(workers - have):
+                self._start(shape, alive[0]["NodeID"], None, idle_s, background)
 
     def give_back(self, run_name: str, handles: list[Any]) -> None:
         """The run ended: ``handles`` (workers whose ``run()`` returned) idle; its others are ended."""
@@ -209,12 +213,13 @@ class WarmPool:
         return len(idle)
 
     # ------------------------------------------------------------------ inside
-    def _start(self, shape: Shape, node_id: str, run_name: str | None, idle_s: float) -> _Worker:
+    def _start(self, shape: Shape, node_id: str, run_name: str | None, idle_s: float,
+               background: bool = False) -> _Worker:
         handle = ray.remote(TrainWorker).options(
             num_cpus=0, num_gpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             runtime_env=for_ranks(json.loads(shape.runtime_env), dict(shape.env)),
-        ).remote()
+        ).remote(background)
         worker = _Worker(handle, shape, node_id, pid=0, leased_by=run_name, idle_since=time.monotonic(),
                          idle_s=idle_s)
         with self._lock:

@@ -32,6 +32,8 @@ import ray
 
 from nbtrain._cluster import working_folder
 from nbtrain._cluster.launch_phases import FUNCTION_LOADED, GROUP_FORMED
+from nbtrain._cluster.priority import BOOKKEEPING_NICENESS
+from nbtrain._cluster.rank.actor.torch_warmup import load_lazy_torch
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.inspection import post_mortem
 from nbtrain._cluster.rank.ray_train import seam_watch
@@ -50,7 +52,9 @@ FAULT_START_EXIT_ENV = "NBTRAIN_FAULT_RANK_START_EXIT"
 
 
 class TrainWorker:
-    def __init__(self) -> None:
+    def __init__(self, background: bool = False) -> None:
+        """``background``: warmed ahead of any launch; torch is imported at a bookkeeping priority (see
+        torch_warmup) so the notebook and the first launch's supervisor come first."""
         _fault_exit_while_starting()
         # Ray starts workers at a low CPU priority; training is the job, so ask for
         # normal priority when allowed (needs privileges; otherwise stay as we are).
@@ -59,7 +63,9 @@ class TrainWorker:
         except OSError:
             pass
         self._malloc_tuned = keep_freed_memory()  # before torch allocates anything; see allocator
-        import torch  # pay the import while the run is "starting", not in the first step
+        # pay the imports while the run is "starting" (or before any launch), not in the first step
+        load_lazy_torch(BOOKKEEPING_NICENESS if background else None)
+        import torch
 
         # what a fresh process starts from, for a warm worker's next run (see warm_pool)
         self._fresh_environ = dict(os.environ)

@@ -1,0 +1,152 @@
+"""``connect()`` warming the first run's ranks, decided where it is decided, with named fakes around it:
+on the embedded cluster only, once per new session, never when turned off (``warm=False``,
+``$NBTRAIN_WARM_START=0``), as many as the default run takes and the cluster holds, said on the connection's
+line; the warm pool counts two prestarts at once (``connect()``'s, then a launch's) once; the spare supervisor
+process waits for the first step (``LaunchPhases.first_step``).
+
+That the warmed ranks are real processes a first launch takes: ``test_warm_workers.py``; what it gains:
+``benchmarks/run_benchmarks.py`` (the just-started cluster's row)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from nbtrain._client import warm
+from nbtrain._client.entry import connect as entry
+from nbtrain._cluster.launch_phases import FIRST_STEP, LaunchPhases
+from nbtrain._cluster.warm import warm_pool
+from nbtrain._cluster.warm.warm_pool import WarmPool, shape_of
+from nbtrain._options import RunOptions
+
+pytestmark = pytest.mark.quick
+
+
+class FakeCluster:
+    def __init__(self, kind: str, cpus: float = 2.0) -> None:
+        self.kind, self.cpus = kind, cpus
+
+    def resources(self) -> dict[str, tuple[float, float]]:
+        return {"CPU": (0.0, self.cpus)}
+
+
+class FakeConnection:
+    """The connection module as ``connect()`` uses it: the session before, and the one ``connect`` opens."""
+
+    def __init__(self, before: Any, after: Any) -> None:
+        self.before, self.after = before, after
+
+    def session_now(self) -> Any:
+        return self.before
+
+    def connect(self, *args: Any, progress: Any, **kwargs: Any) -> Any:
+        progress("Connected to 127.0.0.1:6379 as a Ray driver in 1.6 s")
+        return self.after
+
+
+@pytest.fixture
+def warmed(monkeypatch) -> list[float]:
+    """The CPUs ``warm_at_start`` was asked to warm for, once per call (nothing reaches a cluster)."""
+    calls: list[float] = []
+
+    def fake_warm_at_start(cpus: float) -> tuple[int, RunOptions]:
+        calls.append(cpus)
+        return 2, RunOptions()
+
+    monkeypatch.setattr(entry.warm_pool, "warm_at_start", fake_warm_at_start)
+    monkeypatch.delenv(warm.WARM_START_ENV, raising=False)
+    return calls
+
+
+def _connect(monkeypatch, before: Any, after: Any, **kwargs: Any) -> list[str]:
+    said: list[str] = []
+    monkeypatch.setattr(entry, "connection", FakeConnection(before, after))
+    entry.connect(progress=said.append, **kwargs)
+    return said
+
+
+def test_a_new_session_on_the_embedded_cluster_warms_the_first_runs_ranks_and_says_so(monkeypatch, warmed):
+    said = _connect(monkeypatch, None, FakeCluster("local", cpus=2.0))
+    assert warmed == [2.0]
+    assert said[-1].startswith("Connected to 127.0.0.1:6379 as a Ray driver in 1.6 s; warming 2 ranks (1 CPU each)")
+    assert "connect(warm=False)" in said[-1], "the line says how to turn it off"
+
+
+def test_no_warming_on_a_remote_cluster_when_turned_off_or_when_the_session_was_already_open(monkeypatch, warmed):
+    assert _connect(monkeypatch, None, FakeCluster("remote")) == ["Connected to 127.0.0.1:6379 as a Ray driver in 1.6 s"]
+    _connect(monkeypatch, None, FakeCluster("local"), warm=False)
+    same = FakeCluster("local")
+    _connect(monkeypatch, same, same)  # connect() again: the session it had
+    monkeypatch.setenv(warm.WARM_START_ENV, "0")  # nbtrain lab --no-warm, for every kernel
+    _connect(monkeypatch, None, FakeCluster("local"))
+    assert warmed == []
+
+
+@pytest.mark.parametrize(("value", "wanted"), [("0", False), ("off", False), ("false", False), ("1", True),
+                                               ("", True)])
+def test_the_environment_turns_warming_off_for_every_kernel(monkeypatch, value, wanted):
+    monkeypatch.setenv(warm.WARM_START_ENV, value)
+    assert warm.warm_start_wanted(True) is wanted
+    assert warm.warm_start_wanted(False) is False
+
+
+def test_as_many_ranks_as_the_default_run_takes_and_the_cluster_holds(monkeypatch):
+    asked: list[tuple[Any, int | None]] = []
+    monkeypatch.setattr(warm, "pool_for_launch", lambda: "pool")
+    monkeypatch.setattr(warm, "prestart", lambda pool, options, workers=None: asked.append((options, workers)))
+    assert warm.warm_at_start(8.0)[0] == 2, "the default run has 2 ranks"
+    assert warm.warm_at_start(1.0)[0] == 1, "a 1-CPU cluster holds one"
+    assert warm.warm_at_start(0.5)[0] == 0 and len(asked) == 2, "none fits: nothing is started"
+    assert all(shape_of(options) == shape_of(RunOptions()) for options, _ in asked)
+
+
+class PoolWithoutRay(WarmPool):
+    """The pool's prestart with the cluster around it faked: one live node, and workers recorded, not started.
+    ``first_nodes_call`` runs inside the first prestart's look at the nodes (where a second one could slip in)."""
+
+    def __init__(self) -> None:  # no watch thread, no anchor
+        self._workers, self._closing = [], False
+        self._lock, self._prestarting = threading.Lock(), threading.Lock()
+        self.started: list[bool] = []
+        self.first_nodes_call: Any = None
+
+    def _start(self, shape, node_id, run_name, idle_s, background=False):  # type: ignore[no-untyped-def]
+        worker = warm_pool._Worker(handle=f"worker-{len(self.started)}", shape=shape, node_id=node_id, pid=0)
+        self.started.append(background)
+        with self._lock:
+            self._workers.append(worker)
+        return worker
+
+
+def test_two_prestarts_at_once_start_the_workers_once(monkeypatch):
+    pool, shape = PoolWithoutRay(), shape_of(RunOptions())
+    second = threading.Thread(target=pool.prestart, args=(shape, 2, 600.0, False))
+
+    def nodes() -> list[dict[str, Any]]:
+        if pool.first_nodes_call is not None:
+            call, pool.first_nodes_call = pool.first_nodes_call, None
+            call()
+        return [{"Alive": True, "NodeID": "head"}]
+
+    def launch_prestarts_meanwhile() -> None:
+        second.start()
+        second.join(timeout=0.5)  # it must wait for the first one: it is still running when this returns
+
+    pool.first_nodes_call = launch_prestarts_meanwhile
+    monkeypatch.setattr(warm_pool.ray, "nodes", nodes)
+    pool.prestart(shape, 2, 600.0, True)  # connect()'s, in the background
+    second.join(timeout=30)
+    assert pool.started == [True, True], "the launch's prestart found connect()'s two idle workers"
+
+
+def test_the_first_step_is_known_once_every_rank_of_the_first_attempt_reported():
+    phases = LaunchPhases(launch_called=1.0, supervisor_up=2.0)
+    phases.ranks_assigned(attempt=0, world_size=2, warm_ranks=2, at=3.0)
+    phases.rank_reached(0, 0, {FIRST_STEP: 4.0})
+    assert not phases.first_step.is_set(), "one rank of two"
+    phases.rank_reached(1, 1, {FIRST_STEP: 4.5})
+    assert not phases.first_step.is_set(), "another attempt's report does not count"
+    phases.rank_reached(1, 0, {FIRST_STEP: 5.0})
+    assert phases.first_step.is_set()
