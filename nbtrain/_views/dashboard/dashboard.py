@@ -21,7 +21,7 @@ from __future__ import annotations
 import html
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from nbtrain._client.run.run_history import Mark, marks_of
@@ -109,10 +109,12 @@ class WidgetDashboard(Follower):
     step times, logs, controls), shown as one output whose static fallback is the summary
     (:class:`DashboardOutput`); the same widget in every front end, marimo included.
 
-    ``widget``: the model to draw in (tests hand one that records what it would send).
+    ``widget``: the model to draw in (tests hand one that records what it would send); ``start(call)``: runs a
+    control's call off the kernel's widget-message thread (by default a daemon thread of its own).
     """
 
-    def __init__(self, run: Any, ranks: Iterable[int] = (), widget: DashboardWidget | None = None) -> None:
+    def __init__(self, run: Any, ranks: Iterable[int] = (), widget: DashboardWidget | None = None,
+                 start: Callable[[Callable[[], None]], None] | None = None) -> None:
         self.run = run
         # its log panes show each failing rank's traceback, so a blocking cell need not print them again
         self.shows_tracebacks = True
@@ -133,7 +135,7 @@ class WidgetDashboard(Follower):
         self.widget = widget if widget is not None else DashboardWidget()
         self.widget.on_action = self.act
         self.logs = LogPanes(self.widget)
-        self.controls = Controls(run, self.note_problem, self._publish_controls, self._start)
+        self.controls = Controls(run, self.note_problem, self._publish_controls, start or self._start)
         self._draw_ranks()
 
     # ------------------------------------------------------------------ display
@@ -194,7 +196,7 @@ class WidgetDashboard(Follower):
             self.page += int(message.get("by") or 0)
             self._draw_workers(self._summary)
 
-    def _start(self, target: Any) -> None:
+    def _start(self, target: Callable[[], None]) -> None:
         background_thread(target, f"nbtrain-control-{self.run.name}").start()
 
     def note_problem(self, message: str, colour: str = "#d62728") -> None:
