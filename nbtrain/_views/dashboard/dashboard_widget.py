@@ -28,7 +28,7 @@ import traitlets
 from nbtrain._views.dashboard.charts_widget import ChartsWidget, front_end
 
 LOG_PANE_CHARS = 20_000      # of each rank's log, in the kernel and on the page: its tail
-LOG_SNAPSHOT_CHARS = 64_000  # of all the logs, kept in a finished dashboard's saved state (failing ranks first)
+LOG_SNAPSHOT_CHARS = 32_000  # of all the logs, kept in a finished dashboard's saved state (failing ranks first)
 
 
 class DashboardWidget(ChartsWidget):
