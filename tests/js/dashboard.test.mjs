@@ -122,6 +122,13 @@ test("a typed setting is never shown as applied: the field keeps the run's value
   assert.ok(!field("momentum").visible, "a setting the run no longer reports is hidden");
 });
 
+test("keys typed in a field stay in it: the notebook does not take them as its shortcuts", () => {
+  const { field, el } = show();
+  for (const input of [field("lr").all("input")[0], ...el.byClass("nbtrain-rewind-step"), ...el.byClass("nbtrain-ranks-input")]) {
+    assert.equal(input.fire("keydown", { key: "a" }).propagates, false);
+  }
+});
+
 test("an edit in progress is not overwritten by a redraw; the same value typed again sends nothing", () => {
   const { model, field, actions } = show();
   const input = field("lr").all("input")[0];

@@ -25,7 +25,11 @@ export class FakeElement {
   append(...children) { for (const child of children) this.appendChild(child); }
   replaceChildren(...children) { this.children = children; }
   addEventListener(kind, fn) { (this.listeners[kind] ||= []).push(fn); }
-  fire(kind, event = {}) { for (const fn of this.listeners[kind] || []) fn({ target: this, ...event }); }
+  fire(kind, event = {}) {
+    const fired = { target: this, propagates: true, stopPropagation() { fired.propagates = false; }, ...event };
+    for (const fn of this.listeners[kind] || []) fn(fired);
+    return fired;
+  }
   click() { if (!this.disabled) this.fire("click"); }
   /** A person typing ``text`` into this input, then pressing Enter. */
   typeIn(text) { this.value = text; this.fire("input"); this.fire("keydown", { key: "Enter" }); this.fire("change"); }

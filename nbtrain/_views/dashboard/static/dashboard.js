@@ -22,6 +22,15 @@ function made(tag, className, parent, text) {
 
 function shown(element, visible) { element.style.display = visible ? "" : "none"; }
 
+// A text field whose keys stay its own: the notebook around it must not take them as its shortcuts (as
+// ipywidgets' text fields do, for Notebook 7's and VS Code's command modes).
+function field(className, parent, type = "text") {
+  const input = made("input", className, parent);
+  input.type = type;
+  for (const kind of ["keydown", "keypress", "keyup"]) input.addEventListener(kind, (event) => event.stopPropagation());
+  return input;
+}
+
 let sentCount = 0;
 function messageId() { sentCount += 1; return `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}-${sentCount}`; }
 
@@ -121,12 +130,10 @@ function mountControls(model, root, send) {
       ask(which, { action: which }, "");
     });
   }
-  const rewindStep = made("input", "nbtrain-rewind-step", row);
-  rewindStep.type = "text";
+  const rewindStep = field("nbtrain-rewind-step", row);
   rewindStep.size = 8;
   rewindStep.title = "a step with a restore point on every rank; empty: the latest";
-  const rewindSkip = made("input", "nbtrain-rewind-skip", row);
-  rewindSkip.type = "number";
+  const rewindSkip = field("nbtrain-rewind-skip", row, "number");
   rewindSkip.min = "0";
   rewindSkip.value = "0";
   rewindSkip.title = "batches to skip after the rewind (e.g. the one that diverged)";
@@ -141,13 +148,12 @@ function mountControls(model, root, send) {
   const guards = made("div", "nbtrain-guards", root);
   const answer = made("div", "nbtrain-answer", root);
 
-  function field(key) {
+  function setting(key) {
     if (fields.has(key)) return fields.get(key);
     const label = made("label", "nbtrain-field", fieldsRoot);
     label.dataset.key = key;
     made("span", "nbtrain-field-name", label, key + " ");
-    const input = made("input", "", label);
-    input.type = "text";
+    const input = field("", label);
     input.size = 10;
     const note = made("span", "nbtrain-pending-note", label);
     const entry = { label, input, note, value: "", editing: false };
@@ -174,7 +180,7 @@ function mountControls(model, root, send) {
     const live = !!state.live;
     const wanted = new Set();
     for (const spec of state.fields || []) {
-      const f = field(spec.key);
+      const f = setting(spec.key);
       wanted.add(spec.key);
       f.value = spec.value;
       if (!f.editing) f.input.value = spec.value;
@@ -239,8 +245,7 @@ function render({ model, el }) {
   const notice = made("div", "nbtrain-notice-line", root);
   const ranksRow = made("div", "nbtrain-ranks", root);
   made("span", "nbtrain-ranks-name", ranksRow, "ranks: ");
-  const ranksInput = made("input", "nbtrain-ranks-input", ranksRow);
-  ranksInput.type = "text";
+  const ranksInput = field("nbtrain-ranks-input", ranksRow);
   ranksInput.placeholder = "e.g. 0, 17, 200-203";
   ranksInput.title = "Ranks drawn as lines of their own, besides the mean and band";
   const ranksNote = made("span", "nbtrain-ranks-note", ranksRow);
