@@ -90,7 +90,9 @@ test("each control sends the one message shape; a button shows pending until the
     assert.equal(actions().at(-1).action, action);
   }
   assert.equal(button("stop").textContent, "Stopping…");
-  assert.equal(button("profile").textContent, "Profile 10 steps");
+  assert.equal(button("profile").textContent, "Profiling…");
+  model.set("controls", { ...CONTROLS, handled: actions().map((m) => m.id) });
+  assert.equal(button("profile").textContent, "Profile 10 steps", "the kernel took it, and its call returned");
 });
 
 test("rewind sends its step and skip fields", () => {

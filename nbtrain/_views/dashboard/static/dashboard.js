@@ -211,11 +211,12 @@ function mountControls(model, root, send) {
     rewindButton.title = rewind.tooltip || "";
     rewindStep.placeholder = rewind.placeholder || "latest";
     for (const element of [rewindStep, rewindSkip, rewindButton]) shown(element, live);
-    for (const [action, idle] of [["stacks", "Stacks"], ["profile", `Profile ${state.profile_steps || 10} steps`]]) {
+    for (const [action, idle, waitingLabel] of [["stacks", "Stacks", "Taking stacks…"],
+      ["profile", `Profile ${state.profile_steps || 10} steps`, "Profiling…"]]) {
       const b = buttons.get(action);
       b.disabled = !live || action in pending;
       b.classList.toggle("nbtrain-pending", action in pending);
-      b.textContent = idle;
+      b.textContent = action in pending ? waitingLabel : idle;
       shown(b, live);
     }
     buttons.get("profile").title = `torch.profiler on rank 0 for the next ${state.profile_steps || 10} steps: ` +
