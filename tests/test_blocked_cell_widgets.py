@@ -134,6 +134,45 @@ def test_the_cell_after_a_blocked_cell_that_fails_is_not_run(kernel):
     assert [text.strip() for _cell, text in streams] == ["served while the cell ran: ['open', 'pause']"], version
 
 
+# a run dashboard's widget whose run records its controls' calls; its comm id printed for the "page" to send to
+DASHBOARD_BLOCKS = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, "tests")
+    from _recorded_widget import RecordingRun
+    from nbtrain._client.kernel.widget_messages import widget_messages_served
+    from nbtrain._views.dashboard.dashboard import WidgetDashboard
+    run = RecordingRun("blocked")
+    view = WidgetDashboard(run)
+    view.update()
+    print("comm", view.widget.comm.comm_id, flush=True)
+    with widget_messages_served() as serve:
+        deadline = time.monotonic() + 60
+        while not run.calls and time.monotonic() < deadline:
+            serve()
+            time.sleep(0.05)
+    print("called while the cell ran:", run.calls, view.widget.controls["handled"])
+""")
+
+
+def test_a_blocked_cell_serves_its_dashboards_clicks(kernel):
+    """The dashboard's page sends each click as an anywidget custom message, a ``comm_msg`` like any widget
+    message: a blocked cell's kernel hands it to the dashboard's dispatcher, which calls the run."""
+    _manager, client, version = kernel
+    blocked = client.execute(DASHBOARD_BLOCKS)
+    comm_id = None
+    while comm_id is None:
+        message = client.get_iopub_msg(timeout=60)
+        text = message["content"].get("text", "") if message["msg_type"] == "stream" else ""
+        if text.startswith("comm "):
+            comm_id = text.split()[1]
+    _send(client, "comm_msg", {"comm_id": comm_id, "data": {"method": "custom",
+                                                           "content": {"action": "pause", "id": "click-1"}}})
+    streams, statuses = _outputs_until_replies(client, [blocked])
+    assert statuses == {blocked: "ok"}, (version, statuses)
+    assert [text.strip() for _cell, text in streams] == ["called while the cell ran: [('pause', {})] ['click-1']"], \
+        (version, streams)
+
+
 class _Ipykernel7Shape:
     """A stand-in for ipykernel 7's kernel: its shell channel thread forwards over an in-process socket pair."""
 

@@ -1,6 +1,7 @@
-"""The dashboard's chart widget front end (``static/charts.js``) under Node's own test runner, in the suite:
-``tests/js/charts.test.mjs`` feeds it the kernel's messages and a saved snapshot and reads the SVG it draws
-(points, broken lines, marks, bars, the "hello" of a new view). Node is required already (the lab extension)."""
+"""The widgets' front ends (``static/``) under Node's own test runner, in the suite: ``tests/js/charts.test.mjs``
+feeds the chart renderer the kernel's messages and a saved snapshot and reads the SVG it draws (points, broken
+lines, marks, bars, the "hello" of a new view); ``tests/js/dashboard.test.mjs`` draws the run dashboard's page
+from its traits and reads the message each click sends. Node is required already (the lab extension)."""
 
 from __future__ import annotations
 

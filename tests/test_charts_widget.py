@@ -6,11 +6,14 @@ No browser: the widget's messages are recorded where the kernel would hand them 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from nbtrain._views.dashboard.chart import Chart, Trace
-from nbtrain._views.dashboard.charts_widget import SNAPSHOT_BYTES, STATIC
+from nbtrain._views.dashboard.charts_widget import SNAPSHOT_BYTES, ChartsWidget
+from nbtrain._views.dashboard.dashboard_widget import DashboardWidget
 
 from _recorded_widget import RecordedCharts
 
@@ -64,8 +67,12 @@ def test_a_traces_looks_and_breaks_reach_the_front_end_with_its_chart():
     assert epoch == {"name": "epoch_loss mean", "color": "#ff7f0e", "width": 3.0, "points": True}
 
 
-def test_the_front_end_is_small_and_fetches_nothing():
-    code = (STATIC / "charts.js").read_text() + (STATIC / "charts.css").read_text()
-    assert len(code) < 30_000
+@pytest.mark.parametrize("widget", [ChartsWidget, DashboardWidget], ids=["charts", "dashboard"])
+def test_each_front_end_is_one_small_module_that_fetches_nothing(widget):
+    """A widget's ES module is stored with every saved notebook's widget state: it stays small, and it is one
+    text (charts.js joined with the widget's entry), loading nothing from anywhere at run time."""
+    code = widget._esm + widget._css
+    assert len(code) < (30_000 if widget is ChartsWidget else 50_000), len(code)
     assert "http://" not in code.replace("http://www.w3.org/2000/svg", "") and "https://" not in code
-    assert "import " not in code  # no module to load from anywhere
+    assert not re.search(r"^\s*import[\s({]", code, re.M) and "import(" not in code
+    assert code.count("export default") == 1 and "function mountCharts(" in code

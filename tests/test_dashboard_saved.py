@@ -89,8 +89,9 @@ def test_nine_runs_each_leave_one_dashboard_with_its_summary(cluster, tmp_path: 
         assert f"Run {name}: succeeded" in summary and "nbtrain-summary" in summary, f"{name}: {summary[:300]!r}"
 
     state = notebook.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
-    finals = [m["state"]["value"] for m in state.values()
-              if m["model_name"] == "HTMLModel" and "nbtrain-final" in m["state"].get("value", "")]
+    # each dashboard is one widget model (anywidget's AnyModel); its `final` trait is the summary line
+    finals = [m["state"]["final"] for m in state.values()
+              if m["model_name"] == "AnyModel" and "nbtrain-final" in m["state"].get("final", "")]
     for name in shown_in:
         assert sum(f"Run {name}: succeeded" in final for final in finals) == 1, f"{name}: {finals}"
     # no plotly.js in the saved state: every dashboard together stays under one dashboard's old size

@@ -112,7 +112,7 @@ def test_worker_table_shows_samples_per_s_only_when_batches_have_a_size_else_ste
 
     dashboard._draw_workers({"workers": table.snapshot()})
 
-    html = dashboard.worker_table.value
+    html = dashboard.widget.workers["table"]
     rank0, rank1 = html.split('<tr data-rank="0">')[1].split('<tr data-rank="1">')
     assert '<td class="nbtrain-worker-rate">5 steps/s</td>' in rank0
     assert '<td class="nbtrain-worker-rate">320 samples/s</td>' in rank1
@@ -126,28 +126,26 @@ def test_a_run_without_total_steps_shows_steps_elapsed_time_and_a_moving_bar():
 
     dashboard._draw_header({"state": "running", "step": 42, "started": 100.0, "now": 165.0, "world_size": 2})
 
-    assert dashboard.progress.layout.display == "none"
-    assert "nbtrain-progress-indeterminate" in dashboard.progress_label.value
-    assert dashboard.progress_label.value.endswith(" step 42 · 0:01:05")
-    bar = dashboard.progress_label.value
+    assert dashboard.widget.progress["fraction"] is None, "no bar of a known length"
+    assert "nbtrain-progress-indeterminate" in dashboard.widget.progress["label"]
+    assert dashboard.widget.progress["label"].endswith(" step 42 · 0:01:05")
+    bar = dashboard.widget.progress["label"]
     dashboard._draw_header({"state": "running", "step": 43, "started": 100.0, "now": 166.0, "world_size": 2})
-    assert _stripes_at(dashboard.progress_label.value) != _stripes_at(bar), "a second later the stripes moved"
+    assert _stripes_at(dashboard.widget.progress["label"]) != _stripes_at(bar), "a second later the stripes moved"
     assert "animation" not in bar, "no CSS animation: the browser draws the bar when the dashboard does"
 
     dashboard._draw_header({"state": "failed", "step": 50, "started": 100.0, "ended": 170.0, "world_size": 2})
 
-    assert dashboard.progress.layout.display is None
-    assert (dashboard.progress.value, dashboard.progress.bar_style) == (1.0, "danger")
-    assert dashboard.progress_label.value == " step 50 · 0:01:10"
+    assert dashboard.widget.progress == {"fraction": 1.0, "style": "danger", "label": " step 50 · 0:01:10"}
 
 
 def test_the_header_lists_the_modules_sent_with_the_run():
     dashboard = WidgetDashboard(SimpleNamespace(name="with-modules"))
     dashboard._draw_header({"state": "running", "step": 1, "started": 100.0, "now": 101.0, "world_size": 2,
                             "modules": ["mymodels@1a2b3c4", "helpers@9f8e7d6"]})
-    assert "modules sent: mymodels@1a2b3c4, helpers@9f8e7d6" in dashboard.header.value
+    assert "modules sent: mymodels@1a2b3c4, helpers@9f8e7d6" in dashboard.widget.header
     dashboard._draw_header({"state": "running", "step": 1, "started": 100.0, "now": 101.0, "world_size": 2})
-    assert "modules sent" not in dashboard.header.value
+    assert "modules sent" not in dashboard.widget.header
 
 
 def test_a_huge_config_is_cut_short_in_the_header_and_says_where_the_rest_is():
@@ -156,13 +154,13 @@ def test_a_huge_config_is_cut_short_in_the_header_and_says_where_the_rest_is():
 
     dashboard._draw_header({"state": "running", "step": 1, "world_size": 2, "config": config})
 
-    shown = dashboard.header.value.split('<code class="nbtrain-config">')[1].split("</code>")[0]
+    shown = dashboard.widget.header.split('<code class="nbtrain-config">')[1].split("</code>")[0]
     assert len(shown) == CONFIG_CHARS and shown.endswith("…") and shown.startswith("layer_0=[0, 1, 2")
-    assert "(the whole config: <code>run.config</code>)" in dashboard.header.value
+    assert "(the whole config: <code>run.config</code>)" in dashboard.widget.header
 
     dashboard._draw_header({"state": "running", "step": 1, "world_size": 2, "config_summary": "lr=0.01, epochs=2"})
-    assert '<code class="nbtrain-config">lr=0.01, epochs=2</code>' in dashboard.header.value
-    assert "run.config" not in dashboard.header.value
+    assert '<code class="nbtrain-config">lr=0.01, epochs=2</code>' in dashboard.widget.header
+    assert "run.config" not in dashboard.widget.header
 
 
 def test_a_dataset_shards_batches_count_toward_samples_per_s():
@@ -194,7 +192,7 @@ def test_each_resize_is_marked_on_the_curves_where_the_new_size_resumed():
 
     dashboard._draw_curves()
 
-    marks = dashboard.charts.spec("loss")["marks"]
+    marks = dashboard.widget.spec("loss")["marks"]
     assert [mark["x"] for mark in marks] == [9, 18]
     assert [mark["text"] for mark in marks] == ["1 → 2 ranks", "2 → 1 ranks"]
 
@@ -241,16 +239,16 @@ def test_a_rewound_branch_is_drawn_faded_from_the_step_after_the_one_gone_back_t
 
     dashboard._draw_curves()
 
-    names = dashboard.charts.trace_names("loss")
+    names = dashboard.widget.trace_names("loss")
     assert {"loss superseded 1", "val_loss superseded 1"} <= set(names), names
-    left_x, left_y = dashboard.charts.points("loss", "loss superseded 1")
+    left_x, left_y = dashboard.widget.points("loss", "loss superseded 1")
     assert list(left_x) == list(range(41, 52)) and set(left_y) == {1.0}
-    steps, mean = dashboard.charts.points("loss", "loss mean")
+    steps, mean = dashboard.widget.points("loss", "loss mean")
     assert list(steps) == [*range(1, 41), *range(43, 60)]
     assert set(mean[steps > 42]) == {5.0}, "the mean mixes the branch gone back from with the new one"
-    dashed = [trace["name"] for trace in dashboard.charts.spec("loss")["traces"] if trace.get("dash")]
+    dashed = [trace["name"] for trace in dashboard.widget.spec("loss")["traces"] if trace.get("dash")]
     assert dashed == ["loss superseded 1", "val_loss superseded 1"]
-    marks = dashboard.charts.spec("loss")["marks"]
+    marks = dashboard.widget.spec("loss")["marks"]
     assert [(mark["x"], mark["text"]) for mark in marks] == [(40, "rewound to step 40")]
 
 
@@ -278,8 +276,8 @@ def test_a_metric_reported_once_an_epoch_is_points_and_no_line_crosses_a_gap_liv
 
     dashboard._draw_curves()
 
-    assert dashboard.charts.titles() == ["loss"] and dashboard.history.counters == {"epoch": 5}
-    looks = {trace["name"]: trace for trace in dashboard.charts.spec("loss")["traces"]}
+    assert dashboard.widget.titles() == ["loss"] and dashboard.history.counters == {"epoch": 5}
+    looks = {trace["name"]: trace for trace in dashboard.widget.spec("loss")["traces"]}
     assert {name for name, look in looks.items() if look.get("points")} == {
         "epoch_loss rank 0", "epoch_loss rank 1", "epoch_loss mean"}
     for name in ("loss rank 0", "loss rank 1", "loss mean"):
@@ -302,6 +300,6 @@ def test_a_long_thinned_history_is_joined_where_its_reports_were_steady():
 
     dashboard._draw_curves()
 
-    xs, _ys = dashboard.charts.points("loss", "loss rank 0")
+    xs, _ys = dashboard.widget.points("loss", "loss rank 0")
     assert len(xs) <= 2000 and np.diff(xs).max() > 10, "thinned: its points far apart"
-    assert not any(trace.get("breaks") for trace in dashboard.charts.spec("loss")["traces"])
+    assert not any(trace.get("breaks") for trace in dashboard.widget.spec("loss")["traces"])

@@ -7,7 +7,6 @@ the stacks must name both lines, and say which rank waits in a collective.
 
 from __future__ import annotations
 
-import html
 import inspect
 
 import pytest
@@ -75,13 +74,13 @@ def test_stacks_say_which_rank_waits_in_a_collective_and_where_the_other_is(clus
         assert [e["kind"] for e in run.events if e["message"] == said[0]] == ["stacks"]
         dashboard = WidgetDashboard(run)
         dashboard.update()
-        assert "Stacks at the stall: rank 0 waits in a collective" in html.unescape(dashboard.notice.value)
+        assert "Stacks at the stall: rank 0 waits in a collective" in dashboard.widget.notice["text"]
 
-        # the dashboard's Stacks button shows the same, under its control row
-        dashboard.controls.stacks_button.click()
-        wait_for(lambda: "rank 1 is elsewhere" in dashboard.controls.answer.value, timeout=30,
+        # the dashboard's Stacks button (the message its page sends) shows the same, under its control row
+        dashboard.act({"action": "stacks"})
+        wait_for(lambda: "rank 1 is elsewhere" in dashboard.widget.answer, timeout=30,
                  message="the stacks under the dashboard's controls")
-        assert "rank 0 waits in a collective (all_reduce)" in dashboard.controls.answer.value
+        assert "rank 0 waits in a collective (all_reduce)" in dashboard.widget.answer
 
         # bad input: one line each, nothing sent (the stall's watcher may send stacks of its own meanwhile)
         sent = [c for c in run._call("control", 0, 0, 0.0)[1] if c.args.get("ranks") != [0, 1]]

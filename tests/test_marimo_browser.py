@@ -1,6 +1,6 @@
 """The dashboard in marimo (``marimo run``, driven by Chromium): ``run.dashboard()`` as a cell's last
-expression shows the charts widget, which there carries the header and the worker table too; the curve
-grows while the run goes, and the run's end is drawn.
+expression shows the dashboard's one widget, as in Jupyter (header, charts, worker table, controls); the
+curve grows while the run goes, and the run's end is drawn.
 
 The app connects to the session's loopback cluster (``marimo run`` inherits NBTRAIN_HOME). marimo renders
 anywidgets in a shadow root: Playwright's locators reach into it, ``document.querySelector`` would not.
@@ -102,13 +102,14 @@ def test_the_dashboard_is_live_in_marimo(page, marimo_app):
         first = int(chart.get_attribute("data-points") or 0)
         wait_for(lambda: int(chart.get_attribute("data-points") or 0) > first, 60, interval=0.25,
                  message=f"the curve to grow past {first} points")
-        assert page.locator(".nbtrain-panel table.nbtrain-workers").count() == 1
+        assert page.locator(".nbtrain-dashboard table.nbtrain-workers").count() == 1
+        assert page.locator(".nbtrain-dashboard .nbtrain-controls button.nbtrain-stop").count() == 1
         page.screenshot(path=str(ARTIFACTS / "marimo-live.png"), full_page=True)
         page.locator('.nbtrain-state[data-state="succeeded"]').wait_for(timeout=120_000)
-        final = page.locator(".nbtrain-panel .nbtrain-final")
+        final = page.locator(".nbtrain-dashboard .nbtrain-final")
         final.wait_for(timeout=30_000)
         assert f"Run {name}: succeeded" in final.inner_text()
-        assert page.locator(".nbtrain-charts").count() == 1, "shown once"
+        assert page.locator(".nbtrain-dashboard").count() == 1, "shown once"
         page.screenshot(path=str(ARTIFACTS / "marimo-succeeded.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "marimo-failure.png"), full_page=True)

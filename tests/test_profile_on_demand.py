@@ -86,12 +86,12 @@ def test_a_profile_of_5_steps_has_the_models_operators_and_a_trace_per_rank(clus
 
         dashboard = WidgetDashboard(run)
         dashboard.update()
-        dashboard.controls.profile_button.click()
-        wait_for(lambda: "aten::" in dashboard.controls.answer.value, timeout=120,
+        dashboard.act({"action": "profile"})  # the message the page's Profile button sends
+        wait_for(lambda: "aten::" in dashboard.widget.answer, timeout=120,
                  message="the profile's table under the dashboard's controls",
-                 describe=lambda: (dashboard.controls.answer.value, dashboard.notice.value))
-        assert "rank 0: 10 steps on the CPU" in dashboard.controls.answer.value
-        assert "profile-2/rank0.pt.trace.json.gz" in dashboard.controls.answer.value
+                 describe=lambda: (dashboard.widget.answer, dashboard.widget.notice))
+        assert "rank 0: 10 steps on the CPU" in dashboard.widget.answer
+        assert "profile-2/rank0.pt.trace.json.gz" in dashboard.widget.answer
 
         # bad input: one line each, nothing sent
         sent = len(run._call("control", 0, 0, 0.0)[1])

@@ -136,9 +136,9 @@ def test_a_manual_rewind_goes_back_in_place_and_a_restart_keeps_it(cluster):
         assert not [m for m in said if "applied at different steps" in m], said
         dashboard = WidgetDashboard(run)  # opened after the end: it reads the whole history, both branches
         wait_for(dashboard.update, timeout=60, message="the dashboard to read the whole history")
-        left_x, _ = dashboard.charts.points("loss", "loss superseded 1")
+        left_x, _ = dashboard.widget.points("loss", "loss superseded 1")
         assert list(left_x) == list(range(41, rewind["step"])), "the branch left is not drawn faded as the frame says"
-        rewound_mark, change_mark, restart_mark = [mark["text"] for mark in dashboard.charts.spec("loss")["marks"]]
+        rewound_mark, change_mark, restart_mark = [mark["text"] for mark in dashboard.widget.spec("loss")["marks"]]
         assert rewound_mark == "rewound to step 40" and re.fullmatch(r"lr [\d.]+ → 0\.02", change_mark), change_mark
         assert restart_mark == "attempt 2"
         with pytest.raises(NbtrainError, match=r"it has ended \(succeeded\)"):

@@ -8,7 +8,6 @@ sums show.
 
 from __future__ import annotations
 
-import html
 import time
 from types import SimpleNamespace
 
@@ -238,41 +237,44 @@ def test_the_dashboards_controls_steer_the_run_and_mark_the_curves(cluster):
         wait_for(lambda: _reached(run, 5), timeout=120, message="the run to take 5 steps")
         dashboard = WidgetDashboard(run)
         dashboard.update()
-        controls = dashboard.controls
-        assert controls.fields["lr"].value == "0.1" and controls.fields["lr"].layout.display is None
-        assert controls.fields["momentum"].value == "0.5" and controls.fields["betas"].layout.display == "none"
+        widget = dashboard.widget
 
-        controls.fields["lr"].value = "0.02"  # as typed in the field: the run is adjusted
+        def field(key: str) -> str | None:  # the value the page's field for `key` shows; None: not shown
+            return next((f["value"] for f in widget.controls["fields"] if f["key"] == key), None)
+
+        assert field("lr") == "0.1" and field("momentum") == "0.5" and field("betas") is None
+
+        dashboard.act({"action": "adjust", "key": "lr", "value": "0.02"})  # as the page sends a typed value
+        assert widget.controls["pending"] == {"lr": "0.02"} and field("lr") == "0.1", "shown as asked, not as done"
         wait_for(lambda: [c for c in run.changes if c["step"] is not None], timeout=30, message="the change applied")
-        dashboard.update()
-        assert controls.fields["lr"].value == "0.02"
+        wait_for(lambda: (dashboard.update(), field("lr") == "0.02")[1], timeout=30,
+                 message="the run to report lr 0.02 on its ranks")
+        assert "lr" not in widget.controls["pending"]
         assert [mark.label for mark in dashboard.marks()] == ["lr 0.1 → 0.02"]
 
-        controls.pause_button.click()
+        dashboard.act({"action": "pause"})
         wait_for(lambda: run.summary()["paused_at"] is not None, timeout=30, message="the run paused")
         dashboard.update()
-        assert f"paused at step {run.summary()['paused_at']}" in dashboard.header.value
-        assert controls.pause_button.description == "Resume"
-        controls.pause_button.click()
+        assert f"paused at step {run.summary()['paused_at']}" in widget.header
+        assert widget.controls["paused"], "the page's button says Resume"
+        dashboard.act({"action": "resume"})
         wait_for(lambda: run.summary()["paused_at"] is None, timeout=30, message="the run resumed")
 
-        controls.fields["lr"].value = "fast"
-        assert "lr: 'fast' is not a number; nothing was changed." in html.unescape(dashboard.notice.value)
+        dashboard.act({"action": "adjust", "key": "lr", "value": "fast"})
+        assert widget.notice["text"] == "lr: 'fast' is not a number; nothing was changed."
 
         # guards and rewind: the row says the guards in force; Rewind waits for a restore point, refuses a bad step
-        assert controls.guards.value == ""
+        assert widget.controls["guards"] == ""
         run.guard(nan="pause", spike=4.0)
         wait_for(lambda: run.summary().get("guard"), timeout=30, message="the guard set")
         dashboard.update()
         assert "guards: non-finite loss or gradients → pause; loss > 4x its running median → rewind" \
-            in html.unescape(controls.guards.value)
+            in widget.controls["guards"]
         if not run.summary().get("restore_points"):
-            assert controls.rewind_button.disabled and controls.rewind_step.placeholder == "no restore point yet"
-        controls.rewind_step.value = "soon"
-        controls.rewind_button.disabled = False  # as a click before the next redraw would be
-        controls.rewind_button.click()
-        wait_for(lambda: "Rewind: the step must be a whole number" in html.unescape(dashboard.notice.value),
-                 timeout=10, message="the rewind's refusal in the notice")
+            rewind = widget.controls["rewind"]
+            assert not rewind["enabled"] and rewind["placeholder"] == "no restore point yet"
+        dashboard.act({"action": "rewind", "step": "soon", "skip": "0"})  # a click before the next redraw
+        assert widget.notice["text"].startswith("Rewind: the step must be a whole number")
 
         left: list[str] = []  # what the saved notebook keeps once the run ends: its static picture
         dashboard._static_handle = SimpleNamespace(update=lambda shown: left.append(shown.data))

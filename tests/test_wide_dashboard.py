@@ -53,11 +53,11 @@ class FakeRun:
 
 
 def trace_names(dashboard: WidgetDashboard) -> list[str]:
-    return dashboard.charts.trace_names("loss")
+    return dashboard.widget.trace_names("loss")
 
 
 def shown_ranks(dashboard: WidgetDashboard) -> list[int]:
-    return [int(part.split('"')[0]) for part in dashboard.worker_table.value.split('<tr data-rank="')[1:]]
+    return [int(part.split('"')[0]) for part in dashboard.widget.workers["table"].split('<tr data-rank="')[1:]]
 
 
 @pytest.fixture
@@ -69,26 +69,27 @@ def wide() -> WidgetDashboard:
 
 def test_a_wide_run_draws_the_mean_and_a_min_max_band_not_a_line_per_rank(wide):
     assert trace_names(wide) == ["loss min across ranks", "loss min–max across ranks", "loss mean"]
-    (_, low), (_, high), (steps, mean) = (wide.charts.points("loss", name) for name in trace_names(wide))
-    assert [trace.get("band") for trace in wide.charts.spec("loss")["traces"]] == ["low", "high", None]
+    (_, low), (_, high), (steps, mean) = (wide.widget.points("loss", name) for name in trace_names(wide))
+    assert [trace.get("band") for trace in wide.widget.spec("loss")["traces"]] == ["low", "high", None]
     assert len(steps) == 50
     assert low[-1] == pytest.approx(0.02) and high[-1] == pytest.approx(255.02)
     assert mean[-1] == pytest.approx(np.mean([r + 0.02 for r in range(256) if r not in (17, 200)]))
-    assert wide.rank_row.layout.display is None  # the "ranks:" box shows for wide runs
+    assert wide.widget.ranks["shown"]  # the "ranks:" box shows for wide runs
 
 
 def test_chosen_ranks_get_lines_of_their_own_on_demand():
     dashboard = WidgetDashboard(FakeRun(256, 50), ranks=[0, 17])
     dashboard.update()
     assert trace_names(dashboard)[3:] == ["loss rank 0", "loss rank 17"]
-    assert list(dashboard.charts.points("loss", "loss rank 17")[1][:2]) == [18.0, 17.5]
+    assert list(dashboard.widget.points("loss", "loss rank 17")[1][:2]) == [18.0, 17.5]
 
-    dashboard.rank_box.value = "200-201, 5"
+    dashboard.act({"action": "ranks", "value": "200-201, 5"})  # what the page sends when the box changes
     assert trace_names(dashboard)[3:] == ["loss rank 5", "loss rank 200", "loss rank 201"]
     assert trace_names(dashboard)[:2] == ["loss min across ranks", "loss min–max across ranks"]
 
-    dashboard.rank_box.value = "abc"
-    assert "not a rank or range of ranks: &#x27;abc&#x27;" in dashboard.rank_note.value
+    dashboard.act({"action": "ranks", "value": "abc"})
+    assert dashboard.widget.ranks == {"shown": True, "value": "5, 200, 201",
+                                      "error": "not a rank or range of ranks: 'abc' (write e.g. 0, 17, 200-203)"}
     assert dashboard.chosen_ranks == [5, 200, 201]
 
 
@@ -102,12 +103,12 @@ def test_rank_lists_are_read_like_a_person_writes_them():
 
 
 def test_stragglers_are_listed_in_the_header_and_marked_in_the_table(wide):
-    assert "stragglers: ranks 17, 200" in wide.header.value
-    wide._turn_page(1)  # ranks 16-31
+    assert "stragglers: ranks 17, 200" in wide.widget.header
+    wide.act({"action": "page", "by": 1})  # ranks 16-31
     assert shown_ranks(wide) == list(range(16, 32))
-    assert '<tr data-rank="17" class="nbtrain-straggler"' in wide.worker_table.value
-    assert '<tr data-rank="18">' in wide.worker_table.value
-    assert '<td style="color:#ff7f0e">17</td>' in wide.worker_summary.value  # node 10.0.0.2 holds rank 17
+    assert '<tr data-rank="17" class="nbtrain-straggler"' in wide.widget.workers["table"]
+    assert '<tr data-rank="18">' in wide.widget.workers["table"]
+    assert '<td style="color:#ff7f0e">17</td>' in wide.widget.workers["summary"]  # node 10.0.0.2 holds rank 17
 
 
 def test_stragglers_are_running_ranks_clearly_behind_the_median():
@@ -123,17 +124,16 @@ def test_stragglers_are_running_ranks_clearly_behind_the_median():
 
 def test_the_worker_table_of_a_wide_run_pages_through_ranks_and_summarises_by_node_and_state(wide):
     assert shown_ranks(wide) == list(range(RANKS_PER_PAGE))
-    assert wide.page_previous.disabled and not wide.page_next.disabled
-    assert "ranks 0–15 of 256 (page 1/16)" in wide.page_label.value
-    wide.page_next.click()
+    assert wide.widget.workers["pager"] == {"page": 0, "pages": 16, "label": "ranks 0–15 of 256 (page 1/16)"}
+    wide.act({"action": "page", "by": 1})  # the page's "next" button
     assert shown_ranks(wide) == list(range(16, 32))
     for _ in range(20):
-        wide.page_next.click()
-    assert shown_ranks(wide) == list(range(240, 256)) and wide.page_next.disabled
-    wide.page_previous.click()
+        wide.act({"action": "page", "by": 1})
+    assert shown_ranks(wide) == list(range(240, 256)) and wide.widget.workers["pager"]["page"] == 15
+    wide.act({"action": "page", "by": -1})
     assert shown_ranks(wide) == list(range(224, 240))
 
-    summary = wide.worker_summary.value
+    summary = wide.widget.workers["summary"]
     counts = [int(cell.split("<")[0]) for cell in summary.split('class="nbtrain-summary-count">')[1:]]
     assert counts == [64, 64, 64, 64] and summary.count("<tr data-node=") == 4
     assert '<tr data-node="10.0.0.1" data-state="running"><td>10.0.0.1</td><td>running</td>' in summary
@@ -143,8 +143,8 @@ def test_a_narrow_run_draws_a_line_per_rank_and_its_whole_table():
     dashboard = WidgetDashboard(FakeRun(2, 30))
     dashboard.update()
     assert trace_names(dashboard) == ["loss rank 0", "loss rank 1", "loss mean"]
-    assert shown_ranks(dashboard) == [0, 1] and dashboard.worker_summary.value == ""
-    assert dashboard.pager.layout.display == "none" and dashboard.rank_row.layout.display == "none"
+    assert shown_ranks(dashboard) == [0, 1] and dashboard.widget.workers["summary"] == ""
+    assert dashboard.widget.workers["pager"] is None and not dashboard.widget.ranks["shown"]
 
 
 def test_a_run_that_turns_wide_drops_its_per_rank_lines():
@@ -158,7 +158,7 @@ def test_a_run_that_turns_wide_drops_its_per_rank_lines():
     dashboard.update()
     assert trace_names(dashboard) == ["loss min across ranks", "loss min–max across ranks", "loss mean",
                                       "loss rank 11"]
-    assert set(dashboard.charts._points["loss"]) == set(trace_names(dashboard)), "the views dropped the ranks' lines"
+    assert set(dashboard.widget._points["loss"]) == set(trace_names(dashboard)), "the views dropped the ranks' lines"
 
 
 def test_rows_the_run_no_longer_holds_are_skipped_not_waited_for():

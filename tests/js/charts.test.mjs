@@ -1,50 +1,15 @@
 // The chart widget front end (nbtrain/_views/dashboard/static/charts.js: the run dashboard's, the sweep
 // dashboard's and compare()'s live charts) under Node's own test runner: the kernel's messages and a saved
 // snapshot in, the SVG it draws out (lines, breaks across gaps, sparse series as points, faded traces, marks,
-// the legend beside the plot, bars, the "hello" a new view sends). Node has no DOM: FakeElement below is the
-// little of one charts.js uses.
+// the legend beside the plot, bars, the "hello" a new view sends), through the charts widget's own module
+// (charts.js joined with charts_view.js, as the kernel joins them). Node has no DOM: tests/js/fake_dom.mjs is the
+// little of one the widgets use.
 // Run: node --test tests/js/   (tests/test_charts_js.py runs it in the suite)
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { FakeElement, FakeModel, widgetModule } from "./fake_dom.mjs";
 
-const SOURCE = new URL("../../nbtrain/_views/dashboard/static/charts.js", import.meta.url);
-
-class FakeElement {
-  constructor(tag) {
-    this.tag = tag; this.attrs = {}; this.children = []; this.dataset = {}; this.textContent = "";
-    this.className = ""; this.innerHTML = ""; this.listeners = {}; this.disabled = false;
-  }
-  setAttribute(key, value) { this.attrs[key] = String(value); }
-  appendChild(child) { this.children.push(child); return child; }
-  append(...children) { this.children.push(...children); }
-  replaceChildren(...children) { this.children = children; }
-  addEventListener(kind, fn) { this.listeners[kind] = fn; }
-  click() { this.listeners.click?.(); }
-  all(tag) {  // every element below this one with ``tag``, in document order
-    return this.children.flatMap((child) => [...(child.tag === tag ? [child] : []), ...child.all(tag)]);
-  }
-}
-
-globalThis.document = {
-  createElementNS: (_ns, tag) => new FakeElement(tag),
-  createElement: (tag) => new FakeElement(tag),
-};
-globalThis.window = { requestAnimationFrame: (fn) => fn() };  // draw at once: the test reads what it drew
-
-const charts = (await import("data:text/javascript," + encodeURIComponent(readFileSync(SOURCE, "utf8")))).default;
-
-/** An anywidget model as charts.js uses it: traits by name, change and custom-message listeners, sent messages. */
-class FakeModel {
-  constructor(traits) { this.traits = { charts: [], html: "", actions: [], snapshot: null, snapshot_index: [], ...traits };
-    this.handlers = {}; this.sent = []; }
-  get(name) { return this.traits[name]; }
-  set(name, value) { this.traits[name] = value; this.handlers[`change:${name}`]?.(); }
-  on(event, fn) { this.handlers[event] = fn; }
-  off(event) { delete this.handlers[event]; }
-  send(message) { this.sent.push(message); }
-  custom(message, buffers) { this.handlers["msg:custom"](message, buffers); }
-}
+const charts = await widgetModule("charts.js", "charts_view.js");
 
 const f64 = (values) => new DataView(Float64Array.from(values).buffer);
 const lossChart = (marks = []) => ({ id: "loss", title: "loss", kind: "lines", xlabel: "step", marks,
@@ -139,16 +104,6 @@ test("stacked bars: one bar per category, each part its value", () => {
   const svg = show(model).svg("time");
   assert.deepEqual(svg.all("rect").filter((r) => r.attrs.class === "nbtrain-bar").map((r) => r.dataset.value),
     ["1", "3", "2", "4"]);
-});
-
-test("where it is shown alone, the kernel's buttons send their action once", () => {
-  const model = new FakeModel({ charts: [], html: "<b>run</b>", actions: ["Stop"] });
-  const { el } = show(model);
-  const button = el.all("button")[0];
-  assert.equal(button.textContent, "Stop");
-  button.click();
-  assert.deepEqual(model.sent.at(-1), { kind: "action", name: "Stop" });
-  assert.equal(button.disabled, true);
 });
 
 test("no line crosses a break the kernel found: each side is drawn, a point left alone is a dot", () => {

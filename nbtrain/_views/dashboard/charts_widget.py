@@ -5,7 +5,9 @@ Each is a :class:`~nbtrain._views.dashboard.chart.Chart`, the description the st
 
 Why not plotly's FigureWidget: its saved widget state carries all of plotly.js (5 MB per figure), so every
 notebook saved with widget state (nbclient, papermill, VS Code) grew by megabytes per dashboard. This
-widget's front end is ``static/charts.js`` (~15 KB, hand-written SVG, nothing fetched at run time).
+widget's front end is ``static/charts.js`` (~15 KB, hand-written SVG, nothing fetched at run time), joined with
+its entry ``static/charts_view.js`` into one ES module (:func:`front_end`); the run dashboard's widget
+(:mod:`.dashboard_widget`) joins the same ``charts.js`` with its own entry, so every live chart has one renderer.
 
 What crosses to the browser: each chart's description (names, looks, where lines break, marks) as a synced list,
 and the points as increments in binary buffers (custom messages): a trace whose drawn points only grew sends the
@@ -34,15 +36,20 @@ SNAPSHOT_BYTES = 48_000    # the final picture's points in a saved notebook, all
 SNAPSHOT_FEWEST = 16       # per trace, however many traces share the budget (a sweep draws at most 50)
 
 
+def front_end(*pieces: str) -> str:
+    """The files ``pieces`` of ``static/`` joined into one text: an anywidget's ES module (or its CSS) is one
+    text, and cannot import a sibling file at run time. Joined here, at import, rather than by a Node build: the
+    wheel needs no build step, and the files under test (``tests/js``) are the ones shipped."""
+    return "\n".join((STATIC / piece).read_text(encoding="utf-8") for piece in pieces)
+
+
 class ChartsWidget(anywidget.AnyWidget):
     """Charts drawn in the browser by ``static/charts.js``; :meth:`draw` sends what changed."""
 
-    _esm = STATIC / "charts.js"
-    _css = STATIC / "charts.css"
+    _esm = front_end("charts.js", "charts_view.js")
+    _css = front_end("charts.css")
     # [{id, title, kind, traces: [{name, color, ...}], marks}]
     charts: traitlets.List[Any] = traitlets.List().tag(sync=True)
-    html = traitlets.Unicode("").tag(sync=True)       # header, table and summary, where it is shown alone (marimo)
-    actions: traitlets.List[Any] = traitlets.List().tag(sync=True)  # button labels shown under it (alone)
     snapshot = traitlets.Bytes(b"").tag(sync=True)  # the final points, float32 x then y per trace
     # [[chart id, trace name, points], ...], in the order of `snapshot`
     snapshot_index: traitlets.List[Any] = traitlets.List().tag(sync=True)
@@ -51,7 +58,6 @@ class ChartsWidget(anywidget.AnyWidget):
         super().__init__(**kwargs)
         self._specs: dict[str, dict[str, Any]] = {}
         self._points: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}  # what the views hold
-        self.on_action: Any = None  # called with a button's label, on the kernel's message thread
         self.on_msg(self._on_view_message)
 
     # ------------------------------------------------------------------ what the kernel draws
@@ -122,13 +128,15 @@ class ChartsWidget(anywidget.AnyWidget):
         self.charts = list(self._specs.values())
 
     def _on_view_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        if isinstance(content, dict) and content.get("kind") == "action" and self.on_action is not None:
-            self.on_action(str(content.get("name")))
-        if isinstance(content, dict) and content.get("kind") == "hello":  # a new view: everything, whole
-            parts, buffers = [], []
-            for chart, held in self._points.items():
-                for name, (xs, ys) in held.items():
-                    parts.append({"chart": chart, "trace": name, "mode": "replace"})
-                    buffers += [xs.tobytes(), ys.tobytes()]
-            if parts:
-                self.send({"kind": "points", "parts": parts}, buffers=buffers)
+        if isinstance(content, dict) and content.get("kind") == "hello":
+            self.hello()
+
+    def hello(self) -> None:
+        """A view that opened late (a page reload, the same output drawn again): every trace, whole."""
+        parts, buffers = [], []
+        for chart, held in self._points.items():
+            for name, (xs, ys) in held.items():
+                parts.append({"chart": chart, "trace": name, "mode": "replace"})
+                buffers += [xs.tobytes(), ys.tobytes()]
+        if parts:
+            self.send({"kind": "points", "parts": parts}, buffers=buffers)

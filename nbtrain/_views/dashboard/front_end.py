@@ -1,12 +1,12 @@
 """Where a dashboard is shown, and how: which front end runs the kernel, and the one output a dashboard is.
 
-Jupyter front ends (JupyterLab, Notebook 7, VS Code, Colab with its custom widget manager) get one MIME
-bundle per dashboard (:class:`DashboardOutput`): the widget's view, and HTML for the front ends that show
-no widgets (nbconvert's HTML, GitHub's viewer), so a front end shows the richest it can and never both.
-marimo shows only anywidgets: there the charts widget is the whole dashboard (:func:`alone_panel` gives it
-the header, the worker table and the summary), and its follower thread is a ``mo.Thread``, the kind of
-thread whose widget messages marimo sends on. A terminal IPython gets the text line
-(:class:`~nbtrain._views.dashboard.follower.TextProgress`).
+The dashboard is one anywidget everywhere (:mod:`.dashboard_widget`). Jupyter front ends (JupyterLab,
+Notebook 7, VS Code, Colab with its custom widget manager) get one MIME bundle per dashboard
+(:class:`DashboardOutput`): the widget's view, and HTML for the front ends that show no widgets (nbconvert's
+HTML, GitHub's viewer), so a front end shows the richest it can and never both. marimo shows the same widget
+through ``marimo.ui.anywidget`` (:func:`marimo_output`), and the threads that update it (the follower's, the
+controls') are ``mo.Thread``s, the kind of thread whose widget messages marimo sends on. A terminal IPython
+gets the text line (:class:`~nbtrain._views.dashboard.follower.TextProgress`).
 """
 
 from __future__ import annotations
@@ -42,26 +42,6 @@ def marimo_output(widget: Any) -> Any:
     import marimo
 
     return marimo.ui.anywidget(widget)
-
-
-def alone_panel(view: Any) -> str:
-    """What the charts widget shows above its charts where it is the whole dashboard (marimo)."""
-    return "".join(part.value for part in (view.header, view.progress_label, view.notice, view.worker_table,
-                                           view.debug_hint, view.final))
-
-
-def widget_tree(widget: Any) -> list[Any]:
-    """``widget`` and every model under it (children, layouts, styles): what a saved notebook's state holds."""
-    found, todo, seen = [], [widget], set()
-    while todo:
-        model = todo.pop()
-        if id(model) in seen or not hasattr(model, "send_state"):
-            continue
-        seen.add(id(model))
-        found.append(model)
-        todo.extend(getattr(model, "children", ()) or ())
-        todo.extend(part for part in (getattr(model, "layout", None), getattr(model, "style", None)) if part)
-    return found
 
 
 def running_cell() -> str | None:

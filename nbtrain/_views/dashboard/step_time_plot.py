@@ -2,8 +2,8 @@
 compute and gradient communication (from each rank's heartbeat; see ``_cluster/rank/step_timing``).
 
 A rank that waits for data stands out in the first colour; the ranks that wait for it, in the
-last. Stragglers the supervisor flags are named under the bars. Hidden until a rank has timed a
-step (``step_timing=False``, or before the first second of steps).
+last. Stragglers the supervisor flags are named under the bars. Not drawn until a rank has timed a
+step (``step_timing=False``, or before the first second of steps): a run without step timing saves none.
 """
 
 from __future__ import annotations
@@ -12,30 +12,18 @@ from typing import Any
 
 PARTS = (("data_ms", "data wait", "#ff7f0e"), ("compute_ms", "compute", "#1f77b4"),
          ("comm_ms", "gradient communication", "#2ca02c"))
+CHART_ID = "step-time"
 
 
-class StepTimePlot:
-    """Stacked bars in a :class:`~nbtrain._views.dashboard.charts_widget.ChartsWidget`, updated in place."""
-
-    def __init__(self) -> None:
-        import ipywidgets as w
-
-        self.widget = w.Box(layout=w.Layout(display="none"))
-        self.chart: Any = None  # made at the first timed step: a run without step timing saves none
-
-    def draw(self, workers: list[dict[str, Any]]) -> None:
-        timed = [w for w in workers if w.get("step_ms") is not None]
-        if not timed:
-            return
-        if self.chart is None:
-            from nbtrain._views.dashboard.charts_widget import ChartsWidget
-
-            self.chart = ChartsWidget()
-            self.widget.children = (self.chart,)
-            self.widget.layout.display = None
-        labels = [f"rank {w['rank']}" + (" (straggler)" if w.get("straggler") else "") for w in timed]
-        self.chart.bars("step-time", "time per step (ms)", labels,
-                        [(name, colour, [float(w.get(key) or 0.0) for w in timed]) for key, name, colour in PARTS])
+def draw_step_times(charts: Any, workers: list[dict[str, Any]]) -> None:
+    """Stacked bars of ``workers``' step times in ``charts`` (a :class:`~.charts_widget.ChartsWidget`: the
+    dashboard's widget, which shows them under the worker table), once a rank has timed a step."""
+    timed = [w for w in workers if w.get("step_ms") is not None]
+    if not timed:
+        return
+    labels = [f"rank {w['rank']}" + (" (straggler)" if w.get("straggler") else "") for w in timed]
+    charts.bars(CHART_ID, "time per step (ms)", labels,
+                [(name, colour, [float(w.get(key) or 0.0) for w in timed]) for key, name, colour in PARTS])
 
 
 def debug_hint(run_name: str, summary: dict[str, Any]) -> str:

@@ -14,8 +14,6 @@ RANKS_PER_PAGE = 16
 MAX_CHOSEN_RANKS = 16        # per-rank lines drawn on demand in a wide run
 STRAGGLER_MIN_LAG = 10       # steps behind the median step of the running ranks...
 STRAGGLER_LAG_SHARE = 0.05   # ...and this share of the median step, whichever is more
-RANK_HINT = ('<span style="opacity:0.7">lines of their own, besides the mean and the min–max band across '
-             "ranks</span>")
 HEADER = ("<thead><tr><th>rank</th><th>node</th><th>pid</th><th>device</th><th>state</th><th>step</th>"
           "<th>speed</th><th title=\"milliseconds per step: waiting for data / computing / waiting for the gradient "
           "all-reduce\">ms/step data · compute · comm</th><th>CPU</th><th>memory</th><th>heartbeat</th>"

@@ -7,6 +7,9 @@
 // The kernel sends points as increments (binary buffers); a view that opens late says "hello" and is sent every
 // trace whole; a finished picture is kept in the model's `snapshot` (float32), so a notebook saved with widget
 // state draws it without a kernel.
+// This file is a piece, not a module: the kernel joins it with an entry (charts_view.js for the charts widget,
+// dashboard.js for the run dashboard) into the one ES module each widget ships (an anywidget's module cannot
+// import a sibling file at run time); both draw their charts with mountCharts below.
 const SVG = "http://www.w3.org/2000/svg";
 const WIDTH = 600, HEIGHT = 280, LEFT = 58, RIGHT = 160, TOP = 30, BOTTOM = 36;
 const LEGEND_ROWS = 16, LEGEND_CHARS = 24, DOT = 5;
@@ -208,16 +211,11 @@ function barChart(svg, chart) {
   legend(svg, traces);
 }
 
-// -------------------------------------------------------------------------------------------- the view
-function render({ model, el }) {
-  // where a front end shows this widget alone (marimo), the kernel sends the header, table and buttons too
-  const panel = document.createElement("div");
-  panel.className = "nbtrain-panel";
-  const actions = document.createElement("div");
-  actions.className = "nbtrain-actions";
-  const root = document.createElement("div");
-  root.className = "nbtrain-charts";
-  el.append(panel, root, actions);
+// -------------------------------------------------------------------------------------------- the charts of a model
+// Draws the charts the model's `charts` trait describes into `root` (a bar chart into `barsRoot`, where the run
+// dashboard shows step times under its worker table) and keeps them drawn as points come. The caller routes the
+// model's custom messages: `receive` takes the "points" ones (and says whether it did).
+function mountCharts(model, root, barsRoot = root) {
   const stores = new Map();  // chart id -> trace name -> {x, y, n}
   let due = false;
 
@@ -252,6 +250,7 @@ function render({ model, el }) {
   function draw() {
     due = false;
     root.replaceChildren();
+    if (barsRoot !== root) barsRoot.replaceChildren();
     for (const chart of model.get("charts") || []) {
       const svg = node("svg", { width: WIDTH, height: HEIGHT, viewBox: `0 0 ${WIDTH} ${HEIGHT}`,
         class: "nbtrain-chart" });
@@ -260,7 +259,7 @@ function render({ model, el }) {
       node("text", { x: LEFT, y: 16, class: "nbtrain-chart-title" }, svg).textContent = chart.title;
       if (chart.kind === "bars") barChart(svg, chart);
       else lineChart(svg, chart, storeOf(chart.id));
-      root.appendChild(svg);
+      (chart.kind === "bars" ? barsRoot : root).appendChild(svg);
     }
   }
 
@@ -270,13 +269,14 @@ function render({ model, el }) {
     (window.requestAnimationFrame || setTimeout)(draw);
   }
 
-  function onMessage(msg, buffers) {
-    if (!msg || msg.kind !== "points") return;
+  function receive(msg, buffers) {
+    if (!msg || msg.kind !== "points") return false;
     msg.parts.forEach((part, i) => {
       put(part.chart, part.trace, floats(buffers[2 * i], Float64Array), floats(buffers[2 * i + 1], Float64Array),
         part.mode === "append");
     });
     later();
+    return true;
   }
 
   function onCharts() {  // traces no chart lists any more are dropped
@@ -287,36 +287,17 @@ function render({ model, el }) {
     later();
   }
 
-  function onPanel() {
-    panel.innerHTML = model.get("html") || "";
-    actions.replaceChildren();
-    for (const name of model.get("actions") || []) {
-      const button = document.createElement("button");
-      button.textContent = name;
-      button.className = "nbtrain-action";
-      button.addEventListener("click", () => { button.disabled = true; model.send({ kind: "action", name }); });
-      actions.appendChild(button);
-    }
-  }
-
   function onSnapshot() { loadSnapshot(); later(); }
 
   loadSnapshot();
-  onPanel();
-  model.on("msg:custom", onMessage);
   model.on("change:charts", onCharts);
   model.on("change:snapshot", onSnapshot);
-  model.on("change:html", onPanel);
-  model.on("change:actions", onPanel);
   draw();
-  model.send({ kind: "hello" });
-  return () => {
-    model.off("msg:custom", onMessage);
-    model.off("change:charts", onCharts);
-    model.off("change:snapshot", onSnapshot);
-    model.off("change:html", onPanel);
-    model.off("change:actions", onPanel);
+  return {
+    receive,
+    dispose() {
+      model.off("change:charts", onCharts);
+      model.off("change:snapshot", onSnapshot);
+    },
   };
 }
-
-export default { render };
