@@ -75,7 +75,8 @@ def test_a_new_session_on_the_embedded_cluster_warms_the_first_runs_ranks_and_sa
 
 
 def test_no_warming_on_a_remote_cluster_when_turned_off_or_when_the_session_was_already_open(monkeypatch, warmed):
-    assert _connect(monkeypatch, None, FakeCluster("remote")) == ["Connected to 127.0.0.1:6379 as a Ray driver in 1.6 s"]
+    said = _connect(monkeypatch, None, FakeCluster("remote"))
+    assert said == ["Connected to 127.0.0.1:6379 as a Ray driver in 1.6 s"], "the line is the connection's alone"
     _connect(monkeypatch, None, FakeCluster("local"), warm=False)
     same = FakeCluster("local")
     _connect(monkeypatch, same, same)  # connect() again: the session it had
