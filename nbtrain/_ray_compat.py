@@ -427,9 +427,10 @@ def stop_node(node: Any) -> None:
     node.kill_all_processes(check_alive=False, allow_graceful=True)
 
 
-def prestart_worker(keep_alive_s: float, timeout_s: float) -> None:
-    """Ask this node's raylet for one idle worker process of the caller's job and runtime env (its
-    ``PrestartWorkers`` RPC); raises whatever the call raises.
+def prestart_worker(keep_alive_s: float, timeout_s: float, runtime_env: dict[str, Any] | None = None) -> None:
+    """Ask this node's raylet for one idle worker process of the caller's job and runtime env, or of
+    ``runtime_env`` (as Ray serializes an actor's: ``RuntimeEnv(...).serialize()``, what the actor then sees
+    in ``get_runtime_env_string()``) (its ``PrestartWorkers`` RPC); raises whatever the call raises.
 
     Public instead: none. Degrades: the caller (:func:`nbtrain._cluster.warm.spare_process.prestart_for_this_job`)
     says once on stderr that there is no spare process, and a relaunch's supervisor starts its own.
@@ -437,13 +438,16 @@ def prestart_worker(keep_alive_s: float, timeout_s: float) -> None:
     import ray
     from ray._private.grpc_utils import init_grpc_channel
     from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+    from ray.runtime_env import RuntimeEnv
 
     context = ray.get_runtime_context()
     node = next(n for n in ray.nodes() if n["NodeID"] == context.get_node_id())
     request = node_manager_pb2.PrestartWorkersRequest(
         language=common_pb2.PYTHON, job_id=bytes.fromhex(context.get_job_id()), num_workers=1,
         keep_alive_duration_secs=max(int(keep_alive_s), 1))
-    request.runtime_env_info.serialized_runtime_env = context.get_runtime_env_string()  # a process serves one env
+    # a process serves one env
+    request.runtime_env_info.serialized_runtime_env = (context.get_runtime_env_string() if runtime_env is None
+                                                       else RuntimeEnv(**runtime_env).serialize())
     channel = init_grpc_channel(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
     try:
         node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=timeout_s)

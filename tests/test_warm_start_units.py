@@ -1,8 +1,8 @@
 """``connect()`` warming the first run's ranks, decided where it is decided, with named fakes around it:
 on the embedded cluster only, once per new session, never when turned off (``warm=False``,
 ``$NBTRAIN_WARM_START=0``), as many as the default run takes and the cluster holds, said on the connection's
-line; the warm pool counts two prestarts at once (``connect()``'s, then a launch's) once; the spare supervisor
-process waits for the first step (``LaunchPhases.first_step``).
+line, with an idle process for the first launch's supervisor, started as supervisors are; the warm pool counts
+two prestarts at once (``connect()``'s, then a launch's) once.
 
 That the warmed ranks are real processes a first launch takes: ``test_warm_workers.py``; what it gains:
 ``benchmarks/run_benchmarks.py`` (the just-started cluster's row)."""
@@ -16,8 +16,9 @@ import pytest
 
 from nbtrain._client import warm
 from nbtrain._client.entry import connect as entry
-from nbtrain._cluster.launch_phases import FIRST_STEP, LaunchPhases
-from nbtrain._cluster.warm import warm_pool
+from nbtrain._client.local import warm_processes
+from nbtrain._cluster.warm import spare_process, warm_pool
+from nbtrain._cluster.warm.spare_process import supervisor_runtime_env
 from nbtrain._cluster.warm.warm_pool import WarmPool, shape_of
 from nbtrain._options import RunOptions
 
@@ -51,7 +52,7 @@ def warmed(monkeypatch) -> list[float]:
     """The CPUs ``warm_at_start`` was asked to warm for, once per call (nothing reaches a cluster)."""
     calls: list[float] = []
 
-    def fake_warm_at_start(cpus: float) -> tuple[int, RunOptions]:
+    def fake_warm_at_start(cpus: float, idle_s: float | None = None) -> tuple[int, RunOptions]:
         calls.append(cpus)
         return 2, RunOptions()
 
@@ -95,12 +96,38 @@ def test_the_environment_turns_warming_off_for_every_kernel(monkeypatch, value, 
 
 def test_as_many_ranks_as_the_default_run_takes_and_the_cluster_holds(monkeypatch):
     asked: list[tuple[Any, int | None]] = []
+    spares: list[float] = []
     monkeypatch.setattr(warm, "pool_for_launch", lambda: "pool")
     monkeypatch.setattr(warm, "prestart", lambda pool, options, workers=None: asked.append((options, workers)))
+    monkeypatch.setattr(spare_process, "prestart_for_supervisors", lambda keep_alive_s: spares.append(keep_alive_s))
     assert warm.warm_at_start(8.0)[0] == 2, "the default run has 2 ranks"
     assert warm.warm_at_start(1.0)[0] == 1, "a 1-CPU cluster holds one"
     assert warm.warm_at_start(0.5)[0] == 0 and len(asked) == 2, "none fits: nothing is started"
     assert all(shape_of(options) == shape_of(RunOptions()) for options, _ in asked)
+    assert spares == [600.0, 600.0], "a process for the first launch's supervisor, kept as long as the ranks"
+    warm.warm_at_start(2.0, 30.0)
+    assert asked[-1][0].warm_idle_s == 30.0, "connect(warm_idle_s=30) sets how long they wait"
+
+
+@pytest.mark.parametrize(("title", "environ", "kind"), [
+    ("ray::TrainWorker", {}, "rank"),                      # idle, kept for the next run
+    ("ray::TrainWorker.__init__", {}, "rank"),             # warming
+    ("ray::TrainWorker.run", {}, None),                    # training: not warm, a run's
+    ("ray::IDLE", {"NBTRAIN_PROCESS": "run supervisor"}, "supervisor"),  # the next supervisor's spare
+    ("ray::IDLE", {}, None),                               # Ray's own idle process
+    ("ray::nbtrain-run:x:RunSupervisor", {"NBTRAIN_PROCESS": "run supervisor"}, None),  # a run's supervisor
+])
+def test_cluster_status_tells_warm_processes_from_a_runs(title, environ, kind):
+    assert warm_processes.kind_of(title, environ) == kind
+
+
+def test_cluster_status_says_what_the_warm_processes_hold():
+    line = warm_processes.describe([warm_processes.WarmProcess("rank", 1, 700 * 2**20),
+                                    warm_processes.WarmProcess("rank", 2, 700 * 2**20),
+                                    warm_processes.WarmProcess("supervisor", 3, 90 * 2**20)])
+    assert line.startswith("warm: 2 idle rank processes (1.4 GB), 1 spare supervisor process (90 MB); they exit "
+                           "after warm_idle_s"), line
+    assert "nbtrain.release_warm()" in line
 
 
 class PoolWithoutRay(WarmPool):
@@ -142,12 +169,11 @@ def test_two_prestarts_at_once_start_the_workers_once(monkeypatch):
     assert pool.started == [True, True], "the launch's prestart found connect()'s two idle workers"
 
 
-def test_the_first_step_is_known_once_every_rank_of_the_first_attempt_reported():
-    phases = LaunchPhases(launch_called=1.0, supervisor_up=2.0)
-    phases.ranks_assigned(attempt=0, world_size=2, warm_ranks=2, at=3.0)
-    phases.rank_reached(0, 0, {FIRST_STEP: 4.0})
-    assert not phases.first_step.is_set(), "one rank of two"
-    phases.rank_reached(1, 1, {FIRST_STEP: 4.5})
-    assert not phases.first_step.is_set(), "another attempt's report does not count"
-    phases.rank_reached(1, 0, {FIRST_STEP: 5.0})
-    assert phases.first_step.is_set()
+def test_a_spare_process_is_started_as_a_supervisor_is_and_imports_its_module():
+    """A supervisor takes only a process of its own runtime env (so supervisor_options and the spares read one
+    declaration), and the setup hook it names exists (Ray ends a process whose hook fails)."""
+    from nbtrain._cluster.supervisor import supervisor
+
+    assert supervisor.supervisor_options("a-run")["runtime_env"] == supervisor_runtime_env()
+    module, _, function = spare_process.SUPERVISOR_SETUP_HOOK.rpartition(".")
+    assert module == supervisor.__name__ and callable(getattr(supervisor, function))

@@ -107,6 +107,14 @@ def test_a_relaunch_reuses_the_workers_started_afresh_and_reaches_its_first_step
     warm = cluster_answer(cluster)["cluster"]["warm"]
     assert warm["idle"] >= 2 and 0 < warm["next_exit_s"] <= 600, warm
 
+    # `nbtrain cluster status` counts them, with their memory (a process with torch imported: 100s of MB)
+    from nbtrain._client.local.warm_processes import warm_processes
+
+    head = local_cluster.status()
+    assert head is not None
+    idle = {p.pid: p.rss_bytes for p in warm_processes(head.pid) if p.kind == "rank"}
+    assert set(_pids(again)) <= set(idle) and all(idle[pid] > 100 * 2**20 for pid in _pids(again)), idle
+
     assert nbtrain.release_warm() == 2
     wait_for(lambda: _all_gone(_pids(again)), 30, message="released workers to exit")
 
@@ -121,9 +129,9 @@ def reports_until_stopped():
         _time.sleep(0.05)  # a pace: the test stops the run
 
 
-def _idle_spares(since: float) -> list[int]:
-    """The session cluster's idle worker processes for a supervisor, started after ``since`` (see
-    spare_process); not the other lane's clusters'."""
+def _idle_spares() -> list[int]:
+    """The session cluster's idle worker processes for a supervisor (see spare_process); not the other lane's
+    clusters'."""
     import psutil
 
     info = local_cluster.status()
@@ -131,7 +139,7 @@ def _idle_spares(since: float) -> list[int]:
     found = []
     for process in psutil.Process(info.pid).children(recursive=True):
         try:
-            if " ".join(process.cmdline()).startswith("ray::IDLE") and process.create_time() > since \
+            if " ".join(process.cmdline()).startswith("ray::IDLE") \
                     and process.environ().get("NBTRAIN_PROCESS") == "run supervisor":
                 found.append(process.pid)
         except psutil.Error:
@@ -139,15 +147,32 @@ def _idle_spares(since: float) -> list[int]:
     return found
 
 
-def test_a_relaunchs_supervisor_takes_the_spare_process_its_previous_run_asked_for(cluster):
-    """A supervisor needs a process nothing ran in: the previous warm run's supervisor has Ray start one."""
+def _ray_processes() -> list[tuple[int, str, str | None]]:
+    """The session cluster's worker processes: pid, title, and which of nbtrain's they are (said on a failure)."""
+    import psutil
+
+    info = local_cluster.status()
+    found = []
+    for process in psutil.Process(info.pid).children(recursive=True) if info else []:
+        try:
+            title = " ".join(process.cmdline())[:60]
+            if title.startswith("ray::"):
+                found.append((process.pid, title, process.environ().get("NBTRAIN_PROCESS")))
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_relaunchs_supervisor_takes_a_spare_process(cluster):
+    """A supervisor needs a process nothing ran in: a warm run's supervisor has Ray start one for the next (once
+    past its first step, or as it ends), as ``connect()`` did for the session's first. (Ray starts one only while
+    the session has none idle: which run asked for the one taken is Ray's to decide.)"""
     import psutil
     import ray
 
-    before = time.time()
     _launch("spare-first", "spare")
     # Ray starts the spare as the raylet can: on a 2-core box beside the other lane's notebooks, past a minute
-    wait_for(lambda: _idle_spares(before), 150, message="a spare process for the next supervisor")
+    wait_for(_idle_spares, 150, message="a spare process for the next supervisor", describe=_ray_processes)
     relaunched = time.time()
     again = nbtrain.launch(reports_until_stopped, name="spare-again", workers=2, env={"WARM_TEST_SHAPE": "spare"})
     try:
@@ -201,3 +226,49 @@ def test_warm_workers_end_with_the_notebook_session_that_made_them(cluster, tmp_
     pids = [int(pid) for pid in result.stdout.strip().splitlines()[-1].strip("[]").split(",")]
     wait_for(lambda: _all_gone(pids), 90, message="the ended session's warm workers to exit",
              describe=lambda: warm_pools())
+
+
+def test_a_new_sessions_first_launch_takes_the_rank_and_supervisor_processes_connect_warmed(cluster, tmp_path: Path):
+    """A separate process is the notebook: connect() warms; once its processes are up (what `nbtrain cluster
+    status` sees), the first launch, of the default shape, runs in them."""
+    script = tmp_path / "first_launch.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, time, nbtrain
+        from nbtrain._client.local import local_cluster
+        from nbtrain._client.local.warm_processes import warm_processes
+
+        def train():
+            import os
+            nbtrain.report(step=1, pid=float(os.getpid()))
+
+        connected = time.time()
+        nbtrain.connect()
+        head = local_cluster.status().pid
+        def ours(kind):
+            import psutil
+            return [p.pid for p in warm_processes(head)
+                    if p.kind == kind and psutil.Process(p.pid).create_time() >= connected]
+        deadline = time.monotonic() + 240
+        while not (len(ours("rank")) >= 2 and ours("supervisor")):  # the user's next cells
+            assert time.monotonic() < deadline, (ours("rank"), ours("supervisor"))
+            time.sleep(0.5)
+        ranks, spares = ours("rank"), ours("supervisor")
+        run = nbtrain.launch(train, name="warm-first-launch")
+        import ray
+        supervisor = ray.get(run.reader.channel.handle.__ray_call__.remote(lambda _s: os.getpid()), timeout=60)
+        run.wait(timeout=120)
+        print(json.dumps({"ranks": ranks, "spares": spares, "supervisor": supervisor,
+                          "workers": sorted(w["pid"] for w in run.workers),
+                          "warm_ranks": run.summary()["launch_phases"]["warm_ranks"], "state": run.state.value}))
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400,
+                            cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warming 2 ranks (1 CPU each) for the first run" in result.stderr, result.stderr[-2000:]
+    import json
+
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["state"] == "succeeded", seen
+    assert seen["warm_ranks"] == 2 and set(seen["workers"]) <= set(seen["ranks"]), seen
+    assert seen["supervisor"] in seen["spares"], "the first launch's supervisor took the spare connect() asked for"

@@ -80,19 +80,23 @@ def warm_start_wanted(asked: bool) -> bool:
     return asked and os.environ.get(WARM_START_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def warm_at_start(cluster_cpus: float) -> tuple[int, RunOptions]:
+def warm_at_start(cluster_cpus: float, idle_s: float | None = None) -> tuple[int, RunOptions]:
     """Start idle workers of the default shape (``RunOptions()``: what ``%%ray_train`` with no flags asks
     for), as many as its first launch takes and the cluster holds, so that launch finds them ready: their
     processes start, import torch and its lazy parts while the notebook runs its next cells. Returns how
-    many and the options they are for. They are this session's pool's workers like any other: they end after
-    ``warm_idle_s``, with ``release_warm()``, or when a run of another shape leases from the pool."""
+    many and the options they are for; an idle process for that launch's supervisor is asked for first (see
+:mod:`~nbtrain._cluster.warm.spare_process`). The ranks are this session's pool's workers like any other: they end after
+    ``idle_s`` (default: the options' ``warm_idle_s``), with ``release_warm()``, or when a run of another shape
+    leases from the pool."""
     from nbtrain._cluster.elastic.sizing import starting_size
+    from nbtrain._cluster.warm.spare_process import prestart_for_supervisors
     from nbtrain._options import RunOptions
 
-    options = RunOptions()
+    options = RunOptions() if idle_s is None else RunOptions(warm_idle_s=idle_s)
     workers = min(starting_size(options), int(cluster_cpus // max(float(options.cpus_per_worker), 1e-9)))
     if workers < 1:
         return 0, options
+    prestart_for_supervisors(options.warm_idle_s)  # the first launch's supervisor's process
     prestart(pool_for_launch(), options, workers)
     return workers, options
 

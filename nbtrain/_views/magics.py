@@ -76,6 +76,8 @@ class NbtrainMagics(Magics):
               help="GPUs of the local cluster, when this starts it (default: those Ray detects)")
     @argument("--no-warm", action="store_true",
               help="do not warm the first run's ranks in the background on the local cluster (default: warm them)")
+    @argument("--warm-idle-s", type=float, default=None, metavar="S",
+              help="how long those warmed ranks wait, idle, for a run (default: 600)")
     @line_magic
     def ray_connect(self, line: str) -> Any:
         """Connect this notebook to a Ray cluster (default: an embedded local one on 127.0.0.1).
@@ -100,7 +102,8 @@ class NbtrainMagics(Magics):
         token = token_from_flags(args)
         try:
             cluster = connect(args.address, token=token, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-                              progress=progress_line(sys.stdout), warm=not args.no_warm)
+                              progress=progress_line(sys.stdout), warm=not args.no_warm,
+                              warm_idle_s=args.warm_idle_s)
         except NbtrainError as exc:
             raise UsageError(str(exc)) from None
         print(f"Connected: {cluster.describe()}")

@@ -1,13 +1,14 @@
-"""Short tasks on the cluster's head node, from the notebook: a run or sweep whose supervisor has exited is
-read from its files there.
+"""Short tasks on the cluster's head node, from the notebook: a run or sweep whose supervisor has exited is read from
+its files there.
 
 :func:`on_head` runs a function of the cluster side (:mod:`nbtrain._cluster.supervisor.stored_run`, the sweeps'
-records) in a Ray task on the head node and waits for its answer. The task takes no CPU in Ray's accounting,
-so it runs even while training ranks hold every core, and no process is kept. :func:`stored_names` and
-:func:`stored_summaries` list the runs the head keeps files of; :func:`is_stored` and :func:`stored_summary`
-ask of one. It sits below ``_client/launching`` (an ended run's name gives a new run ``NAME-2``; a resume takes
-up its files) and ``_client/run`` (a finished run's handle, :mod:`~nbtrain._client.run.stored`), which both
-read it and neither of which it imports.
+records) in a Ray task on the head node and waits for its answer. The task takes no CPU in Ray's accounting, so it
+runs even while training ranks hold every core, and no process is kept. On the embedded cluster the function runs
+in the notebook's process instead: the head is this machine, its files this home's. :func:`stored_names` and
+:func:`stored_summaries` list the runs the head keeps files of; :func:`is_stored` and :func:`stored_summary` ask of
+one. It sits below ``_client/launching`` (an ended run's name gives a new run ``NAME-2``; a resume takes up its
+files) and ``_client/run`` (a finished run's handle, :mod:`~nbtrain._client.run.stored`), which both read it and
+neither of which it imports.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from nbtrain._client.connecting import connection
 from nbtrain._cluster.supervisor import stored_run
 from nbtrain._ray_compat import on_head_node
 
@@ -30,9 +32,13 @@ def head_task(function: Any) -> Any:
 
 
 def on_head(function: Any, *args: Any) -> Any:
-    """Run ``function(*args)`` in a task on the head node and return its value."""
+    """Run ``function(*args)`` in a task on the head node and return its value; on the embedded cluster, here:
+    its head is this machine and its files this home's, and a task would wait for a worker process to start
+    (seconds on a just-started cluster, in front of a first launch's name check)."""
     import ray
 
+    if connection.current().kind == "local":
+        return function(*args)
     return ray.get(head_task(function).remote(*args), timeout=ANSWER_S)
 
 

@@ -76,6 +76,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     for node in added_nodes.nodes():
         gpus = f", {node.num_gpus} GPUs" if node.num_gpus else ""
         print(f"  added node: pid {node.pid}, {node.num_cpus} CPUs{gpus}")
+    from nbtrain._client.local import warm_processes
+
+    print(f"  {warm_processes.describe(warm_processes.warm_processes(running.pid))}")
     return 0
 
 
@@ -366,6 +369,7 @@ def _default_notebook() -> Path | None:
     return candidate if candidate.exists() else None
 
 
+NO_WARM_FLAG = "--no-warm"  # `nbtrain lab --no-warm`: the one lab flag that is not Jupyter's
 ADDRESS_HELP = ("the cluster: ray://HOST:10001 over Ray Client, or HOST:6379 (its GCS) or auto on a node of it "
                 "(default: where the registry says the run is, else $RAY_ADDRESS)")
 
@@ -406,7 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
         steer.add_argument("--address", default=None, help=ADDRESS_HELP)
         steer.set_defaults(func=func)
     lab = sub.add_parser("lab", help="JupyterLab on 127.0.0.1 with the local cluster (or $RAY_ADDRESS)",
-                         description="Every argument goes to `jupyter lab` as is: a notebook, --port 9999, ...")
+                         description=f"Every argument but {NO_WARM_FLAG} goes to `jupyter lab` as is: a notebook, "
+                                     f"--port 9999, ... {NO_WARM_FLAG}: its notebooks' connect() warms no ranks "
+                                     "for their first run (as connect(warm=False)).")
     lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, metavar="JUPYTER ARGS")
     lab.set_defaults(func=cmd_lab)
     agent = sub.add_parser("agent", help="answer commands from stdin, one JSON list per line (used by the lab sidebar)")
@@ -418,6 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["lab"] and argv[1:2] not in (["-h"], ["--help"]):
         # Jupyter's own options (`--port 9999`) are not ours to parse: argparse would reject them.
+        if NO_WARM_FLAG in argv[1:]:  # ours: its kernels' connect() warms no ranks
+            from nbtrain._client.warm import WARM_START_ENV
+
+            argv = [arg for arg in argv if arg != NO_WARM_FLAG]
+            os.environ[WARM_START_ENV] = "0"
         args = argparse.Namespace(func=cmd_lab, jupyter_args=argv[1:])
     else:
         args = build_parser().parse_args(argv)

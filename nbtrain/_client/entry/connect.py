@@ -16,7 +16,7 @@ from nbtrain._client.kernel.progress_line import progress_line
 
 def connect(address: str | None = None, *, token: str | None = None, num_cpus: int | None = None,
             num_gpus: int | None = None, progress: Progress | None = None,
-            timeout: float = 120.0, warm: bool = True) -> Cluster:
+            timeout: float = 120.0, warm: bool = True, warm_idle_s: float | None = None) -> Cluster:
     """Connect the notebook to a Ray cluster and return it.
 
     ``address`` is ``ray://host:port`` (the Ray Client port, 10001 by default), or, for a
@@ -57,6 +57,7 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
         progress: called with each progress message (default: printed to stderr).
         timeout: seconds to wait for the cluster.
         warm: on the embedded cluster, warm the first run's ranks in the background.
+        warm_idle_s: how long those ranks wait, idle, for a run (default: ``RunOptions.warm_idle_s``, 600 s).
 
     Returns:
         The connected :class:`Cluster`.
@@ -84,7 +85,7 @@ def connect(address: str | None = None, *, token: str | None = None, num_cpus: i
                                  timeout=timeout)
     if cluster is not before and cluster.kind == "local" and warm_pool.warm_start_wanted(warm):
         cpus = cluster.resources().get("CPU", (0.0, 0.0))[1]
-        ranks, options = warm_pool.warm_at_start(cpus)
+        ranks, options = warm_pool.warm_at_start(cpus, warm_idle_s)
         if ranks:
             say(f"{last[0]}; warming {ranks} ranks ({options.cpus_per_worker:g} CPU each) for the first run "
                 "in the background (connect(warm=False) skips this)")

@@ -50,14 +50,13 @@ from nbtrain._cluster.supervisor.supervisor_base import RANK_THREADS, RANKS, REA
 from nbtrain._cluster.supervisor.supervisor_for_notebooks import ForNotebooks
 from nbtrain._cluster.supervisor.supervisor_for_ranks import ForRanks
 from nbtrain._cluster.supervisor.worker_table import WorkerTable
-from nbtrain._cluster.warm.spare_process import prestart_for_this_job
-from nbtrain._ray_compat import on_head_node, worker_setup_hook_env
+from nbtrain._cluster.warm.spare_process import supervisor_runtime_env
+from nbtrain._ray_compat import on_head_node
 
 # A supervisor that finds its run already ended (Ray restarted it, or launch(resume=True) brought it
 # back for a resume) waits this long for the resume before it exits again.
 RESUME_GRACE_S = 30.0
 DISK_RETRY_S = 2.0  # a history that cannot be written (disk full) is retried this often before exiting
-SPARE_AFTER_S = 30.0  # the next supervisor's spare process is asked for once the first step is reached, or after this
 
 SPEC_PART_BYTES = 64 * 1024  # each part of a spec given to a supervisor stays inline in Ray's creation task
 
@@ -100,9 +99,7 @@ def supervisor_options(run_name: str, holds: dict[str, Any] | None = None) -> di
     return {
         "name": actor_name(run_name), "namespace": NAMESPACE, "lifetime": "detached", "max_restarts": -1,
         "max_task_retries": 0, "max_concurrency": 64, "num_cpus": 0,
-        "resources": on_head_node(),
-        "runtime_env": {"env_vars": {"NBTRAIN_PROCESS": "run supervisor",
-                                     **worker_setup_hook_env(f"{__name__}.{_imported.__name__}")}, **(holds or {})},
+        "resources": on_head_node(), "runtime_env": supervisor_runtime_env(holds),
     }
 
 
@@ -142,9 +139,6 @@ class RunSupervisor(ForRanks, ForNotebooks):
         if set_aside is not None:
             self._feed.event("storage", f"{storage.dir} held the files of an earlier run named {spec.name!r} "
                                         f"that is no longer on the cluster; they were moved to {set_aside}.", 0)
-        if spec.warm_pool:  # this process is taken: Ray starts one for the next launch's supervisor to take
-            threading.Thread(target=self._spare_after_first_step, args=(spec.options.warm_idle_s,),
-                             name="nbtrain-spare", daemon=True).start()
         self._run.recover()
         if spec.initial_checkpoint is not None and self._run.checkpoint is None:
             self._start_from(*spec.initial_checkpoint)
@@ -152,13 +146,6 @@ class RunSupervisor(ForRanks, ForNotebooks):
             threading.Timer(RESUME_GRACE_S, self._retire).start()
         else:
             self._run.start()
-
-    def _spare_after_first_step(self, keep_alive_s: float) -> None:
-        """Ask for the next supervisor's spare process once this run is past its first step (or
-        ``SPARE_AFTER_S``): starting a Python process is seconds of CPU, which on a small machine would
-        otherwise be taken from this very launch's ranks as they start."""
-        self._run.phases.first_step.wait(SPARE_AFTER_S)
-        prestart_for_this_job(keep_alive_s)
 
     def _start_from(self, meta: dict[str, Any], data: bytes) -> None:
         """Keep a given checkpoint as the run's latest, before any rank starts (PBT's copy from another trial)."""

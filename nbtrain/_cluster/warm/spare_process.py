@@ -1,14 +1,17 @@
-"""A spare Ray worker process on the head node, so a relaunch's supervisor does not wait for one to start.
+"""A spare Ray worker process on the head node, so a launch's supervisor does not wait for one to start.
 
 Every run has its own supervisor, a detached actor, and Ray gives a new detached
 actor only a worker process that has never run anything else: each launch would
 start a Python process and import Ray (seconds; most of a relaunch's time once
 the rank processes are warm). Ray's raylet can start such processes ahead of need
-for a job and keep them idle for a while (its ``PrestartWorkers`` call). The
-supervisor of a run with warm workers, once started (on the head node, in the
-notebook session's job), asks for one; the next launch's supervisor takes it. It
-is Ray's idle process: no CPU is reserved, and Ray ends it after ``keep_alive_s``
-or with the session's job.
+for a job and keep them idle for a while (its ``PrestartWorkers`` call), with a
+given runtime env: the one supervisors get (:func:`supervisor_runtime_env`), so that
+only a supervisor takes it. Two moments ask for one, both before the launch that takes it:
+``connect()`` on the embedded cluster, for the session's first launch (see
+:func:`~nbtrain._client.warm.warm_at_start`), and the session's warm pool as a run gives its
+workers back, for the next (a run's own supervisor cannot ask: it exits as its run ends, and a
+process asked for while the run's ranks start would take their CPU). It is Ray's idle process:
+no CPU is reserved, and Ray ends it after ``keep_alive_s`` or with the session's job.
 
 The call is Ray's internal RPC: if it is missing or refused (another Ray version),
 launches are as fast as they were without it, and nothing else changes.
@@ -24,15 +27,26 @@ and the supervisor imports its code when created, as before.
 
 from __future__ import annotations
 
-from nbtrain._ray_compat import prestart_worker, say_once
+from typing import Any
+
+from nbtrain._ray_compat import prestart_worker, say_once, worker_setup_hook_env
 
 RPC_TIMEOUT_S = 10.0
+SUPERVISOR_SETUP_HOOK = "nbtrain._cluster.supervisor.supervisor._imported"  # importing its module is the point
+SUPERVISOR_PROCESS = "run supervisor"  # NBTRAIN_PROCESS of supervisors' processes, their spares' too
 
 
-def prestart_for_this_job(keep_alive_s: float) -> bool:
-    """Ask this node's raylet for one idle worker process of the caller's job and runtime env."""
+def supervisor_runtime_env(holds: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A supervisor's runtime env (``holds``: its run's uploaded folders, see ``packages_to_hold``): what a spare
+    process must have been started with for a supervisor to take it."""
+    return {"env_vars": {"NBTRAIN_PROCESS": SUPERVISOR_PROCESS, **worker_setup_hook_env(SUPERVISOR_SETUP_HOOK)},
+            **(holds or {})}
+
+
+def prestart_for_supervisors(keep_alive_s: float) -> bool:
+    """Ask this node's raylet for one idle worker process of the caller's job, in a supervisor's runtime env."""
     try:
-        prestart_worker(keep_alive_s, RPC_TIMEOUT_S)
+        prestart_worker(keep_alive_s, RPC_TIMEOUT_S, supervisor_runtime_env())
     except Exception as exc:  # noqa: BLE001 - an optimisation: without it a launch starts its own process
         say_once(f"no spare process for the next supervisor ({type(exc).__name__}: {exc})")
         return False

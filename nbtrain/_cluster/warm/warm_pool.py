@@ -48,6 +48,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nbtrain._cluster.rank.actor.worker import TrainWorker
+from nbtrain._cluster.warm.spare_process import prestart_for_supervisors
 from nbtrain._packing.runtime_env import environment_key, for_ranks
 from nbtrain._ray_compat import actor_key
 
@@ -183,10 +184,12 @@ class WarmPool:
                 self._start(shape, alive[0]["NodeID"], None, idle_s, background)
 
     def give_back(self, run_name: str, handles: list[Any]) -> None:
-        """The run ended: ``handles`` (workers whose ``run()`` returned) idle; its others are ended."""
+        """The run ended: ``handles`` (workers whose ``run()`` returned) idle; its others are ended. Ray is asked
+        for a process for the next launch's supervisor (see spare_process)."""
         keep = {actor_key(handle) for handle in handles}
         with self._lock:
             mine = [w for w in self._workers if w.leased_by == run_name]
+            keep_alive_s = max((w.idle_s for w in mine), default=0.0)
             now = time.monotonic()
             for worker in mine:
                 if actor_key(worker.handle) in keep and not self._closing:
@@ -194,6 +197,9 @@ class WarmPool:
                     worker.idle_since = now
                     worker.handle.tidy.remote()  # now, while idle, not as the next run starts
             self._end([w for w in mine if w.leased_by is not None])
+            closing = self._closing
+        if keep_alive_s and not closing:  # the run's supervisor is exiting: the next launch's needs a process
+            prestart_for_supervisors(keep_alive_s)
         self._exit_if_done()
 
     # ------------------------------------------------------------------ called by the notebook and the sidebar
