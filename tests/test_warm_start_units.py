@@ -2,7 +2,8 @@
 on the embedded cluster only, once per new session, never when turned off (``warm=False``,
 ``$NBTRAIN_WARM_START=0``), as many as the default run takes and the cluster holds, said on the connection's
 line, with an idle process for the first launch's supervisor, started as supervisors are; the warm pool counts
-two prestarts at once (``connect()``'s, then a launch's) once.
+two prestarts at once (``connect()``'s, then a launch's) once; a run has Ray start a process for the next
+supervisor once, as its ranks pass their first step or as its workers come back.
 
 That the warmed ranks are real processes a first launch takes: ``test_warm_workers.py``; what it gains:
 ``benchmarks/run_benchmarks.py`` (the just-started cluster's row)."""
@@ -17,6 +18,7 @@ import pytest
 from nbtrain._client import warm
 from nbtrain._client.entry import connect as entry
 from nbtrain._client.local import warm_processes
+from nbtrain._cluster.launch_phases import FIRST_STEP, LaunchPhases
 from nbtrain._cluster.warm import spare_process, warm_pool
 from nbtrain._cluster.warm.spare_process import supervisor_runtime_env
 from nbtrain._cluster.warm.warm_pool import WarmPool, shape_of
@@ -137,6 +139,7 @@ class PoolWithoutRay(WarmPool):
     def __init__(self) -> None:  # no watch thread, no anchor
         self._workers, self._closing = [], False
         self._lock, self._prestarting = threading.Lock(), threading.Lock()
+        self._spare_asked: set[str] = set()
         self.started: list[bool] = []
         self.first_nodes_call: Any = None
 
@@ -177,3 +180,28 @@ def test_a_spare_process_is_started_as_a_supervisor_is_and_imports_its_module():
     assert supervisor.supervisor_options("a-run")["runtime_env"] == supervisor_runtime_env()
     module, _, function = spare_process.SUPERVISOR_SETUP_HOOK.rpartition(".")
     assert module == supervisor.__name__ and callable(getattr(supervisor, function))
+
+
+def test_a_process_for_the_next_supervisor_is_asked_once_per_run_at_its_first_step_or_as_it_ends(monkeypatch):
+    asked: list[float] = []
+    monkeypatch.setattr(warm_pool, "prestart_for_supervisors", asked.append)
+    pool = PoolWithoutRay()
+    pool.spare_for_next_supervisor("long-run", 600.0)   # its supervisor saw the first step
+    pool.spare_for_next_supervisor("long-run", 600.0)   # (a restarted supervisor asks again)
+    pool.give_back("long-run", [])                       # its workers come back: asked already
+    assert asked == [600.0]
+    pool._workers.append(warm_pool._Worker("w", shape_of(RunOptions()), "head", pid=1, leased_by="short-run",
+                                           idle_s=30.0))
+    pool.give_back("short-run", [])                      # ended before its first step was seen
+    assert asked == [600.0, 30.0]
+
+
+def test_the_first_step_is_known_once_every_rank_of_the_first_attempt_reported():
+    phases = LaunchPhases(launch_called=1.0, supervisor_up=2.0)
+    phases.ranks_assigned(attempt=0, world_size=2, warm_ranks=2, at=3.0)
+    phases.rank_reached(0, 0, {FIRST_STEP: 4.0})
+    assert not phases.first_step.is_set(), "one rank of two"
+    phases.rank_reached(1, 1, {FIRST_STEP: 4.5})
+    assert not phases.first_step.is_set(), "another attempt's report does not count"
+    phases.rank_reached(1, 0, {FIRST_STEP: 5.0})
+    assert phases.first_step.is_set()

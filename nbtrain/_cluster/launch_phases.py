@@ -37,6 +37,7 @@ class LaunchPhases:
         self._world_size = 0
         self._warm_ranks = 0
         self._by_rank: dict[int, dict[str, float]] = {}
+        self.first_step = threading.Event()  # every rank of the first attempt reported once
 
     def ranks_assigned(self, attempt: int, world_size: int, warm_ranks: int, at: float) -> None:
         """The first attempt's ``world_size`` ranks are placed, ``warm_ranks`` of them in warm workers lent again."""
@@ -55,6 +56,8 @@ class LaunchPhases:
             for phase, at in phases.items():
                 if phase in RANK_PHASES:
                     mine.setdefault(phase, at)
+            if all(FIRST_STEP in self._by_rank.get(r, {}) for r in range(self._world_size)):
+                self.first_step.set()
 
     def summary(self) -> dict[str, Any]:
         """``at``: each phase ended so far, by name (a rank phase once every rank is past it, at the last one's

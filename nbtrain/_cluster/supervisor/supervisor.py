@@ -139,6 +139,8 @@ class RunSupervisor(ForRanks, ForNotebooks):
         if set_aside is not None:
             self._feed.event("storage", f"{storage.dir} held the files of an earlier run named {spec.name!r} "
                                         f"that is no longer on the cluster; they were moved to {set_aside}.", 0)
+        if spec.warm_pool:  # this process is taken: the pool has Ray start one for the next launch's supervisor
+            threading.Thread(target=self._spare_after_first_step, name="nbtrain-spare", daemon=True).start()
         self._run.recover()
         if spec.initial_checkpoint is not None and self._run.checkpoint is None:
             self._start_from(*spec.initial_checkpoint)
@@ -146,6 +148,18 @@ class RunSupervisor(ForRanks, ForNotebooks):
             threading.Timer(RESUME_GRACE_S, self._retire).start()
         else:
             self._run.start()
+
+    def _spare_after_first_step(self) -> None:
+        """Once the ranks are past their first step (starting a Python process is seconds of CPU, which on a
+        small machine would come from this launch's ranks as they start), so that a relaunch right after the
+        run finds the process up. A run that ends sooner gets one as its workers go back to the pool."""
+        spec = self._run.spec
+        self._run.phases.first_step.wait()
+        try:
+            pool = ray.get_actor(spec.warm_pool, namespace=NAMESPACE)
+            pool.spare_for_next_supervisor.remote(spec.name, spec.options.warm_idle_s)
+        except Exception:  # noqa: BLE001 - the session ended (its pool with it): no next launch to serve
+            pass
 
     def _start_from(self, meta: dict[str, Any], data: bytes) -> None:
         """Keep a given checkpoint as the run's latest, before any rank starts (PBT's copy from another trial)."""

@@ -6,12 +6,12 @@ start a Python process and import Ray (seconds; most of a relaunch's time once
 the rank processes are warm). Ray's raylet can start such processes ahead of need
 for a job and keep them idle for a while (its ``PrestartWorkers`` call), with a
 given runtime env: the one supervisors get (:func:`supervisor_runtime_env`), so that
-only a supervisor takes it. Two moments ask for one, both before the launch that takes it:
-``connect()`` on the embedded cluster, for the session's first launch (see
-:func:`~nbtrain._client.warm.warm_at_start`), and the session's warm pool as a run gives its
-workers back, for the next (a run's own supervisor cannot ask: it exits as its run ends, and a
-process asked for while the run's ranks start would take their CPU). It is Ray's idle process:
-no CPU is reserved, and Ray ends it after ``keep_alive_s`` or with the session's job.
+only a supervisor takes it. ``connect()`` asks for one on the embedded cluster, for the session's
+first launch (see :func:`~nbtrain._client.warm.warm_at_start`); each warm run has the session's warm
+pool ask for the next launch's once its ranks are past their first step (a process asked for while
+they start would take their CPU), or as its workers come back if it ended sooner (the pool asks: a
+supervisor exits as its run ends, and a request sent just before lost its process). It is Ray's idle
+process: no CPU is reserved, and Ray ends it after ``keep_alive_s`` or with the session's job.
 
 The call is Ray's internal RPC: if it is missing or refused (another Ray version),
 launches are as fast as they were without it, and nothing else changes.

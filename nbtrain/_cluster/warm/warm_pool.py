@@ -129,6 +129,7 @@ class WarmPool:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._prestarting = threading.Lock()
+        self._spare_asked: set[str] = set()  # runs that had Ray start a process for the next supervisor
         self._closing = False  # the session ended: no more idling, exit once nothing is lent
         threading.Thread(target=self._watch, name="nbtrain-warm-watch", daemon=True).start()
 
@@ -184,8 +185,8 @@ class WarmPool:
                 self._start(shape, alive[0]["NodeID"], None, idle_s, background)
 
     def give_back(self, run_name: str, handles: list[Any]) -> None:
-        """The run ended: ``handles`` (workers whose ``run()`` returned) idle; its others are ended. Ray is asked
-        for a process for the next launch's supervisor (see spare_process)."""
+        """The run ended: ``handles`` (workers whose ``run()`` returned) idle; its others are ended; and a
+        process for the next launch's supervisor, if the run did not have one started yet."""
         keep = {actor_key(handle) for handle in handles}
         with self._lock:
             mine = [w for w in self._workers if w.leased_by == run_name]
@@ -197,10 +198,21 @@ class WarmPool:
                     worker.idle_since = now
                     worker.handle.tidy.remote()  # now, while idle, not as the next run starts
             self._end([w for w in mine if w.leased_by is not None])
-            closing = self._closing
-        if keep_alive_s and not closing:  # the run's supervisor is exiting: the next launch's needs a process
-            prestart_for_supervisors(keep_alive_s)
+        if keep_alive_s:  # unless its first step asked already: the supervisor is exiting, the next launch's needs one
+            self.spare_for_next_supervisor(run_name, keep_alive_s)
+        with self._lock:
+            self._spare_asked.discard(run_name)
         self._exit_if_done()
+
+    def spare_for_next_supervisor(self, run_name: str, keep_alive_s: float) -> None:
+        """Have Ray start a process for the next launch's supervisor (see spare_process), once per run: its
+        supervisor asks once its ranks are past their first step (off the launch's CPU), else its workers'
+        return does (a run that ended sooner)."""
+        with self._lock:
+            if self._closing or run_name in self._spare_asked:
+                return
+            self._spare_asked.add(run_name)
+        prestart_for_supervisors(keep_alive_s)
 
     # ------------------------------------------------------------------ called by the notebook and the sidebar
     def describe(self) -> list[dict[str, Any]]:
