@@ -3,7 +3,8 @@ on the embedded cluster only, once per new session, never when turned off (``war
 ``$NBTRAIN_WARM_START=0``), as many as the default run takes and the cluster holds, said on the connection's
 line, with an idle process for the first launch's supervisor, started as supervisors are; the warm pool counts
 two prestarts at once (``connect()``'s, then a launch's) once; a run has Ray start a process for the next
-supervisor once, as its ranks pass their first step or as its workers come back.
+supervisor once, as its ranks pass their first step or as its workers come back; and a launch whose supervisor
+ran its (short, warm) run to the end and exited before the notebook asked it anything is that finished run.
 
 That the warmed ranks are real processes a first launch takes: ``test_warm_workers.py``; what it gains:
 ``benchmarks/run_benchmarks.py`` (the just-started cluster's row)."""
@@ -205,3 +206,32 @@ def test_the_first_step_is_known_once_every_rank_of_the_first_attempt_reported()
     assert not phases.first_step.is_set(), "another attempt's report does not count"
     phases.rank_reached(1, 0, {FIRST_STEP: 5.0})
     assert phases.first_step.is_set()
+
+
+class GoneSupervisor:
+    """A supervisor's handle whose actor is gone, without a constructor error (it exited, or was killed)."""
+
+    class summary:
+        @staticmethod
+        def remote() -> None:
+            return None  # what ray.get is given: the test's ray.get raises as for a dead actor
+
+
+def test_a_supervisor_gone_at_once_is_a_finished_run_when_its_files_say_so(monkeypatch):
+    """A warm launch of a short function can run to its end, and its supervisor exit, before the notebook's
+    first question reaches it: that run is read from its files, not refused."""
+    import ray
+
+    from nbtrain._client.launching import checks
+    from nbtrain._exceptions import NbtrainError
+
+    def gone(*_args: Any, **_kwargs: Any) -> Any:
+        raise ray.exceptions.RayActorError()
+
+    killed: list[Any] = []
+    monkeypatch.setattr(ray, "get", gone)
+    monkeypatch.setattr(ray, "kill", lambda handle, no_restart: killed.append(handle))
+    checks.wait_for_supervisor(GoneSupervisor(), "short-run", ended=lambda: True)
+    assert killed == []
+    with pytest.raises(NbtrainError, match="'short-run' could not start its supervisor"):
+        checks.wait_for_supervisor(GoneSupervisor(), "short-run", ended=lambda: False)

@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from nbtrain._client.launching.serialization import check_values
@@ -87,11 +88,14 @@ def check_writable(storage: str) -> None:
         raise StorageError(msg) from None
 
 
-def wait_for_supervisor(handle: Any, name: str) -> None:
+def wait_for_supervisor(handle: Any, name: str, ended: Callable[[], bool] = lambda: False) -> None:
     """Wait until the run's supervisor has taken up its storage; raise its reason if it could not.
 
     Ray keeps an actor's constructor error in its death cause; nbtrain's own errors (a
     :class:`StorageError` naming the directory) come back as raised, and no run is left behind.
+    A supervisor that is gone without such an error may have run its whole run already (warm ranks, a
+    short function) and exited, as a finished run's supervisor does: ``ended()`` says whether its files
+    say so, and then the run is read from them as any finished run is.
     """
     import ray
 
@@ -100,8 +104,10 @@ def wait_for_supervisor(handle: Any, name: str) -> None:
     except ray.exceptions.GetTimeoutError:
         return  # a slow head node: the run is on its way, and reading it waits as usual
     except ray.exceptions.RayActorError as exc:
-        ray.kill(handle, no_restart=True)
         cause = _constructor_error(exc)
+        if cause is None and ended():
+            return
+        ray.kill(handle, no_restart=True)
         if cause is not None:
             raise cause from None
         msg = f"Run {name!r} could not start its supervisor on the cluster: {exc}"

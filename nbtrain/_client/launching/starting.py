@@ -16,6 +16,7 @@ It hands back the supervisor's actor handle, not a :class:`~nbtrain.Run`: ``laun
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -133,7 +134,7 @@ def start(checked: Checked) -> tuple[Any, RunSpec]:
         try:
             handle = actor.remote(*spec_parts(checked.spec_bytes if chosen is spec else pickled(chosen)),
                                   datasets=checked.datasets)
-            wait_for_supervisor(handle, name)
+            wait_for_supervisor(handle, name, ended=functools.partial(_ended_already, name))
         except ValueError:  # Ray: the actor's name is already taken
             if find_supervisor(name) is None:
                 raise
@@ -209,6 +210,11 @@ def _free_name(name: str, address: str, look_for_ended: bool) -> str:
     if existing is None and name not in kept:
         return name
     return numbered_name(name, kept | set(run_names()))
+
+
+def _ended_already(name: str) -> bool:
+    """Whether the run ``name`` (a name no kept run had when it was chosen) ran to its end already."""
+    return is_stored(name) and stored_summary(name).get("state") in TERMINAL_STATE_NAMES
 
 
 def _live_state(supervisor: Any) -> str | None:
