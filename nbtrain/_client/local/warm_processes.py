@@ -14,6 +14,7 @@ import dataclasses
 import psutil
 
 from nbtrain._cluster.warm.spare_process import SUPERVISOR_PROCESS
+from nbtrain._options import RunOptions
 
 RANK_TITLE = "ray::TrainWorker"
 SPARE_TITLE = "ray::IDLE"
@@ -61,8 +62,9 @@ def describe(processes: list[WarmProcess]) -> str:
     parts = [f"{len(ranks)} idle rank process{'es' * (len(ranks) != 1)} ({_size(ranks)})"]
     if spares:
         parts.append(f"{len(spares)} spare supervisor process{'es' * (len(spares) != 1)} ({_size(spares)})")
-    return ("warm: " + ", ".join(parts) + "; they exit after warm_idle_s (600 s unless a run or connect() set "
-            "another), when their notebook's session ends, or at once with nbtrain.release_warm() in it")
+    idle_s = RunOptions().warm_idle_s
+    return ("warm: " + ", ".join(parts) + f"; they exit after warm_idle_s ({idle_s:g} s unless a run or connect() "
+            "set another), when their notebook's session ends, or at once with nbtrain.release_warm() in it")
 
 
 def _size(processes: list[WarmProcess]) -> str:
