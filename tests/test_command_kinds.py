@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _steering_fakes import AgreedAsAsked
 
 import nbtrain._cluster.command_kinds as command_kinds
 from nbtrain import InvalidOptionError
@@ -67,7 +68,7 @@ def test_a_kind_of_its_own_is_checked_issued_applied_and_described_through_the_k
         supervisor=SimpleNamespace(command_applied=SimpleNamespace(remote=lambda *args: applied.append(args))),
         context=SimpleNamespace(rank=0), uses_loader=False, report_calls=0, last_step=0, step=0, epoch=0,
         commands_due=lambda due: None, timing=None, resumed_step=None)
-    rank = RankSteering(session, [])
+    rank = RankSteering(session, [], AgreedAsAsked())
     model = torch.nn.Linear(2, 1)
     optimizer = rank.steer(torch.optim.SGD(model.parameters(), lr=0.5))
     with pytest.raises(ValueError, match="no rank runs to tag"):

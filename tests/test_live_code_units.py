@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _steering_fakes import AgreedAsAsked
 
 from nbtrain import InvalidOptionError
 from nbtrain._cluster.command_kinds.table import command_kind, describe
@@ -57,7 +58,7 @@ def _rank(rank: int = 0) -> tuple[RankSteering, list[tuple], list[tuple]]:
     session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=rank), uses_loader=False,
                               report_calls=0, last_step=0, step=0, epoch=0, commands_due=lambda due: None,
                               timing=None, resumed_step=None)
-    return RankSteering(session, []), applied, answers
+    return RankSteering(session, [], AgreedAsAsked()), applied, answers
 
 
 def _train(steering: RankSteering, steps: int) -> list[float]:
@@ -189,7 +190,8 @@ def test_a_fork_starts_with_its_parents_applied_patches_from_its_first_step_boun
     [inherited] = supervisor.all()
     assert (inherited.kind, inherited.at_step, inherited.args["new"]) == (PATCH, 0, True)
     steering, applied, answers = _rank()
-    fresh = RankSteering(steering.session, [inherited])  # the fork's rank, given the run's commands at its start
+    # the fork's rank, given the run's commands at its start
+    fresh = RankSteering(steering.session, [inherited], AgreedAsAsked())
     assert [c.id for c in fresh.pending] == [inherited.id]
     global LOG_EVERY
     try:

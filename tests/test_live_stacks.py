@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+from _steering_fakes import AgreedAsAsked
 
 import nbtrain
 from nbtrain._client.run.inspection_results import Stacks
@@ -163,7 +164,7 @@ def test_stacks_are_answered_as_soon_as_learnt_and_an_earlier_attempts_are_not()
     earlier = [Command(1, "adjust", {"lr": 0.1}, at_step=3, issued=0.0, applied_step=3),
                Command(2, "stacks", {"ranks": [0, 1]}, at_step=5, issued=0.0),
                Command(3, "profile", {"steps": 5, "ranks": [1]}, at_step=6, issued=0.0)]
-    steering = RankSteering(session, earlier)
+    steering = RankSteering(session, earlier, AgreedAsAsked())
     steering.learn(earlier)  # the listener's first answer: every command after the last change
     assert supervisor.sent == [] and [c.id for c in steering.pending] == [1]
 

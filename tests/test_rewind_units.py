@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _steering_fakes import AgreedAsAsked
 
 from nbtrain import InvalidOptionError, NbtrainError
 from nbtrain._client.run import control as client_control
@@ -32,7 +33,7 @@ def _rank() -> tuple[RankSteering, SimpleNamespace]:
                               reporter=Reporter(), report_calls=0, last_step=0, step=0, epoch=0,
                               commands_due=lambda due: None, timing=None, applied=applied, resumed_step=None)
     session.current_step = lambda: session.reporter.last_step
-    return RankSteering(session, []), session
+    return RankSteering(session, [], AgreedAsAsked()), session
 
 
 def test_a_restore_point_puts_model_optimizer_schedule_and_rng_back_in_place():

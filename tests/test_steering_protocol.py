@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _steering_fakes import AgreedAsAsked
 
 from nbtrain import InvalidOptionError
 from nbtrain._cluster.command_kinds.kind import MIN_LEAD_STEPS
@@ -67,17 +68,102 @@ def _rank_steering(rank: int) -> tuple[RankSteering, list[tuple]]:
     session = SimpleNamespace(supervisor=supervisor, context=SimpleNamespace(rank=rank), uses_loader=False,
                               report_calls=0, last_step=0, step=0, epoch=0, commands_due=lambda due: None,
                               timing=None, resumed_step=None)
-    return RankSteering(session, []), applied
+    return RankSteering(session, [], AgreedAsAsked()), applied
 
 
-def test_the_supervisor_picks_a_step_ahead_of_the_furthest_rank_or_the_step_all_are_held_at():
+def test_the_supervisor_proposes_a_step_ahead_of_the_furthest_rank_or_the_step_all_are_held_at():
     steering = _supervisor_steering()
     running = {0: SteeringBeat(step=40, rate=2.0, epoch=1, settings={"lr": [0.1]}),
                1: SteeringBeat(step=43, rate=1.0, epoch=1, settings={"lr": [0.1]})}
     assert steering.issue(ADJUST, {"lr": 0.05, "group": None}, running, live=True).at_step == 43 + MIN_LEAD_STEPS
-    held = {rank: SteeringBeat(step=50, rate=0.0, epoch=1, paused_at=50) for rank in (0, 1)}
-    assert steering.issue(PAUSE, {}, held, live=True).at_step == 50
-    assert steering.issue("resume", {}, {}, live=False).at_step == AS_SOON_AS_BACK
+    held = {rank: SteeringBeat(step=50, rate=0.0, epoch=1, settings={"lr": [0.1]}, paused_at=50) for rank in (0, 1)}
+    assert steering.issue(PAUSE, {}, held, live=True).at_step == 50 + MIN_LEAD_STEPS  # no pause asked: stale word
+    assert steering.issue(ADJUST, {"lr": 0.01, "group": None}, held, live=True).at_step == 50  # paused: held there
+    steering.issue("resume", {}, held, live=True)
+    # resumed, the ranks may be past step 50 before their heartbeats say so
+    assert steering.issue(ADJUST, {"lr": 0.02, "group": None}, held, live=True).at_step == 50 + MIN_LEAD_STEPS
+    assert steering.issue(PAUSE, {}, {}, live=False).at_step == AS_SOON_AS_BACK
+
+
+def _two_rank_run(at: int = 20) -> tuple[RunSteering, Command]:
+    """A run's steering in attempt 1 of two ranks, with one adjust proposed at step ``at``."""
+    steering = _supervisor_steering()
+    steering.new_attempt(1)
+    running = {rank: SteeringBeat(step=at - MIN_LEAD_STEPS, rate=1.0, epoch=0, settings={"lr": [0.1]})
+               for rank in (0, 1)}
+    return steering, steering.issue(ADJUST, {"lr": 0.01, "group": None}, running, live=True)
+
+
+def test_every_rank_that_learnt_a_command_in_time_applies_it_at_the_proposed_step():
+    steering, adjust = _two_rank_run(at=20)
+    steering.learnt(1, 0, [adjust.id], 18)
+    steering.learnt(1, 1, [adjust.id], 19)
+    assert steering.step_for(1, adjust.id, 0, 15, 2, {}) == 20  # asked early: not yet, at 20
+    assert steering.step_for(1, adjust.id, 0, 20, 2, {}) == 20
+    assert steering.step_for(1, adjust.id, 1, 20, 2, {}) == 20  # settled once, for all
+
+
+def test_a_rank_that_learnt_a_command_late_moves_it_on_for_every_rank_rather_than_apply_it_alone():
+    """Under load, one rank's question for commands was answered after it passed the proposed step (the CI run
+    whose replicas differed at step 9): the command is settled at a later step, which both ranks reach."""
+    steering, adjust = _two_rank_run(at=20)
+    steering.learnt(1, 0, [adjust.id], 18)
+    steering.learnt(1, 1, [adjust.id], 22)  # rank 1 can apply it from step 22 on
+    running = {rank: SteeringBeat(step=21, rate=1.0, epoch=0) for rank in (0, 1)}
+    later = steering.step_for(1, adjust.id, 0, 20, 2, running)
+    assert later >= 22 and later == steering.all()[0].at_step
+    assert steering.step_for(1, adjust.id, 1, 22, 2, running) == later  # rank 1, at its first step: wait for it
+    assert steering.step_for(1, adjust.id, 0, later, 2, running) == later
+    assert steering.step_for(1, adjust.id, 1, later, 2, running) == later
+
+
+def test_a_rank_asking_past_the_proposed_step_settles_it_at_its_own_when_every_rank_can():
+    steering, adjust = _two_rank_run(at=20)
+    steering.learnt(1, 0, [adjust.id], 23)
+    steering.learnt(1, 1, [adjust.id], 22)
+    assert steering.step_for(1, adjust.id, 1, 23, 2, {}) == 23
+    assert steering.step_for(1, adjust.id, 0, 23, 2, {}) == 23
+
+
+def test_a_rank_that_never_says_it_learnt_a_command_moves_it_on_after_the_wait(monkeypatch):
+    from nbtrain._cluster.supervisor import run_steering
+
+    monkeypatch.setattr(run_steering, "AGREE_WAIT_S", 0.05)
+    steering, adjust = _two_rank_run(at=20)
+    running = {rank: SteeringBeat(step=20, rate=10.0, epoch=0) for rank in (0, 1)}
+    later = steering.step_for(1, adjust.id, 0, 20, 2, running)
+    assert later > 20 and steering.all()[0].at_step == later
+
+
+def test_an_earlier_attempts_rank_is_not_kept_waiting_for_a_step():
+    steering, adjust = _two_rank_run(at=20)
+    steering.new_attempt(2)
+    steering.learnt(1, 1, [adjust.id], 25)  # ignored: attempt 1 is over
+    assert steering.step_for(1, adjust.id, 0, 21, 2, {}) == 21
+
+
+def test_a_rank_asks_for_a_learnt_commands_step_and_waits_for_the_one_settled():
+    """The rank's side: it says from which step it can apply what it learnt, asks as the command falls due, and
+    applies it where the supervisor settles it, not before."""
+
+    class MovesOn(AgreedAsAsked):
+        def step_for(self, command, step):
+            super().step_for(command, step)
+            return 7 if step < 7 else step
+
+    agreement = MovesOn()
+    steering, applied = _rank_steering(rank=0)
+    steering.agreement = agreement
+    model = torch.nn.Linear(2, 1)
+    optimizer = steering.steer(torch.optim.SGD(model.parameters(), lr=0.1))
+    steering.learn([Command(1, ADJUST, {"lr": 0.01, "group": None}, at_step=4, issued=1.0)])
+    try:
+        _train_steps(steering, model, optimizer, 7)
+    finally:
+        steering.unhook()
+    assert agreement.said == [([1], 3)]  # learnt at step 1, maybe inside its hook: two steps on, to be sure
+    assert agreement.asked == [(1, 4), (1, 7)]
+    assert [(command_id, step) for command_id, _, step, _, _ in applied] == [(1, 7)]
 
 
 def test_the_supervisor_refuses_what_the_ranks_said_they_cannot_do():

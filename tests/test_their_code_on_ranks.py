@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _steering_fakes import AgreedAsAsked
 
 import nbtrain
 from nbtrain._cluster.supervisor.missing_rows import NO_ROWS_NOTE
@@ -314,7 +315,7 @@ def test_wrapped_optimizers_are_steered_through_the_one_whose_step_runs_the_hook
 
     session = SimpleNamespace(supervisor=None, context=SimpleNamespace(rank=0), uses_loader=False, report_calls=0,
                               last_step=0, step=0, epoch=0, commands_due=lambda due: None, timing=None)
-    steering = RankSteering(session, [])
+    steering = RankSteering(session, [], AgreedAsAsked())
     try:
         model = torch.nn.Linear(2, 1)
         plain, inner = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.Adam(model.parameters(), lr=0.1)

@@ -28,6 +28,7 @@ ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE, REWI
 MAX_PROFILE_STEPS = 1000
 
 AS_SOON_AS_BACK = -1  # at_step of a command issued while no rank runs: the next attempt's first step
+AGREE_WAIT_S = 5.0    # a rank asking for a command's step waits this long for every rank to say it learnt it
 
 
 # ---------------------------------------------------------------------- the settings a live run can change

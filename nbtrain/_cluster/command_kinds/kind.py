@@ -119,9 +119,11 @@ class CommandKind:
         """The args the command keeps, completed from the run's state; ``ValueError`` says why it is refused."""
         return args
 
-    def step(self, running: dict[int, SteeringBeat]) -> int:
-        """The step every rank applies it at: a little ahead of the furthest rank (:func:`step_ahead`)."""
-        return step_ahead(running)
+    def step(self, running: dict[int, SteeringBeat], paused: bool) -> int:
+        """The step proposed for every rank to apply it at: a little ahead of the furthest rank (:func:`step_ahead`);
+        the ranks agree on it with the supervisor as they reach it (:meth:`~nbtrain._cluster.supervisor.run_steering.
+        RunSteering.step_for`)."""
+        return step_ahead(running, paused)
 
     def on_issued(self, steering: SupervisorSide, command: Command) -> None:
         """Once numbered and kept (e.g. an event for a kind in force at once)."""
@@ -145,14 +147,14 @@ class CommandKind:
         return f"{self.name}{where}"
 
 
-def step_ahead(running: dict[int, SteeringBeat]) -> int:
-    """The step a command lands on: where every rank is held, if they all are at one; else :data:`LEAD_S` of steps
-    at the run's rate (at least :data:`MIN_LEAD_STEPS`) past the furthest rank, so the command reaches each rank
-    first; :data:`AS_SOON_AS_BACK` while no rank runs."""
+def step_ahead(running: dict[int, SteeringBeat], paused: bool) -> int:
+    """The step proposed for a command: where every rank is held, if the run is ``paused`` and they all said they are
+    held at one; else :data:`LEAD_S` of steps at the run's rate (at least :data:`MIN_LEAD_STEPS`) past the furthest
+    rank, so the command usually reaches each rank first; :data:`AS_SOON_AS_BACK` while no rank runs."""
     if not running:
         return AS_SOON_AS_BACK
     held = {said.paused_at for said in running.values()}
-    if len(held) == 1 and (step := held.pop()) is not None:
+    if paused and len(held) == 1 and (step := held.pop()) is not None:  # a resume asked: they may be past it
         return step
     furthest = max(said.step for said in running.values())
     rate = max(said.rate or 0.0 for said in running.values())

@@ -5,7 +5,9 @@ issued); in a wide run it asks its node's relay, which holds one such question f
 (:mod:`~nbtrain._cluster.relay.node_question`). Each command carries the step at which it takes effect;
 torch's global optimizer step pre-hook, registered while the rank's session runs
 (:meth:`RankSteering.hook`), applies what is due before that step's update, on every rank at the same
-step, so DDP replicas stay identical. Being global, the hook reaches every optimizer the code steps,
+step, so DDP replicas stay identical: the supervisor proposes the step, and each rank settles it with the supervisor
+as it gets there (:class:`StepAgreement`), so a rank that learnt a command late moves it on for all rather than
+apply it alone. Being global, the hook reaches every optimizer the code steps,
 with no nbtrain call: the first time one steps it is adopted (``prepare_optimizer``,
 ``nbtrain.steerable`` and the Lightning / Hugging Face integrations adopt theirs earlier, with their LR
 schedulers). Wrappers are seen through: an optimizer whose step does not fire torch's hooks
@@ -27,7 +29,7 @@ from typing import Any
 
 from nbtrain._cluster.command_kinds.kind import AFTER_UPDATE, BEFORE_UPDATE
 from nbtrain._cluster.command_kinds.table import command_kind, learn
-from nbtrain._cluster.commands import AS_SOON_AS_BACK, IN_PARAM_GROUPS, Command, SteeringBeat
+from nbtrain._cluster.commands import AGREE_WAIT_S, AS_SOON_AS_BACK, IN_PARAM_GROUPS, Command, SteeringBeat
 from nbtrain._cluster.rank import live_code, optimizer_settings, rewinding
 from nbtrain._cluster.rank.guarding import RankGuard
 from nbtrain._cluster.rank.inspection import stacks
@@ -40,6 +42,31 @@ RETRY_S = 1.0
 PAUSE_CHECK_S = 0.5    # a paused rank looks again this often (a resume wakes it at once)
 
 _handlers: dict[str, Callable[..., Any]] = {}  # @on_command registrations in this process
+
+
+class StepAgreement:
+    """A rank's part in settling the step every rank applies a command at, with its supervisor
+    (:meth:`~nbtrain._cluster.supervisor.run_steering.RunSteering.step_for`)."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def learnt(self, command_ids: list[int], first_step: int) -> None:
+        """Tell the supervisor (not waited for) that this rank can apply these commands from ``first_step`` on."""
+        ctx = self.session.context
+        self.session.supervisor.command_learnt.remote(ctx.attempt, ctx.rank, command_ids, first_step)
+
+    def step_for(self, command: Command, step: int) -> int:
+        """The step every rank applies ``command`` at, asked at ``step`` with it due; ``step`` itself if the
+        supervisor cannot be asked (the attempt is ending: nothing else of it is steered)."""
+        import ray
+
+        ctx = self.session.context
+        try:
+            return int(ray.get(self.session.supervisor.step_for.remote(ctx.attempt, command.id, ctx.rank, step),
+                               timeout=AGREE_WAIT_S + CALL_TIMEOUT_S))
+        except Exception:  # noqa: BLE001 - the supervisor gone or restarting
+            return step
 
 
 def on_command(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -56,8 +83,10 @@ def on_command(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 class RankSteering:
     """The commands one rank knows, applied by the optimizers' step hooks; made by its session."""
 
-    def __init__(self, session: Any, known: list[Command]) -> None:
+    def __init__(self, session: Any, known: list[Command], agreement: StepAgreement | None = None) -> None:
         self.session = session
+        self.agreement = agreement or StepAgreement(session)
+        self._settled: set[int] = set()            # ids of commands whose step every rank knows: applied when due
         self.pending: list[Command] = []   # not yet applied, by (at_step, id): the hooks' fast path
         self.seen = 0                              # the last command id learnt
         self.optimizers: list[Any] = []            # adopted: the ones a change is applied to
@@ -94,7 +123,7 @@ class RankSteering:
                     and c.dropped is None]
         for kind in {command_kind(c.kind) for c in known if command_kind(c.kind).replayed == "last"}:
             replayed.append([c for c in known if c.kind == kind.name][-1])
-        self.learn(sorted(replayed, key=lambda c: c.id))
+        self.learn(sorted(replayed, key=lambda c: c.id), from_payload=True)
         # the rest (pauses, checkpoints asked, user commands) belonged to earlier attempts: never again
         self.seen = max((c.id for c in known), default=0)
 
@@ -130,10 +159,12 @@ class RankSteering:
             session.checkpoint_requested = bool(checkpoint)
             self.learn(commands)
 
-    def learn(self, commands: list[Command]) -> None:
+    def learn(self, commands: list[Command], from_payload: bool = False) -> None:
         """New commands from the supervisor: each kind says what learning it does (``learnt``), and those due at
-        a step wait in ``pending`` for their hook point."""
+        a step wait in ``pending`` for their hook point. Those every rank learnt from its payload are settled;
+        for the others the supervisor hears from which step on this rank can apply them."""
         rank = self.session.context.rank
+        to_settle: list[int] = []
         with self._lock:
             pending = list(self.pending)
             for command in commands:
@@ -147,13 +178,27 @@ class RankSteering:
                     continue
                 if command.id in self._replayed and command.applied_step is not None:  # where it was before
                     command = command.due_at(command.applied_step)
+                if from_payload or kind.asks_ranks:  # the same on every rank from the start, or no replica's business
+                    self._settled.add(command.id)
+                else:
+                    to_settle.append(command.id)
                 pending.append(command)
             pending.sort(key=lambda c: (c.at_step, c.id))
             self._set_pending(pending)
+            first_step = self._first_step_now()  # after the swap: the training thread sees them from this step on
             asked, self._stacks_asked = self._stacks_asked, []
+        if to_settle:
+            self.agreement.learnt(to_settle, first_step)
         self._poked.set()  # a paused rank looks at once
         for command in asked:  # here, on the listener's thread: a rank stuck in its step still answers
             self._answer_stacks(command)
+
+    def _first_step_now(self) -> int:
+        """The first step whose hook points are sure to see a command put in ``pending`` just now: a rank held by a
+        pause is inside its step's (it applies what is due there, or between that step's batches and the next);
+        else the training thread may be in this step's, or past the next batch's, so two steps on."""
+        held = self.paused_at
+        return held if held is not None else self.step() + 2
 
     def ask_stacks(self, command: Command) -> None:
         """A ``stacks`` command learnt: answered as soon as :meth:`learn` lets go of its lock."""
@@ -260,13 +305,13 @@ class RankSteering:
         """A prepared loader is about to take the next step's batch, with commands pending: a rewind due at that
         step is applied here, between two whole steps (the loader then starts again at its point's place)."""
         step = self.session.step + 1
-        for command in list(self.pending):
-            if command.at_step > step and command.at_step != AS_SOON_AS_BACK:
-                break
-            if command_kind(command.kind).between_batches:
-                with self._lock:
-                    self._set_pending([c for c in self.pending if c.id != command.id])
-                self._apply(command, step)
+        applied: set[int] = set()
+        while (command := self._next_due(step, lambda c: c.id not in applied
+                                         and command_kind(c.kind).between_batches)) is not None:
+            applied.add(command.id)
+            with self._lock:
+                self._set_pending([c for c in self.pending if c.id != command.id])
+            self._apply(command, step)
 
     def at_report(self) -> None:
         """``nbtrain.report()`` with commands pending: a loop that gives nbtrain no optimizer can still be paused,
@@ -277,16 +322,41 @@ class RankSteering:
     def _apply_due(self, user: bool, adjust: bool = True) -> None:
         step = self.step()
         hook = AFTER_UPDATE if user else BEFORE_UPDATE
-        for command in list(self.pending):
-            if command.at_step > step and command.at_step != AS_SOON_AS_BACK:
-                break
+        uses_loader = self.session.uses_loader
+        applied: set[int] = set()  # once each here (a profile goes back in pending, for its next step)
+
+        def applies_here(command: Command) -> bool:
             kind = command_kind(command.kind)
-            if kind.hook != hook or (kind.needs_optimizer and not adjust) \
-                    or (kind.between_batches and self.session.uses_loader):
-                continue
+            return command.id not in applied and kind.hook == hook and not (kind.needs_optimizer and not adjust) \
+                and not (kind.between_batches and uses_loader)
+
+        while (command := self._next_due(step, applies_here)) is not None:
+            applied.add(command.id)
             with self._lock:
                 self._set_pending([c for c in self.pending if c.id != command.id])
             self._apply(command, step)
+
+    def _next_due(self, step: int, applies_here: Callable[[Command], bool]) -> Command | None:
+        """The next pending command due at ``step`` that ``applies_here``, its step settled with
+        the other ranks; one the supervisor moves on waits in ``pending`` for its new step. Read afresh each
+        time: a pause's hold in between learns more."""
+        for command in self.pending:
+            if command.at_step > step and command.at_step != AS_SOON_AS_BACK:
+                return None
+            if not applies_here(command):
+                continue
+            if command.id in self._settled:
+                return command
+            settled = self.agreement.step_for(command, step)
+            with self._lock:
+                if settled > step:  # the step moved on: due there (it was the same list unless learn() swapped it)
+                    moved = [command.due_at(settled) if c.id == command.id else c for c in self.pending]
+                    moved.sort(key=lambda c: (c.at_step, c.id))
+                    self._set_pending(moved)
+                else:
+                    self._settled.add(command.id)
+            return command if settled <= step else self._next_due(step, applies_here)
+        return None
 
     def _in_loaded_state(self, command: Command) -> bool:
         """A change an earlier attempt applied at or before the step of the checkpoint this attempt loaded its

@@ -1,16 +1,21 @@
-"""The supervisor's side of steering a live run: it numbers the notebook's commands, picks their step,
-keeps them in the run's history, and hands them to the ranks (see :mod:`nbtrain._cluster.commands`).
+"""The supervisor's side of steering a live run: it numbers the notebook's commands, proposes their step,
+keeps them in the run's history, hands them to the ranks (see :mod:`nbtrain._cluster.commands`) and settles the
+step every rank applies each one at.
 
-The step: every rank must apply a change at the same step, so the supervisor picks one a little ahead
-of the furthest rank — far enough that the command reaches each rank (each holds a standing question, answered at once)
-before it gets there (:func:`nbtrain._cluster.command_kinds.kind.step_ahead`); what else a kind checks or
-completes here is its own module's. Every rank says at which step it applied it; if they disagree (a rank was held
-up longer than the lead), the run's events say so. The ranks measure their rate of steps themselves,
-on each heartbeat, so the lead is right from the first seconds of a run. A command issued while no rank runs (a restart)
-is applied at the next attempt's first step. The changes made so far are the run's steered state, which
-every new attempt takes as one fact (:meth:`RunSteering.new_attempt`): its ranks re-apply them from their
-payload at the steps they were applied at, unless the checkpoint they loaded their optimizers from holds
-them already, and report none of them as landing again; the run's events say once what the attempt follows.
+The step: every rank must apply a change at the same step, or DDP's replicas part. The supervisor proposes one a
+little ahead of the furthest rank (:func:`nbtrain._cluster.command_kinds.kind.step_ahead`), so the command usually
+reaches each rank (each holds a standing question, answered at once) before it gets there. Usually is not enough on
+a loaded machine, so the proposal is only that: each rank says from which step on it can apply the command as it
+learns it (:meth:`RunSteering.learnt`), and asks, as it reaches the step, whether that is the step
+(:meth:`RunSteering.step_for`). The first rank to ask settles it for all: its step, once every rank said it can
+apply the command there; else a later one, which every rank reaches and asks about again (a rank that learnt the
+command late moves it on, it never applies it alone). What else a kind checks or completes here is its own
+module's. The ranks measure their rate of steps themselves, on each heartbeat, so the proposal is right from the
+first seconds of a run. A command issued while no rank runs (a restart) is settled at the next attempt's first
+steps. The changes made so far are the run's steered state, which every new attempt takes as one fact
+(:meth:`RunSteering.new_attempt`): its ranks re-apply them from their payload at the steps they were applied at,
+unless the checkpoint they loaded their optimizers from holds them already, and report none of them as landing
+again; the run's events say once what the attempt follows.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._cluster.command_kinds.kind import Issuing
+from nbtrain._cluster.command_kinds.kind import Issuing, step_ahead
 from nbtrain._cluster.command_kinds.table import command_kind, describe, learn
 from nbtrain._cluster.commands import (
     ADJUST,
+    AGREE_WAIT_S,
     GUARD,
     PATCH,
     PAUSE,
@@ -50,6 +56,9 @@ class RunSteering:
         self.guards = GuardDecisions(self)
         self._applied_by: dict[int, dict[int, int]] = {}       # command id -> rank -> step
         self._results: dict[int, dict[int, tuple[bool, Any]]] = {}
+        self._attempt: int | None = None                   # the attempt whose ranks settle steps (new_attempt)
+        self._learnt: dict[int, dict[int, int]] = {}       # command id -> rank -> the first step it can apply it at
+        self._settled: dict[int, int] = {}                 # command id -> the step every rank applies it at
         self._changed = threading.Condition()
         self.questions = 0  # the ranks' (or their nodes' relays') questions waiting now: one supervisor thread each
 
@@ -81,8 +90,9 @@ class RunSteering:
         command_kind_ = learn(kind, definition)
         args = command_kind_.issued_args(args, Issuing(self, running, live, attempt))
         with self._changed:
-            command = Command(id=len(self.commands) + 1, kind=kind, args=args, at_step=command_kind_.step(running),
-                              issued=time.time(), definition=definition)
+            command = Command(id=len(self.commands) + 1, kind=kind, args=args,
+                              at_step=command_kind_.step(running, self.paused()), issued=time.time(),
+                              definition=definition)
             self.commands.append(command)
             self._changed.notify_all()
         self._persist()
@@ -99,6 +109,7 @@ class RunSteering:
         refused as "under way"."""
         with self._changed:
             self._applied_by.clear()
+            self._attempt, self._learnt, self._settled = attempt, {}, {}
             dropped = []
             for index, command in enumerate(self.commands):
                 if command.kind == REWIND and command.applied_step is None and command.dropped is None:
@@ -146,6 +157,50 @@ class RunSteering:
             finally:
                 self.questions -= 1
 
+    def learnt(self, attempt: int, rank: int, command_ids: list[int], first_step: int) -> None:
+        """A rank learnt these commands: it can apply them from ``first_step`` on (the first of its steps whose
+        hook point had not begun when they arrived)."""
+        with self._changed:
+            if attempt != self._attempt:
+                return
+            for command_id in command_ids:
+                said = self._learnt.setdefault(command_id, {})
+                said[rank] = min(said.get(rank, first_step), first_step)
+            self._changed.notify_all()
+
+    def step_for(self, attempt: int, command_id: int, rank: int, step: int, world_size: int,
+                 running: dict[int, SteeringBeat]) -> int:
+        """The step every rank applies a command at, asked by ``rank`` as it reaches ``step`` with the command due.
+
+        Settled once, by the first rank to ask at the proposed step (or past it): that step, if every rank of the
+        attempt said it can apply the command there (waiting up to :data:`AGREE_WAIT_S` for their word); else a
+        later step, ahead of every rank, which is proposed instead and asked about again as the ranks reach it.
+        Every rank asks at the first step it can apply the command at, never past the proposed one, so none passes
+        the settled step without knowing it. ``running``: what each rank last said (for a later step's lead)."""
+        deadline = time.monotonic() + AGREE_WAIT_S
+        with self._changed:
+            if attempt != self._attempt:
+                return step  # an attempt on its way out: nothing of it is steered any more
+            said = self._learnt.setdefault(command_id, {})
+            said[rank] = min(said.get(rank, step), step)  # asking, it knows the command at this step
+            while command_id not in self._settled:
+                command = self.commands[command_id - 1]
+                if step < command.at_step:
+                    return command.at_step
+                if len(said) >= world_size and max(said.values()) <= step:
+                    self._settled[command_id] = step
+                    self.commands[command_id - 1] = command.due_at(step)
+                    self._changed.notify_all()
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0 or max(said.values()) > step:  # a rank cannot apply it here (or said nothing)
+                    later = max(step + 1, step_ahead(running, paused=False), *said.values())
+                    self.commands[command_id - 1] = command.due_at(later)
+                    self._changed.notify_all()
+                    return later
+                self._changed.wait(left)
+            return self._settled[command_id]
+
     def all(self) -> list[Command]:
         with self._changed:
             return list(self.commands)
@@ -183,8 +238,9 @@ class RunSteering:
             self.record(kind.event, message)
         if disagree:
             where = ", ".join(f"rank {r} at step {s}" for r, s in sorted(steps.items()))
-            self.record("change", f"command {command_id} was applied at different steps ({where}): a rank was "
-                                   "held up longer than the lead; the replicas may differ from here on.")
+            self.record("change", f"command {command_id} was applied at different steps ({where}), against the step "
+                                   "the ranks settled; the replicas may differ from here on. Please report this "
+                                   "as a bug in nbtrain.")
 
     def _supersede(self, rewind: Command) -> None:
         """With the lock held: the changes applied past the step ``rewind`` goes back to belong to the branch it

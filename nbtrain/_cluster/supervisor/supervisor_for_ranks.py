@@ -66,6 +66,17 @@ class ForRanks(SupervisorBase):
         """How many questions for commands wait on this supervisor now (each holds one of its threads)."""
         return self._run.steering.questions
 
+    def command_learnt(self, attempt: int, rank: int, command_ids: list[int], first_step: int) -> None:
+        """A rank learnt these commands and can apply them from ``first_step`` on (see run_steering)."""
+        self._run.steering.learnt(attempt, rank, command_ids, first_step)
+
+    @ray.method(concurrency_group=RANKS)
+    def step_for(self, attempt: int, command_id: int, rank: int, step: int) -> int:
+        """The step every rank applies a command at, asked by a rank that reached ``step`` with it due: settled
+        by the first to ask (it may wait a little for the others' word; see run_steering)."""
+        return self._run.steering.step_for(attempt, command_id, rank, step, self._run.world_size,
+                                           self._table.steering_now())
+
     def command_applied(self, command_id: int, rank: int, step: int, before: dict[str, Any] | None,
                         when: float) -> None:
         self._run.steering.applied(command_id, rank, step, before, when, self._run.world_size)
