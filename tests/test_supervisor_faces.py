@@ -13,7 +13,7 @@ from nbtrain._cluster.supervisor.supervisor_for_ranks import ForRanks
 pytestmark = pytest.mark.quick
 
 RANKS_CALL = {"push", "push_many", "record_checkpoint", "keep_post_mortem", "control", "standing_questions",
-              "command_applied", "command_result", "guard_tripped", "checkpoint_at", "checkpoint_to_resume"}
+              "command_learnt", "step_for", "command_applied", "command_result", "guard_tripped", "checkpoint_at", "checkpoint_to_resume"}
 NOTEBOOKS_CALL = {"steer", "command_results", "command_applied_yet", "fork_source", "latest_checkpoint",
                   "post_mortem", "drain", "poll", "summary", "config", "frame_ipc", "result", "stop", "resume",
                   "delete"}
@@ -33,5 +33,5 @@ def test_the_actor_answers_every_method_name_in_its_concurrency_group():
     meta = supervisor_actor().__ray_metadata__.method_meta
     assert set(meta.methods) >= RANKS_CALL | NOTEBOOKS_CALL
     groups = {name: group for name, group in meta.concurrency_group_for_methods.items() if group}
-    assert groups == {"control": "ranks", "poll": "readers", "command_results": "readers",
+    assert groups == {"control": "ranks", "step_for": "ranks", "poll": "readers", "command_results": "readers",
                       "command_applied_yet": "readers"}
