@@ -98,9 +98,9 @@ def test_every_rank_that_learnt_a_command_in_time_applies_it_at_the_proposed_ste
     steering, adjust = _two_rank_run(at=20)
     steering.learnt(1, 0, [adjust.id], 18)
     steering.learnt(1, 1, [adjust.id], 19)
-    assert steering.step_for(1, adjust.id, 0, 15, 2, {}) == 20  # asked early: not yet, at 20
-    assert steering.step_for(1, adjust.id, 0, 20, 2, {}) == 20
-    assert steering.step_for(1, adjust.id, 1, 20, 2, {}) == 20  # settled once, for all
+    assert steering.step_for(1, adjust.id, 0, 15, {0, 1}, {}) == 20  # asked early: not yet, at 20
+    assert steering.step_for(1, adjust.id, 0, 20, {0, 1}, {}) == 20
+    assert steering.step_for(1, adjust.id, 1, 20, {0, 1}, {}) == 20  # settled once, for all
 
 
 def test_a_rank_that_learnt_a_command_late_moves_it_on_for_every_rank_rather_than_apply_it_alone():
@@ -110,19 +110,19 @@ def test_a_rank_that_learnt_a_command_late_moves_it_on_for_every_rank_rather_tha
     steering.learnt(1, 0, [adjust.id], 18)
     steering.learnt(1, 1, [adjust.id], 22)  # rank 1 can apply it from step 22 on
     running = {rank: SteeringBeat(step=21, rate=1.0, epoch=0) for rank in (0, 1)}
-    later = steering.step_for(1, adjust.id, 0, 20, 2, running)
+    later = steering.step_for(1, adjust.id, 0, 20, {0, 1}, running)
     assert later >= 22 and later == steering.all()[0].at_step
-    assert steering.step_for(1, adjust.id, 1, 22, 2, running) == later  # rank 1, at its first step: wait for it
-    assert steering.step_for(1, adjust.id, 0, later, 2, running) == later
-    assert steering.step_for(1, adjust.id, 1, later, 2, running) == later
+    assert steering.step_for(1, adjust.id, 1, 22, {0, 1}, running) == later  # rank 1, at its first step: wait for it
+    assert steering.step_for(1, adjust.id, 0, later, {0, 1}, running) == later
+    assert steering.step_for(1, adjust.id, 1, later, {0, 1}, running) == later
 
 
 def test_a_rank_asking_past_the_proposed_step_settles_it_at_its_own_when_every_rank_can():
     steering, adjust = _two_rank_run(at=20)
     steering.learnt(1, 0, [adjust.id], 23)
     steering.learnt(1, 1, [adjust.id], 22)
-    assert steering.step_for(1, adjust.id, 1, 23, 2, {}) == 23
-    assert steering.step_for(1, adjust.id, 0, 23, 2, {}) == 23
+    assert steering.step_for(1, adjust.id, 1, 23, {0, 1}, {}) == 23
+    assert steering.step_for(1, adjust.id, 0, 23, {0, 1}, {}) == 23
 
 
 def test_a_rank_that_never_says_it_learnt_a_command_moves_it_on_after_the_wait(monkeypatch):
@@ -131,15 +131,21 @@ def test_a_rank_that_never_says_it_learnt_a_command_moves_it_on_after_the_wait(m
     monkeypatch.setattr(run_steering, "AGREE_WAIT_S", 0.05)
     steering, adjust = _two_rank_run(at=20)
     running = {rank: SteeringBeat(step=20, rate=10.0, epoch=0) for rank in (0, 1)}
-    later = steering.step_for(1, adjust.id, 0, 20, 2, running)
+    later = steering.step_for(1, adjust.id, 0, 20, {0, 1}, running)
     assert later > 20 and steering.all()[0].at_step == later
+
+
+def test_a_rank_whose_function_ended_is_not_waited_for():
+    steering, adjust = _two_rank_run(at=20)
+    steering.learnt(1, 0, [adjust.id], 18)  # rank 1 returned from its function before learning it
+    assert steering.step_for(1, adjust.id, 0, 20, {0}, {}) == 20
 
 
 def test_an_earlier_attempts_rank_is_not_kept_waiting_for_a_step():
     steering, adjust = _two_rank_run(at=20)
     steering.new_attempt(2)
     steering.learnt(1, 1, [adjust.id], 25)  # ignored: attempt 1 is over
-    assert steering.step_for(1, adjust.id, 0, 21, 2, {}) == 21
+    assert steering.step_for(1, adjust.id, 0, 21, {0, 1}, {}) == 21
 
 
 def test_a_rank_asks_for_a_learnt_commands_step_and_waits_for_the_one_settled():

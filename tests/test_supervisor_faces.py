@@ -13,7 +13,8 @@ from nbtrain._cluster.supervisor.supervisor_for_ranks import ForRanks
 pytestmark = pytest.mark.quick
 
 RANKS_CALL = {"push", "push_many", "record_checkpoint", "keep_post_mortem", "control", "standing_questions",
-              "command_learnt", "step_for", "command_applied", "command_result", "guard_tripped", "checkpoint_at", "checkpoint_to_resume"}
+              "command_learnt", "step_for",
+              "command_applied", "command_result", "guard_tripped", "checkpoint_at", "checkpoint_to_resume"}
 NOTEBOOKS_CALL = {"steer", "command_results", "command_applied_yet", "fork_source", "latest_checkpoint",
                   "post_mortem", "drain", "poll", "summary", "config", "frame_ipc", "result", "stop", "resume",
                   "delete"}

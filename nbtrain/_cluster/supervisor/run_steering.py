@@ -168,15 +168,16 @@ class RunSteering:
                 said[rank] = min(said.get(rank, first_step), first_step)
             self._changed.notify_all()
 
-    def step_for(self, attempt: int, command_id: int, rank: int, step: int, world_size: int,
+    def step_for(self, attempt: int, command_id: int, rank: int, step: int, live: set[int],
                  running: dict[int, SteeringBeat]) -> int:
         """The step every rank applies a command at, asked by ``rank`` as it reaches ``step`` with the command due.
 
-        Settled once, by the first rank to ask at the proposed step (or past it): that step, if every rank of the
-        attempt said it can apply the command there (waiting up to :data:`AGREE_WAIT_S` for their word); else a
-        later step, ahead of every rank, which is proposed instead and asked about again as the ranks reach it.
-        Every rank asks at the first step it can apply the command at, never past the proposed one, so none passes
-        the settled step without knowing it. ``running``: what each rank last said (for a later step's lead)."""
+        Settled once, by the first rank to ask at the proposed step (or past it): that step, if every ``live`` rank
+        (one that may still take a step: not one whose function ended) said it can apply the command there
+        (waiting up to :data:`AGREE_WAIT_S` for their word); else a later step, ahead of every rank, which is
+        proposed instead and asked about again as the ranks reach it. Every rank asks at the first step it can
+        apply the command at, never past the proposed one, so none passes the settled step without knowing it.
+        ``running``: what each stepping rank last said (for a later step's lead)."""
         deadline = time.monotonic() + AGREE_WAIT_S
         with self._changed:
             if attempt != self._attempt:
@@ -187,7 +188,7 @@ class RunSteering:
                 command = self.commands[command_id - 1]
                 if step < command.at_step:
                     return command.at_step
-                if len(said) >= world_size and max(said.values()) <= step:
+                if live <= said.keys() and max(said.values()) <= step:
                     self._settled[command_id] = step
                     self.commands[command_id - 1] = command.due_at(step)
                     self._changed.notify_all()

@@ -74,7 +74,7 @@ class ForRanks(SupervisorBase):
     def step_for(self, attempt: int, command_id: int, rank: int, step: int) -> int:
         """The step every rank applies a command at, asked by a rank that reached ``step`` with it due: settled
         by the first to ask (it may wait a little for the others' word; see run_steering)."""
-        return self._run.steering.step_for(attempt, command_id, rank, step, self._run.world_size,
+        return self._run.steering.step_for(attempt, command_id, rank, step, self._table.live_ranks(),
                                            self._table.steering_now())
 
     def command_applied(self, command_id: int, rank: int, step: int, before: dict[str, Any] | None,

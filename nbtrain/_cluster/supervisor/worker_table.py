@@ -149,6 +149,12 @@ class WorkerTable:
         with self._lock:
             return all(w["last_heartbeat"] > moment for w in self._rows.values() if w["state"] in _LIVE)
 
+    def live_ranks(self) -> set[int]:
+        """The ranks that may still take a step: starting, running, stalled or paused (a command's step is settled
+        with each of them)."""
+        with self._lock:
+            return {rank for rank, w in self._rows.items() if w["state"] in _LIVE}
+
     def running_ranks(self) -> list[int]:
         with self._lock:
             return [rank for rank, w in self._rows.items() if w["state"] in (WorkerState.RUNNING, WorkerState.STALLED)]
