@@ -329,13 +329,14 @@ def applied(reader: RunReader, command: Command, what: str, listed_in: str) -> C
             its step, or rank 0 did not reach it within :data:`APPLIED_WAIT_S`.
     """
     name = reader.channel.name
-    where = "its next attempt's first step" if command.at_step == AS_SOON_AS_BACK else f"step {command.at_step}"
     deadline = time.monotonic() + APPLIED_WAIT_S
     while True:
         command = reader.channel.call("command_applied_yet", command.id, APPLIED_POLL_S,
                                       timeout=APPLIED_POLL_S + READ_TIMEOUT_S)
         if command.applied_step is not None:
             return command
+        # its step as the supervisor has it now: the ranks move it on if one of them learnt it late
+        where = "its next attempt's first step" if command.at_step == AS_SOON_AS_BACK else f"step {command.at_step}"
         if command.dropped:
             raise NbtrainError(f"Run {name!r}: {what} was not applied: {command.dropped}")
         summary = reader.fetch_summary()
