@@ -125,20 +125,35 @@ def test_a_rank_asking_past_the_proposed_step_settles_it_at_its_own_when_every_r
     assert steering.step_for(1, adjust.id, 0, 23, {0, 1}, {}) == 23
 
 
-def test_a_rank_that_never_says_it_learnt_a_command_moves_it_on_after_the_wait(monkeypatch):
+def test_a_rank_that_never_says_it_learnt_a_command_is_waited_for_once(monkeypatch):
+    """A rank that declined a command (an exec where it has no step boundary) or is gone never says so: the
+    others wait for its word once, then apply the command without it, not every few steps again."""
     from nbtrain._cluster.supervisor import run_steering
 
     monkeypatch.setattr(run_steering, "AGREE_WAIT_S", 0.05)
     steering, adjust = _two_rank_run(at=20)
     running = {rank: SteeringBeat(step=20, rate=10.0, epoch=0) for rank in (0, 1)}
-    later = steering.step_for(1, adjust.id, 0, 20, {0, 1}, running)
-    assert later > 20 and steering.all()[0].at_step == later
+    assert steering.step_for(1, adjust.id, 0, 20, {0, 1}, running) == 20
+    assert steering.all()[0].at_step == 20
 
 
 def test_a_rank_whose_function_ended_is_not_waited_for():
     steering, adjust = _two_rank_run(at=20)
     steering.learnt(1, 0, [adjust.id], 18)  # rank 1 returned from its function before learning it
     assert steering.step_for(1, adjust.id, 0, 20, {0}, {}) == 20
+
+
+def test_code_run_on_some_ranks_is_settled_with_those_ranks_only():
+    """``run.exec`` reads DDP's replicas at one step on the ranks it asks, and waits for no other."""
+    steering = _supervisor_steering()
+    steering.new_attempt(1)
+    running = {rank: SteeringBeat(step=17, rate=1.0, epoch=0, settings={"lr": [0.1]}) for rank in (0, 1, 2)}
+    code = steering.issue("exec", {"source": "step", "ranks": [0, 2]}, running, live=True, attempt=1)
+    steering.learnt(1, 0, [code.id], 18)
+    steering.learnt(1, 2, [code.id], 21)  # rank 2 learnt it late: the read moves on for both
+    later = steering.step_for(1, code.id, 0, code.at_step, {0, 1, 2}, running)
+    assert later >= 21 and steering.step_for(1, code.id, 2, later, {0, 1, 2}, running) == later
+    assert steering.step_for(1, code.id, 0, later, {0, 1, 2}, running) == later  # rank 1 was never asked
 
 
 def test_an_earlier_attempts_rank_is_not_kept_waiting_for_a_step():

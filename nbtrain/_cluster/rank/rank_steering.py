@@ -178,7 +178,7 @@ class RankSteering:
                     continue
                 if command.id in self._replayed and command.applied_step is not None:  # where it was before
                     command = command.due_at(command.applied_step)
-                if from_payload or kind.asks_ranks:  # the same on every rank from the start, or no replica's business
+                if from_payload:  # the same on every rank from the start
                     self._settled.add(command.id)
                 else:
                     to_settle.append(command.id)

@@ -59,6 +59,7 @@ class RunSteering:
         self._attempt: int | None = None                   # the attempt whose ranks settle steps (new_attempt)
         self._learnt: dict[int, dict[int, int]] = {}       # command id -> rank -> the first step it can apply it at
         self._settled: dict[int, int] = {}                 # command id -> the step every rank applies it at
+        self._silent_ok: set[int] = set()                  # commands settled without the ranks that said nothing
         self._changed = threading.Condition()
         self.questions = 0  # the ranks' (or their nodes' relays') questions waiting now: one supervisor thread each
 
@@ -109,7 +110,7 @@ class RunSteering:
         refused as "under way"."""
         with self._changed:
             self._applied_by.clear()
-            self._attempt, self._learnt, self._settled = attempt, {}, {}
+            self._attempt, self._learnt, self._settled, self._silent_ok = attempt, {}, {}, set()
             dropped = []
             for index, command in enumerate(self.commands):
                 if command.kind == REWIND and command.applied_step is None and command.dropped is None:
@@ -173,7 +174,8 @@ class RunSteering:
         """The step every rank applies a command at, asked by ``rank`` as it reaches ``step`` with the command due.
 
         Settled once, by the first rank to ask at the proposed step (or past it): that step, if every ``live`` rank
-        (one that may still take a step: not one whose function ended) said it can apply the command there
+        (one that may still take a step: not one whose function ended; of a kind that asks some ranks, those of
+        them) said it can apply the command there
         (waiting up to :data:`AGREE_WAIT_S` for their word); else a later step, ahead of every rank, which is
         proposed instead and asked about again as the ranks reach it. Every rank asks at the first step it can
         apply the command at, never past the proposed one, so none passes the settled step without knowing it.
@@ -184,21 +186,27 @@ class RunSteering:
                 return step  # an attempt on its way out: nothing of it is steered any more
             said = self._learnt.setdefault(command_id, {})
             said[rank] = min(said.get(rank, step), step)  # asking, it knows the command at this step
+            if command_kind(self.commands[command_id - 1].kind).asks_ranks:  # an exec, a profile: those asked
+                live = live & set(self.commands[command_id - 1].ranks)
             while command_id not in self._settled:
                 command = self.commands[command_id - 1]
                 if step < command.at_step:
                     return command.at_step
-                if live <= said.keys() and max(said.values()) <= step:
+                silent = set() if command_id in self._silent_ok else live - said.keys()
+                if max(said.values()) > step:  # a rank can apply it only later: every rank does
+                    later = max(step + 1, step_ahead(running, paused=False), *said.values())
+                    self.commands[command_id - 1] = command.due_at(later)
+                    self._changed.notify_all()
+                    return later
+                if not silent:
                     self._settled[command_id] = step
                     self.commands[command_id - 1] = command.due_at(step)
                     self._changed.notify_all()
                     break
                 left = deadline - time.monotonic()
-                if left <= 0 or max(said.values()) > step:  # a rank cannot apply it here (or said nothing)
-                    later = max(step + 1, step_ahead(running, paused=False), *said.values())
-                    self.commands[command_id - 1] = command.due_at(later)
-                    self._changed.notify_all()
-                    return later
+                if left <= 0:  # a rank that said nothing for AGREE_WAIT_S (it declined it, or its function ended)
+                    self._silent_ok.add(command_id)
+                    continue
                 self._changed.wait(left)
             return self._settled[command_id]
 
