@@ -51,7 +51,8 @@ run = nbtrain.launch(steered, name="on-the-cluster", workers=2)
 deadline = time.monotonic() + 180
 while time.monotonic() < deadline:
     run.refresh()
-    if run.workers and min((w.get("step") or 0) for w in run.workers) >= 5:
+    workers = run.workers  # read once: each read asks the supervisor afresh
+    if workers and min((w.get("step") or 0) for w in workers) >= 5:
         break
     time.sleep(0.2)
 applied = run.adjust(lr=0.01, wait=True)

@@ -42,7 +42,8 @@ def scaled_loop(config):
 
 def _last_step(run) -> int:
     run.refresh()
-    return min((w.get("step") or 0) for w in run.workers) if run.workers else 0
+    workers = run.workers  # read once: a restarting attempt empties the table between two reads
+    return min((w.get("step") or 0) for w in workers) if workers else 0
 
 
 def _first_patched(run, attempt: int) -> dict[int, int]:

@@ -56,7 +56,8 @@ def _rows_by_step(run):
 
 def _reached(run, step: int) -> bool:
     run.refresh()
-    return min((w.get("step") or 0) for w in run.workers) >= step if run.workers else False
+    workers = run.workers  # read once: a restarting attempt empties the table between two reads
+    return min((w.get("step") or 0) for w in workers) >= step if workers else False
 
 
 def test_a_live_run_is_steered_on_every_rank_at_the_same_step(cluster):

@@ -23,7 +23,8 @@ from _helpers import wait_for
 
 def _reached(run, step: int) -> bool:
     run.refresh()
-    return bool(run.workers) and min((w.get("step") or 0) for w in run.workers) >= step
+    workers = run.workers  # read once: each read asks the supervisor afresh
+    return bool(workers) and min((w.get("step") or 0) for w in workers) >= step
 
 
 def _rows_by_step(run, key: str) -> dict[int, dict[int, dict]]:
