@@ -29,6 +29,7 @@ MAX_PROFILE_STEPS = 1000
 
 AS_SOON_AS_BACK = -1  # at_step of a command issued while no rank runs: the next attempt's first step
 AGREE_WAIT_S = 5.0    # a rank asking for a command's step waits this long for every rank to say it learnt it
+DECLINED = -2         # the first step a rank says it can apply a command at, when it never will (see run_steering)
 
 
 # ---------------------------------------------------------------------- the settings a live run can change

@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._cluster.command_kinds.kind import AFTER_UPDATE, BEFORE_UPDATE
+from nbtrain._cluster.command_kinds.kind import AFTER_UPDATE, BEFORE_UPDATE, ON_LEARNING
 from nbtrain._cluster.command_kinds.table import command_kind, learn
-from nbtrain._cluster.commands import AGREE_WAIT_S, AS_SOON_AS_BACK, IN_PARAM_GROUPS, Command, SteeringBeat
+from nbtrain._cluster.commands import AGREE_WAIT_S, AS_SOON_AS_BACK, DECLINED, IN_PARAM_GROUPS, Command, SteeringBeat
 from nbtrain._cluster.rank import live_code, optimizer_settings, rewinding
 from nbtrain._cluster.rank.guarding import RankGuard
 from nbtrain._cluster.rank.inspection import stacks
@@ -165,6 +165,7 @@ class RankSteering:
         for the others the supervisor hears from which step on this rank can apply them."""
         rank = self.session.context.rank
         to_settle: list[int] = []
+        declined: list[int] = []
         with self._lock:
             pending = list(self.pending)
             for command in commands:
@@ -175,6 +176,8 @@ class RankSteering:
                 if kind.asks_ranks and (command.id in self._earlier or rank not in command.ranks):
                     continue
                 if not kind.learnt(self, command, pending):
+                    if kind.hook != ON_LEARNING and not from_payload:  # the others do not wait for this rank's word
+                        declined.append(command.id)
                     continue
                 if command.id in self._replayed and command.applied_step is not None:  # where it was before
                     command = command.due_at(command.applied_step)
@@ -189,6 +192,8 @@ class RankSteering:
             asked, self._stacks_asked = self._stacks_asked, []
         if to_settle:
             self.agreement.learnt(to_settle, first_step)
+        if declined:
+            self.agreement.learnt(declined, DECLINED)
         self._poked.set()  # a paused rank looks at once
         for command in asked:  # here, on the listener's thread: a rank stuck in its step still answers
             self._answer_stacks(command)

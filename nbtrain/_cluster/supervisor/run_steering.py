@@ -31,6 +31,7 @@ from nbtrain._cluster.command_kinds.table import command_kind, describe, learn
 from nbtrain._cluster.commands import (
     ADJUST,
     AGREE_WAIT_S,
+    DECLINED,
     GUARD,
     PATCH,
     PAUSE,
@@ -59,7 +60,7 @@ class RunSteering:
         self._attempt: int | None = None                   # the attempt whose ranks settle steps (new_attempt)
         self._learnt: dict[int, dict[int, int]] = {}       # command id -> rank -> the first step it can apply it at
         self._settled: dict[int, int] = {}                 # command id -> the step every rank applies it at
-        self._silent_ok: set[int] = set()                  # commands settled without the ranks that said nothing
+        self._declined: dict[int, set[int]] = {}           # command id -> the ranks that will never apply it
         self._changed = threading.Condition()
         self.questions = 0  # the ranks' (or their nodes' relays') questions waiting now: one supervisor thread each
 
@@ -110,7 +111,7 @@ class RunSteering:
         refused as "under way"."""
         with self._changed:
             self._applied_by.clear()
-            self._attempt, self._learnt, self._settled, self._silent_ok = attempt, {}, {}, set()
+            self._attempt, self._learnt, self._settled, self._declined = attempt, {}, {}, {}
             dropped = []
             for index, command in enumerate(self.commands):
                 if command.kind == REWIND and command.applied_step is None and command.dropped is None:
@@ -160,11 +161,15 @@ class RunSteering:
 
     def learnt(self, attempt: int, rank: int, command_ids: list[int], first_step: int) -> None:
         """A rank learnt these commands: it can apply them from ``first_step`` on (the first of its steps whose
-        hook point had not begun when they arrived)."""
+        hook point had not begun when they arrived), or never (:data:`DECLINED`: an exec where it has no step
+        boundary), and is then not waited for."""
         with self._changed:
             if attempt != self._attempt:
                 return
             for command_id in command_ids:
+                if first_step == DECLINED:
+                    self._declined.setdefault(command_id, set()).add(rank)
+                    continue
                 said = self._learnt.setdefault(command_id, {})
                 said[rank] = min(said.get(rank, first_step), first_step)
             self._changed.notify_all()
@@ -173,13 +178,14 @@ class RunSteering:
                  running: dict[int, SteeringBeat]) -> int:
         """The step every rank applies a command at, asked by ``rank`` as it reaches ``step`` with the command due.
 
-        Settled once, by the first rank to ask at the proposed step (or past it): that step, if every ``live`` rank
+        Settled once, by the first rank to ask at the proposed step (or past it): that step, once every ``live`` rank
         (one that may still take a step: not one whose function ended; of a kind that asks some ranks, those of
-        them) said it can apply the command there
-        (waiting up to :data:`AGREE_WAIT_S` for their word); else a later step, ahead of every rank, which is
-        proposed instead and asked about again as the ranks reach it. Every rank asks at the first step it can
-        apply the command at, never past the proposed one, so none passes the settled step without knowing it.
-        ``running``: what each stepping rank last said (for a later step's lead)."""
+        them; not one that declined it) said it can apply the command there. Else a later step, ahead of every
+        rank, is proposed instead and asked about again as the ranks reach it: at once if a rank said it can apply
+        it only later, or after :data:`AGREE_WAIT_S` without a rank's word (a rank whose question was answered
+        that late). Every rank asks at the first step it can apply the command at, never past the proposed one,
+        so none passes the settled step without knowing it. ``running``: what each stepping rank last said (for a
+        later step's lead)."""
         deadline = time.monotonic() + AGREE_WAIT_S
         with self._changed:
             if attempt != self._attempt:
@@ -192,21 +198,18 @@ class RunSteering:
                 command = self.commands[command_id - 1]
                 if step < command.at_step:
                     return command.at_step
-                silent = set() if command_id in self._silent_ok else live - said.keys()
-                if max(said.values()) > step:  # a rank can apply it only later: every rank does
-                    later = max(step + 1, step_ahead(running, paused=False), *said.values())
-                    self.commands[command_id - 1] = command.due_at(later)
-                    self._changed.notify_all()
-                    return later
-                if not silent:
+                silent = live - said.keys() - self._declined.get(command_id, set())
+                if not silent and max(said.values()) <= step:
                     self._settled[command_id] = step
                     self.commands[command_id - 1] = command.due_at(step)
                     self._changed.notify_all()
                     break
                 left = deadline - time.monotonic()
-                if left <= 0:  # a rank that said nothing for AGREE_WAIT_S (it declined it, or its function ended)
-                    self._silent_ok.add(command_id)
-                    continue
+                if max(said.values()) > step or left <= 0:  # a rank can apply it only later, or said nothing
+                    later = max(step + 1, step_ahead(running, paused=False), *said.values())
+                    self.commands[command_id - 1] = command.due_at(later)
+                    self._changed.notify_all()
+                    return later
                 self._changed.wait(left)
             return self._settled[command_id]
 
