@@ -192,10 +192,11 @@ class RunSteering:
                 return step  # an attempt on its way out: nothing of it is steered any more
             said = self._learnt.setdefault(command_id, {})
             said[rank] = min(said.get(rank, step), step)  # asking, it knows the command at this step
-            if command_kind(self.commands[command_id - 1].kind).asks_ranks:  # an exec, a profile: those asked
-                live = live & set(self.commands[command_id - 1].ranks)
+            command = self.commands[command_id - 1]
+            if command_kind(command.kind).asks_ranks:  # an exec, a profile: those asked
+                live = live & set(command.ranks)
             while command_id not in self._settled:
-                command = self.commands[command_id - 1]
+                command = self.commands[command_id - 1]  # another rank's question may have moved it meanwhile
                 if step < command.at_step:
                     return command.at_step
                 silent = live - said.keys() - self._declined.get(command_id, set())
