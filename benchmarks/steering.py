@@ -170,7 +170,7 @@ def latency() -> tuple[list[float], list[int], list[float]]:
 def main() -> None:
     plain, hooked = hook_cost()
     print(f"optimizer.step(), {STEPS} steps, best of {ROUNDS}: plain {plain * 1e6:.2f} µs, with nbtrain's "
-          f"steering hooks {hooked * 1e6:.2f} µs: +{(hooked - plain) * 1e9:.0f} ns per step")
+          f"steering hooks {hooked * 1e6:.2f} µs: {(hooked - plain) * 1e9:+.0f} ns per step")
     plain, hooked, profiled = profiling_cost()
     print(f"a training step of a small MLP (64-256-256-10, batch 32), best of {MLP_BLOCKS} blocks of {MLP_BLOCK}: "
           f"plain {plain * 1e6:.1f} µs, with nbtrain's hooks and no profile {hooked * 1e6:.1f} µs "

@@ -118,7 +118,7 @@ def test_a_backward_waiting_on_ddps_all_reduce_counts_as_a_collective():
 
     import torch
 
-    from nbtrain._cluster.rank.inspection.stacks import verdict
+    from nbtrain._cluster.rank.inspection.thread_stacks import verdict
 
     autograd = os.path.join(os.path.dirname(torch.__file__), "autograd", "__init__.py")
     frames = [traceback.FrameSummary("/home/me/train.py", 12, "train", line="loss.backward()"),

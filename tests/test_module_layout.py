@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "nbtrain"
 
 # A %%ray_train cell's `nbtrain` name is the public API itself, which imports everything (the magics
@@ -115,6 +117,16 @@ def test_every_sub_package_says_what_it_holds() -> None:
             continue
         docstring = ast.get_docstring(ast.parse(init.read_text()))
         assert docstring and len(docstring) > 60, f"{init.relative_to(PACKAGE.parent)} has no docstring to say so"
+
+
+@pytest.mark.quick
+def test_no_two_modules_share_a_file_name() -> None:
+    """A file name says which module it is: in a traceback or a search, ``stacks.py`` must not be two things."""
+    by_name: dict[str, list[str]] = {}
+    for module in PACKAGE.rglob("*.py"):
+        if module.name != "__init__.py" and "labextension" not in module.parts:
+            by_name.setdefault(module.name, []).append(str(module.relative_to(PACKAGE.parent)))
+    assert {name: paths for name, paths in by_name.items() if len(paths) > 1} == {}
 
 
 # ------------------------------------------------------------------------------------------------ direction

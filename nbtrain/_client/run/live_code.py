@@ -1,6 +1,6 @@
 """A live run as a kernel, from the notebook: ``run.exec(source)`` runs code on its ranks between two steps,
 ``run.patch(source)`` rebinds definitions in its training code at one step (the kinds ``exec`` and ``patch``,
-:mod:`nbtrain._cluster.command_kinds`; on the ranks, :mod:`nbtrain._cluster.rank.live_code`)."""
+:mod:`nbtrain._cluster.command_kinds`; on the ranks, :mod:`nbtrain._cluster.rank.exec_and_patch`)."""
 
 from __future__ import annotations
 

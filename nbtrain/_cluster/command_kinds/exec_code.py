@@ -1,6 +1,6 @@
 """``run.exec(source)`` and ``%%ray_exec``: the chosen ranks run the notebook's code in their training code's
 namespace at the next step boundary, the same step on each, and answer with the value of its last expression
-and what it printed (:mod:`nbtrain._cluster.rank.live_code`).
+and what it printed (:mod:`nbtrain._cluster.rank.exec_and_patch`).
 
 The ranks wait at that boundary while it runs, so a collective in ``source`` meets the other ranks' (give every
 rank then). One exec at a time: a second is refused while a rank of the first has not answered, since a rank

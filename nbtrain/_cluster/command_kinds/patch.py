@@ -1,5 +1,5 @@
 """``run.patch(source)`` and ``%%ray_patch``: the definitions in ``source`` rebound in the training code's globals
-at one step on every rank (:mod:`nbtrain._cluster.rank.live_code`), so the next lookup of each name uses them.
+at one step on every rank (:mod:`nbtrain._cluster.rank.exec_and_patch`), so the next lookup of each name uses them.
 
 A change of the run's code and part of its steered state: in the history ("patched scale at step 812"), kept by
 a rewind (in place, the code stays patched), applied again by a new attempt (at the step it was first applied,

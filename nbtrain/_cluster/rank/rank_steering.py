@@ -5,9 +5,9 @@ issued); in a wide run it asks its node's relay, which holds one such question f
 (:mod:`~nbtrain._cluster.relay.node_question`). Each command carries the step at which it takes effect;
 torch's global optimizer step pre-hook, registered while the rank's session runs
 (:meth:`RankSteering.hook`), applies what is due before that step's update, on every rank at the same
-step, so DDP replicas stay identical: the supervisor proposes the step, and each rank settles it with the supervisor
-as it gets there (:class:`StepAgreement`), so a rank that learnt a command late moves it on for all rather than
-apply it alone. Being global, the hook reaches every optimizer the code steps,
+step, so DDP replicas stay identical: the supervisor proposes the step, and each rank settles it with the
+supervisor as it gets there (:mod:`~nbtrain._cluster.rank.step_agreement`), so a rank that learnt a command
+late moves it on for all rather than apply it alone. Being global, the hook reaches every optimizer the code steps,
 with no nbtrain call: the first time one steps it is adopted (``prepare_optimizer``,
 ``nbtrain.steerable`` and the Lightning / Hugging Face integrations adopt theirs earlier, with their LR
 schedulers). Wrappers are seen through: an optimizer whose step does not fire torch's hooks
@@ -17,7 +17,7 @@ optimizer (``ZeroRedundancyOptimizer``) is adopted itself and its inner one left
 applied once. With nothing pending the hook is a set lookup and one truth test. User commands
 (``@nbtrain.on_command``) run in the step post-hook, after the update, when the model is consistent, and
 so does a profile (:mod:`.profiling`), which stays in the pending list, one step ahead, until its last
-step. ``stacks`` is answered on the listener's thread as soon as it is learnt (:mod:`.stacks`).
+step. ``stacks`` is answered on the listener's thread as soon as it is learnt (:mod:`.inspection.thread_stacks`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from typing import Any
 
 from nbtrain._cluster.command_kinds.kind import AFTER_UPDATE, BEFORE_UPDATE, ON_LEARNING
 from nbtrain._cluster.command_kinds.table import command_kind, learn
-from nbtrain._cluster.commands import AGREE_WAIT_S, AS_SOON_AS_BACK, DECLINED, IN_PARAM_GROUPS, Command, SteeringBeat
-from nbtrain._cluster.rank import live_code, optimizer_settings, rewinding
+from nbtrain._cluster.commands import AS_SOON_AS_BACK, DECLINED, IN_PARAM_GROUPS, Command, SteeringBeat
+from nbtrain._cluster.rank import exec_and_patch, optimizer_settings, rewinding
 from nbtrain._cluster.rank.guarding import RankGuard
-from nbtrain._cluster.rank.inspection import stacks
+from nbtrain._cluster.rank.inspection import thread_stacks
 from nbtrain._cluster.rank.inspection.profiling import StepProfile
+from nbtrain._cluster.rank.step_agreement import StepAgreement
 from nbtrain._cluster.rank.their_code import optimizers as wrappers
 
 CONTROL_WAIT_S = 1.0   # a rank's question for new commands waits this long for one (elastic runs: also a checkpoint)
@@ -42,31 +43,6 @@ RETRY_S = 1.0
 PAUSE_CHECK_S = 0.5    # a paused rank looks again this often (a resume wakes it at once)
 
 _handlers: dict[str, Callable[..., Any]] = {}  # @on_command registrations in this process
-
-
-class StepAgreement:
-    """A rank's part in settling the step every rank applies a command at, with its supervisor
-    (:meth:`~nbtrain._cluster.supervisor.run_steering.RunSteering.step_for`)."""
-
-    def __init__(self, session: Any) -> None:
-        self.session = session
-
-    def learnt(self, command_ids: list[int], first_step: int) -> None:
-        """Tell the supervisor (not waited for) that this rank can apply these commands from ``first_step`` on."""
-        ctx = self.session.context
-        self.session.supervisor.command_learnt.remote(ctx.attempt, ctx.rank, command_ids, first_step)
-
-    def step_for(self, command: Command, step: int) -> int:
-        """The step every rank applies ``command`` at, asked at ``step`` with it due; ``step`` itself if the
-        supervisor cannot be asked (the attempt is ending: nothing else of it is steered)."""
-        import ray
-
-        ctx = self.session.context
-        try:
-            return int(ray.get(self.session.supervisor.step_for.remote(ctx.attempt, command.id, ctx.rank, step),
-                               timeout=AGREE_WAIT_S + CALL_TIMEOUT_S))
-        except Exception:  # noqa: BLE001 - the supervisor gone or restarting
-            return step
 
 
 def on_command(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -227,7 +203,7 @@ class RankSteering:
         timing = self.session.timing
         value: Any
         try:
-            ok, value = True, stacks.take_stacks(self.training_thread, paused_at=self.paused_at,
+            ok, value = True, thread_stacks.take_stacks(self.training_thread, paused_at=self.paused_at,
                                                  allreduce_in_flight=bool(timing and timing.allreduce_in_flight))
         except Exception as exc:  # noqa: BLE001 - the notebook gets why
             ok, value = False, f"its stacks could not be taken: {type(exc).__name__}: {exc}"
@@ -410,9 +386,9 @@ class RankSteering:
         rank = self.session.context.rank
         value: Any
         try:
-            ok, value = True, live_code.run_source(command.args["source"], command.id)
+            ok, value = True, exec_and_patch.run_source(command.args["source"], command.id)
         except Exception as exc:  # noqa: BLE001 - the notebook gets it; training goes on
-            ok, value = False, live_code.failure(rank, exc, live_code.source_name("exec", command.id))
+            ok, value = False, exec_and_patch.failure(rank, exc, exec_and_patch.source_name("exec", command.id))
         self.answer(command, ok, value)
 
     def patch_code(self, command: Command, step: int) -> None:
@@ -420,10 +396,10 @@ class RankSteering:
         never applies: nothing was rebound)."""
         rank = self.session.context.rank
         try:
-            refusal = live_code.patch_globals(command.args["source"], command.args["names"],
+            refusal = exec_and_patch.patch_globals(command.args["source"], command.args["names"],
                                               bool(command.args.get("new")), command.id)
         except Exception as exc:  # noqa: BLE001 - a definition that raises as it runs: nothing else rebound
-            refusal = live_code.failure(rank, exc, live_code.source_name("patch", command.id))
+            refusal = exec_and_patch.failure(rank, exc, exec_and_patch.source_name("patch", command.id))
         if self.replayed(command):
             return
         if refusal is not None:  # a name it lacks (said as such to the notebook), or the definitions raised

@@ -29,7 +29,6 @@ from nbtrain._cluster.rank.log_tee import LogTee
 from nbtrain._cluster.rank.payload import WorkerPayload
 from nbtrain._cluster.rank.rank_steering import RankSteering
 from nbtrain._cluster.rank.reporting import NOT_IN_A_RUN, Reporter
-from nbtrain._cluster.rank.ticks import until_next_tick
 from nbtrain._cluster.relay.relay_link import Pending, RayPush, RelayLink, open_link
 from nbtrain._exceptions import NbtrainError
 
@@ -45,6 +44,20 @@ MAX_WAITING_LOGS = 20_000   # log chunks likewise
 # Every row's own keys besides ``step`` (which report(step=) sets): a metric of one of these
 # names is kept as ``user_<name>``, so it can neither overwrite them nor be lost.
 ROW_KEYS = ("rank", "attempt", "time")
+
+
+def until_next_tick(interval_s: float) -> float:
+    """Seconds to the next multiple of ``interval_s`` on the wall clock.
+
+    Every rank of a run flushes its rows, logs and heartbeat on the same ticks, so the
+    supervisor hears from all of them within a few milliseconds and one dashboard long
+    poll carries every rank's rows: fewer wake-ups on cores the ranks need, and no rank's
+    rows waiting a whole redraw behind another's.
+    """
+    left = interval_s - (time.time() % interval_s)
+    # A wait that ended a hair before its tick (timeouts run on the monotonic clock, ticks on
+    # the wall clock) has already served that tick: go on to the next, never flush twice.
+    return left + interval_s if left < interval_s / 4 else left
 
 
 @dataclasses.dataclass

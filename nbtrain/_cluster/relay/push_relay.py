@@ -1,6 +1,6 @@
 """One node's pushes gathered into one supervisor call per flush tick.
 
-Every rank flushes on the same wall-clock ticks (:func:`~nbtrain._cluster.rank.ticks.until_next_tick`).
+Every rank flushes on the same wall-clock ticks (:func:`~nbtrain._cluster.rank.session.until_next_tick`).
 Straight to the supervisor, 256 ranks at the default 0.25 s are 1 024 actor calls a second into
 one process, and each call costs the supervisor more than the rows it carries. With a relay on
 each node (one small async actor, no CPU reserved, started beside the node's ranks), the

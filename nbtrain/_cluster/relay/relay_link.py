@@ -27,7 +27,7 @@ from typing import Any, Protocol
 FRAME = struct.Struct("!I")  # a push's pickled size, before its bytes
 LANDED, FAILED = b"\x01", b"\x00"
 OPEN_TIMEOUT_S = 10.0  # asking the relay for its socket, connecting, and any single send
-# Ranks flush on the same wall-clock ticks (see rank.ticks.until_next_tick); a relay, or the supervisor's long
+# Ranks flush on the same wall-clock ticks (see rank.session.until_next_tick); a relay, or the supervisor's long
 # poll, woken by the first rank's push of a tick waits this long at most for the others of that tick.
 TICK_GATHER_S = 0.05
 

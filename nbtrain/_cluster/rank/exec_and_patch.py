@@ -28,7 +28,7 @@ import types
 from typing import Any
 
 from nbtrain._cluster.rank.inspection.captured_values import CapturedRepr
-from nbtrain._cluster.rank.inspection.stacks import is_library, libraries
+from nbtrain._cluster.rank.inspection.thread_stacks import is_library, libraries
 
 MAX_VALUE_BYTES = 16 * 2**20   # a last expression's value larger than this comes back as its repr
 MAX_OUTPUT_CHARS = 100_000     # what exec's source printed, per rank (the end kept)
