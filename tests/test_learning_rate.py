@@ -107,17 +107,52 @@ class _Noise:
     trace = types.SimpleNamespace(value=1000.0)
 
 
-def test_the_adaptive_batchs_gain_is_kept_by_the_schedule_at_its_next_step(rank_session, monkeypatch):
-    """``PreparedLoader._adapt`` with one rank (its all-reduce a no-op) and the batch rule's choice fixed: the
-    gain reaches the learning rate, and a ``LambdaLR`` step afterwards keeps it."""
-    optimizer = _optimizer(0.1)
-    schedule = SCHEDULES["LambdaLR"](optimizer, 0.1)
-    session = types.SimpleNamespace(noise=_Noise(), adaptive_batch=(8, 64), optimizers=[optimizer], lr_gain=1.0,
-                                    context=types.SimpleNamespace(device=torch.device("cpu"), world_size=1))
+def _adapt_with_gain(session, gain: float, monkeypatch) -> None:
+    """``PreparedLoader._adapt`` with one rank (its all-reduce a no-op) and the batch rule's choice fixed."""
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor: None)
-    monkeypatch.setattr(loading.adaptive_batch, "choose", lambda *args: Choice(batch_size=8, lr_gain=4.0))
+    monkeypatch.setattr(loading.adaptive_batch, "choose", lambda *args: Choice(batch_size=8, lr_gain=gain))
     loader = loading.PreparedLoader(lambda size: list(range(size or 8)), 8, move_to_device=False)
     loader._initial, loader._timed = 8, [1.0, 10]
     loader._adapt(session)
-    assert session.lr_gain == 4.0 and optimizer.param_groups[0]["lr"] == pytest.approx(0.4)
-    assert _step(optimizer, schedule) == pytest.approx(0.4 / 2), "the schedule dropped the adaptive batch's gain"
+
+
+def _adaptive_session(optimizer: torch.optim.Optimizer):
+    return types.SimpleNamespace(noise=_Noise(), adaptive_batch=(8, 64), optimizers=[optimizer], lr_gain=1.0,
+                                 context=types.SimpleNamespace(device=torch.device("cpu"), world_size=1))
+
+
+@pytest.mark.parametrize("kind", ["LambdaLR", "OneCycleLR", "StepLR"])
+def test_the_adaptive_batchs_gain_is_kept_by_the_schedule_at_its_next_step(kind, rank_session, monkeypatch):
+    """The adaptive batch's gain, chosen at step 5, reaches the learning rate, and the schedule goes on as a
+    twin started at 4 times the rate (the adaptive batch used to set ``group["lr"]`` alone, which ``LambdaLR``
+    and ``OneCycleLR`` dropped at their next step)."""
+    optimizer, twin = _optimizer(0.1), _optimizer(0.4)
+    schedule, twin_schedule = SCHEDULES[kind](optimizer, 0.1), SCHEDULES[kind](twin, 0.4)
+    for _ in range(5):
+        _step(optimizer, schedule), _step(twin, twin_schedule)
+    session = _adaptive_session(optimizer)
+    _adapt_with_gain(session, 4.0, monkeypatch)
+    assert session.lr_gain == 4.0
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(twin.param_groups[0]["lr"])
+    for step in range(6, 16):
+        assert _step(optimizer, schedule) == pytest.approx(_step(twin, twin_schedule)), \
+            f"{kind} dropped the adaptive batch's gain at step {step}"
+
+
+@pytest.mark.parametrize("rank_session", [2.0], indirect=True)
+def test_the_rate_a_rank_reports_is_the_product_the_docs_say(rank_session, monkeypatch):
+    """docs/elastic.md: the code's rate times the elastic scale, the adaptive batch's gain, then ``adjust(lr=)``
+    (the value itself) and a rewind's ``lr_factor``, in the order they came; ``LambdaLR`` on top of each."""
+    import nbtrain
+
+    optimizer = nbtrain.prepare_optimizer(_optimizer(0.1))  # elastic scale 2: 0.2
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 2)
+    _adapt_with_gain(_adaptive_session(optimizer), 3.0, monkeypatch)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 2 * 3)
+    assert _step(optimizer, schedule) == pytest.approx(0.1 * 2 * 3 / 2)
+    optimizer_settings.set_value(optimizer, optimizer.param_groups[0], "lr", 0.05)  # adjust(lr=0.05)
+    assert optimizer.param_groups[0]["lr"] == 0.05
+    optimizer_settings.rescale_lr(optimizer, 0.5)  # rewind(lr_factor=0.5)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+    assert _step(optimizer, schedule) == pytest.approx(0.025 * 2 / 3), "the schedule's base lost a factor"
