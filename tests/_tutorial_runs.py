@@ -215,8 +215,11 @@ def machine_paths(home: Path, workdir: Path) -> list[tuple[str, str]]:
     as a user's default home, the folder papermill ran in as the notebooks' folder, Python's own folders."""
     import sysconfig
 
+    import nbtrain
+
     paths = {str(home): "~/.nbtrain", str(workdir): "notebooks",
-             sysconfig.get_paths()["purelib"]: "site-packages", sys.prefix: "python", str(Path.home()): "~"}
+             sysconfig.get_paths()["purelib"]: "site-packages", sys.prefix: "python", str(Path.home()): "~",
+             str(Path(nbtrain.__file__).resolve().parent.parent): "site-packages"}  # an editable install's checkout
     return sorted(paths.items(), key=lambda pair: -len(pair[0]))
 
 
