@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
 
 from nbtrain._views.cell_program import CellProgram, referenced_names
 from nbtrain._views.magic_flags import parse_config
@@ -188,33 +191,73 @@ def test_every_cli_commands_help_reads_as_written():
         assert "option_strings" not in text and "'prog':" not in text, text
 
 
-def _docstring_examples() -> list[tuple[str, str]]:
-    """Every ``In [n]: %magic ...`` line of the magics' docstrings (what docs/reference/magics.rst shows)."""
+def _magics() -> dict[str, Any]:
+    """Every magic ``%load_ext nbtrain`` registers, by name: the method whose declared arguments parse its line."""
+    from nbtrain._views.debugging.debug_magics import DebugMagics
+    from nbtrain._views.live_code_magics import LiveCodeMagics
     from nbtrain._views.magics import NbtrainMagics
 
+    found = {}
+    for magics in (NbtrainMagics, DebugMagics, LiveCodeMagics):
+        for kind in ("line", "cell"):
+            found.update({name: getattr(magics, attr) for name, attr in magics.magics[kind].items()})
+    return found
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+MAGIC_LINE = re.compile(r"(%%?)(ray_\w+)(.*)$")
+
+
+def _examples() -> list[tuple[str, str, str]]:
+    """(where, magic, its line) for every magic example a user can copy: the ``In [n]:`` lines of the magics'
+    docstrings (what docs/reference/magics.rst shows), the magic lines of the docs' code blocks, and the docs'
+    inline code that gives a magic with arguments."""
     examples = []
-    for name in ("ray_connect", "ray_train", "ray_tune", "ray_status", "ray_attach", "ray_stop"):
-        for line in (getattr(NbtrainMagics, name).__doc__ or "").splitlines():
-            found = re.match(r"\s*In \[\d+\]: (%%?)(ray_\w+)(.*)$", line)
-            if found:
-                examples.append((found.group(2), found.group(3).strip()))
+    for name, method in sorted(_magics().items()):
+        for line in (method.__doc__ or "").splitlines():
+            if found := re.match(r"\s*In \[\d+\]: " + MAGIC_LINE.pattern, line):
+                examples.append((f"%{name}'s docstring", found.group(2), found.group(3).strip()))
+    for page in sorted([*DOCS.glob("*.md"), DOCS.parent / "README.md"]):
+        fence = None
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if opened := re.match(r"\s*(```+|~~~+)(\S*)", line):
+                fence = None if fence is not None else opened.group(2)
+            elif fence in ("python", "ipython", "text") and (found := MAGIC_LINE.match(line.strip())):
+                examples.append((f"{page.name}:{number}", found.group(2), found.group(3).strip()))
+        for found in re.finditer(r"`(%%?)(ray_\w+)\s([^`]+)`", page.read_text(encoding="utf-8")):
+            examples.append((f"{page.name} (inline)", found.group(2), " ".join(found.group(3).split())))
     return examples
 
 
-@pytest.mark.parametrize(("magic", "line"), _docstring_examples())
-def test_every_magic_example_in_the_docs_parses_as_written(ip, magic, line):
-    from nbtrain._views.magics import NbtrainMagics, _split_at_script
+def test_the_examples_cover_every_magic_and_the_docs():
+    examples = _examples()
+    assert {magic for _, magic, _ in examples} == set(_magics()), "a magic without an example"
+    assert sum(1 for where, _, _ in examples if where.endswith(".md (inline)")) > 10
 
-    magics = NbtrainMagics(shell=ip)
-    method = getattr(magics, magic)
-    options = _split_at_script(line)[0] if magic == "ray_train" else line
-    assert magics._parse(method, options) is not None
+
+@pytest.mark.parametrize(("where", "magic", "line"), _examples())
+def test_every_magic_example_in_the_docs_parses_as_written(ip, where, magic, line):
+    """What each magic does with its line before it acts (a trailing ``# comment`` dropped, then its declared
+    arguments), so an example a user pastes from the docs never fails on its syntax."""
+    from nbtrain._views.magic_flags import without_comment
+    from nbtrain._views.magics import _split_at_script
+
+    method = _magics()[magic]
+    options = _split_at_script(line)[0] if magic == "ray_train" else without_comment(line)
+    assert parse_argstring(method, options) is not None, where
 
 
 def test_a_trailing_comment_is_the_users_note_not_an_argument():
-    from nbtrain._views.magics import without_comment
+    from nbtrain._views.magic_flags import without_comment
 
     assert without_comment("auto          # JupyterLab on the head") == "auto"
     assert without_comment("ray://h:1 --token a#b") == "ray://h:1 --token a#b"
     assert without_comment("--args '--tag #3' train.py") == "--args '--tag #3' train.py"
     assert without_comment("# all of it") == ""
+
+
+def test_a_live_runs_magics_take_a_trailing_comment_too():
+    from nbtrain._views.live_code_magics import LiveCodeMagics, _parsed
+
+    parsed = _parsed(LiveCodeMagics.ray_exec, "%%ray_exec", "cifar --ranks 0,1  # both ranks")
+    assert (parsed.name, parsed.ranks) == ("cifar", "0,1")

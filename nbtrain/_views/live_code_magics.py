@@ -12,6 +12,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbtrain._exceptions import NbtrainError
+from nbtrain._views.magic_flags import without_comment
 
 VALUE_CHARS = 200  # a rank's value as the table shows it
 
@@ -95,7 +96,7 @@ class LiveCodeMagics(Magics):
 
 def _parsed(magic: Any, name: str, line: str) -> Any:
     try:
-        return parse_argstring(magic, line)
+        return parse_argstring(magic, without_comment(line))
     except UsageError as exc:
         raise UsageError(f"{name}: {exc}. See `{name} --help`.") from None
 

@@ -35,6 +35,7 @@ from nbtrain._views.magic_flags import (
     run_option_flags,
     sweep_option_flags,
     sweep_options_from_args,
+    without_comment,
 )
 
 
@@ -387,19 +388,6 @@ class NbtrainMagics(Magics):
             return parse_argstring(magic, line)
         except UsageError as exc:
             raise UsageError(_with_suggestion(str(exc), magic, line)) from None
-
-
-def without_comment(line: str) -> str:
-    """``line`` up to a ``#`` that starts a word outside quotes (``--token a#b`` keeps its ``#``)."""
-    quote = None
-    for at, char in enumerate(line):
-        if quote is not None:
-            quote = None if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char == "#" and (at == 0 or line[at - 1].isspace()):
-            return line[:at].rstrip()
-    return line
 
 
 def _split_at_script(line: str) -> tuple[str, str | None, list[str]]:

@@ -13,6 +13,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbtrain._exceptions import NbtrainError
+from nbtrain._views.magic_flags import without_comment
 
 
 @magics_class
@@ -44,6 +45,7 @@ class DebugMagics(Magics):
         """
         from nbtrain._client.entry.launch import attach
 
+        line = without_comment(line)
         tokens = line.split()
         if "--help" in tokens or "-h" in tokens:
             print(self.ray_debug.__doc__)
