@@ -19,7 +19,8 @@ against, entry by entry.
 The entries, by the process that calls them:
 
 - every process: ``HEAD_NODE_RESOURCE``, ``on_head_node``, ``is_head_node``;
-- the notebook's kernel: ``init_with_metadata``, ``init_driver`` (with ``quiet_shutdown_notices``), ``driver_token``,
+- the notebook's kernel: ``init_with_metadata``, ``init_driver`` (with ``quiet_shutdown_notices``, fed by
+  ``note_rank_processes``), ``driver_token``,
   ``forget_driver_token``,
   ``client_session_lost``,
   ``kernel_ray_lacks_token``,
@@ -38,9 +39,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # at run time, read on first use (__getattr__): importing this must not import Ray Train
@@ -65,6 +67,7 @@ __all__ = [
     "init_with_metadata",
     "is_head_node",
     "kernel_ray_lacks_token",
+    "note_rank_processes",
     "on_head_node",
     "ping_client_server",
     "prestart_worker",
@@ -172,10 +175,33 @@ def init_driver(address: str, node_ip_address: str | None, **kwargs: Any) -> Any
 # retries, is still open, so every driver's cell gets "(raylet) Task ServeController.graceful_shutdown failed.
 # There are infinite retries remaining…" although Serve shut down as asked (Ray 2.54 to 2.60).
 EXPECTED_NOTICES = ("Task ServeController.graceful_shutdown failed",)
+# A rank's process that dies is told by its run, in nbtrain's words and naming the rank ("Rank 1's worker process
+# died (pid 18995 on 127.0.0.1) …", in its events, the dashboard and the run's error); Ray's notice of that death
+# ("(raylet) A worker died or was killed while executing a task … Worker IP address: … Worker PID: …") would say
+# it again, in Ray's words and ids, in whatever cell runs at that moment (05_fault_tolerance's page showed it).
+RANK_DEATH_NOTICE = re.compile(r"A worker died or was killed while executing a task\b.*?"
+                               r"Worker IP address: (\S+) .*?Worker PID: (\d+)\b", re.DOTALL)
+_rank_processes: set[tuple[str, int]] = set()  # (node IP, pid) of every rank the kernel has seen in a summary
+
+
+def note_rank_processes(workers: Iterable[dict[str, Any]]) -> None:
+    """Remember the ranks' processes in a run's summary (``workers``), so that Ray's notice of one's death
+    stays out of the cells: the run tells it itself."""
+    for worker in workers:
+        if isinstance(worker.get("pid"), int) and worker.get("node"):
+            _rank_processes.add((str(worker["node"]).split(" ", 1)[0], worker["pid"]))  # "IP (node 1a2b3c)" too
+
+
+def _said_by_nbtrain(line: str) -> bool:
+    if any(line.startswith(notice) for notice in EXPECTED_NOTICES):
+        return True
+    death = RANK_DEATH_NOTICE.match(line)
+    return death is not None and (death.group(1), int(death.group(2))) in _rank_processes
 
 
 def quiet_shutdown_notices() -> None:
-    """Keep :data:`EXPECTED_NOTICES` out of the notebook's cells; every other notice of Ray's is printed as before.
+    """Keep :data:`EXPECTED_NOTICES` and the deaths of ranks nbtrain reports itself (:data:`RANK_DEATH_NOTICE`)
+    out of the notebook's cells; every other notice of Ray's is printed as before.
 
     Internal: ``ray._private.worker.print_to_stdstream``, which the driver's thread that listens for Ray's
     error notices (``listen_error_messages``) calls with ``pid == "raylet"``; it is wrapped once.
@@ -190,7 +216,7 @@ def quiet_shutdown_notices() -> None:
 
     def print_unless_expected(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         lines = data.get("lines") if isinstance(data, dict) and data.get("pid") == "raylet" else None
-        if lines and all(any(str(line).startswith(notice) for notice in EXPECTED_NOTICES) for line in lines):
+        if lines and all(_said_by_nbtrain(str(line)) for line in lines):
             return
         printer(data, *args, **kwargs)
 

@@ -197,3 +197,22 @@ def test_no_saved_output_shows_a_path_of_the_machine_that_ran_it(path: Path):
         if found := MACHINE_PATH.search(outputs):
             pytest.fail(f"{path.name}, cell {cell.get('id')} shows {found[0]!r}: "
                         f"…{outputs[max(0, found.start() - 120):][:300]}… (run scripts/refresh-tutorials {path.stem})")
+
+
+# Ray's own notices and log lines in a cell ("(raylet) A worker died…", "(pid=123) …", Serve's "INFO 2026-… serve"):
+# a tutorial page shows what its code prints, and the run's own words for what Ray says in its ids.
+RAYS_OWN_LINES = re.compile(r"\(raylet\)|\((?:pid|[A-Za-z]+ pid)=\d+|\b(?:INFO|WARNING|ERROR) \d{4}-\d\d-\d\d ")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
+def test_no_saved_output_shows_rays_own_notices(path: Path):
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    for cell in notebook["cells"]:
+        for output in cell.get("outputs", []):
+            text = "".join(output.get("text", "")) + "".join(output.get("data", {}).get("text/plain", ""))
+            if found := RAYS_OWN_LINES.search(text):
+                pytest.fail(f"{path.name}, cell {cell.get('id')} shows Ray's own line: "
+                            f"{text[found.start():][:200]!r} (keep it out of the cell, then run "
+                            f"scripts/refresh-tutorials {path.stem})")
+

@@ -176,3 +176,28 @@ def test_serves_shutdown_notice_stays_out_of_the_cell_and_every_other_notice_is_
     worker.print_to_stdstream({"lines": [other], "pid": "raylet", "is_err": False}, ignore_prefix=False)
     worker.print_to_stdstream({"lines": [serve], "pid": 4242, "is_err": False}, ignore_prefix=False)
     assert printed == [[other], [serve]]
+
+
+@pytest.mark.quick
+def test_rays_notice_of_a_ranks_death_stays_out_of_the_cell_once_the_kernel_has_seen_that_rank(monkeypatch):
+    """05_fault_tolerance kills a rank: the run says so in its own words, naming the rank, and Ray's notice of the
+    same death ("(raylet) A worker died or was killed…") stayed out of the page only once the kernel knew the
+    process as a rank (from a summary); a death of any other process is printed as before."""
+    from ray._private import worker
+
+    printed = []
+    monkeypatch.setattr(worker, "print_to_stdstream", lambda data, ignore_prefix: printed.append(data["lines"]))
+    monkeypatch.setattr(compat, "_rank_processes", set())
+    compat.quiet_shutdown_notices()
+
+    def death(pid: int, ip: str = "127.0.0.1") -> str:
+        return ("A worker died or was killed while executing a task by an unexpected system error. To troubleshoot "
+                "the problem, check the logs for the dead worker. Lease ID: 1b00 Worker ID: d41b Node ID: d726 "
+                f"Worker IP address: {ip} Worker port: 36687 Worker PID: {pid} Worker exit type: SYSTEM_ERROR")
+
+    compat.note_rank_processes([{"rank": 0, "pid": 18994, "node": "127.0.0.1"},
+                                {"rank": 1, "pid": 18995, "node": "127.0.0.1"}, {"rank": 2, "pid": None}])
+    for line in (death(18995), death(4242), death(18995, ip="10.0.0.7")):
+        worker.print_to_stdstream({"lines": [line], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    assert printed == [[death(4242)], [death(18995, ip="10.0.0.7")]]
+

@@ -31,6 +31,7 @@ from nbtrain._cluster.command_kinds.table import command_kind, definition
 from nbtrain._cluster.commands import Command
 from nbtrain._cluster.names import find_supervisor
 from nbtrain._exceptions import NbtrainError, RunNotFoundError
+from nbtrain._ray_compat import note_rank_processes
 
 POLL_TIMEOUT_S = 15.0
 ROW_WINDOW = 50_000   # metric rows kept in the notebook (~25 MB); older ones are fetched when asked
@@ -221,6 +222,7 @@ class RunReader:
         if reply["now"] >= self._summary.get("now", 0.0):  # an answer that was overtaken keeps the newer summary
             self._summary = _readable({k: v for k, v in reply.items()
                                        if k not in ("rows", "logs", "events", "cursor", "log_cursor", "event_cursor")})
+            note_rank_processes(self._summary.get("workers") or [])  # Ray's notice of one's death: see there
         return rows
 
     @property
