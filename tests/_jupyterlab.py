@@ -136,6 +136,7 @@ class JupyterLab:
     _proc: subprocess.Popen[bytes] = field(repr=False)
     _tmp: Path = field(repr=False)
     app: str = "lab"
+    ipykernel: str = ""  # the version its notebooks' kernel runs, where a test chose it (kernel_env)
 
     def lab_url(self, path: str = "") -> str:
         """``/lab/<path>`` with the token, ready for ``page.goto``."""
@@ -315,3 +316,44 @@ def _answers(lab: JupyterLab, timeout: float) -> bool:
 def start_notebook7(root_dir: str | os.PathLike[str], env: dict[str, str] | None = None, **options: Any) -> JupyterLab:
     """Start Notebook 7 (``jupyter notebook``) as :func:`start_jupyterlab` starts JupyterLab."""
     return start_jupyterlab(root_dir, env, app="notebook", **options)
+
+
+# Which ipykernel major a browser test's notebooks run: "this" interpreter's or the "other" one
+# (scripts/ipykernel-venv's). Each test has its default (JupyterLab this one, Notebook 7 the other, so the suite
+# covers both majors); NBTRAIN_BROWSER_IPYKERNEL swaps it, to time the controls under every pair (docs/running.md).
+IPYKERNEL_CHOICE = "NBTRAIN_BROWSER_IPYKERNEL"
+
+
+def other_ipykernel() -> str:
+    """The folder that holds scripts/ipykernel-venv's ipykernel: 6 where this interpreter has 7 (made once)."""
+    python = subprocess.run([str(REPO / "scripts" / "ipykernel-venv")], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    return subprocess.run([python, "-c", "import ipykernel, os; print(os.path.dirname(os.path.dirname("
+                                         "ipykernel.__file__)))"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def kernel_env(folder: Path, default: str) -> tuple[dict[str, str], str]:
+    """The server's env for its notebooks' ``python3`` kernel to run this interpreter's ipykernel or the other
+    major's (``$NBTRAIN_BROWSER_IPYKERNEL``, else ``default``), and that ipykernel's version.
+
+    The other major's kernel is a spec under ``folder`` that runs this interpreter with that ipykernel first on its
+    path: the session cluster refuses a kernel of another environment, so the interpreter stays this one."""
+    choice = os.environ.get(IPYKERNEL_CHOICE, default)
+    if choice not in ("this", "other"):
+        raise ValueError(f"{IPYKERNEL_CHOICE}={choice!r}: say 'this' or 'other'")
+    if choice == "this":
+        import ipykernel
+
+        return {}, ipykernel.__version__
+    path = os.pathsep.join([other_ipykernel(), str(REPO)])
+    spec = folder / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    spec.joinpath("kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (other ipykernel)", "language": "python", "env": {"PYTHONPATH": path}}))
+    version = subprocess.run([sys.executable, "-c", "import ipykernel; print(ipykernel.__version__)"],
+                             env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True,
+                             check=True).stdout.strip()
+    return {"JUPYTER_PATH": str(folder)}, version
+

@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import ipykernel
 import pytest
 
 import nbtrain
 
 from _helpers import wait_for
-from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, start_jupyterlab
+from _jupyterlab import CHROMIUM, CHROMIUM_ARGS, REPO, kernel_env, start_jupyterlab
 
 # Without Playwright or Chromium these tests fail at setup saying what to install (tests/conftest.py).
 pytestmark = pytest.mark.browser
@@ -139,7 +138,9 @@ def lab(cluster, tmp_path_factory):
         "    run.dashboard()\n"
         "for run in runs:\n"
         "    run.wait()\n"), steered_cell("browser-steered"), "print('the cell after the steered run ran')"])
-    server = start_jupyterlab(root)
+    env, version = kernel_env(tmp_path_factory.mktemp("spec"), default="this")
+    server = start_jupyterlab(root, env)
+    server.ipykernel = version
     yield server
     server.stop()
 
@@ -331,7 +332,7 @@ def test_the_live_run_grows_and_every_control_acts_while_its_cell_still_runs(pag
         dashboard = in_cell(page, STEERED, ".nbtrain-dashboard")
         dashboard.locator(".nbtrain-controls").wait_for(timeout=180_000)
         acted = act_while_blocked(page, dashboard, "browser-steered")
-        print(f"\n[JupyterLab, ipykernel {ipykernel.__version__}] seconds from click to the run acting: "
+        print(f"\n[JupyterLab, ipykernel {lab.ipykernel}] seconds from click to the run acting: "
               + ", ".join(f"{control} {seconds:.2f}" for control, seconds in acted.items()))
         after = in_cell(page, AFTER_STEERED, ".jp-OutputArea-output")
         after.filter(has_text="the cell after the steered run ran").wait_for(timeout=60_000)

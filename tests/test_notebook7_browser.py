@@ -1,5 +1,6 @@
 """The dashboard in Notebook 7 (``jupyter notebook``), as in JupyterLab: the curves grow while a run goes,
-and its controls act while its cell blocks, under the other ipykernel major than JupyterLab's test. One
+and its controls act while its cell blocks, under the other ipykernel major than JupyterLab's test (either
+test takes either major with ``NBTRAIN_BROWSER_IPYKERNEL=this`` or ``other``, to time the controls under both). One
 run shows both (a second notebook only for the curves took 40 s of the session lane).
 
 The notebook connects to the session's loopback cluster (the kernel inherits
@@ -9,12 +10,7 @@ steps, elapsed time and a moving bar instead of a bar stuck at empty.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from test_dashboard_browser import (  # noqa: F401 - the fixture is used by pytest-playwright
@@ -28,7 +24,7 @@ from test_dashboard_browser import (  # noqa: F401 - the fixture is used by pyte
 )
 
 from _helpers import wait_for
-from _jupyterlab import REPO, start_notebook7
+from _jupyterlab import kernel_env, start_notebook7
 
 pytestmark = pytest.mark.browser
 
@@ -38,30 +34,11 @@ def notebook7(cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("notebook7-root")
     write_notebook(root / "steer7.ipynb", [SETUP, steered_cell("notebook7-steered"),
                                            "print('the cell after the steered run ran')"])
-    server = start_notebook7(root, env={"JUPYTER_PATH": str(other_ipykernel_spec(tmp_path_factory.mktemp("spec")))})
+    env, version = kernel_env(tmp_path_factory.mktemp("spec"), default="other")
+    server = start_notebook7(root, env=env)
+    server.ipykernel = version
     yield server
     server.stop()
-
-
-def other_ipykernel() -> str:
-    """The folder that holds scripts/ipykernel-venv's ipykernel: 6 where this interpreter has 7 (made once)."""
-    python = subprocess.run([str(REPO / "scripts" / "ipykernel-venv")], capture_output=True, text=True,
-                            check=True).stdout.strip()
-    return subprocess.run([python, "-c", "import ipykernel, os; print(os.path.dirname(os.path.dirname("
-                                         "ipykernel.__file__)))"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-def other_ipykernel_spec(folder: Path) -> Path:
-    """A ``python3`` kernel spec under ``folder`` that runs this interpreter with the other ipykernel major first on
-    its path: the session cluster refuses a kernel of another environment, so the interpreter stays this one."""
-    spec = folder / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    spec.joinpath("kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (other ipykernel)", "language": "python",
-        "env": {"PYTHONPATH": os.pathsep.join([other_ipykernel(), str(REPO)])}}))
-    return folder
 
 
 def open_and_run_all(page, notebook7, notebook: str) -> None:
@@ -98,15 +75,12 @@ def test_curves_grow_and_every_control_acts_while_its_cell_still_runs_in_noteboo
     ARTIFACTS.mkdir(exist_ok=True)
     try:
         open_and_run_all(page, notebook7, "steer7.ipynb")
-        version = subprocess.run([sys.executable, "-c", "import ipykernel; print(ipykernel.__version__)"],
-                                 env={**os.environ, "PYTHONPATH": other_ipykernel()}, capture_output=True, text=True,
-                                 check=True).stdout.strip()
         curves_grow_with_a_moving_bar(page)
         page.screenshot(path=str(ARTIFACTS / "notebook7-live.png"), full_page=True)
         dashboard = page.locator(".nbtrain-dashboard").first
         dashboard.locator(".nbtrain-controls").wait_for(timeout=180_000)
         acted = act_while_blocked(page, dashboard, "notebook7-steered")
-        print(f"\n[Notebook 7, ipykernel {version}] seconds from click to the run acting: "
+        print(f"\n[Notebook 7, ipykernel {notebook7.ipykernel}] seconds from click to the run acting: "
               + ", ".join(f"{control} {seconds:.2f}" for control, seconds in acted.items()))
         page.locator(".jp-OutputArea-output").filter(has_text="the cell after the steered run ran").wait_for(
             timeout=60_000)

@@ -2,7 +2,8 @@
 
 ``launch()`` records the run once; the server's ``python -m nbtrain agent``
 reports what the cluster says of it (no notebook writes anything after the
-launch). The sidebar shows the run, its progress grows, the status bar counts
+launch). The run's cell blocks, as users run it (the sidebar's buttons reach the run through the lab server,
+whatever the kernel is doing). The sidebar shows the run, its progress grows, the status bar counts
 it, its Pause button holds every rank at one step and Resume lets them go on, a
 rewind and a patch mark its row, and the sidebar's Stop button stops it for real,
 through the same agent; two runs checked in the sidebar are compared in a notebook cell.
@@ -23,13 +24,14 @@ from _helpers import wait_for
 from _jupyterlab import expect, start_jupyterlab
 
 pytestmark = pytest.mark.browser
+NBTRAIN_SIDEBAR = "nbtrain-sidebar"  # the sidebar's widget id (labextension/src/commands.ts SIDEBAR_ID)
 
 
 @pytest.fixture(scope="module")
 def lab(cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("sidebar-root")
     write_notebook(root / "sidebar.ipynb", ["%load_ext nbtrain\n%ray_connect", (
-        "%%ray_train --workers 2 --bg --name sidebar-live --total-steps 3000\n"
+        "%%ray_train --workers 2 --name sidebar-live --total-steps 3000\n"
         "import time\n"
         "import torch\n"
         "model = nbtrain.prepare_model(torch.nn.Linear(2, 1))\n"
@@ -56,6 +58,13 @@ def _short_run(config):
         nbtrain.report(step=step, loss=2.0 / step)
 
 
+def _paced_run(config):
+    """About 8 s of steps: long enough to be seen running, however the status bar's polls fall."""
+    for step in range(1, 41):
+        nbtrain.report(step=step, loss=2.0 / step)
+        time.sleep(0.2)  # a training step's duration
+
+
 def test_sidebar_follows_and_stops_a_real_run(page, lab):
     ARTIFACTS.mkdir(exist_ok=True)
     try:
@@ -80,6 +89,11 @@ def test_sidebar_follows_and_stops_a_real_run(page, lab):
         assert second > first
         page.screenshot(path=str(ARTIFACTS / "sidebar-live.png"), full_page=True)
         row.locator(".jp-nbtrain-pause").click()  # every rank holds at one step; the row says which
+        clicked = time.monotonic()
+        wait_for(lambda: nbtrain.attach("sidebar-live").summary()["paused_at"] is not None, 60, interval=0.05,
+                 message="every rank to pause after the sidebar's Pause click")
+        print(f"\n[sidebar] Pause clicked -> run paused in {time.monotonic() - clicked:.2f} s (its cell blocking)",
+              file=sys.stderr)
         expect(row.locator(".jp-nbtrain-badge")).to_contain_text("paused at step", timeout=60_000)
         paused_at = nbtrain.attach("sidebar-live").summary()["paused_at"]
         assert paused_at is not None and row.locator(".jp-nbtrain-badge").inner_text() == f"paused at step {paused_at}"
@@ -98,6 +112,9 @@ def test_sidebar_follows_and_stops_a_real_run(page, lab):
         row.locator(".jp-nbtrain-stop").click()
         page.locator(".jp-Dialog").get_by_role("button", name="Stop run").click()
         clicked = time.monotonic()
+        wait_for(lambda: nbtrain.attach("sidebar-live").state == nbtrain.RunState.STOPPED, 60, interval=0.05,
+                 message="the run to stop after the sidebar's Stop click")
+        print(f"\n[sidebar] Stop clicked -> run stopped in {time.monotonic() - clicked:.2f} s", file=sys.stderr)
         expect(row.locator(".jp-nbtrain-badge")).to_have_text("stopped", timeout=60_000)
         print(f"\n[sidebar] Stop clicked -> 'stopped' shown in {time.monotonic() - clicked:.1f} s", file=sys.stderr)
         print(*[line for line in lab.log().splitlines() if "nbtrain:" in line], sep="\n", file=sys.stderr)
@@ -118,6 +135,17 @@ def test_sidebar_follows_and_stops_a_real_run(page, lab):
         expect(summary).to_contain_text("sidebar-other", timeout=120_000)
         expect(summary).to_contain_text("sidebar-live")
         page.screenshot(path=str(ARTIFACTS / "sidebar-compare.png"), full_page=True)
+
+        # The sidebar closed again: a run is counted while it goes and dropped as it ends (issue 55, 8d: the status
+        # bar said "1 running" after a --bg run had succeeded).
+        page.locator(f'.jp-SideBar .lm-TabBar-tab[data-id="{NBTRAIN_SIDEBAR}"]').click()
+        expect(page.locator(f"#{NBTRAIN_SIDEBAR}")).to_be_hidden()
+        last = nbtrain.launch(_paced_run, name="sidebar-last", workers=1)
+        expect(status).to_contain_text("· 1 running", timeout=60_000)
+        assert last.wait(timeout=120) == nbtrain.RunState.SUCCEEDED
+        ended = time.monotonic()
+        expect(status).to_contain_text("· 0 running", timeout=15_000)
+        print(f"\n[sidebar] run ended -> status bar '0 running' in {time.monotonic() - ended:.1f} s", file=sys.stderr)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "sidebar-live-failure.png"), full_page=True)
         print(*[line for line in lab.log().splitlines() if "nbtrain" in line], sep="\n", file=sys.stderr)
