@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -202,3 +203,42 @@ def test_which_kernel_internals_hold_the_messages_is_decided_by_their_shape(monk
     assert _widget_messages._shape(None) is None      # a terminal or a script
     monkeypatch.setenv(_widget_messages.OFF_VARIABLE, "0")
     assert _widget_messages._kernel() is None
+
+
+class _View:
+    closed = False
+
+    def __init__(self) -> None:
+        self.notes: list[tuple[str, str]] = []
+
+    def note_problem(self, message: str, colour: str) -> None:
+        self.notes.append((message, colour))
+
+
+class _EndedRun:
+    """A run that has ended, as a wait reads it: its reader's summary and its live views."""
+
+    def __init__(self, views: list[_View]) -> None:
+        from nbtrain._client.run.reader import RunReader
+
+        self.name = "ended"
+        self.reader = RunReader.__new__(RunReader)
+        self.reader._lock, self.reader._views, self.reader._summary = threading.Lock(), views, {"state": "succeeded"}
+
+    def refresh(self, wait_s: float = 0.0) -> None:
+        pass
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("in_a_notebook", [True, False])
+def test_a_wait_where_no_widget_message_is_served_says_so_on_the_runs_dashboards(monkeypatch, in_a_notebook):
+    """Whatever waits (``%%ray_train``, ``run.wait()``, ``launch(wait=True)``): in a notebook whose kernel's
+    internals are not found, the controls would act only after the cell, so its dashboards must not look as if
+    they acted; outside a notebook there is no dashboard to warn."""
+    from nbtrain._client.kernel import widget_messages
+    from nbtrain._client.run import following
+
+    monkeypatch.setattr(following, "in_notebook", lambda: in_a_notebook)
+    view = _View()
+    assert following.block_until_done(_EndedRun([view]), launched=False) == "succeeded"
+    assert view.notes == ([(widget_messages.UNSERVED, "#ff7f0e")] if in_a_notebook else [])

@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from nbtrain._client.connecting import connection
 from nbtrain._client.entry.connect import connect
 from nbtrain._client.kernel.progress_line import progress_line
-from nbtrain._client.kernel.widget_messages import join_serving_widgets, widgets_served_while_blocked
+from nbtrain._client.kernel.widget_messages import join_serving_widgets
 from nbtrain._client.launching.serialization import check_values
 from nbtrain._exceptions import NbtrainError, RunFailedError, SweepFailedError
 from nbtrain._packing import shipping
@@ -29,7 +29,6 @@ from nbtrain._packing.code_origin import cell_name
 from nbtrain._packing.script import ScriptProgram
 from nbtrain._views.cell_program import CellProgram, imported_modules, referenced_names
 from nbtrain._views.connect_token import token_from_flags
-from nbtrain._views.dashboard.front_end import in_notebook
 from nbtrain._views.magic_flags import (
     options_from_args,
     run_option_flags,
@@ -183,10 +182,6 @@ class NbtrainMagics(Magics):
             run.dashboard()
             return None
         view = run.dashboard(follow="background")
-        if in_notebook() and not widgets_served_while_blocked():  # the controls must not look as if they acted
-            view.note_problem("This kernel handles the dashboard's controls only after the cell ends: "
-                              "steer this run from another notebook (nbtrain.attach), or run it with --bg.",
-                              colour="#ff7f0e")
         try:
             block_until_done(run, launched=True, view_thread=view.thread)
         except KeyboardInterrupt:

@@ -18,8 +18,9 @@ ipykernel's internals (as ``_ray_compat`` is for Ray's):
 
 Each message is dispatched by the kernel's own ``dispatch_shell`` on a helper thread (the main thread's
 event loop is the one the blocked cell runs in). A kernel with neither shape (another kernel, a newer
-ipykernel that moved them) serves nothing: :func:`widgets_served_while_blocked` says so, and the
-dashboard says that its controls act only on a run that does not block (``--bg``).
+ipykernel that moved them) serves nothing, and a wait that blocks there says :data:`UNSERVED` on the
+run's dashboards (:func:`~nbtrain._client.run.following.block_until_done`): their controls act only on a
+run that does not block.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from typing import Any
 
 SERVE_INTERVAL_S = 0.1   # how often a blocked cell looks for widget messages: a click acts within this
 COMM_MESSAGES = frozenset({"comm_open", "comm_msg", "comm_close", "comm_info_request"})
+UNSERVED = ("This kernel handles the dashboard's controls only after the waiting cell ends: steer this run from "
+            "another notebook (nbtrain.attach), or start it without waiting (--bg, launch(wait=False)).")
 OFF_VARIABLE = "NBTRAIN_SERVE_WIDGETS"  # "0": a blocked cell serves no widget messages (they wait for its end)
 _REPLAYS: set[asyncio.Task[Any]] = set()
 
@@ -61,11 +64,6 @@ def _shape(kernel: Any) -> str | None:
     if inspect.iscoroutinefunction(getattr(kernel, "do_one_iteration", None)) and hasattr(kernel, "shell_handlers"):
         return "queue"
     return None
-
-
-def widgets_served_while_blocked() -> bool:
-    """True where a blocking cell's widgets act while it runs (an ipykernel 6 or 7 kernel's main thread)."""
-    return _shape(_kernel()) is not None
 
 
 class _HelperLoop:

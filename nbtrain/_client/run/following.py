@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbtrain._client.kernel.widget_messages import SERVE_INTERVAL_S, widget_messages_served
+from nbtrain._client.kernel.shell import in_notebook
+from nbtrain._client.kernel.widget_messages import SERVE_INTERVAL_S, UNSERVED, widget_messages_served
 from nbtrain._states import RunState
 
 LONG_POLL_S = 1.0  # how long one poll waits for news: here, and in a view's thread (nbtrain._views.dashboard.follower)
@@ -36,6 +37,8 @@ def block_until_done(run: Any, *, launched: bool, timeout: float | None = None,
     keeps going then.
     """
     with widget_messages_served() as serve_widgets:
+        if serve_widgets is None and in_notebook():  # its dashboards' controls must not look as if they acted
+            run.reader.note_on_views(UNSERVED, colour="#ff7f0e")
         return _wait(run, launched, timeout, view_thread, serve_widgets)
 
 

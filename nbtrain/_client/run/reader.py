@@ -325,6 +325,13 @@ class RunReader:
             if settle is not None:
                 settle()  # its last picture again, from this cell's thread
 
+    def note_on_views(self, message: str, colour: str) -> None:
+        """Say ``message`` on every live view following this run (a dashboard shows it above its controls)."""
+        with self._lock:
+            views = [view for view in self._views if not view.closed]
+        for view in views:
+            view.note_problem(message, colour)
+
     @property
     def followed(self) -> bool:
         """Whether a live view follows the run (its thread fetches the rows)."""

@@ -86,7 +86,7 @@ class Follower:
                     return
                 time.sleep(1.0)
 
-    def note_problem(self, message: str) -> None:
+    def note_problem(self, message: str, colour: str = "#d62728") -> None:
         pass
 
 
