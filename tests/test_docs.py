@@ -11,6 +11,7 @@ has, in a scratch directory, and finds every tutorial's outputs on its page.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import shutil
 import subprocess
@@ -255,3 +256,18 @@ def test_the_binder_badge_names_a_repository_only_when_the_build_is_told_one(mon
     monkeypatch.setenv("NBTRAIN_GITHUB_REPOSITORY", "https://github.com/my-org/nbtrain")
     with pytest.raises(ValueError, match=r"NBTRAIN_GITHUB_REPOSITORY=.*owner/name"):
         badge()
+
+
+@pytest.mark.quick
+def test_the_changelog_covers_the_newest_commit():
+    """The changelog's range of dates reaches the day of the newest commit (it said "to 2026-11-27" while the
+    work went on for days): a change that lands on a new day updates it."""
+    newest = subprocess.run(["git", "log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%d"], cwd=ROOT,
+                            capture_output=True, text=True, env={**os.environ, "TZ": "UTC"})
+    if newest.returncode != 0 or not newest.stdout.strip():
+        pytest.fail(f"git cannot say the newest commit's date here: {newest.stderr.strip()}")
+    said = re.search(r"the work of\s+(\d{4}-\d\d-\d\d) to (\d{4}-\d\d-\d\d)", (DOCS / "changelog.md").read_text())
+    assert said, "docs/changelog.md no longer says the range of dates its entries cover"
+    assert said.group(2) >= newest.stdout.strip(), (
+        f"docs/changelog.md covers the work up to {said.group(2)}; the newest commit is of {newest.stdout.strip()}: "
+        "add what changed since and move the range's end")
