@@ -186,7 +186,10 @@ _rank_processes: set[tuple[str, int]] = set()  # (node IP, pid) of every rank th
 
 def note_rank_processes(workers: Iterable[dict[str, Any]]) -> None:
     """Remember the ranks' processes in a run's summary (``workers``), so that Ray's notice of one's death
-    stays out of the cells: the run tells it itself."""
+    stays out of the cells: the run tells it itself.
+
+    Internal, as for :func:`quiet_shutdown_notices`, which reads what this remembers. Degrades as it does: where
+    Ray's printer is not found, Ray's notice is printed beside the run's own words."""
     for worker in workers:
         if isinstance(worker.get("pid"), int) and worker.get("node"):
             _rank_processes.add((str(worker["node"]).split(" ", 1)[0], worker["pid"]))  # "IP (node 1a2b3c)" too
