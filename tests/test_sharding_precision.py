@@ -113,23 +113,23 @@ def test_unknown_precision_is_refused_before_launch_naming_the_choices():
         nbtrain.launch(lambda: None, precision="fp8")
 
 
-def test_bad_strategy_and_cuda_only_fsdp_options_fail_fast_naming_the_fix(cluster):
-    def unknown_strategy():
-        nbtrain.prepare_model(torch.nn.Linear(2, 2), strategy="deepspeed")
+@pytest.mark.quick
+def test_a_bad_strategy_and_a_cuda_only_fsdp_option_are_refused_naming_the_fix():
+    """Decided where the rank would wrap the model, before any collective: an unknown strategy names the ones
+    there are, and FSDP's pinned CPU offload without a GPU says what to give or pass instead. (How a rank's
+    error reaches run.error is test_run_failures.py's.)"""
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
-    def pinned_offload_without_gpu():
-        from torch.distributed.fsdp import CPUOffloadPolicy
+    from nbtrain._cluster.rank import parallel
+    from nbtrain._exceptions import InvalidOptionError
 
-        nbtrain.prepare_model(torch.nn.Linear(2, 2), strategy="fsdp",
-                              fsdp_kwargs={"offload_policy": CPUOffloadPolicy(pin_memory=True)})
-
-    for fn, name, words in ((unknown_strategy, "bad-strategy", ("'ddp', 'fsdp'", "deepspeed")),
-                            (pinned_offload_without_gpu, "bad-offload", ("gpus_per_worker", "pin_memory=False"))):
-        started = time.monotonic()
-        run = nbtrain.launch(fn, workers=2, name=name)
-        assert run.wait(timeout=60, raise_on_failure=False) == nbtrain.RunState.FAILED
-        assert time.monotonic() - started < 30
-        assert all(word in run.error for word in words), run.error
+    with pytest.raises(InvalidOptionError, match=r"unknown strategy; choose one of 'ddp', 'fsdp'") as raised:
+        parallel.check_choices("deepspeed", None)
+    assert "deepspeed" in str(raised.value)
+    with pytest.raises(InvalidOptionError, match=r"gpus_per_worker=1 or more, or pass CPUOffloadPolicy\(pin_memory="
+                                                 r"False\)"):
+        parallel.distribute(torch.nn.Linear(2, 2), torch.device("cpu"), 2, "fsdp", None,
+                            {"offload_policy": CPUOffloadPolicy(pin_memory=True)}, {})
 
 
 def train_fsdp_sharded_resume(config):
