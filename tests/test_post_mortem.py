@@ -48,10 +48,6 @@ def raise_with_known_locals(config):
     return note, huge.size, batch.shape
 
 
-def finish_quietly(config):
-    return nbtrain.get_context().rank
-
-
 def _debugged(run_or_capture, commands, **kwargs):
     out = io.StringIO()
     if isinstance(run_or_capture, dict):
@@ -119,7 +115,7 @@ def test_after_the_supervisor_exited_a_new_run_handle_debugs_from_the_stored_fil
     _assert_the_known_locals(_debugged(nbtrain.attach(failed_run.name), COMMANDS))
 
 
-def test_bad_input_is_one_line_each(failed_run, cluster):
+def test_bad_input_is_one_line_each(failed_run, reference_run):
     with pytest.raises(nbtrain.NbtrainError, match=r"^Run 'pm-known-locals' has no rank 5: its ranks are 0 to 1\."):
         failed_run.debug(rank=5, commands=["q"])
     with pytest.raises(nbtrain.NbtrainError, match=r"^Rank 0 of run 'pm-known-locals' did not raise \(rank 1 did\): "
@@ -128,9 +124,8 @@ def test_bad_input_is_one_line_each(failed_run, cluster):
     shell = ipython_shell()
     with pytest.raises(UsageError, match="did not raise"):
         shell.run_line_magic("ray_debug", f"{failed_run.name} --rank 0")
-    fine = nbtrain.launch(finish_quietly, workers=1, name="pm-succeeded")
-    fine.wait(timeout=120)
-    with pytest.raises(nbtrain.NbtrainError, match=r"^Run 'pm-succeeded' has no failed rank to debug: it is "
+    fine = reference_run  # the suite's one succeeded run, made once
+    with pytest.raises(nbtrain.NbtrainError, match=rf"^Run '{fine.name}' has no failed rank to debug: it is "
                                                    r"succeeded, and no rank raised\."):
         fine.debug()
     for error in (failed_run, fine):
