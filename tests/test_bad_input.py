@@ -195,11 +195,10 @@ def test_an_unknown_keyword_is_named_with_the_closest_known_one(call, said):
     assert not list(runs_dir().glob("*.json"))
 
 
-def test_unknown_keywords_of_a_fork_and_a_flag_of_a_magic_are_named_with_the_closest(cluster):
+def test_unknown_keywords_of_a_fork_and_a_flag_of_a_magic_are_named_with_the_closest(reference_run):
     from _helpers import ipython_shell
 
-    run = nbtrain.launch(_reports_loss, workers=1, name="bad-input-fork-keyword")
-    run.wait(timeout=120)
+    run = reference_run  # any ended run: the suite's one, made once
     with pytest.raises(nbtrain.InvalidOptionError, match=r"^run.fork\(\) has no option 'wrokers' \(did you mean "
                                                          r"workers\?\); 'max_failure' \(did you mean max_failures\?\)"):
         run.fork(wrokers=2, max_failure=1)
