@@ -48,7 +48,10 @@ def second_node(cluster, capsys):
         local_nodes.remove(pid)
 
 
-def test_added_node_listens_on_loopback_only_and_is_listed(second_node, capsys):
+def test_an_added_node_listens_on_loopback_only_and_ranks_spread_over_both_read_the_shared_checkpoint(
+        second_node, tmp_path, capsys):
+    """One added node for both (a node's start is most of each test): it listens on loopback only and is
+    listed, then a run spreads over the two nodes."""
     listening = []
     for proc in psutil.process_iter():
         try:
@@ -63,8 +66,6 @@ def test_added_node_listens_on_loopback_only_and_is_listed(second_node, capsys):
     assert nbtrain_cli(["cluster", "status"]) == 0
     assert f"added node: pid {second_node}, 2 CPUs" in capsys.readouterr().out
 
-
-def test_ranks_spread_over_two_nodes_and_both_read_the_shared_checkpoint(second_node, tmp_path):
     def train():
         ctx = nbtrain.get_context()
         saved = nbtrain.load_checkpoint()
