@@ -33,7 +33,7 @@ import ray
 from nbtrain._cluster import working_folder
 from nbtrain._cluster.launch_phases import FUNCTION_LOADED, GROUP_FORMED
 from nbtrain._cluster.priority import BOOKKEEPING_NICENESS
-from nbtrain._cluster.rank.actor.torch_warmup import load_lazy_torch
+from nbtrain._cluster.rank.actor.torch_warmup import load_lazy_torch, load_torch_for_a_launch
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.inspection import post_mortem
 from nbtrain._cluster.rank.ray_train import seam_watch
@@ -63,8 +63,10 @@ class TrainWorker:
         except OSError:
             pass
         self._malloc_tuned = keep_freed_memory()  # before torch allocates anything; see allocator
-        # pay the imports while the run is "starting" (or before any launch), not in the first step
-        load_lazy_torch(BOOKKEEPING_NICENESS if background else None)
+        if background:  # ahead of any launch: what a first step would load, at a bookkeeping priority
+            load_lazy_torch(BOOKKEEPING_NICENESS)
+        else:  # on a launch's path: what every rank needs (torch_warmup says why not more)
+            load_torch_for_a_launch()
         import torch
 
         # what a fresh process starts from, for a warm worker's next run (see warm_pool)
