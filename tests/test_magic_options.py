@@ -239,7 +239,7 @@ def test_the_examples_cover_every_magic_and_the_docs():
 def test_every_magic_example_in_the_docs_parses_as_written(ip, where, magic, line):
     """What each magic does with its line before it acts (a trailing ``# comment`` dropped, then its declared
     arguments), so an example a user pastes from the docs never fails on its syntax."""
-    from nbtrain._views.magic_flags import without_comment
+    from nbtrain._client.kernel.shell import without_comment
     from nbtrain._views.magics import _split_at_script
 
     method = _magics()[magic]
@@ -248,7 +248,7 @@ def test_every_magic_example_in_the_docs_parses_as_written(ip, where, magic, lin
 
 
 def test_a_trailing_comment_is_the_users_note_not_an_argument():
-    from nbtrain._views.magic_flags import without_comment
+    from nbtrain._client.kernel.shell import without_comment
 
     assert without_comment("auto          # JupyterLab on the head") == "auto"
     assert without_comment("ray://h:1 --token a#b") == "ray://h:1 --token a#b"

@@ -11,8 +11,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from nbtrain._client.kernel.shell import without_comment
 from nbtrain._exceptions import NbtrainError
-from nbtrain._views.magic_flags import without_comment
 
 VALUE_CHARS = 200  # a rank's value as the table shows it
 

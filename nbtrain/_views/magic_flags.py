@@ -149,17 +149,3 @@ def _variable(user_ns: dict[str, Any], name: str, flag: str) -> Any:
         msg = f"{flag} names the notebook variable {name!r}, which is not defined. Define it in a cell above first."
         raise UsageError(msg)
     return user_ns[name]
-
-
-def without_comment(line: str) -> str:
-    """A magic's line without a trailing ``# comment``, the user's note, as users paste magics from docs:
-    ``line`` up to a ``#`` that starts a word outside quotes (``--token a#b`` keeps its ``#``)."""
-    quote = None
-    for at, char in enumerate(line):
-        if quote is not None:
-            quote = None if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char == "#" and (at == 0 or line[at - 1].isspace()):
-            return line[:at].rstrip()
-    return line

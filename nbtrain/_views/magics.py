@@ -21,6 +21,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from nbtrain._client.connecting import connection
 from nbtrain._client.entry.connect import connect
 from nbtrain._client.kernel.progress_line import progress_line
+from nbtrain._client.kernel.shell import without_comment
 from nbtrain._client.kernel.widget_messages import join_serving_widgets
 from nbtrain._client.launching.serialization import check_values
 from nbtrain._exceptions import NbtrainError, RunFailedError, SweepFailedError
@@ -34,7 +35,6 @@ from nbtrain._views.magic_flags import (
     run_option_flags,
     sweep_option_flags,
     sweep_options_from_args,
-    without_comment,
 )
 
 
