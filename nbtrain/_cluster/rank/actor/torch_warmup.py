@@ -28,15 +28,12 @@ LAZY_MODULES = ("torch", "torch.distributed", "torch.nn.parallel")  # what DDP t
 OPTIMIZER_MODULES = ("torch._dynamo",)  # what building the first optimizer imports
 
 
-def load_lazy_torch(niceness: int | None = None) -> None:
+def load_lazy_torch(niceness: int) -> None:
     """A worker warmed ahead of any launch: torch and what the first step of most training code imports lazily,
-    the first optimizer's work included, on a thread at ``niceness`` (None: on this thread)."""
-    if niceness is None:
-        _import(LAZY_MODULES + OPTIMIZER_MODULES)
-    else:
-        thread = threading.Thread(target=_import_at, args=(niceness,), name="nbtrain-torch-warmup")
-        thread.start()
-        thread.join()
+    the first optimizer's work included, on a thread at ``niceness``."""
+    thread = threading.Thread(target=_import_at, args=(niceness,), name="nbtrain-torch-warmup")
+    thread.start()
+    thread.join()
     import torch
 
     parameter = torch.nn.Parameter(torch.zeros(1))
