@@ -11,6 +11,7 @@ them: a skipped browser test would let the suite pass without a browser.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -83,6 +84,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept = [item for item in items if ("cluster" in item.fixturenames) == LANES[lane]]
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = kept
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's throwaway home goes when the session passed (hundreds piled up in /tmp); a failed session
+    keeps it, with its cluster's logs and the runs' files, to read what went wrong."""
+    session = getattr(config, "_nbtrain_session", None)
+    if session is not None and session.testsfailed == 0 and not _session_cluster_running():
+        shutil.rmtree(os.environ["NBTRAIN_HOME"], ignore_errors=True)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config._nbtrain_session = session  # type: ignore[attr-defined]
+
+
+def _session_cluster_running() -> bool:
+    from nbtrain._client.local import local_cluster
+
+    return _session_cluster != [] and local_cluster.status() is not None
 
 
 @pytest.hookimpl(tryfirst=True)
