@@ -183,6 +183,7 @@ def test_a_rule_written_in_the_notebook_lowers_the_lr_on_a_plateau(cluster, caps
 
     best = {"loss": float("inf"), "step": 0}
     lowered: list[int] = []
+    asked: list[float] = []
 
     def lower_on_plateau(row):
         if row["rank"] != 0:
@@ -190,7 +191,8 @@ def test_a_rule_written_in_the_notebook_lowers_the_lr_on_a_plateau(cluster, caps
         if row["loss"] < 0.999 * best["loss"]:
             best.update(loss=row["loss"], step=row["step"])
         elif row["step"] - best["step"] >= 5 and not lowered:
-            lowered.append(run.adjust(lr=row["lr"] / 10))
+            asked.append(row["lr"] / 10)
+            lowered.append(run.adjust(lr=asked[0]))
             run.on_row(None)
 
     try:
@@ -209,7 +211,9 @@ def test_a_rule_written_in_the_notebook_lowers_the_lr_on_a_plateau(cluster, caps
         rows = [row for row in run.metrics if row["step"] in (lowered[0] - 1, lowered[0])]
         before = [row["lr"] for row in rows if row["step"] == lowered[0] - 1]
         after = [row["lr"] for row in rows if row["step"] == lowered[0]]
-        assert len(set(after)) == 1 and after[0] == pytest.approx(before[0] / 10, rel=0.2)
+        # the value the rule asked for, from the row it saw, on every rank at the step adjust() named; the schedule
+        # may have decayed the rate a step or two between that row and the step (a loaded machine)
+        assert len(set(after)) == 1 and after[0] == pytest.approx(asked[0]) and after[0] < before[0] / 5
     finally:
         if not run.state.is_terminal:
             run.stop()
