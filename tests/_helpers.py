@@ -49,15 +49,19 @@ def waiting_for_an_answer(thread: threading.Thread, call: str) -> bool:
 
 def run_actor_names(run_name: str, run: Any = None) -> list[str]:
     """A run's workers still alive: named ones it started, ones lent to it by a warm pool, and (given
-    the ``run``) any process of its worker table still running."""
+    the ``run``) any process of its worker table still running, but for one idle in a warm pool (its
+    run returned there: the process waits for the next run, and is no longer this one's)."""
     import ray.util
 
     from nbtrain._client.warm import warm_pools
 
     named = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["name"].startswith(f"nbtrain-worker:{run_name}:")]
-    lent = [f"warm pid {w['pid']}" for pool in warm_pools().values() for w in pool if w["run"] == run_name]
-    running = [f"pid {w['pid']}" for w in (run.workers if run is not None else []) if pid_alive(w["pid"])]
+    pools = [worker for pool in warm_pools().values() for worker in pool]
+    lent = [f"warm pid {w['pid']}" for w in pools if w["run"] == run_name]
+    idle = {w["pid"] for w in pools if w["run"] is None}
+    running = [f"pid {w['pid']}" for w in (run.workers if run is not None else [])
+               if pid_alive(w["pid"]) and w["pid"] not in idle]
     return named + lent + running
 
 

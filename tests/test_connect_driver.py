@@ -179,12 +179,14 @@ def test_a_port_of_the_other_kind_and_a_wrong_token_are_each_one_line_at_once(pl
 
 
 def test_the_embedded_cluster_is_reached_both_ways(tmp_path):
-    """Whichever way connect() takes to the embedded cluster by default, the other is its other address."""
+    """Whichever way connect() takes to the embedded cluster by default, the other is its other address; the
+    session over Ray Client warms its first run's ranks and its supervisor's process without a word of
+    trouble (the spare process was once asked for from the notebook, which has no token for the raylet)."""
     code = r'''
 import json, nbtrain
 from nbtrain._client.local import local_cluster
 try:
-    first = nbtrain.connect(num_cpus=2)
+    first = nbtrain.connect(num_cpus=2, warm=False)  # the second session's ranks are the ones warmed
     info = local_cluster.status()
     other = info.address if first.via == "driver" else info.gcs_address
     second = nbtrain.connect(other)
@@ -198,6 +200,9 @@ finally:
     # a user's kernel: none of the variables this test session sets for the Ray processes it starts itself
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
     env["NBTRAIN_HOME"] = str(Path(tmp_path) / "home")
-    result = _result(_plain_cluster.run_python(code, env, timeout=300))
+    done = _plain_cluster.run_python(code, env, timeout=300)
+    result = _result(done)
     assert result["vias"] == ["driver", "client"] and result["kinds"] == ["local", "local"]
+    assert "warming 2 ranks" in done.stdout + done.stderr, "the session over Ray Client warms its first run"
+    assert "no spare process" not in done.stdout + done.stderr, done.stderr[-3000:]
     assert result["state"] == "succeeded" and result["rows"] == 1

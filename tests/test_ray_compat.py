@@ -175,7 +175,11 @@ def test_serves_shutdown_notice_stays_out_of_the_cell_and_every_other_notice_is_
     other = "Task Trainer.fit failed. There are infinite retries remaining, so the task will be retried."
     worker.print_to_stdstream({"lines": [other], "pid": "raylet", "is_err": False}, ignore_prefix=False)
     worker.print_to_stdstream({"lines": [serve], "pid": 4242, "is_err": False}, ignore_prefix=False)
-    assert printed == [[other], [serve]]
+    many = ("WARNING: 16 PYTHON worker processes have been started on node: 4444a0 with address: 127.0.0.1, which "
+            "is 4x the maximum expected startup concurrency (2). This could be a result of using a large number of "
+            "actors, tasks blocked in ray.get() calls, or tasks with fractional CPU requests")
+    worker.print_to_stdstream({"lines": [many], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    assert printed == [[other], [serve]], "warm and spare processes by design are not the user's to act on"
 
 
 @pytest.mark.quick

@@ -35,6 +35,11 @@ def test_rank_raising_at_step_20_fails_the_run_within_10_s(cluster):
     assert "The other 1 worker" in message
     assert run.state == nbtrain.RunState.FAILED
     wait_for(lambda: not run_actor_names("rank1-raises", run), 10, message="the run's workers to be gone")
+    # the rank that raised returned its error: its process, torch imported, is the next run's, warm
+    raised_pid = next(worker["pid"] for worker in run.workers if worker["rank"] == 1)
+    again = nbtrain.launch(train_steps, config={"steps": 2}, workers=2, name="after-the-fix")
+    assert again.wait(timeout=120) == nbtrain.RunState.SUCCEEDED, again.error
+    assert raised_pid in [worker["pid"] for worker in again.workers]
 
 
 def test_killed_worker_process_is_reported_as_died(cluster):

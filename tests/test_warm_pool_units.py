@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from nbtrain._cluster.supervisor.worker_group import giving_back
 from nbtrain._cluster.warm.warm_pool import Shape, _Worker, choose, lend, stale_for
 
 pytestmark = pytest.mark.quick
@@ -57,3 +58,12 @@ def test_a_worker_that_never_had_a_gpu_takes_the_first_view_it_is_lent_and_keeps
     assert choose([("a", ONE_GPU_0)], [fresh]) == [None]
     lend(fresh, "cpu-run", None)
     assert fresh.cuda_view == ONE_GPU_1, "a run without GPUs does not clear the view CUDA already read"
+
+
+def test_an_attempt_gives_back_the_ranks_whose_run_returned_reusable_whatever_its_outcome():
+    assert giving_back(2, replaced=set(), reusable={0, 1}) == [0, 1], "a run that ended well: every rank"
+    assert giving_back(2, replaced=set(), reusable={1}) == [1], \
+        "rank 1 raised and returned; rank 0, still waiting in a collective, is killed"
+    assert giving_back(2, replaced=set(), reusable=set()) == [], "stopped: no rank returned"
+    assert giving_back(3, replaced={2}, reusable={0, 1, 2}) == [0, 1], \
+        "a worker started in place of a leased one lost while starting was never the pool's"

@@ -99,15 +99,12 @@ def test_the_environment_turns_warming_off_for_every_kernel(monkeypatch, value, 
 
 def test_as_many_ranks_as_the_default_run_takes_and_the_cluster_holds(monkeypatch):
     asked: list[tuple[Any, int | None]] = []
-    spares: list[float] = []
     monkeypatch.setattr(warm, "pool_for_launch", lambda: "pool")
     monkeypatch.setattr(warm, "prestart", lambda pool, options, workers=None: asked.append((options, workers)))
-    monkeypatch.setattr(spare_process, "prestart_for_supervisors", lambda keep_alive_s: spares.append(keep_alive_s))
     assert warm.warm_at_start(8.0)[0] == 2, "the default run has 2 ranks"
     assert warm.warm_at_start(1.0)[0] == 1, "a 1-CPU cluster holds one"
     assert warm.warm_at_start(0.5)[0] == 0 and len(asked) == 2, "none fits: nothing is started"
     assert all(shape_of(options) == shape_of(RunOptions()) for options, _ in asked)
-    assert spares == [600.0, 600.0], "a process for the first launch's supervisor, kept as long as the ranks"
     warm.warm_at_start(2.0, 30.0)
     assert asked[-1][0].warm_idle_s == 30.0, "connect(warm_idle_s=30) sets how long they wait"
 
@@ -166,11 +163,15 @@ def test_two_prestarts_at_once_start_the_workers_once(monkeypatch):
         second.start()
         second.join(timeout=0.5)  # it must wait for the first one: it is still running when this returns
 
+    spares: list[float] = []
     pool.first_nodes_call = launch_prestarts_meanwhile
     monkeypatch.setattr(warm_pool.ray, "nodes", nodes)
+    monkeypatch.setattr(warm_pool, "prestart_for_supervisors", spares.append)
     pool.prestart(shape, 2, 600.0, True)  # connect()'s, in the background
     second.join(timeout=30)
     assert pool.started == [True, True], "the launch's prestart found connect()'s two idle workers"
+    assert spares == [600.0], ("connect()'s asks, on the cluster, for a process for the first launch's supervisor, "
+                               "kept as long as the ranks; a launch's own prestart does not")
 
 
 def test_a_spare_process_is_started_as_a_supervisor_is_and_imports_its_module():

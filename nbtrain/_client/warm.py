@@ -89,15 +89,13 @@ def warm_at_start(cluster_cpus: float, idle_s: float | None = None) -> tuple[int
     ``idle_s`` (default: the options' ``warm_idle_s``), with ``release_warm()``, or when a run of another shape
     leases from the pool."""
     from nbtrain._cluster.elastic.sizing import starting_size
-    from nbtrain._cluster.warm.spare_process import prestart_for_supervisors
     from nbtrain._options import RunOptions
 
     options = RunOptions() if idle_s is None else RunOptions(warm_idle_s=idle_s)
     workers = min(starting_size(options), int(cluster_cpus // max(float(options.cpus_per_worker), 1e-9)))
     if workers < 1:
         return 0, options
-    prestart_for_supervisors(options.warm_idle_s)  # the first launch's supervisor's process
-    prestart(pool_for_launch(), options, workers)
+    prestart(pool_for_launch(), options, workers)  # and the first launch's supervisor's process
     return workers, options
 
 

@@ -79,7 +79,7 @@ class WorkerGroup:
         self._pool: Any = None             # the warm pool the actors were leased from, if any
         self.warm_reused = 0               # how many of the leased workers were idle ones lent again
         self._leased_gpus: list[list[str]] = []  # by rank: the GPU ids of its bundle, for leased workers
-        self._succeeded = False            # every rank's run() returned: warm workers go back to the pool
+        self._reusable: set[int] = set()   # ranks whose run() returned and whose process another run may take
         self._group: Any = None
         self._refs: list[Any] = []
         self.pushes: dict[int, int] = {}  # rank -> pushes it sent in all, from its outcome
@@ -301,7 +301,6 @@ class WorkerGroup:
             early = interrupt()
             if early is not None:
                 return early
-        self._succeeded = True
         return Succeeded([results[rank] for rank in range(len(self._refs))])
 
     def _outcome(self, rank: int, ref: Any, table: WorkerTable, results: dict[int, bytes]) -> Failure | None:
@@ -312,6 +311,8 @@ class WorkerGroup:
             return failure_policy.died(rank, worker.get("pid"), worker.get("node"), worker.get("node_id"), exc)
         self.pushes[rank] = outcome["pushes"]
         self.unsent[rank] = outcome["unsent"]
+        if outcome.get("reusable", True):
+            self._reusable.add(rank)
         if outcome["ok"]:
             table.mark(rank, WorkerState.FINISHED)
             results[rank] = outcome["result"]
@@ -320,19 +321,17 @@ class WorkerGroup:
         return failure_policy.raised(rank, outcome)
 
     def shutdown(self, table: WorkerTable) -> None:
-        """Kill every actor (leased workers of an attempt that succeeded go back to the warm pool instead)
-        and free the placement group; ranks still going show as stopped."""
+        """Kill every actor (leased workers whose run returned go back to the warm pool instead: see
+        :func:`giving_back`) and free the placement group; ranks still going show as stopped."""
         ended = list(self.relays.values())
         if self._pool is not None:
-            leased = [actor for rank, actor in enumerate(self.actors) if rank not in self._replaced]
-            ended += [self.actors[rank] for rank in self._replaced]
+            back = giving_back(len(self.actors), self._replaced, self._reusable)
             try:  # waited for: the supervisor may exit next, and an unsent call would leave them lent
-                ray.get(self._pool.give_back.remote(self.spec.name, leased if self._succeeded else []),
+                ray.get(self._pool.give_back.remote(self.spec.name, [self.actors[rank] for rank in back]),
                         timeout=GIVE_BACK_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - the pool is gone (its workers with it) or exiting
                 pass
-            if not self._succeeded:
-                ended += leased
+            ended += [actor for rank, actor in enumerate(self.actors) if rank not in back]
         else:
             ended += self.actors
         for actor in ended:
@@ -349,6 +348,15 @@ class WorkerGroup:
                 pass
             self._group = None
         table.stop_live()
+
+
+def giving_back(world_size: int, replaced: set[int], reusable: set[int]) -> list[int]:
+    """The ranks whose leased warm workers go back to the pool as an attempt ends, whatever its outcome: those
+    whose ``run()`` returned with a process another run may take (a rank that failed in its own code, with
+    CUDA never touched, is as fresh as one that succeeded: the next run, or the next attempt of this one,
+    takes it warm). A rank still running (stopped, or stuck in a collective its peer left) is killed, and
+    so is a worker started in place of a leased one lost while starting (it was never the pool's)."""
+    return [rank for rank in range(world_size) if rank in reusable and rank not in replaced]
 
 
 def remove_leftover_group(spec: RunSpec, attempt: int) -> None:

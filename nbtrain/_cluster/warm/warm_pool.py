@@ -32,8 +32,9 @@ Who owns what, and why:
   got other GPUs gets new workers, never another run's GPU.
 * Idle workers end after the ``warm_idle_s`` of the run that used them last,
   on ``release()`` (``nbtrain.release_warm()``), or when a run whose workers have
-  another shape leases from the pool. Only workers whose ``run()`` returned come back; a
-  failed or stopped attempt's workers are killed.
+  another shape leases from the pool. Only workers whose ``run()`` returned come back, a
+  failed attempt's too (a re-run after a fix, or the next attempt, takes them warm) unless the rank used
+  CUDA; a rank still running as its attempt ends (stopped, or stuck in a collective) is killed.
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     from nbtrain._options import RunOptions
 
 WATCH_INTERVAL_S = 1.0
-ANCHOR_PING_TIMEOUT_S = 10.0
 ALIVE_CHECK_S = 30.0  # a worker still starting (prestarted) answers once torch is imported; a dead one at once
 
 class Shape(NamedTuple):
@@ -171,7 +171,10 @@ class WarmPool:
         and ``import torch`` overlap the supervisor's start and the placement. Only on a one-node cluster
         (the embedded one, a laptop), where the node a bundle lands on is known in advance. ``background``:
         no launch waits for them yet (``connect()`` warms the first run's): they import torch at a
-        bookkeeping priority."""
+        bookkeeping priority, and a process for that run's supervisor is asked for first (from here, on the
+        cluster: a notebook over Ray Client has no token for the raylet's own port)."""
+        if background:
+            prestart_for_supervisors(idle_s)
         with self._prestarting:  # two at once (connect()'s, then a launch's) would each count the same idle ones
             alive = [node for node in ray.nodes() if node["Alive"]]
             if len(alive) != 1:
@@ -278,26 +281,19 @@ class WarmPool:
                 self._workers.remove(worker)
 
     def _watch(self) -> None:
-        """Ends idle workers past their time, and everything idle once the notebook session is gone."""
+        """Ends idle workers past their time, and everything idle once the notebook session is gone (the call
+        to its anchor that never returns has failed)."""
+        session_gone = self._anchor.until_gone.remote()
         while True:
-            time.sleep(WATCH_INTERVAL_S)  # a period, not a synchronisation
+            ended, _ = ray.wait([session_gone], timeout=WATCH_INTERVAL_S)  # the period of the idle check
             now = time.monotonic()
             with self._lock:
                 self._end([w for w in self._workers if w.leased_by is None and now - w.idle_since > w.idle_s])
-            if not self._closing and not self._anchor_alive():
+            if ended and not self._closing:
                 with self._lock:
                     self._closing = True
                     self._end([w for w in self._workers if w.leased_by is None])
             self._exit_if_done()
-
-    def _anchor_alive(self) -> bool:
-        try:
-            ray.get(self._anchor.ping.remote(), timeout=ANCHOR_PING_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            return True  # busy, not gone
-        except Exception:  # noqa: BLE001 - the session's anchor died with it
-            return False
-        return True
 
     def _exit_if_done(self) -> None:
         with self._lock:

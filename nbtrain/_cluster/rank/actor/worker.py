@@ -151,6 +151,9 @@ class TrainWorker:
             outcome = {
                 "ok": False, "rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000],
                 "traceback": text, "step": session.current_step(),
+                # a failure in the user's code leaves the process as a finished run does, unless it used
+                # CUDA: an error there can leave the device unusable for the process's next run
+                "reusable": not torch.cuda.is_initialized(),
             }
         finally:
             set_session(None)
