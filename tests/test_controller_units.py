@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from nbtrain._cluster.command_kinds.stop import LONGEST_WAIT_S, wait_for_ranks_s
+from nbtrain._cluster.commands import STOP, Heartbeat, SteeringBeat
 from nbtrain._cluster.elastic import policy
 from nbtrain._cluster.elastic.policy import Resize, SizingPolicy
 from nbtrain._cluster.spec import RunSpec
@@ -226,6 +228,59 @@ def test_a_stop_during_an_attempt_ends_it_stopped(tmp_path):
     assert controller.request_stop(timeout=10) == RunState.STOPPED
     assert ended.wait(10) and groups.attempts[0].shut_down
     assert "stopped by the user" in events(controller, "state")[-1]
+
+
+def test_a_stop_has_every_rank_end_at_one_step_and_waits_for_them_then_kills_the_late(tmp_path):
+    """With the ranks' rates known, the stop is a command at one step ahead of them; the attempt goes on until
+    every rank's function ended there (its workers then go back to the warm pool, see worker_group), or, where a
+    rank does not get there in time, ends as a kill would."""
+    def beating(attempt: FakeAttempt) -> None:
+        for rank in range(attempt.size):
+            controller.table.beat(rank, attempt.number, Heartbeat(
+                time=time.time(), step=10, state="running", last_progress=time.time(),
+                steering=SteeringBeat(step=10, rate=20.0, epoch=0)))
+        groups.running.set()
+
+    def ranks_end_at_the_stop(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        while not controller.stop_requested:
+            beating(attempt)
+            assert interrupt() is None
+            time.sleep(0.01)
+        stops = [c for c in controller.steering.all() if c.kind == STOP]
+        assert len(stops) == 1 and stops[0].at_step > 10, "the stop is a command at a step ahead of the ranks"
+        assert interrupt() is None, "the attempt goes on while the ranks reach the stop's step"
+        return Succeeded([b"stopped"] * attempt.size)  # each rank's function ended there
+
+    groups = FakeWorkerGroups(ranks_end_at_the_stop)
+    controller, ended = make_controller(tmp_path, groups, workers=2)
+    controller.start()
+    assert groups.running.wait(10)
+    assert controller.request_stop(timeout=10) == RunState.STOPPED
+    assert ended.wait(10) and "stopped by the user" in events(controller, "state")[-1]
+    assert controller.results is None, "a stopped run has no result"
+    assert controller.steering.changes() == [], "a stop is none of the run's changes"
+
+    groups = FakeWorkerGroups(until_interrupted(beating))  # ranks that never reach it: killed once it is due
+    controller, ended = make_controller(tmp_path / "late", groups, workers=2)
+    controller.start()
+    assert groups.running.wait(10)
+    began = time.monotonic()
+    assert controller.request_stop(timeout=10) == RunState.STOPPED
+    assert time.monotonic() - began < LONGEST_WAIT_S + 2 and groups.attempts[0].shut_down
+
+
+@pytest.mark.parametrize(("rates", "at_step", "paused", "waits"), [
+    ((20.0, 20.0), 13, False, True),        # 3 steps at 20 steps/s: a fraction of a second, then the ending
+    ((20.0, 0.5), 13, False, False),        # the slowest rank needs 6 s to get there: killed at once
+    ((None, 20.0), 13, False, False),       # a rate not measured yet: no telling when
+    ((20.0, 20.0), 13, True, False),        # a paused rank is held inside its step
+])
+def test_a_stop_waits_for_the_ranks_only_where_they_reach_its_step_soon(rates, at_step, paused, waits):
+    running = {rank: SteeringBeat(step=10, rate=rate, epoch=0, paused_at=10 if paused else None)
+               for rank, rate in enumerate(rates)}
+    wait_s = wait_for_ranks_s(running, at_step)
+    assert (wait_s is not None) is waits
+    assert wait_s is None or wait_s <= LONGEST_WAIT_S
 
 
 def test_an_elastic_run_shrinks_on_a_lost_node_and_grows_back(tmp_path):

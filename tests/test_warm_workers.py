@@ -183,6 +183,22 @@ def test_a_relaunchs_supervisor_takes_a_spare_process(cluster):
         nbtrain.release_warm()
 
 
+def test_a_stopped_runs_ranks_end_at_one_step_and_the_next_run_takes_them_warm(cluster):
+    """Stop, edit, run again: run.stop() has every rank end its function at one step (none left in a collective),
+    the rows up to it all land, and the processes wait, warm, for the next run (they were killed before)."""
+    run = nbtrain.launch(reports_until_stopped, name="stopped-warm", workers=2, env={"WARM_TEST_SHAPE": "stopped"})
+    wait_for(lambda: all(sum(r["rank"] == rank for r in run.refresh() + run.metrics) >= 5 for rank in (0, 1)), 120,
+             message="five rows from each rank")
+    stopped_pids = _pids(run)
+    assert run.stop() == nbtrain.RunState.STOPPED
+    steps = {rank: [r["step"] for r in run.metrics if r["rank"] == rank] for rank in (0, 1)}
+    assert steps[0] == list(range(1, len(steps[0]) + 1)) and steps[0] == steps[1], "every row, to one last step"
+    assert {w["state"] for w in run.workers} == {"stopped"}
+    again = _launch("stopped-warm-again", "stopped")
+    assert _pids(again) == stopped_pids, "the stopped run's ranks took the next run, warm"
+    nbtrain.release_warm()
+
+
 def test_idle_workers_exit_after_warm_idle_s(cluster):
     run = _launch("warm-timeout", "timeout", warm_idle_s=10.0)
     assert not _all_gone(_pids(run))  # idle, warm

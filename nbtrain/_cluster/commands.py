@@ -22,9 +22,9 @@ from typing import Any
 
 from nbtrain._exceptions import InvalidOptionError
 
-ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE, REWIND, GUARD, EXEC, PATCH = (
+ADJUST, PAUSE, RESUME, CHECKPOINT, STOP_AFTER_EPOCH, USER, STACKS, PROFILE, REWIND, GUARD, EXEC, PATCH, STOP = (
     "adjust", "pause", "resume", "checkpoint", "stop_after_epoch", "user", "stacks", "profile", "rewind", "guard",
-    "exec", "patch")
+    "exec", "patch", "stop")
 MAX_PROFILE_STEPS = 1000
 
 AS_SOON_AS_BACK = -1  # at_step of a command issued while no rank runs: the next attempt's first step

@@ -54,7 +54,9 @@ class RunControl:
         return RunState(self.reader.fetch_summary()["state"])
 
     def stop(self, timeout: float = 30.0, *, after: str | None = None) -> RunState:
-        """Stop the run: its workers are killed and their resources freed before this returns.
+        """Stop the run: every rank ends its function at one step, its rows up to there kept, and its process
+        waits, warm, for this session's next run (a rank that does not reach that step within a few seconds,
+        or a paused one, is killed instead); their resources are freed before this returns.
 
         Args:
             timeout: seconds to wait for the supervisor to stop the workers.

@@ -75,6 +75,8 @@ class RankSide(Protocol):
 
     def patch_code(self, command: Command, step: int) -> None: ...
 
+    def end_function(self, step: int) -> None: ...
+
 
 class Issuing:
     """A command being issued at the supervisor: the run's steering, what each running rank last said, whether

@@ -21,12 +21,13 @@ from nbtrain._cluster.command_kinds.resume import Resume
 from nbtrain._cluster.command_kinds.rewind import Rewind
 from nbtrain._cluster.command_kinds.send import Send
 from nbtrain._cluster.command_kinds.stacks import Stacks
+from nbtrain._cluster.command_kinds.stop import Stop
 from nbtrain._cluster.command_kinds.stop_after_epoch import StopAfterEpoch
 from nbtrain._cluster.commands import Command
 
 BUILT_IN: dict[str, CommandKind] = {kind.name: kind for kind in (
     Adjust(), Pause(), Resume(), CheckpointNow(), StopAfterEpoch(), Send(), Stacks(), Profile(), Rewind(), Guard(),
-    Exec(), Patch())}
+    Exec(), Patch(), Stop())}
 _registered: dict[str, CommandKind] = dict(BUILT_IN)
 _definitions: dict[str, bytes] = {}  # kinds registered here that are not nbtrain's own, pickled by value
 

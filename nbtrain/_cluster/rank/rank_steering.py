@@ -45,6 +45,16 @@ PAUSE_CHECK_S = 0.5    # a paused rank looks again this often (a resume wakes it
 _handlers: dict[str, Callable[..., Any]] = {}  # @on_command registrations in this process
 
 
+class RunStopped(BaseException):
+    """Raised at the step every rank agreed to stop at (the ``stop`` command), out of the hook that applies it:
+    the training function ends there, and the rank's process goes back to the warm pool. A BaseException, as
+    KeyboardInterrupt is, so that the user's ``except Exception`` does not take it for an error of theirs."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"run.stop() at step {step}")
+        self.step = step
+
+
 def on_command(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register ``fn`` as this rank's handler of the command ``name`` sent by ``run.send(name, **payload)``."""
     if not isinstance(name, str) or not name:
@@ -408,6 +418,10 @@ class RankSteering:
             return
         self._say_applied(command, step, None)
         self.answer(command, True, step)
+
+    def end_function(self, step: int) -> None:
+        """``run.stop()`` at ``step``: the training function ends here, on every rank at the same step."""
+        raise RunStopped(step)
 
     def adjust(self, settings: dict[str, Any], group_index: int | None) -> None:
         """Apply settings checked by the notebook (:func:`nbtrain._cluster.commands.checked_settings`)."""

@@ -27,6 +27,8 @@ from typing import Any
 
 import ray
 
+from nbtrain._cluster.command_kinds.stop import wait_for_ranks_s
+from nbtrain._cluster.commands import STOP, SteeringBeat
 from nbtrain._cluster.elastic.policy import Resize, SizingPolicy
 from nbtrain._cluster.launch_phases import LaunchPhases
 from nbtrain._cluster.spec import RunSpec
@@ -93,6 +95,7 @@ class RunController:
         self.started = time.time()
         self.ended: float | None = None
         self.stop_requested = False
+        self._ranks_end_by: float | None = None  # a stop waits until then for the ranks to end at its step
         self.world_size = 0  # the current attempt's ranks (elastic runs: it changes)
         self.phases = LaunchPhases(spec.launch_called, time.time())  # where the first attempt's start went
 
@@ -195,14 +198,29 @@ class RunController:
         self._thread.start()
 
     def request_stop(self, timeout: float) -> RunState:
+        running = {}
         with self._lock:
             if not self.state.is_terminal and not self.stop_requested:
                 self.stop_requested = True
                 self.persist()
+                running = self.table.steering_now() if self.state == RunState.RUNNING else {}
+        if running:
+            self._ranks_end_at_one_step(running)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout)
         return self.state
+
+    def _ranks_end_at_one_step(self, running: dict[int, SteeringBeat]) -> None:
+        """Have every rank end its function at one step (:mod:`~nbtrain._cluster.command_kinds.stop`), so their
+        processes go back to the warm pool, where they can reach it soon; the watch waits that long for them."""
+        try:
+            command = self.steering.issue(STOP, {}, running, live=True, attempt=self.attempt)
+        except ValueError:
+            return
+        wait_s = wait_for_ranks_s(running, command.at_step)
+        if wait_s is not None:
+            self._ranks_end_by = time.monotonic() + wait_s
 
     def resume(self, spec: RunSpec, datasets: dict[str, Any] | None, failure_policy: FailurePolicy,
                sizing: SizingPolicy | None = None) -> str:
@@ -219,7 +237,7 @@ class RunController:
             if sizing is not None:
                 self.sizing = sizing
             self.spec, self.datasets = spec, datasets
-            self.error, self.stop_requested = None, False
+            self.error, self.stop_requested, self._ranks_end_by = None, False, None
             self._stop.clear()
             source = "the latest checkpoint" if self.checkpoint else "scratch"
         self.transition(RunState.RESTARTING, f"resumed by the user from {source}", resume=True)
@@ -253,6 +271,9 @@ class RunController:
                     self.persist()
                 self.steering.new_attempt(self.attempt)
                 outcome = self._run_attempt()
+                if isinstance(outcome, Succeeded) and self._stop.is_set():  # every rank ended at the stop's step
+                    self.transition(RunState.STOPPED, "stopped by the user")
+                    return
                 if isinstance(outcome, Succeeded):
                     self.results = outcome.results
                     if (epoch := self.steering.stop_after_epoch()) is not None:  # the function returned as asked
@@ -344,9 +365,11 @@ class RunController:
             group.shutdown(self.table)
 
     def _interrupt(self) -> Outcome | None:
-        """Checked every watch tick: the user's stop, then each callback's (the first outcome ends the attempt)."""
+        """Checked every watch tick: the user's stop (once the ranks had their time to end at its step), then each
+        callback's (the first outcome ends the attempt)."""
         if self._stop.is_set():
-            return Stopped()
+            ending = self._ranks_end_by is not None and time.monotonic() < self._ranks_end_by
+            return None if ending else Stopped()
         for callback in self.callbacks:
             outcome = callback.on_watch_tick(self)
             if outcome is not None:

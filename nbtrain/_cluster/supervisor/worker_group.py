@@ -314,7 +314,7 @@ class WorkerGroup:
         if outcome.get("reusable", True):
             self._reusable.add(rank)
         if outcome["ok"]:
-            table.mark(rank, WorkerState.FINISHED)
+            table.mark(rank, WorkerState.STOPPED if outcome.get("stopped") else WorkerState.FINISHED)
             results[rank] = outcome["result"]
             return None
         table.mark(rank, WorkerState.FAILED)

@@ -32,9 +32,10 @@ Who owns what, and why:
   got other GPUs gets new workers, never another run's GPU.
 * Idle workers end after the ``warm_idle_s`` of the run that used them last,
   on ``release()`` (``nbtrain.release_warm()``), or when a run whose workers have
-  another shape leases from the pool. Only workers whose ``run()`` returned come back, a
-  failed attempt's too (a re-run after a fix, or the next attempt, takes them warm) unless the rank used
-  CUDA; a rank still running as its attempt ends (stopped, or stuck in a collective) is killed.
+  another shape leases from the pool. Only workers whose ``run()`` returned come back: a
+  stopped run's (every rank ends its function at the stop's step), a failed attempt's (a re-run after a
+  fix, or the next attempt, takes them warm) unless the rank used CUDA; a rank still running as its
+  attempt ends (one that did not reach the stop's step in time, or stuck in a collective) is killed.
 """
 
 from __future__ import annotations

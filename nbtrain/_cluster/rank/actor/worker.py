@@ -36,6 +36,7 @@ from nbtrain._cluster.priority import BOOKKEEPING_NICENESS
 from nbtrain._cluster.rank.actor.torch_warmup import load_lazy_torch, load_torch_for_a_launch
 from nbtrain._cluster.rank.allocator import keep_freed_memory
 from nbtrain._cluster.rank.inspection import post_mortem
+from nbtrain._cluster.rank.rank_steering import RunStopped
 from nbtrain._cluster.rank.ray_train import seam_watch
 from nbtrain._cluster.rank.session import TrainingSession, set_session
 from nbtrain._net import free_port
@@ -142,6 +143,8 @@ class TrainWorker:
             session.phases[FUNCTION_LOADED] = time.time()
             result = fn(context.config) if payload.code.fn_takes_config else fn()
             outcome: dict[str, Any] = {"ok": True, "rank": rank, "result": cloudpickle.dumps(result)}
+        except RunStopped:  # every rank ends at the step run.stop() settled: nothing of the user's failed
+            outcome = {"ok": True, "stopped": True, "rank": rank, "result": cloudpickle.dumps(None)}
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the supervisor
             user_code = _from_user_code(exc.__traceback__)
             text = "".join(traceback.format_exception(type(exc), exc, user_code))
@@ -164,7 +167,7 @@ class TrainWorker:
                     dist.destroy_process_group()
                 except Exception:  # noqa: BLE001 - the group may be broken by the failure
                     pass
-        session.close("finished" if outcome["ok"] else "failed")
+        session.close("stopped" if outcome.get("stopped") else "finished" if outcome["ok"] else "failed")
         # how many pushes this rank sent: the supervisor ends the attempt only once all have landed
         outcome["pushes"] = session.seq
         outcome["unsent"] = session.unsent()
