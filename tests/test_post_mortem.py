@@ -161,3 +161,29 @@ def test_a_huge_local_is_kept_as_its_repr_and_tensors_as_summaries():
     assert "<tensor shape=(3, 4) dtype=float32 device=cpu min=0 max=11 mean=5.5>" in text, text
     assert "(3, 4)" in text
     assert "this ndarray was kept only as its repr (larger than" in text
+
+
+class _Sharded(torch.Tensor):
+    """Stands in for a DTensor (FSDP2's parameters): the whole tensor's min, max or mean would be a collective
+    across the ranks; its shard on this rank is ``to_local()``."""
+
+    def to_local(self) -> torch.Tensor:
+        return torch.Tensor._make_subclass(torch.Tensor, self.detach()[:2])
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func.__name__ in ("min", "max", "mean"):
+            raise AssertionError(f"{func.__name__} of the whole sharded tensor: a collective")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.quick
+def test_a_sharded_tensor_is_summed_up_from_this_ranks_shard_never_by_a_collective():
+    """A capture that ran DTensor collectives on its own thread ran on into the process's next run (a restart
+    that took the warm process) and took part in its collectives: the restored checkpoint came back wrong."""
+    from nbtrain._cluster.rank.inspection.post_mortem import _summary
+
+    sharded = torch.Tensor._make_subclass(_Sharded, torch.tensor([1.0, 3.0, 100.0, 200.0]))
+    summary = _summary(sharded)
+    assert summary.shape == (4,), "the whole tensor's shape"
+    assert summary.stats == {"min": 1.0, "max": 3.0, "mean": 2.0}, "this rank's shard's values"

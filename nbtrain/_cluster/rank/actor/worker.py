@@ -149,14 +149,15 @@ class TrainWorker:
             user_code = _from_user_code(exc.__traceback__)
             text = "".join(traceback.format_exception(type(exc), exc, user_code))
             sys.stderr.write(text)
-            post_mortem.keep(exc, user_code, payload.report_to.supervisor, rank, payload.attempt,
-                             payload.debug_capture_mb)
+            captured = post_mortem.keep(exc, user_code, payload.report_to.supervisor, rank, payload.attempt,
+                                        payload.debug_capture_mb)
             outcome = {
                 "ok": False, "rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000],
                 "traceback": text, "step": session.current_step(),
                 # a failure in the user's code leaves the process as a finished run does, unless it used
-                # CUDA: an error there can leave the device unusable for the process's next run
-                "reusable": not torch.cuda.is_initialized(),
+                # CUDA (an error there can leave the device unusable for the process's next run) or the
+                # post-mortem's capture still runs on its thread
+                "reusable": captured and not torch.cuda.is_initialized(),
             }
         finally:
             set_session(None)

@@ -37,6 +37,7 @@ from nbtrain._cluster.rank.inspection.captured_values import CapturedRepr, Tenso
 from nbtrain._packing.code_origin import code_names
 
 CAPTURE_TIME_S = 5.0          # the whole capture, on its own thread
+CAPTURE_THREAD = "nbtrain-post-mortem"
 SEND_TIMEOUT_S = 10.0         # handing it to the supervisor
 REPR_CHARS = 1000             # a value kept as its repr is cut here
 SOURCE_CHARS = 500_000        # a file's lines travel whole up to this size; else a window around the frames' lines
@@ -52,10 +53,12 @@ _short.maxlevel = 3
 
 
 def keep(exc: BaseException, tb: types.TracebackType | None, supervisor: Any, rank: int, attempt: int,
-         cap_mb: float) -> None:
-    """Capture ``exc``'s post-mortem from ``tb`` on and hand it to the run's supervisor; never raises."""
+         cap_mb: float) -> bool:
+    """Capture ``exc``'s post-mortem from ``tb`` on and hand it to the run's supervisor; never raises. Returns
+    whether the capture ended (False: its thread still runs past :data:`CAPTURE_TIME_S`, and the process is not
+    fit for another run: the warm pool does not take it back)."""
     if cap_mb <= 0:
-        return
+        return True
     try:
         import ray
 
@@ -64,6 +67,7 @@ def keep(exc: BaseException, tb: types.TracebackType | None, supervisor: Any, ra
     except Exception as problem:  # noqa: BLE001 - the run's failure is what matters; say why there is no capture
         print(f"nbtrain: this rank's post-mortem for %ray_debug could not be kept: {type(problem).__name__}: "
               f"{problem}", file=sys.stderr)
+    return not any(thread.name == CAPTURE_THREAD for thread in threading.enumerate())
 
 
 def capture(exc: BaseException, tb: types.TracebackType | None, cap_bytes: int,
@@ -72,7 +76,7 @@ def capture(exc: BaseException, tb: types.TracebackType | None, cap_bytes: int,
     began = time.monotonic()
     frames = [entry for entry in _walk(tb) if not entry.tb_frame.f_code.co_filename.startswith(NBTRAIN_DIR)]
     work = _Capture(frames, cap_bytes)
-    thread = threading.Thread(target=work.run, name="nbtrain-post-mortem", daemon=True)
+    thread = threading.Thread(target=work.run, name=CAPTURE_THREAD, daemon=True)
     thread.start()
     thread.join(time_limit_s)
     took = time.monotonic() - began
@@ -248,10 +252,15 @@ def _is_tensor(value: Any) -> bool:
 
 
 def _summary(tensor: Any) -> TensorSummary:
+    """Shape, dtype and device, and the values' min, max and mean (and the values of a small one). For a sharded
+    tensor (a DTensor: FSDP2's parameters) those of this rank's shard: the whole's would be a collective, which a
+    capture on its own thread must never start (one that ran on into the process's next run took part in that
+    run's collectives and corrupted a restored checkpoint)."""
     stats: dict[str, float] = {}
     values = None
     try:
-        data = tensor.detach()
+        to_local = getattr(tensor, "to_local", None)
+        data = (to_local() if callable(to_local) else tensor).detach()
         if data.numel() and not data.is_complex() and data.dtype != _bool_dtype():
             stats = {"min": float(data.min()), "max": float(data.max()), "mean": float(data.double().mean())}
         if 0 < data.numel() <= SMALL_TENSOR:
