@@ -23,8 +23,6 @@ import pytest
 
 import nbtrain
 
-pytestmark = pytest.mark.oldest_ray
-
 FIRST_KERNEL = r'''
 import json, time
 import torch
@@ -108,6 +106,7 @@ def _result(done: subprocess.CompletedProcess[str]) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
+@pytest.mark.oldest_ray  # and on the oldest Ray (scripts/run-tests' tier)
 def test_a_kernel_on_the_cluster_runs_steers_and_finds_its_run_again_after_a_restart(plain_cluster, tmp_path):
     home = str(tmp_path / "home")
     token_file = {"RAY_AUTH_TOKEN_PATH": str(plain_cluster.token_path)}  # where the cluster's nodes keep it
@@ -142,6 +141,7 @@ def _timed_refusal(address: str, **kwargs) -> tuple[str, float]:
     return str(raised.value), time.monotonic() - began
 
 
+@pytest.mark.oldest_ray  # and on the oldest Ray (scripts/run-tests' tier)
 def test_auto_with_no_cluster_on_this_node_says_so_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -158,6 +158,7 @@ def test_auto_with_no_cluster_on_this_node_says_so_at_once(tmp_path, monkeypatch
     assert took < 5 and "but nothing listens at 127.0.0.1:" in message and "has stopped" in message
 
 
+@pytest.mark.oldest_ray  # and on the oldest Ray (scripts/run-tests' tier)
 def test_a_port_of_the_other_kind_and_a_wrong_token_are_each_one_line_at_once(plain_cluster):
     gcs, client = plain_cluster.gcs_address, plain_cluster.client_address
     cases = [
@@ -179,7 +180,9 @@ def test_a_port_of_the_other_kind_and_a_wrong_token_are_each_one_line_at_once(pl
 
 
 def test_the_embedded_cluster_is_reached_both_ways(tmp_path):
-    """Whichever way connect() takes to the embedded cluster by default, the other is its other address; the
+    """Not in the oldest-Ray tier: which address connect() takes is nbtrain's choice, which no Ray release changes
+    (the tier's own session cluster is embedded, test_connect.py's client and this module's kernel are its two
+    ways). Whichever way connect() takes to the embedded cluster by default, the other is its other address; the
     session over Ray Client warms its first run's ranks and its supervisor's process without a word of
     trouble (the spare process was once asked for from the notebook, which has no token for the raylet)."""
     code = r'''
