@@ -347,7 +347,9 @@ VARIES: dict[str, list[str]] = {
     "11_debug_and_profile.ipynb": [r"top operator over # steps: "],
 }
 # Ray's own notices ("(raylet) A worker died…" after a rank is killed) reach a cell when they reach it: not the
-# code's printing, so not compared.
+# code's printing, so not compared; nor are a notice's indented lines after its first ("…marked dead because the
+# detector has missed too many heartbeats from it…" goes on with "\t(2) raylet has lagging heartbeats…" when a
+# busy machine's killed node is found by its missed heartbeats rather than by its exit).
 RAY_NOTICE = re.compile(r"^\((?:raylet|pid=#|\w+ pid=#)\)")
 
 
@@ -367,9 +369,11 @@ def shown_lines(notebook: dict[str, Any], name: str) -> dict[str, set[str]]:
                 text = f"{out['ename']}: {out['evalue']}"
             else:
                 continue
-            for line in text.splitlines():
-                line = " ".join(RUN_NUMBER.sub("", NUMBER.sub("#", line)).split())
-                if line and not RAY_NOTICE.match(line) and not any(pattern.search(line) for pattern in varies):
+            in_notice = False
+            for raw in text.splitlines():
+                line = " ".join(RUN_NUMBER.sub("", NUMBER.sub("#", raw)).split())
+                in_notice = bool(RAY_NOTICE.match(line)) or (in_notice and raw[:1].isspace())
+                if line and not in_notice and not any(pattern.search(line) for pattern in varies):
                     lines.add(line)
         shown[cell.get("id", "")] = lines
     return shown

@@ -198,6 +198,22 @@ def test_a_process_for_the_next_supervisor_is_asked_once_per_run_at_its_first_st
     assert asked == [600.0, 30.0]
 
 
+SUPERVISOR_ENV = {"NBTRAIN_PROCESS": "run supervisor", "RAY_JOB_ID": "01000000"}
+
+
+@pytest.mark.parametrize(("title", "environ", "unused"), [
+    ("ray::IDLE", SUPERVISOR_ENV, True),                                             # asked for, idle
+    ("/usr/bin/python3 .../setup_worker.py .../default_worker.py", SUPERVISOR_ENV, True),  # still starting
+    ("ray::nbtrain-run:x:RunSupervisor.poll", SUPERVISOR_ENV, False),                # a supervisor took it
+    ("ray::IDLE", {**SUPERVISOR_ENV, "RAY_JOB_ID": "02000000"}, False),              # another session's
+    ("ray::IDLE", {"RAY_JOB_ID": "01000000"}, False),                                # Ray's own idle process
+])
+def test_a_spare_is_asked_for_only_when_none_asked_before_is_left(title, environ, unused):
+    """Ray starts a process for every ask; a run that ends with no launch after it would leave one more idle."""
+    assert spare_process.has_unused_spare([(title, environ)], "01000000") is unused
+    assert spare_process.has_unused_spare([], "01000000") is False
+
+
 def test_the_first_step_is_known_once_every_rank_of_the_first_attempt_reported():
     phases = LaunchPhases(launch_called=1.0, supervisor_up=2.0)
     phases.ranks_assigned(attempt=0, world_size=2, warm_ranks=2, at=3.0)

@@ -13,11 +13,10 @@ import dataclasses
 
 import psutil
 
-from nbtrain._cluster.warm.spare_process import SUPERVISOR_PROCESS
+from nbtrain._cluster.warm.spare_process import SPARE_TITLE, SUPERVISOR_PROCESS
 from nbtrain._options import RunOptions
 
 RANK_TITLE = "ray::TrainWorker"
-SPARE_TITLE = "ray::IDLE"
 SUPERVISOR_ENV = ("NBTRAIN_PROCESS", SUPERVISOR_PROCESS)  # what supervisors' processes have in their environment
 
 

@@ -27,13 +27,18 @@ and the supervisor imports its code when created, as before.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from typing import Any
+
+import psutil
 
 from nbtrain._ray_compat import prestart_worker, say_once, worker_setup_hook_env
 
 RPC_TIMEOUT_S = 10.0
 SUPERVISOR_SETUP_HOOK = "nbtrain._cluster.supervisor.supervisor._imported"  # importing its module is the point
 SUPERVISOR_PROCESS = "run supervisor"  # NBTRAIN_PROCESS of supervisors' processes, their spares' too
+SPARE_TITLE = "ray::IDLE"  # Ray's title for a worker process that runs nothing (yet)
 
 
 def supervisor_runtime_env(holds: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -44,7 +49,14 @@ def supervisor_runtime_env(holds: dict[str, Any] | None = None) -> dict[str, Any
 
 
 def prestart_for_supervisors(keep_alive_s: float) -> bool:
-    """Ask this node's raylet for one idle worker process of the caller's job, in a supervisor's runtime env."""
+    """Ask this node's raylet for one idle worker process of the caller's job, in a supervisor's runtime env,
+    unless one it asked for is still there: Ray starts a process for every ask, and runs that end without a
+    launch after them (a sweep's trials, a notebook closed) would each leave one more idle (a second of CPU to
+    start, about 100 MB kept)."""
+    import ray
+
+    if has_unused_spare(_worker_processes(), ray.get_runtime_context().get_job_id()):
+        return True
     try:
         prestart_worker(keep_alive_s, RPC_TIMEOUT_S, supervisor_runtime_env())
     except Exception as exc:  # noqa: BLE001 - an optimisation: without it a launch starts its own process
@@ -52,3 +64,26 @@ def prestart_for_supervisors(keep_alive_s: float) -> bool:
         return False
     return True
 
+
+
+def has_unused_spare(processes: Iterable[tuple[str, dict[str, str]]], job_id: str) -> bool:
+    """Whether one of ``processes`` (each a worker process's title and environment) is a spare of job
+    ``job_id`` no supervisor took: idle, or still starting (Python's own title until Ray names it)."""
+    return any(environ.get("NBTRAIN_PROCESS") == SUPERVISOR_PROCESS and environ.get("RAY_JOB_ID") == job_id
+               and (title == SPARE_TITLE or not title.startswith("ray::"))
+               for title, environ in processes)
+
+
+def _worker_processes() -> list[tuple[str, dict[str, str]]]:
+    """This node's Ray worker processes (this one's siblings, under the raylet), as titles and environments."""
+    found = []
+    try:
+        siblings = psutil.Process(os.getppid()).children()
+    except psutil.Error:
+        return []
+    for process in siblings:
+        try:
+            found.append((" ".join(process.cmdline()).strip(), process.environ()))
+        except psutil.Error:  # ended meanwhile
+            continue
+    return found
