@@ -65,7 +65,6 @@ def prestart_for_supervisors(keep_alive_s: float) -> bool:
     return True
 
 
-
 def has_unused_spare(processes: Iterable[tuple[str, dict[str, str]]], job_id: str) -> bool:
     """Whether one of ``processes`` (each a worker process's title and environment) is a spare of job
     ``job_id`` no supervisor took: idle, or still starting (Python's own title until Ray names it)."""
