@@ -334,7 +334,7 @@ class Executed:
 # What a page shows, compared with what the code prints now (test_notebooks.py): numbers, hex ids, a run name's
 # "-N" and the spaces that align columns aside, since those differ from run to run, and the lines each notebook
 # says vary.
-NUMBER = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b|\d+(?:[.,:]\d+)*")
+NUMBER = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*(?:[.,:]\d+)*\b|\d+(?:[.,:]\d+)*")  # 2.5 and 12 alike: #
 RUN_NUMBER = re.compile(r"(?<=[A-Za-z])(?:-#)+(?:-[0-9a-f]{4}\b)?")  # a default name's time and random suffix
 VARIES: dict[str, list[str]] = {
     # whether the elastic run saw the room to grow once or twice before it grew

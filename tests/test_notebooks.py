@@ -109,6 +109,7 @@ def test_rays_notices_are_not_compared_with_the_page_but_the_codes_lines_after_t
                    "detector has missed too many heartbeats from it. This can happen when a \t(1) raylet crashes",
                    "\t(2) raylet has lagging heartbeats due to slow network or busy workload.", "done")
     assert drift(page, busy, "x.ipynb") == []
+    assert drift(printed("1.5× the median"), printed("12× the median"), "x.ipynb") == [], "a number is a number"
     assert drift(page, printed("step 3 of 10", "(raylet) a notice", "finished"), "x.ipynb") == [
         "cell c: the page shows 'done', which the code no longer prints",
         "cell c: the code prints 'finished', which the page does not show"]
