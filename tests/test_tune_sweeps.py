@@ -165,30 +165,29 @@ def test_every_trial_gets_its_shards_of_the_sweeps_ray_dataset(cluster):
     assert {w["pid"] for w in second.run.workers} == {w["pid"] for w in first.run.workers}
 
 
-GATE = "pbt-population-gate"
-GATE_NAMESPACE = "nbtrain-tests"
+PACER = "pbt-pacer"
+PACER_NAMESPACE = "nbtrain-tests"
 
 
 def descend(config):
     """x <- x - lr·2x from x = 10, a checkpoint at every step: a larger lr (up to 0.5) is better at every step,
     and lr = 0 never moves (loss 100 at every step).
 
-    Each run passes a gate that opens once the whole population has started: PBT compares trials
-    that train side by side, and on a loaded machine their runs start seconds apart (each trains ~5 s).
+    Each step waits until the test's pacer lets this run report it (a run started from another's checkpoint
+    waits only for the last release): PBT decides from the order Tune sees the trials' results in, and the
+    test, not the machine's load, sets that order.
     """
-    import time as _time
-
     import ray
 
-    gate = ray.get_actor(GATE, namespace=GATE_NAMESPACE)
-    ray.get(gate.arrive.remote(config["population"], timeout=120.0))
+    pacer = ray.get_actor(PACER, namespace=PACER_NAMESPACE)
     saved = nbtrain.load_checkpoint()
     x, start = (saved["x"], saved["step"]) if saved else (10.0, 0)
+    key = config["lr"] if start == 0 else None
     for step in range(start + 1, config["steps"] + 1):
+        ray.get(pacer.wait.remote(key, step, timeout=120.0))
         x -= config["lr"] * 2 * x
         nbtrain.report(step=step, loss=x * x, resumed_from=start)
         nbtrain.save_checkpoint({"x": x, "step": step})  # after the report: the checkpoint's step is this one
-        _time.sleep(config["pause"])
 
 
 def test_pbt_restarts_weak_trials_from_a_strong_trials_checkpoint_with_a_perturbed_config(cluster):
@@ -198,45 +197,58 @@ def test_pbt_restarts_weak_trials_from_a_strong_trials_checkpoint_with_a_perturb
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     @ray.remote(num_cpus=0)
-    class Gate:
-        """Opens once `population` runs have arrived (or after `timeout`: the test then says why it failed)."""
+    class Pacer:
+        """A run of the trial with `key` reports a step once the test released it (for that key or for all)."""
 
         def __init__(self) -> None:
-            self.arrived = 0
-            self.opened = asyncio.Event()
+            self.released: dict = {}
+            self.everyone = 0
+            self.changed = asyncio.Condition()
 
-        async def arrive(self, population: int, timeout: float) -> None:
-            self.arrived += 1
-            if self.arrived >= population:
-                self.opened.set()
-            try:
-                await asyncio.wait_for(self.opened.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
+        async def wait(self, key, step: int, timeout: float) -> None:
+            async with self.changed:
+                await asyncio.wait_for(self.changed.wait_for(
+                    lambda: step <= max(self.released.get(key, 0), self.everyone)), timeout)
 
-        def count(self) -> int:
-            return self.arrived
+        async def release(self, key, step: int) -> None:
+            async with self.changed:
+                if key is None:
+                    self.everyone = step
+                else:
+                    self.released[key] = step
+                self.changed.notify_all()
 
-    gate = Gate.options(name=GATE, namespace=GATE_NAMESPACE).remote()
-    # PBT scores a trial at its own perturbation points (steps 3 and 6 of 8: none at the last step, where a
-    # copy would have nothing left to train) and compares it with the others' last scores; its bottom
-    # quarter (rounded up: one of three) copies its top quarter. lr 0.3 is the best trial at every step, lr 0
-    # the worst at every step (even against another trial's older score), whatever order the trials reach
-    # their points in
+    pacer = Pacer.options(name=PACER, namespace=PACER_NAMESPACE).remote()
+    # PBT scores a trial at its perturbation points (steps 3 and 6 of 8), against the last scores of the
+    # trials not finished; its bottom quarter (rounded up: one of three) copies its top quarter's checkpoint,
+    # which a top trial saves only when it was on top at its own point. The test lets each trial reach a
+    # point in turn and waits until Tune has seen it there: strong (lr 0.3), middle, weak (lr 0). At step 3
+    # the strong trial is scored alone (no checkpoint), so nobody copies; at step 6 it is on top and saves,
+    # and the weak trial, at the bottom, copies it. The weak one may train on to the end meanwhile: a trial
+    # PBT pauses is stopped, which a run waiting on the pacer would make slow
     points = [{"lr": 0.3}, {"lr": 0.0}, {"lr": 0.001}]
+    turns = [(0.3, 3, 3), (0.001, 3, 3), (0.0, 3, 3), (0.3, 6, 6), (0.001, 6, 6), (0.0, 8, 6)]
+
+    def seen_at(lr: float, step: int) -> bool:
+        index = points.index({"lr": lr})
+        trial = next((t for t in sweep.refresh(wait_s=1.0)["trials"] if t["index"] == index), None)
+        return trial is not None and (trial["iterations"] >= step or trial["run"] not in (None, f"pbt-sweep-t{index}"))
+
     try:
-        sweep = nbtrain.tune(descend, space={"lr": tune.choice([0.0, 0.001, 0.3])},
-                             config={"steps": 8, "pause": 0.2, "population": len(points)},
+        sweep = nbtrain.tune(descend, space={"lr": tune.choice([0.0, 0.001, 0.3])}, config={"steps": 8},
                              metric="loss", mode="min", scheduler="pbt", perturbation_interval=3, num_samples=3,
                              search_alg=BasicVariantGenerator(points_to_evaluate=points),
                              workers_per_trial=1, name="pbt-sweep", max_concurrent=3)
+        for lr, released, point in turns:
+            ray.get(pacer.release.remote(lr, released))
+            wait_for(lambda lr=lr, point=point: seen_at(lr, point), timeout=120,
+                     message=f"Tune to see the trial with lr {lr} at step {point}", describe=lambda: sweep.cached)
+        ray.get(pacer.release.remote(None, 8))
         assert sweep.wait(timeout=600) == "succeeded", sweep.error
-        arrived = ray.get(gate.count.remote())
     finally:
-        ray.kill(gate)
-    assert arrived >= len(points), f"only {arrived} of {len(points)} trials ever trained side by side"
+        ray.kill(pacer)
     restarted = [t for t in sweep.trials if t.run.name != f"pbt-sweep-t{t.index}"]
-    assert restarted, [(t.config, t.run.name) for t in sweep.trials]
+    assert [t.index for t in restarted] == [1], [(t.config, t.run.name) for t in sweep.trials]  # the weak one
     for trial in restarted:
         rows = sorted(trial.run.metrics, key=lambda row: row["step"])
         if not rows:  # restarted from a checkpoint at the last step: nothing was left to train
