@@ -29,6 +29,7 @@ import pytest
 
 import nbtrain
 from nbtrain._client.local import local_cluster
+from nbtrain._client.warm import WARM_START_ENV
 
 from _jupyterlab import browser_setup_problem
 
@@ -119,6 +120,12 @@ def cluster():
         connected = nbtrain.connect(num_cpus=TEST_CPUS, progress=lambda msg: print(msg, file=sys.stderr))
         print(f"test cluster up in {time.monotonic() - started:.1f} s: {connected.address}", file=sys.stderr)
         _session_cluster.append(connected.address)
+        # The kernels, servers and drivers the session lane's tests start connect without warming (as under
+        # `nbtrain lab --no-warm`): most never launch the default shape, and a sample of a full run found 37 of
+        # the 54 ranks their connections warmed never ran anything (a tenth of the machine's CPU, with the spare
+        # supervisor processes asked for beside them). This session warmed its own above; test_warm_workers.py
+        # and the tutorials (the other lane, their own clusters) keep the warming a user's kernel does.
+        os.environ[WARM_START_ENV] = "0"
         yield connected
     finally:  # also when connect() itself failed after starting the cluster
         nbtrain.disconnect()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nbtrain
 from nbtrain._client.local import local_cluster
-from nbtrain._client.warm import warm_pools
+from nbtrain._client.warm import WARM_START_ENV, warm_pools
 
 from _helpers import ipython_shell, pid_alive, wait_for
 
@@ -279,7 +279,7 @@ def test_a_new_sessions_first_launch_takes_the_rank_and_supervisor_processes_con
     """))
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400,
                             cwd=tmp_path, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": str(REPO), WARM_START_ENV: "1"})  # a user's default
     assert result.returncode == 0, result.stderr[-3000:]
     assert "warming 2 ranks (1 CPU each) for the first run" in result.stderr, result.stderr[-2000:]
     import json
