@@ -92,8 +92,10 @@ def test_exec_reads_the_ranks_and_patch_changes_the_loop_at_one_step_even_after_
         assert run.summary()["patches"] == 1  # what the lab sidebar's "patched" badge counts
 
         marker.touch()  # rank 0 fails; the second attempt starts the loop again, and the patch at its step
-        wait_for(lambda: (_last_step(run) >= step + 3 and run.summary()["attempt"] == 2), timeout=120,
-                 message="the restarted attempt past the patch's step")
+        # the rows themselves: the summary can say attempt 2 while the workers' table still holds attempt 1's steps
+        wait_for(lambda: len(_first_patched(run, 2)) == 2, timeout=120,
+                 message="the restarted attempt past the patch's step",
+                 describe=lambda: (run.summary()["attempt"], _first_patched(run, 2)))
         again = _first_patched(run, 2)
         assert again == first, (again, first)
         assert all(row["scaled"] == 2.0 for row in run.metrics if row["attempt"] == 2 and row["step"] > again[0])
