@@ -121,10 +121,11 @@ def cluster():
         print(f"test cluster up in {time.monotonic() - started:.1f} s: {connected.address}", file=sys.stderr)
         _session_cluster.append(connected.address)
         # The kernels, servers and drivers the session lane's tests start connect without warming (as under
-        # `nbtrain lab --no-warm`): most never launch the default shape, and a sample of a full run found 37 of
-        # the 54 ranks their connections warmed never ran anything (a tenth of the machine's CPU, with the spare
-        # supervisor processes asked for beside them). This session warmed its own above; test_warm_workers.py
-        # and the tutorials (the other lane, their own clusters) keep the warming a user's kernel does.
+        # `nbtrain lab --no-warm`): most never launch the default shape. A process sample of a full run (every
+        # 3 s) saw 16 of the 26 rank processes those sessions had started never run a function, each a process
+        # start and `import torch` (~2.5 s of CPU) on a machine the two lanes keep busy. This session warmed its
+        # own above; test_warm_workers.py and the tutorials (the other lane, their own clusters) keep the
+        # warming a user's kernel does.
         os.environ[WARM_START_ENV] = "0"
         yield connected
     finally:  # also when connect() itself failed after starting the cluster
