@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nbtrain._client.warm import WARM_START_ENV
+
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 CELL_TIMEOUT_S = 420
@@ -143,7 +145,8 @@ PROMISES: dict[str, list[Promise]] = {
 
 def users_env(home: Path) -> dict[str, str]:
     """This process's environment as a user's kernel has it: no session cluster, the notebooks' own home."""
-    drop = {"RAY_ADDRESS", "RAY_ENABLE_AUTO_CONNECT"}  # the test session's cluster; a user's kernel has neither
+    # the test session's cluster, and its kernels' warming turned off (tests/conftest.py): a user's kernel has none
+    drop = {"RAY_ADDRESS", "RAY_ENABLE_AUTO_CONNECT", WARM_START_ENV}
     return {**{key: value for key, value in os.environ.items() if key not in drop}, "NBTRAIN_HOME": str(home)}
 
 

@@ -22,6 +22,7 @@ import _plain_cluster
 import pytest
 
 import nbtrain
+from nbtrain._client.warm import WARM_START_ENV
 
 FIRST_KERNEL = r'''
 import json, time
@@ -201,7 +202,8 @@ finally:
     local_cluster.stop()
 '''
     # a user's kernel: none of the variables this test session sets for the Ray processes it starts itself
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", WARM_START_ENV)}
     env["NBTRAIN_HOME"] = str(Path(tmp_path) / "home")
     done = _plain_cluster.run_python(code, env, timeout=300)
     result = _result(done)
