@@ -80,8 +80,9 @@ def main() -> None:
             results.append(result)
             print(f"rep {rep} {'warm at connect' if warm else 'NBTRAIN_WARM_START=0'}: Run All → first point "
                   f"{result['first_point_s']:.2f} s (the %ray_connect cell {result['connect_cell_s']:.1f} s, "
-                  f"launch → first row {result['launch_to_first_row_s']:.2f} s, {result['warm_ranks']}/2 ranks warm)",
-                  flush=True)
+                  f"launch → first row {result['launch_to_first_row_s']:.2f} s, {result['warm_ranks']}/2 ranks warm; "
+                  "phases, s after the launch call: "
+                  + ", ".join(f"{phase} {at:.2f}" for phase, at in result["timeline"].items()) + ")", flush=True)
     print("\n| connect() | Run All → first point (s, median) | %ray_connect cell (s) | launch → first row (s) |")
     print("|---|---|---|---|")
     for warm in (True, False):

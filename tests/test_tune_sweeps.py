@@ -86,7 +86,7 @@ def test_a_killed_kernel_leaves_the_sweep_going_and_attach_sweep_sees_every_tria
         from ray import tune
         cloudpickle.register_pickle_by_value(here)
         nbtrain.connect({cluster.address!r}, progress=lambda m: None)
-        sweep = nbtrain.tune(here.quality_run, space={{"q": tune.grid_search([0.3, 0.4, 0.5])}},
+        sweep = nbtrain.tune(here.quality_run, space={{"q": tune.grid_search([0.3, 0.5])}},
                              config={{"steps": 4, "pause": 0.2}}, metric="loss", mode="min",
                              workers_per_trial=2, name="orphan-sweep")
         while not any(t.iterations for t in sweep.trials):
@@ -109,7 +109,7 @@ def test_a_killed_kernel_leaves_the_sweep_going_and_attach_sweep_sees_every_tria
         driver.wait()
     sweep = nbtrain.attach_sweep("orphan-sweep")
     assert sweep.wait(timeout=300) == "succeeded"
-    assert sorted(t.config["q"] for t in sweep.trials) == [0.3, 0.4, 0.5]
+    assert sorted(t.config["q"] for t in sweep.trials) == [0.3, 0.5]
     assert all(t.state == "succeeded" and t.iterations == 4 for t in sweep.trials), sweep.trials
     assert sweep.best.config["q"] == 0.3
     wait_for(lambda: not any(a["name"] == "nbtrain-sweep:orphan-sweep" for a in _named_actors()), 30,
@@ -251,9 +251,7 @@ def test_pbt_restarts_weak_trials_from_a_strong_trials_checkpoint_with_a_perturb
     assert [t.index for t in restarted] == [1], [(t.config, t.run.name) for t in sweep.trials]  # the weak one
     for trial in restarted:
         rows = sorted(trial.run.metrics, key=lambda row: row["step"])
-        if not rows:  # restarted from a checkpoint at the last step: nothing was left to train
-            assert trial.state == "succeeded", (trial.state, trial.error, trial.run.name, trial.run.events)
-            continue
+        assert rows, ("restarted at step 6 of 8, it trains on", trial.state, trial.error, trial.run.events)
         resumed = rows[0]["resumed_from"]
         assert resumed > 0 and rows[0]["step"] == resumed + 1, "the new run continued from the copied checkpoint"
         [said] = [e["message"] for e in trial.run.events if e["message"].startswith("starting from the checkpoint")]
