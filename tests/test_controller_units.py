@@ -242,8 +242,8 @@ def test_a_stop_has_every_rank_end_at_one_step_and_waits_for_them_then_kills_the
         groups.running.set()
 
     def ranks_end_at_the_stop(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
-        # the ranks go on until they see the stop's command, as real ones do (r15: under load this fake once woke
-        # between the stop being recorded and its command being issued, and found no command)
+        # the ranks go on until they see the stop's command, as real ones do: the stop flag is set before the
+        # command is issued, so a fake woken in between would find none
         while not (stops := [c for c in controller.steering.all() if c.kind == STOP]):
             beating(attempt)
             assert interrupt() is None
