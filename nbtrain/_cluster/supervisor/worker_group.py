@@ -77,7 +77,7 @@ class WorkerGroup:
         self._replaced: set[int] = set()   # ranks whose leased warm worker was lost while starting: ours now
         self.relays: dict[str, Any] = {}  # node id -> its push relay
         self._pool: Any = None             # the warm pool the actors were leased from, if any
-        self.warm_reused = 0               # how many of the leased workers were idle ones lent again
+        self.warm_reused = 0               # how many of the leased workers were warm (see warm_among)
         self._leased_gpus: list[list[str]] = []  # by rank: the GPU ids of its bundle, for leased workers
         self._reusable: set[int] = set()   # ranks whose run() returned and whose process another run may take
         self._group: Any = None

@@ -95,6 +95,7 @@ class _Worker:
     leased_by: str | None = None          # the run using it; None while idle
     idle_since: float = 0.0
     idle_s: float = 0.0
+    for_launch: bool = False              # started by a launch's own prestart: not warm for that launch
 
 
 def stale_for(workers: list[_Worker], run_name: str, shape: Shape) -> list[_Worker]:
@@ -114,6 +115,12 @@ def choose(bundles: list[Bundle], idle: list[_Worker]) -> list[_Worker | None]:
             free.remove(match)
         chosen.append(match)
     return chosen
+
+
+def warm_among(chosen: list[_Worker | None]) -> int:
+    """How many of a lease's workers were warm: started before the launch asked (by ``connect()``'s warming, or
+    idle after an earlier run), not by that launch's own prestart a moment before (those still start cold)."""
+    return sum(worker is not None and not worker.for_launch for worker in chosen)
 
 
 def lend(worker: _Worker, run_name: str, view: CudaView | None) -> None:
@@ -138,9 +145,9 @@ class WarmPool:
     def lease(self, run_name: str, shape: Shape, bundles: list[Bundle], idle_s: float) -> tuple[list[Any], int]:
         """One worker per rank (``bundles[rank]`` is the node and CUDA view of its bundle): an idle one of this
         shape on that node with that CUDA view (or one that never had a GPU), else a new one. Returns their
-        handles, by rank, and how many of them were idle workers lent again (the rest start now). Idle ones of
-        this shape left over
-        (the run has fewer ranks than the last) stay idle for the next run.
+        handles, by rank, and how many of them were warm (:func:`warm_among`; the others started for this
+        launch). Idle ones of this shape left over (the run has fewer ranks than the last) stay idle for the next
+        run.
 
         Idle workers of another shape are ended (the session moved on); workers this run leased before
         and did not give back (its supervisor restarted) are ended too.
@@ -158,7 +165,7 @@ class WarmPool:
                     lend(worker, run_name, view)
             self._end([w for w in idle if w not in alive])
         lent = []
-        reused = sum(worker is not None for worker in chosen)
+        reused = warm_among(chosen)
         for rank, worker in enumerate(chosen):
             if worker is None:
                 worker = self._start(shape, bundles[rank][0], run_name, idle_s)
@@ -186,7 +193,7 @@ class WarmPool:
                 self._end([w for w in self._workers if w.leased_by is None and w.shape != shape])
                 have = sum(1 for w in self._workers if w.leased_by is None)
             for _ in range(workers - have):
-                self._start(shape, alive[0]["NodeID"], None, idle_s, background)
+                self._start(shape, alive[0]["NodeID"], None, idle_s, background, for_launch=not background)
 
     def give_back(self, run_name: str, handles: list[Any]) -> None:
         """The run ended: ``handles`` (workers whose ``run()`` returned) idle; its others are ended; and a
@@ -200,6 +207,7 @@ class WarmPool:
                 if actor_key(worker.handle) in keep and not self._closing:
                     worker.leased_by = None
                     worker.idle_since = now
+                    worker.for_launch = False  # warm for the next launch
                     worker.handle.tidy.remote()  # now, while idle, not as the next run starts
             self._end([w for w in mine if w.leased_by is not None])
         if keep_alive_s:  # unless its first step asked already: the supervisor is exiting, the next launch's needs one
@@ -236,14 +244,14 @@ class WarmPool:
 
     # ------------------------------------------------------------------ inside
     def _start(self, shape: Shape, node_id: str, run_name: str | None, idle_s: float,
-               background: bool = False) -> _Worker:
+               background: bool = False, for_launch: bool = False) -> _Worker:
         handle = ray.remote(TrainWorker).options(
             num_cpus=0, num_gpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             runtime_env=for_ranks(json.loads(shape.runtime_env), dict(shape.env)),
         ).remote(background)
         worker = _Worker(handle, shape, node_id, pid=0, leased_by=run_name, idle_since=time.monotonic(),
-                         idle_s=idle_s)
+                         idle_s=idle_s, for_launch=for_launch)
         with self._lock:
             self._workers.append(worker)
         return worker
