@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from nbtrain._cluster.supervisor.worker_group import giving_back
-from nbtrain._cluster.warm.warm_pool import Shape, _Worker, choose, lend, stale_for, warm_among
+from nbtrain._cluster.warm.warm_pool import Shape, _Worker, choose, lend, stale_for
 
 pytestmark = pytest.mark.quick
 
@@ -67,10 +67,3 @@ def test_an_attempt_gives_back_the_ranks_whose_run_returned_reusable_whatever_it
     assert giving_back(2, replaced=set(), reusable=set()) == [], "stopped: no rank returned"
     assert giving_back(3, replaced={2}, reusable={0, 1, 2}) == [0, 1], \
         "a worker started in place of a leased one lost while starting was never the pool's"
-
-
-def test_only_workers_started_before_the_launch_count_as_warm():
-    before, for_this_launch = worker(1), worker(2)
-    for_this_launch.for_launch = True  # the launch's own prestart started it a moment before its lease
-    assert warm_among([before, for_this_launch, None]) == 1, \
-        "connect()'s or an earlier run's worker is warm; one the launch started, or a new one, is not"

@@ -11,7 +11,9 @@ That the warmed ranks are real processes a first launch takes: ``test_warm_worke
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import types
 from typing import Any
 
 import pytest
@@ -141,8 +143,9 @@ class PoolWithoutRay(WarmPool):
         self.started: list[bool] = []
         self.first_nodes_call: Any = None
 
-    def _start(self, shape, node_id, run_name, idle_s, background=False):  # type: ignore[no-untyped-def]
-        worker = warm_pool._Worker(handle=f"worker-{len(self.started)}", shape=shape, node_id=node_id, pid=0)
+    def _start(self, shape, node_id, run_name, idle_s, background=False, for_launch=False):  # type: ignore[no-untyped-def]
+        worker = warm_pool._Worker(handle=f"worker-{len(self.started)}", shape=shape, node_id=node_id, pid=0,
+                                   leased_by=run_name, for_launch=for_launch)
         self.started.append(background)
         with self._lock:
             self._workers.append(worker)
@@ -172,6 +175,37 @@ def test_two_prestarts_at_once_start_the_workers_once(monkeypatch):
     assert pool.started == [True, True], "the launch's prestart found connect()'s two idle workers"
     assert spares == [600.0], ("connect()'s asks, on the cluster, for a process for the first launch's supervisor, "
                                "kept as long as the ranks; a launch's own prestart does not")
+
+
+@dataclasses.dataclass(frozen=True)
+class IdleHandle:
+    """A worker's handle as the pool's give_back uses it: ``tidy.remote()`` is asked, and does nothing here."""
+
+    name: str
+
+    @property
+    def tidy(self) -> Any:
+        return types.SimpleNamespace(remote=lambda: None)
+
+
+@pytest.mark.parametrize("warmed_at_connect", [True, False])
+def test_a_launch_counts_as_warm_only_the_workers_started_before_it_asked(monkeypatch, warmed_at_connect):
+    pool, shape = PoolWithoutRay(), shape_of(RunOptions())
+    monkeypatch.setattr(warm_pool.ray, "nodes", lambda: [{"Alive": True, "NodeID": "head"}])
+    monkeypatch.setattr(warm_pool, "prestart_for_supervisors", lambda idle_s: None)
+    monkeypatch.setattr(PoolWithoutRay, "_alive", lambda self, workers: workers)
+    if warmed_at_connect:
+        pool.prestart(shape, 2, 600.0, True)    # connect()'s, in the background
+    pool.prestart(shape, 2, 600.0, False)       # the launch's own, a moment before its lease
+    _, warm = pool.lease("first-run", shape, [("head", None)] * 2, 600.0)
+    assert warm == (2 if warmed_at_connect else 0), "NBTRAIN_WARM_START=0: the first launch's ranks start cold"
+    monkeypatch.setattr(warm_pool, "actor_key", lambda handle: handle)
+    for worker in pool._workers:
+        worker.handle = IdleHandle(worker.handle)
+    pool.give_back("first-run", [worker.handle for worker in pool._workers])
+    assert [w.leased_by for w in pool._workers] == [None, None]
+    pool.prestart(shape, 2, 600.0, False)
+    assert pool.lease("second-run", shape, [("head", None)] * 2, 600.0)[1] == 2, "a re-run's ranks are warm"
 
 
 def test_a_spare_process_is_started_as_a_supervisor_is_and_imports_its_module():
