@@ -64,7 +64,9 @@ def run_all(warm: bool) -> dict[str, Any]:
     began = _when(code[0], "iopub.execute_input")
     connect = next(cell for cell in code if "%ray_connect" in cell.source)
     first_row = phases["launch_call"] + phases["timeline"]["first_row"]
-    return {"warm": warm, "first_point_s": first_row - began, "warm_ranks": phases["warm_ranks"],
+    cells = [(cell.source.splitlines()[0][:16], _when(cell, "iopub.execute_input") - began,
+              _when(cell, "shell.execute_reply") - _when(cell, "iopub.execute_input")) for cell in code[:-1]]
+    return {"warm": warm, "first_point_s": first_row - began, "warm_ranks": phases["warm_ranks"], "cells": cells,
             "connect_cell_s": _when(connect, "shell.execute_reply") - _when(connect, "iopub.execute_input"),
             "launch_to_first_row_s": phases["timeline"]["first_row"], "timeline": phases["timeline"]}
 
@@ -82,7 +84,9 @@ def main() -> None:
                   f"{result['first_point_s']:.2f} s (the %ray_connect cell {result['connect_cell_s']:.1f} s, "
                   f"launch → first row {result['launch_to_first_row_s']:.2f} s, {result['warm_ranks']}/2 ranks warm; "
                   "phases, s after the launch call: "
-                  + ", ".join(f"{phase} {at:.2f}" for phase, at in result["timeline"].items()) + ")", flush=True)
+                  + ", ".join(f"{phase} {at:.2f}" for phase, at in result["timeline"].items()) + "); cells, "
+                  "s from Run All (start +duration): "
+                  + ", ".join(f"{first!r} {at:.2f} +{took:.2f}" for first, at, took in result["cells"]), flush=True)
     print("\n| connect() | Run All → first point (s, median) | %ray_connect cell (s) | launch → first row (s) |")
     print("|---|---|---|---|")
     for warm in (True, False):

@@ -25,6 +25,7 @@ The entries, by the process that calls them:
   ``client_session_lost``,
   ``kernel_ray_lacks_token``,
   ``ping_client_server``, ``cluster_metadata``, ``turn_off_auto_init``, ``upload_local_paths``, ``uploads_missing``;
+- the local cluster's head process: ``no_api_server_without_dashboard``;
 - an added local node's process: ``start_worker_node``, ``stop_node``;
 - a run's supervisor and the warm pool: ``prestart_worker``, ``worker_setup_hook_env``, ``actor_key``,
   ``draining_nodes`` (``Draining``), ``free_resources_outside``, ``drain_node``, ``standing_request``;
@@ -67,6 +68,7 @@ __all__ = [
     "init_with_metadata",
     "is_head_node",
     "kernel_ray_lacks_token",
+    "no_api_server_without_dashboard",
     "note_rank_processes",
     "on_head_node",
     "ping_client_server",
@@ -427,6 +429,31 @@ def turn_off_auto_init() -> None:
     except ImportError as exc:
         say_once(f"cannot turn off Ray's auto-init in this kernel ({reason(exc)}): a Ray call made while "
                  f"disconnected may start a Ray inside it")
+
+
+def no_api_server_without_dashboard() -> None:
+    """Have a head node started without the dashboard (``--include-dashboard=false``) start no API server.
+
+    Ray starts one anyway, a Python process that loads only the usage-stats module there (usage stats are off
+    on the embedded cluster, and the jobs and state modules load only with the dashboard), and the head's
+    raylet starts only once it answers: about 1 s of a 2-core laptop's cluster start, and ~100 MB kept. So
+    :meth:`Node.start_api_server` does nothing in this process when the dashboard is off.
+
+    Public instead: none (``ray start`` has no switch for it). Degrades: where the method is missing, says
+    so once on stderr (the head's log) and the head starts as Ray starts it.
+    """
+    import ray._private.node
+
+    start = getattr(ray._private.node.Node, "start_api_server", None)
+    if start is None:
+        say_once("Ray's head node has no start_api_server here: it starts its API server as usual")
+        return
+
+    def start_unless_no_dashboard(node: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
+        if include_dashboard is not False:
+            start(node, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+
+    ray._private.node.Node.start_api_server = start_unless_no_dashboard
 
 
 def start_worker_node(gcs_address: str, num_cpus: int, num_gpus: int | None, ports: dict[str, int]) -> Any:

@@ -97,7 +97,7 @@ def test_the_cluster_starts_by_its_own_python_and_lives_in_a_folder_of_its_home(
     info = LocalClusterInfo.from_record(read_json(home / "cluster" / "local.json"))
     assert info is not None and info.prefix == str(moved_cluster["root"] / "venv")
     head = psutil.Process(info.pid)
-    assert head.cmdline()[:4] == [str(moved_cluster["python"]), "-m", "ray.scripts.scripts", "start"]
+    assert head.cmdline()[:4] == [str(moved_cluster["python"]), "-m", "nbtrain._client.local.ray_head_process", "start"]
     folders, listening = set(), set()
     for process in [head, *head.children(recursive=True)]:
         try:

@@ -31,7 +31,7 @@ BOOKKEEPING_NICENESS = 10
 _HEAD_BOOKKEEPING_MARKERS = (
     "gcs_server", "DashboardAgent", "RuntimeEnvAgent",
     "dashboard/dashboard.py", "autoscaler/_private/monitor.py",
-    "ray.scripts.scripts start",  # the head's own process (local_cluster.RAY_CLI)
+    "ray_head_process start",  # the head's own process (local_cluster.RAY_START)
 )
 
 

@@ -186,10 +186,10 @@ def _start_lock(wait_s: float, say: Progress | None = None) -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-# What the `ray` command runs (its console script is `ray.scripts.scripts:main`), run by this interpreter:
-# the script itself may be on no PATH (`pip install --user` puts it in ~/.local/bin; an environment whose
-# packages come from another's site directories has none beside its python).
-RAY_CLI = (sys.executable, "-m", "ray.scripts.scripts")
+# `ray start`, run by this interpreter (the `ray` script may be on no PATH: `pip install --user` puts it in
+# ~/.local/bin; an environment whose packages come from another's site directories has none beside its
+# python), without the command line's other commands (see ray_head_process).
+RAY_START = (sys.executable, "-m", "nbtrain._client.local.ray_head_process", "start")
 
 
 def process_folder() -> Path:
@@ -287,7 +287,7 @@ def _start_once(num_cpus: int | None, num_gpus: int | None, say: Progress, timeo
         "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
         "runtime-env-agent-port")}
     cmd = [
-        *RAY_CLI, "start", "--head", "--block",
+        *RAY_START, "--head", "--block",
         f"--node-ip-address={LOOPBACK}", f"--num-cpus={num_cpus}",
         "--include-dashboard=false", "--include-log-monitor=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
         # Workers bind ports the OS picks: Ray's fixed default range (10002-19999) is the same for every
