@@ -1,6 +1,7 @@
 """The embedded cluster is private, single and on loopback: owner-only files, one head per home even
 when two kernels connect at once, a recorded pid trusted only while it is our head, and no silent
-reuse from another Python environment."""
+reuse from another Python environment; its head is Ray's own ``ray start`` without the command line's other
+commands."""
 
 from __future__ import annotations
 
@@ -221,3 +222,13 @@ def test_two_kernels_connecting_at_once_share_one_private_head(fresh_home, tmp_p
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.quick
+def test_the_heads_ray_start_leaves_out_the_other_commands_and_still_parses_rays_arguments():
+    shown = subprocess.run([sys.executable, "-m", "nbtrain._client.local.ray_head_process", "--help"],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    commands = {line.split()[0] for line in shown.stdout.split("Commands:", 1)[1].splitlines() if line.strip()}
+    assert "start" in commands and "stop" in commands
+    assert not commands & {"serve", "job", "list", "summary"}, "their imports are most of the command's start"
