@@ -102,6 +102,19 @@ def write_final(directory: Path, summary: dict[str, Any], results: list[bytes] |
     write_json_atomic(directory / SUMMARY_FILE, summary, durable=True)
 
 
+def step_reached(rows: list[dict[str, Any]]) -> int | None:
+    """The step a run's rows say it reached, as its supervisor's summary says it (the least of its ranks'
+    current steps): each rank's last step in the latest attempt, the least of them. Not the furthest step
+    recorded: after a rewind in place the rows past the step it went back to are superseded (see
+    ``run_history``), and the run is at the step its ranks report now. None before the first row."""
+    attempt = rows[-1].get("attempt") if rows else None
+    last: dict[Any, int] = {}
+    for row in rows:
+        if row.get("attempt") == attempt and isinstance(row.get("step"), int):
+            last[row.get("rank")] = row["step"]
+    return min(last.values(), default=None)
+
+
 class StoredRun:
     """One run's files, answering as its supervisor would (reading methods, and ``delete``)."""
 
@@ -160,8 +173,8 @@ class StoredRun:
         return max(self.state_written, history[2] if history is not None else 0.0)
 
     def recorded(self) -> dict[str, Any]:
-        """``{"step", "latest"}`` as the metric history has them last: the furthest step of the latest
-        attempt's rows and each metric's last value (the step is ``None`` before the first row)."""
+        """``{"step", "latest"}`` as the metric history has them last: :func:`step_reached` and each metric's
+        last value (the step is ``None`` before the first row)."""
         stamp = last_written(self.dir, "metrics")
         cached = _recorded_cache.get(self.dir)
         if stamp is not None and cached is not None and cached[0] == stamp:
@@ -171,12 +184,10 @@ class StoredRun:
             rows = log.read(max(0, len(log) - TAIL_ROWS))
         finally:
             log.close()
-        attempt = rows[-1].get("attempt") if rows else None
-        steps = [row["step"] for row in rows if row.get("attempt") == attempt and isinstance(row.get("step"), int)]
         latest: dict[str, Any] = {}
         for row in rows:
             latest.update((key, value) for key, value in row.items() if key not in RESERVED_KEYS)
-        found = {"step": max(steps, default=None), "latest": latest}
+        found = {"step": step_reached(rows), "latest": latest}
         if stamp is not None:
             while len(_recorded_cache) >= _CACHED_RUNS:
                 _recorded_cache.pop(next(iter(_recorded_cache)))
