@@ -449,9 +449,10 @@ def no_api_server_without_dashboard() -> None:
         say_once("Ray's head node has no start_api_server here: it starts its API server as usual")
         return
 
-    def start_unless_no_dashboard(node: Any, *, include_dashboard: bool | None, raise_on_failure: bool) -> None:
-        if include_dashboard is not False:
-            start(node, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+    def start_unless_no_dashboard(node: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("include_dashboard", args[0] if args else None) is not False:
+            return start(node, *args, **kwargs)
+        return None
 
     ray._private.node.Node.start_api_server = start_unless_no_dashboard
 

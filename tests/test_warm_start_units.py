@@ -198,14 +198,24 @@ def test_a_launch_counts_as_warm_only_the_workers_started_before_it_asked(monkey
         pool.prestart(shape, 2, 600.0, True)    # connect()'s, in the background
     pool.prestart(shape, 2, 600.0, False)       # the launch's own, a moment before its lease
     _, warm = pool.lease("first-run", shape, [("head", None)] * 2, 600.0)
-    assert warm == (2 if warmed_at_connect else 0), "NBTRAIN_WARM_START=0: the first launch's ranks start cold"
+    assert warm == ([0, 1] if warmed_at_connect else []), "NBTRAIN_WARM_START=0: the first launch's ranks start cold"
     monkeypatch.setattr(warm_pool, "actor_key", lambda handle: handle)
     for worker in pool._workers:
         worker.handle = IdleHandle(worker.handle)
     pool.give_back("first-run", [worker.handle for worker in pool._workers])
     assert [w.leased_by for w in pool._workers] == [None, None]
     pool.prestart(shape, 2, 600.0, False)
-    assert pool.lease("second-run", shape, [("head", None)] * 2, 600.0)[1] == 2, "a re-run's ranks are warm"
+    assert pool.lease("second-run", shape, [("head", None)] * 2, 600.0)[1] == [0, 1], "a re-run's ranks are warm"
+
+
+def test_workers_started_for_a_launch_that_did_not_take_them_are_warm_for_the_next(monkeypatch):
+    pool, shape = PoolWithoutRay(), shape_of(RunOptions())
+    monkeypatch.setattr(warm_pool.ray, "nodes", lambda: [{"Alive": True, "NodeID": "head"}])
+    monkeypatch.setattr(PoolWithoutRay, "_alive", lambda self, workers: workers)
+    pool.prestart(shape, 2, 600.0, False)   # a launch refused after its prestart (a live run's name): no lease
+    pool.prestart(shape, 2, 600.0, False)   # the fixed cell, run again
+    assert pool.started == [False, False], "the second launch starts none: the first one's are idle"
+    assert pool.lease("fixed-run", shape, [("head", None)] * 2, 600.0)[1] == [0, 1]
 
 
 def test_a_spare_process_is_started_as_a_supervisor_is_and_imports_its_module():

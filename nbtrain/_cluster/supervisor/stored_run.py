@@ -103,16 +103,16 @@ def write_final(directory: Path, summary: dict[str, Any], results: list[bytes] |
 
 
 def step_reached(rows: list[dict[str, Any]]) -> int | None:
-    """The step a run's rows say it reached, as its supervisor's summary says it (the least of its ranks'
-    current steps): each rank's last step in the latest attempt, the least of them. Not the furthest step
-    recorded: after a rewind in place the rows past the step it went back to are superseded (see
-    ``run_history``), and the run is at the step its ranks report now. None before the first row."""
-    attempt = rows[-1].get("attempt") if rows else None
+    """The step a run's rows say it reached: each rank's last step in the latest attempt, the furthest of them
+    (a rank that reports less often does not hold it back). Not the furthest step recorded: after a rewind in
+    place the rows past the step it went back to are superseded (see ``run_history``), and the run is at the
+    step its ranks report now. None before the first row."""
+    attempt = max((row["attempt"] for row in rows if isinstance(row.get("attempt"), int)), default=None)
     last: dict[Any, int] = {}
     for row in rows:
         if row.get("attempt") == attempt and isinstance(row.get("step"), int):
             last[row.get("rank")] = row["step"]
-    return min(last.values(), default=None)
+    return max(last.values(), default=None)
 
 
 class StoredRun:

@@ -77,7 +77,7 @@ class WorkerGroup:
         self._replaced: set[int] = set()   # ranks whose leased warm worker was lost while starting: ours now
         self.relays: dict[str, Any] = {}  # node id -> its push relay
         self._pool: Any = None             # the warm pool the actors were leased from, if any
-        self.warm_reused = 0               # how many of the leased workers were warm (see warm_among)
+        self.warm_ranks: list[int] = []    # the ranks whose leased workers were warm (see warm_among)
         self._leased_gpus: list[list[str]] = []  # by rank: the GPU ids of its bundle, for leased workers
         self._reusable: set[int] = set()   # ranks whose run() returned and whose process another run may take
         self._group: Any = None
@@ -95,7 +95,7 @@ class WorkerGroup:
             group._place(stop_requested)
             start.on_placed()
             places = group._start_actors(stop_requested)
-            start.on_assigned(max(group.warm_reused - len(group._replaced), 0))
+            start.on_assigned(len(set(group.warm_ranks) - group._replaced))
             group._start_relays(places, start.supervisor)
             payloads = group._payloads(places, start.supervisor, start.datasets, start.commands)
             table.add_group(places, [p.place.device_name for p in payloads], start.attempt)
@@ -202,8 +202,8 @@ class WorkerGroup:
                      for entry in layout]
             bundles = list(zip(nodes, views))
             leased = pool.lease.remote(self.spec.name, shape_of(options), bundles, options.warm_idle_s)
-            lent, self.warm_reused = self._wait(leased, WORKER_START_TIMEOUT_S, stop_requested,
-                                                lambda: Failure(None, "startup", "the warm pool did not answer"))
+            lent, self.warm_ranks = self._wait(leased, WORKER_START_TIMEOUT_S, stop_requested,
+                                               lambda: Failure(None, "startup", "the warm pool did not answer"))
         except (ValueError, StartFailed, ray.exceptions.RayError):
             return False
         self._pool = pool

@@ -117,10 +117,11 @@ def choose(bundles: list[Bundle], idle: list[_Worker]) -> list[_Worker | None]:
     return chosen
 
 
-def warm_among(chosen: list[_Worker | None]) -> int:
-    """How many of a lease's workers were warm: started before the launch asked (by ``connect()``'s warming, or
-    idle after an earlier run), not by that launch's own prestart a moment before (those still start cold)."""
-    return sum(worker is not None and not worker.for_launch for worker in chosen)
+def warm_among(chosen: list[_Worker | None]) -> list[int]:
+    """The ranks of a lease whose workers were warm: started before the launch asked (by ``connect()``'s warming,
+    idle after an earlier run, or started for an earlier launch that did not take them), not by that launch's
+    own prestart a moment before (those still start cold)."""
+    return [rank for rank, worker in enumerate(chosen) if worker is not None and not worker.for_launch]
 
 
 def lend(worker: _Worker, run_name: str, view: CudaView | None) -> None:
@@ -142,11 +143,11 @@ class WarmPool:
         threading.Thread(target=self._watch, name="nbtrain-warm-watch", daemon=True).start()
 
     # ------------------------------------------------------------------ called by a run's worker group
-    def lease(self, run_name: str, shape: Shape, bundles: list[Bundle], idle_s: float) -> tuple[list[Any], int]:
+    def lease(self, run_name: str, shape: Shape, bundles: list[Bundle], idle_s: float) -> tuple[list[Any], list[int]]:
         """One worker per rank (``bundles[rank]`` is the node and CUDA view of its bundle): an idle one of this
         shape on that node with that CUDA view (or one that never had a GPU), else a new one. Returns their
-        handles, by rank, and how many of them were warm (:func:`warm_among`; the others started for this
-        launch). Idle ones of this shape left over (the run has fewer ranks than the last) stay idle for the next
+        handles, by rank, and the ranks whose workers were warm (:func:`warm_among`; the others started for
+        this launch). Idle ones of this shape left over (the run has fewer ranks than the last) stay idle for the next
         run.
 
         Idle workers of another shape are ended (the session moved on); workers this run leased before
@@ -165,14 +166,14 @@ class WarmPool:
                     lend(worker, run_name, view)
             self._end([w for w in idle if w not in alive])
         lent = []
-        reused = warm_among(chosen)
+        warm_ranks = warm_among(chosen)
         for rank, worker in enumerate(chosen):
             if worker is None:
                 worker = self._start(shape, bundles[rank][0], run_name, idle_s)
                 worker.cuda_view = bundles[rank][1]
             worker.idle_s = idle_s
             lent.append(worker.handle)
-        return lent, reused
+        return lent, warm_ranks
 
     def prestart(self, shape: Shape, workers: int, idle_s: float, background: bool = False) -> None:
         """Have ``workers`` idle workers of ``shape`` before the run asks, so the missing ones' process start
@@ -191,7 +192,11 @@ class WarmPool:
                 if self._closing:
                     return
                 self._end([w for w in self._workers if w.leased_by is None and w.shape != shape])
-                have = sum(1 for w in self._workers if w.leased_by is None)
+                idle = [w for w in self._workers if w.leased_by is None]
+                if not background:  # started for an earlier launch that did not take them: warm for this one
+                    for worker in idle:
+                        worker.for_launch = False
+                have = len(idle)
             for _ in range(workers - have):
                 self._start(shape, alive[0]["NodeID"], None, idle_s, background, for_launch=not background)
 
