@@ -206,7 +206,6 @@ def test_rays_notice_of_a_ranks_death_stays_out_of_the_cell_once_the_kernel_has_
     assert printed == [[death(4242)], [death(18995, ip="10.0.0.7")]]
 
 
-
 def test_a_head_without_the_dashboard_starts_no_api_server_and_one_with_it_does(monkeypatch):
     import ray._private.node
 
@@ -217,4 +216,3 @@ def test_a_head_without_the_dashboard_starts_no_api_server_and_one_with_it_does(
     for include_dashboard in (False, None, True):
         ray._private.node.Node.start_api_server(object(), include_dashboard=include_dashboard, raise_on_failure=False)
     assert started == [None, True], "--include-dashboard=false: none; Ray's default or the dashboard: Ray's own"
-

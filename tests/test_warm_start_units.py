@@ -188,12 +188,19 @@ class IdleHandle:
         return types.SimpleNamespace(remote=lambda: None)
 
 
-@pytest.mark.parametrize("warmed_at_connect", [True, False])
-def test_a_launch_counts_as_warm_only_the_workers_started_before_it_asked(monkeypatch, warmed_at_connect):
-    pool, shape = PoolWithoutRay(), shape_of(RunOptions())
+@pytest.fixture
+def pool_on_one_node(monkeypatch: pytest.MonkeyPatch) -> PoolWithoutRay:
+    """A pool on a one-node cluster whose every worker answers; no spare supervisor process is asked for."""
     monkeypatch.setattr(warm_pool.ray, "nodes", lambda: [{"Alive": True, "NodeID": "head"}])
     monkeypatch.setattr(warm_pool, "prestart_for_supervisors", lambda idle_s: None)
     monkeypatch.setattr(PoolWithoutRay, "_alive", lambda self, workers: workers)
+    return PoolWithoutRay()
+
+
+@pytest.mark.parametrize("warmed_at_connect", [True, False])
+def test_a_launch_counts_as_warm_only_the_workers_started_before_it_asked(monkeypatch, pool_on_one_node,
+                                                                           warmed_at_connect):
+    pool, shape = pool_on_one_node, shape_of(RunOptions())
     if warmed_at_connect:
         pool.prestart(shape, 2, 600.0, True)    # connect()'s, in the background
     pool.prestart(shape, 2, 600.0, False)       # the launch's own, a moment before its lease
@@ -208,10 +215,8 @@ def test_a_launch_counts_as_warm_only_the_workers_started_before_it_asked(monkey
     assert pool.lease("second-run", shape, [("head", None)] * 2, 600.0)[1] == [0, 1], "a re-run's ranks are warm"
 
 
-def test_workers_started_for_a_launch_that_did_not_take_them_are_warm_for_the_next(monkeypatch):
-    pool, shape = PoolWithoutRay(), shape_of(RunOptions())
-    monkeypatch.setattr(warm_pool.ray, "nodes", lambda: [{"Alive": True, "NodeID": "head"}])
-    monkeypatch.setattr(PoolWithoutRay, "_alive", lambda self, workers: workers)
+def test_workers_started_for_a_launch_that_did_not_take_them_are_warm_for_the_next(pool_on_one_node):
+    pool, shape = pool_on_one_node, shape_of(RunOptions())
     pool.prestart(shape, 2, 600.0, False)   # a launch refused after its prestart (a live run's name): no lease
     pool.prestart(shape, 2, 600.0, False)   # the fixed cell, run again
     assert pool.started == [False, False], "the second launch starts none: the first one's are idle"

@@ -5,9 +5,9 @@ of the start, and a process).
 
 Why not the ``ray`` command as it is: its module imports Serve's, the state API's and the jobs' commands before
 it parses its arguments (0.8 s of its 1.3 s start on a 2-core VM, Serve's alone 0.7 s), and every other
-process of the cluster starts after it. Ray imports each of them optionally (one that fails to import is left out of the
-command line, logged at debug level), so naming them absent in ``sys.modules`` has ``ray start`` skip them;
-the rest is Ray's command as it is, by this interpreter (the ``ray`` script may be on no ``PATH``).
+process of the cluster starts after it. Ray imports each of them optionally (one that fails to import is left
+out of the command line, logged at debug level), so naming them absent in ``sys.modules`` has ``ray start``
+skip them; the rest is Ray's command as it is, by this interpreter (the ``ray`` script may be on no ``PATH``).
 """
 
 from __future__ import annotations

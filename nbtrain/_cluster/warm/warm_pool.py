@@ -147,8 +147,8 @@ class WarmPool:
         """One worker per rank (``bundles[rank]`` is the node and CUDA view of its bundle): an idle one of this
         shape on that node with that CUDA view (or one that never had a GPU), else a new one. Returns their
         handles, by rank, and the ranks whose workers were warm (:func:`warm_among`; the others started for
-        this launch). Idle ones of this shape left over (the run has fewer ranks than the last) stay idle for the next
-        run.
+        this launch). Idle ones of this shape left over (the run has fewer ranks than the last) stay idle for
+        the next run.
 
         Idle workers of another shape are ended (the session moved on); workers this run leased before
         and did not give back (its supervisor restarted) are ended too.
