@@ -10,6 +10,8 @@ attribute of a Ray object nbtrain once read (``handle._actor_id``, ``worker.gcs_
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -216,3 +218,12 @@ def test_a_head_without_the_dashboard_starts_no_api_server_and_one_with_it_does(
     for include_dashboard in (False, None, True):
         ray._private.node.Node.start_api_server(object(), include_dashboard=include_dashboard, raise_on_failure=False)
     assert started == [None, True], "--include-dashboard=false: none; Ray's default or the dashboard: Ray's own"
+
+
+def test_a_process_readied_ahead_has_rays_serialization_context_before_any_task():
+    """What a spare process for the next supervisor does while it waits (see spare_process): the context that
+    Ray otherwise builds on a new actor's first arguments exists already, and Ray carries it over to the job."""
+    script = ("import ray._private.worker as w, nbtrain._ray_compat as c; c.ready_to_deserialize(); "
+              "print(len(w.global_worker.serialization_context_map))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "1", done.stderr

@@ -147,6 +147,14 @@ def _idle_spares() -> list[int]:
     return found
 
 
+def _has_loaded(pid: int, library: str) -> bool:
+    """Whether process ``pid`` has a shared library whose path holds ``library`` mapped (imported, for Python)."""
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:  # it ended (taken by a supervisor that has exited since): not readied in time to tell
+        return False
+
+
 def _ray_processes() -> list[tuple[int, str, str | None]]:
     """The session cluster's worker processes: pid, title, and which of nbtrain's they are (said on a failure)."""
     import psutil
@@ -173,6 +181,10 @@ def test_a_relaunchs_supervisor_takes_a_spare_process(cluster):
     _launch("spare-first", "spare")
     # Ray starts the spare as the raylet can: on a 2-core box beside the other lane's notebooks, past a minute
     wait_for(_idle_spares, 150, message="a spare process for the next supervisor", describe=_ray_processes)
+    # while it waits, the spare readies what Ray builds on an actor's first arguments (pydantic's serializers:
+    # most of a new supervisor's start on an idle process otherwise)
+    wait_for(lambda: any(_has_loaded(pid, "pydantic_core") for pid in _idle_spares()), 30,
+             message="the spare to ready Ray's deserialization", describe=_idle_spares)
     relaunched = time.time()
     again = nbtrain.launch(reports_until_stopped, name="spare-again", workers=2, env={"WARM_TEST_SHAPE": "spare"})
     try:

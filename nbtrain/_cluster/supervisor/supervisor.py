@@ -51,7 +51,7 @@ from nbtrain._cluster.supervisor.supervisor_for_notebooks import ForNotebooks
 from nbtrain._cluster.supervisor.supervisor_for_ranks import ForRanks
 from nbtrain._cluster.supervisor.worker_table import WorkerTable
 from nbtrain._cluster.warm.spare_process import supervisor_runtime_env
-from nbtrain._ray_compat import on_head_node
+from nbtrain._ray_compat import on_head_node, ready_to_deserialize
 
 # A supervisor that finds its run already ended (Ray restarted it, or launch(resume=True) brought it
 # back for a resume) waits this long for the resume before it exits again.
@@ -104,8 +104,9 @@ def supervisor_options(run_name: str, holds: dict[str, Any] | None = None) -> di
 
 
 def _imported() -> None:
-    """A spare supervisor process's setup hook (see spare_process): Ray imports this module to call it,
-    and importing it is the whole point."""
+    """A spare supervisor process's setup hook (see spare_process): Ray imports this module to call it (importing
+    it is most of the point), and the process readies Ray's deserialization for the supervisor's arguments."""
+    ready_to_deserialize()
 
 
 class RunSupervisor(ForRanks, ForNotebooks):
