@@ -11,6 +11,7 @@ the cluster tests (``test_durable_history``, ``test_metrics_streaming``).
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 
@@ -67,3 +68,27 @@ def test_a_tensor_changed_after_report_keeps_the_reported_value() -> None:
     loss.add_(100.0)  # the training loop reuses the tensor in place
     session._collect()
     assert session._waiting_rows[0]["loss"] == 2.5
+
+
+@pytest.mark.quick
+def test_an_attempts_first_row_is_sent_as_it_is_reported_and_later_rows_wait_for_the_tick() -> None:
+    """A warm re-run's first point: the first row does not wait up to a flush tick (here one far away) to leave
+    the rank; once it is sent, report() runs without the hook that woke the flusher."""
+    session = TrainingSession(local_payload("first-row", flush_interval_s=10.0), torch.device("cpu"))
+    sent: queue.Queue[list[int]] = queue.Queue()
+
+    def send(_state: str) -> None:
+        sent.put([row["step"] for row in session._waiting_rows])
+        session._waiting_rows = []
+
+    session._send = send  # type: ignore[method-assign]  # the push to the supervisor, recorded
+    assert session.reporter.hook is not None, "before the first row, report() wakes the flusher"
+    session._thread.start()
+    try:
+        session.report({"step": 1, "loss": 1.0})
+        assert sent.get(timeout=5.0) == [1], "the first row, sent before the tick"
+        assert session.reporter.hook is None, "later rows take report()'s plain path, flushed on the ticks"
+    finally:
+        session._stop.set()
+        session._wake.set()
+        session._thread.join(timeout=5.0)
