@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 import nbtrain
+from nbtrain._client.connecting import connection, version_check
 from nbtrain._client.connecting.auth import preflight, read_token, resolve_token
 from nbtrain._client.connecting.cluster_address import parse as parse_address
 from nbtrain._client.local import local_cluster
@@ -211,3 +212,36 @@ def test_reading_the_local_cluster_state_creates_nothing(tmp_path, monkeypatch):
     assert local_cluster.status() is None
     assert not local_cluster.token_path().exists()
     assert not home.exists()
+
+
+class AnchorClassWithoutProcess:
+    """Ray's actor class for the session's anchor, as if no worker process had started for it yet: an answer
+    from it would wait for one."""
+
+    def __init__(self) -> None:
+        self.created = 0
+
+    def options(self, **_options: object) -> AnchorClassWithoutProcess:
+        return self
+
+    def remote(self) -> AnchorClassWithoutProcess:
+        self.created += 1
+        return self
+
+    @property
+    def versions(self) -> object:
+        raise AssertionError("connect() waited for the anchor's process to answer")
+
+
+@pytest.mark.quick
+def test_joining_the_embedded_cluster_as_a_driver_starts_the_anchor_without_waiting_for_its_process(monkeypatch):
+    """The embedded head was started from this environment (the notebook checked it), so its workers run this Ray,
+    Python and nbtrain: connect() starts the session's anchor and goes on, and the cluster reports this
+    environment's versions."""
+    import ray
+
+    anchor = AnchorClassWithoutProcess()
+    monkeypatch.setattr(ray, "remote", lambda _cls: anchor)
+    started, versions = connection._start_session_anchor(None, versions_known=True)
+    assert started is anchor and anchor.created == 1
+    assert versions == version_check.notebook_versions()
