@@ -2,8 +2,10 @@
 
 The session (the Ray Client connection) owns it, so it lives exactly as long as that
 session: kernel restart, ``disconnect()`` or a lost connection end it. Connecting asks
-it what the cluster runs (Ray, Python, nbtrain) and, on the embedded cluster, has it
-lower the priority of the session's Ray Client server; the session's warm pool holds a call
+it what the cluster runs (Ray, Python, nbtrain; not when the notebook joins the embedded
+cluster as a driver: that head runs this environment, and connect() does not wait for this
+process) and, on the embedded cluster over Ray Client, has it lower the priority of the
+session's Ray Client server; the session's warm pool holds a call
 to it that never returns (:meth:`SessionAnchor.until_gone`) and learns the session has ended when
 that call fails (:mod:`nbtrain._cluster.warm.warm_pool`). One process
 does both jobs because a Ray worker process costs about 1.5 CPU-seconds to start, on the
