@@ -249,7 +249,7 @@ class TrainingSession:
         """Steering has commands pending (or no more): report() looks at them only then."""
         steering = getattr(self, "steering", None)  # None while the steering is being made
         guarded = steering is not None and steering.guard is not None
-        first = not getattr(self, "_first_row_told", True)  # the flusher sends the first row at once
+        first = not self._first_row_told  # the flusher sends the first row at once
         self.reporter.hook = self._before_report if due or guarded or first or self.noise is not None else None
 
     def on_batch(self, batch_size: int) -> None:
