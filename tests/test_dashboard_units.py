@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nbtrain._client.run.run_history import Branch, Mark
+from nbtrain._client.run.run_history import Mark
 from nbtrain._cluster.commands import Heartbeat, SteeringBeat
+from nbtrain._cluster.history_rules import Branch
 from nbtrain._cluster.rank.data.counted_shard import CountedShard
 from nbtrain._cluster.rank.data.loading import batch_size_of
 from nbtrain._cluster.supervisor.worker_table import WorkerTable

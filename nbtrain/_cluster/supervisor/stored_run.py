@@ -22,6 +22,7 @@ nothing here needs the run's cluster to be up.
 
 from __future__ import annotations
 
+import math
 import pickle
 import shutil
 import threading
@@ -29,6 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from nbtrain._cluster.history_rules import attempt_starts, branches_of_commands, replaced_mask, superseded_mask
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.storage import post_mortems, storage_uri
 from nbtrain._cluster.storage.history_log import HistoryLog, last_written
@@ -102,16 +106,25 @@ def write_final(directory: Path, summary: dict[str, Any], results: list[bytes] |
     write_json_atomic(directory / SUMMARY_FILE, summary, durable=True)
 
 
-def step_reached(rows: list[dict[str, Any]]) -> int | None:
-    """The step a run's rows say it reached: each rank's last step in the latest attempt, the furthest of them
-    (a rank that reports less often does not hold it back). Not the furthest step recorded: after a rewind in
-    place the rows past the step it went back to are superseded (see ``run_history``), and the run is at the
-    step its ranks report now. None before the first row."""
-    attempt = max((row["attempt"] for row in rows if isinstance(row.get("attempt"), int)), default=None)
-    last: dict[Any, int] = {}
-    for row in rows:
-        if row.get("attempt") == attempt and isinstance(row.get("step"), int):
-            last[row.get("rank")] = row["step"]
+def step_reached(rows: list[dict[str, Any]], commands: list[dict[str, Any]]) -> int | None:
+    """The step a run's rows say it reached: each rank's last row that counts, the furthest of them (a rank that
+    reports less often does not hold it back). Which rows count is the history model's rule
+    (:mod:`nbtrain._cluster.history_rules`, fed the run's recorded ``commands``): not a row a rewind in place
+    superseded, nor one a later attempt replaced. A rank's last row is its newest, so a rewind still under way
+    (its ranks' going back not recorded yet) shows where the ranks report now. None before the first row."""
+    counted = [row for row in rows if isinstance(row.get("step"), int) and isinstance(row.get("rank"), int)]
+    if not counted:
+        return None
+    ranks = np.array([row["rank"] for row in counted])
+    steps = np.array([row["step"] for row in counted])
+    attempts = np.array([row.get("attempt") if isinstance(row.get("attempt"), int) else 1 for row in counted])
+    times = np.array([float(row.get("time", math.inf)) for row in counted])
+    left = superseded_mask(branches_of_commands(commands), ranks, steps, times) \
+        | replaced_mask(attempts, steps, attempt_starts(attempts, steps))
+    last: dict[int, int] = {}
+    for rank, step, gone in zip(ranks.tolist(), steps.tolist(), left.tolist()):
+        if not gone:
+            last[rank] = step
     return max(last.values(), default=None)
 
 
@@ -174,8 +187,10 @@ class StoredRun:
 
     def recorded(self) -> dict[str, Any]:
         """``{"step", "latest"}`` as the metric history has them last: :func:`step_reached` and each metric's
-        last value (the step is ``None`` before the first row)."""
-        stamp = last_written(self.dir, "metrics")
+        last value (the step is ``None`` before the first row). Cached until the history or the state (its
+        rewinds' records) is written again."""
+        written = last_written(self.dir, "metrics")
+        stamp = (*written, self.state_written) if written is not None else None
         cached = _recorded_cache.get(self.dir)
         if stamp is not None and cached is not None and cached[0] == stamp:
             return dict(cached[1])
@@ -187,7 +202,7 @@ class StoredRun:
         latest: dict[str, Any] = {}
         for row in rows:
             latest.update((key, value) for key, value in row.items() if key not in RESERVED_KEYS)
-        found = {"step": step_reached(rows), "latest": latest}
+        found = {"step": step_reached(rows, self._state.get("commands") or []), "latest": latest}
         if stamp is not None:
             while len(_recorded_cache) >= _CACHED_RUNS:
                 _recorded_cache.pop(next(iter(_recorded_cache)))
@@ -260,7 +275,7 @@ class StoredRun:
 
 # A long reader (the lab server) reads a finished run's history tail once, not on every listing.
 _CACHED_RUNS = 256
-_recorded_cache: dict[Path, tuple[tuple[str, int, float], dict[str, Any]]] = {}
+_recorded_cache: dict[Path, tuple[tuple[str, int, float, float], dict[str, Any]]] = {}
 
 
 def read_stored(name: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from nbtrain._client.run.run_history import RESERVED, Branch, CountWatch, branch_of_rows, branches_of
+from nbtrain._client.run.run_history import RESERVED, CountWatch
+from nbtrain._cluster.history_rules import Branch, branch_of_rows, branches_of
 from nbtrain._states import RunState
 from nbtrain._views.dashboard.band import RankBand
 from nbtrain._views.dashboard.downsample import Array, downsample
@@ -312,8 +313,8 @@ class MetricHistory:
 
     def add(self, rows: list[dict[str, Any]], branches: Sequence[Branch] = ()) -> None:
         """Take a batch of metric rows (as ``run.reader.rows_since`` gives them), a column at a time, with the
-        run's rewinds as of them (:func:`~nbtrain._client.run.run_history.branches_of`): which rows a rewind
-        superseded is the history model's decision (:class:`~nbtrain._client.run.run_history.Branch`); rows it may
+        run's rewinds as of them (:func:`~nbtrain._cluster.history_rules.branches_of`): which rows a rewind
+        superseded is the history model's decision (:class:`~nbtrain._cluster.history_rules.Branch`); rows it may
         yet supersede (a rank that has not gone back yet) wait here until it says."""
         self.rows_seen += len(rows)
         self._learn(tuple(branches))
