@@ -67,6 +67,23 @@ def test_asha_stops_bad_trials_early_and_best_is_the_known_best(cluster):
     assert f"sweep asha-sweep: succeeded, 5 trials, best loss {BEST_Q + 1 / 8:.4g}" in printed.getvalue()
 
 
+def test_a_trial_whose_run_restarts_draws_only_the_rows_that_count_in_its_run(cluster):
+    """Rank 1 raises at step 5 of attempt 1; attempt 2 resumes from the latest checkpoint. Tune counts every row
+    rank 0 reported; the sweep's curve (what its dashboard draws) keeps the rows the run's history keeps."""
+    from _train_fns import train_steps
+
+    sweep = nbtrain.tune(train_steps, space={"sleep": tune.grid_search([0.05])},
+                         config={"steps": 8, "checkpoint_every": 3, "fail_rank": 1, "fail_step": 5},
+                         metric="loss", mode="min", workers_per_trial=2, max_failures=1, name="restarting-sweep")
+    assert sweep.wait(timeout=300) == "succeeded"
+    [trial] = sweep.trials
+    assert trial.run.attempt == 2, "the trial's run restarted once"
+    drawn_steps = [round(1 / value) - 1 for _iteration, value in trial.curve]  # train_steps' loss is 1/(step+1)
+    assert drawn_steps == list(range(8)), f"each step once, on the branch the run went on with: {trial.curve}"
+    assert trial.iterations > len(trial.curve), "Tune counted the rows the restart replaced; the curve leaves them"
+    assert trial.best == pytest.approx(1 / 8) and trial.last == pytest.approx(1 / 8)
+
+
 def test_a_metric_never_reported_fails_the_sweep_naming_it(cluster):
     def reports_accuracy(config):
         for step in range(3):

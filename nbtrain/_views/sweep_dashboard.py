@@ -75,7 +75,8 @@ def trials_chart(answer: dict[str, Any]) -> Chart:
     which = "every trial" if len(trials) == total else f"{len(trials)} of {total} trials (the unfinished and the best)"
     traces = series([(f"trial {t['index']}", [x for x, _y in t["curve"]], [y for _x, y in t["curve"]],
                       {"colour": colour_of(t["index"]), "width": TRIAL_WIDTH,
-                       "opacity": FADED_OPACITY if t["state"] in CUT else 1.0, "dash": t["state"] == "failed"})
+                       "opacity": FADED_OPACITY if t["state"] in CUT else 1.0, "dash": t["state"] == "failed",
+                       "breaks": t.get("breaks", ())})
                      for t in trials], TRIAL_POINTS)
     time_attr = answer.get("time_attr", "iteration")
     return Chart("trials", f"{answer.get('metric')} per {time_attr}, {which}", traces, rungs(answer), time_attr)

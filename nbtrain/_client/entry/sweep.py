@@ -36,7 +36,9 @@ class Trial:
     """One trial as the sweep's table had it when read (:attr:`Sweep.trials`, :attr:`Sweep.best`): ``config``
     (the sampled values), ``state``, ``iterations`` (rank 0's reports of the metric), ``last`` and ``best``
     (its values), ``stop_reason``, ``error``, ``waiting_for`` (a pending trial's missing resources), ``curve``
-    (``(iteration, value)`` pairs). Example: ``sweep.best.run.load_checkpoint()``.
+    (``(iteration, value)`` pairs). ``curve``, ``last`` and ``best`` are of the rows that still count in the trial's
+    run: a restart or a rewind that went back over reported steps leaves those iterations out (``iterations`` still
+    counts them, as Tune did). Example: ``sweep.best.run.load_checkpoint()``.
     """
 
     index: int

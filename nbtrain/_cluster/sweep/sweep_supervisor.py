@@ -13,7 +13,6 @@ polls on it, and when Tune is done writes the table to
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Any
@@ -27,6 +26,7 @@ from nbtrain import _json
 from nbtrain._cluster.names import NAMESPACE, find_supervisor, sweep_actor_name
 from nbtrain._cluster.priority import lower_own_priority
 from nbtrain._cluster.spec import SweepSpec, summarize_config
+from nbtrain._cluster.sweep.trial_curve import ROW_IDENTITY, TrialCurve
 from nbtrain._paths import private_dir, sweeps_dir, write_json_atomic
 from nbtrain._ray_compat import on_head_node
 from nbtrain._sweep_options import pbt_mutations
@@ -128,6 +128,7 @@ class SweepSupervisor:
         self._lock = threading.Condition()
         self._version = 0
         self._trials: dict[str, dict[str, Any]] = {}
+        self._curves: dict[str, TrialCurve] = {}  # by trial id: Tune's points of the metric, and which count
         self.stop_everything = threading.Event()
         self.stop_requests: set[str] = set()  # trial ids
         self._state = "running"
@@ -208,8 +209,8 @@ class SweepSupervisor:
         if found is None:
             found = self._trials[trial_id] = {
                 "id": trial_id, "index": int(trial_id.rsplit("_", 1)[-1]), "run": None, "config": {},
-                "state": "pending", "iterations": 0, "last": None, "best": None, "curve": [],
-                "stop_reason": None, "error": None, "waiting_for": None}
+                "state": "pending", "iterations": 0, "stop_reason": None, "error": None, "waiting_for": None}
+            self._curves[trial_id] = TrialCurve()
         return found
 
     def _changed(self) -> None:
@@ -243,13 +244,8 @@ class SweepSupervisor:
             record = self._trial(trial.trial_id)
             record["state"], record["waiting_for"] = "running", None
             if metric in result:
-                value = float(result[metric])
                 record["iterations"] = int(result.get("training_iteration", record["iterations"] + 1))
-                record["last"] = value
-                record["curve"].append((record["iterations"], value))
-                if math.isfinite(value) and (record["best"] is None or _better(value, record["best"],
-                                                                             self.spec.options.mode)):
-                    record["best"] = value
+                self._curves[trial.trial_id].add(record["iterations"], float(result[metric]), result.get(ROW_IDENTITY))
                 if self.spec.options.time_attr in result:
                     record["time_attr"] = result[self.spec.options.time_attr]
             self._changed()
@@ -314,6 +310,13 @@ class SweepSupervisor:
             record.update(fields)
             self._changed()
 
+    def note_rewinds(self, trial_id: str, run: str, commands: list[dict[str, Any]]) -> None:
+        """The rewinds a trial's run records now (its points past the step a rewind went back to leave its curve)."""
+        with self._lock:
+            self._trial(trial_id)
+            self._curves[trial_id].note_rewinds(run, commands)
+            self._changed()
+
     # ------------------------------------------------------------------ notebook-facing
     def poll(self, version: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
         """The sweep and its trial table; with ``wait_s`` a long poll that answers when it changed."""
@@ -334,9 +337,15 @@ class SweepSupervisor:
                 "space": {key: _describe(value) for key, value in options.space.items()},
                 "base_config": summarize_config(self.spec.trial_run.options.config or {}),
                 "started": self._started, "ended": self._ended, "now": time.time(), "owner": self.spec.owner,
-                "trials": sorted((dict(t, curve=list(t["curve"])) for t in self._trials.values()),
-                                 key=lambda t: t["index"]),
+                "trials": sorted((self._with_curve(t) for t in self._trials.values()), key=lambda t: t["index"]),
             }
+
+    def _with_curve(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A trial's row of the table with its curve (and where its line breaks), last and best value: of the points
+        that still count in its run (:mod:`.trial_curve`)."""
+        curve = self._curves[record["id"]]
+        return {**record, "curve": curve.points(), "breaks": curve.breaks(), "last": curve.last(),
+                "best": curve.best(self.spec.options.mode)}
 
     def stop(self, timeout: float = 60.0) -> str:
         """Stop every trial and end the sweep; returns its state once Tune has stopped (or ``timeout``)."""
@@ -362,10 +371,6 @@ class SweepSupervisor:
                 ray.get(supervisor.stop.remote(TRIAL_STOP_WAIT_S), timeout=TRIAL_STOP_WAIT_S + 5)
             except ray.exceptions.RayError:
                 pass  # it ended and retired meanwhile
-
-
-def _better(value: float, than: float, mode: str) -> bool:
-    return value < than if mode == "min" else value > than
 
 
 def _plain(config: dict[str, Any]) -> dict[str, Any]:

@@ -5,10 +5,13 @@ bundle for this actor, one bundle per rank); :meth:`setup` starts an nbtrain run
 whose ranks run in those bundles, so everything a run has (every rank's curves,
 logs, failures, ``max_failures``, checkpoints) each trial has. One :meth:`step`
 is one row of rank 0 that carries the sweep's metric: Tune's
-``training_iteration`` counts rank 0's reports of the metric. When the scheduler
-stops the trial, :meth:`cleanup` stops the run and waits until its ranks have left
-the bundles: Tune calls it through ``stop()``, or :meth:`reset_config` does when
-Tune hands this process and its bundles to the next trial.
+``training_iteration`` counts rank 0's reports of the metric (the row's run,
+attempt, step and time ride along under ``ROW_IDENTITY``, so the sweep's table
+can leave out the rows a restart or a rewind of the run replaced). When the
+scheduler stops the trial, :meth:`cleanup` stops the run and waits until its
+ranks have left the bundles: Tune calls it through ``stop()``, or
+:meth:`reset_config` does when Tune hands this process and its bundles to the
+next trial.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import cloudpickle
 import ray
 from ray import tune
 
+from nbtrain._cluster.command_kinds.table import command_kind
 from nbtrain._cluster.names import NAMESPACE, sweep_actor_name, trial_run_name
 from nbtrain._cluster.spec import RunSpec
+from nbtrain._cluster.sweep.trial_curve import ROW_IDENTITY
 from nbtrain._paths import write_atomic
 from nbtrain._ray_compat import on_head_node
 
@@ -70,6 +75,7 @@ class NbtrainTrial(tune.Trainable):
         self._rank0_rows = 0
         self._seen_keys: set[str] = set()
         self._ended: dict[str, Any] | None = None
+        self._rewinds_noted: list[dict[str, Any]] = []  # the run's rewinds as the sweep's table has them
 
     def _start(self) -> None:
         """The trial's run, from the template the notebook checked as every run's spec is checked (see
@@ -94,6 +100,8 @@ class NbtrainTrial(tune.Trainable):
             self._read()
         row = self._rows.popleft()
         result = {key: value for key, value in row.items() if key not in ROW_KEYS}
+        result[ROW_IDENTITY] = {"run": self.run_name, "attempt": row.get("attempt"), "step": row.get("step"),
+                                "time": row.get("time")}
         spent = result.get(self._time_attr, self.iteration + 1 if self._time_attr == "training_iteration" else None)
         if self._max_t is not None and isinstance(spent, (int, float)) and spent >= self._max_t:
             self._budget_spent = True
@@ -117,6 +125,10 @@ class NbtrainTrial(tune.Trainable):
                                                     scheduling_strategy="DEFAULT")  # not in the trial's group
             answer = ray.get(reader.remote(self.run_name, "poll", (self._cursor, 1 << 30, 1 << 30, 10_000), {}))
         self._cursor = answer["cursor"]
+        rewinds = [change for change in answer.get("changes") or [] if command_kind(change["kind"]).goes_back]
+        if rewinds != self._rewinds_noted:  # what the rows it gave Tune are judged by (sweep's trial_curve)
+            ray.get(self._sweep.note_rewinds.remote(self.trial_id, self.run_name, rewinds))
+            self._rewinds_noted = rewinds
         for row in answer["rows"]:
             if row.get("rank") != 0:
                 continue

@@ -77,8 +77,8 @@ class Chart:
 
 def series(curves: Sequence[tuple[str, Points, Points, dict[str, Any]]], max_points: int = MAX_POINTS) -> list[Trace]:
     """Traces of whole series (every report at hand: a comparison's runs, a sweep's trials), each ``(name, xs, ys,
-    looks)``: thinned to ``max_points``, broken across gaps, drawn as points when reported far more rarely than
-    the densest of them."""
+    looks)``: thinned to ``max_points``, broken across gaps (and at the ``breaks`` its looks may name: where its
+    caller left points out), drawn as points when reported far more rarely than the densest of them."""
     arrays = [(name, np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), looks) for name, xs, ys, looks in curves]
     gaps = {name: usual_gap(xs) for name, xs, _ys, _looks in arrays if len(xs) > 1}
     densest = min(gaps.values(), default=1.0)
@@ -86,5 +86,7 @@ def series(curves: Sequence[tuple[str, Points, Points, dict[str, Any]]], max_poi
     for name, xs, ys, looks in arrays:
         x, y = downsample(xs, ys, max_points)
         usual = gaps.get(name, densest)
-        traces.append(Trace(name, x, y, points=is_sparse(usual, densest), breaks=breaks_of(xs, usual), **looks))
+        looks = dict(looks)
+        breaks = np.union1d(breaks_of(xs, usual), np.asarray(looks.pop("breaks", ()), dtype=float))
+        traces.append(Trace(name, x, y, points=is_sparse(usual, densest), breaks=breaks, **looks))
     return traces

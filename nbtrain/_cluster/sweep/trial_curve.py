@@ -1,0 +1,108 @@
+"""A sweep trial's curve of the metric, as the sweep's table gives it: one point per Tune iteration, kept only
+while its row still counts in the trial's run.
+
+Tune counts every row of rank 0 that carries the sweep's metric as an iteration, and its schedulers compare
+those values. A trial's run may go back over steps it already reported, though: a restart resumes from the
+latest checkpoint (``max_failures``), a guard or ``run.rewind()`` goes back in place. The rows it left no longer
+count in the run's history (``run.metrics_frame()``, the run's dashboard, ``sweep.figure()``); here they leave the
+sweep's curve too, decided by the same rules (:mod:`nbtrain._cluster.history_rules`) from what each point's row
+was (its run, attempt, step and time, which the trial hands Tune under :data:`ROW_IDENTITY`) and the rewinds
+the trial saw its run record. The x axis stays Tune's iteration (what ASHA's rungs are in): a trial that went
+back shows a gap where the iterations it replaced were, its line broken there (:meth:`TrialCurve.breaks`). A PBT
+exploit starts a new run for the trial; each run's rows are judged with that run's own attempts and rewinds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nbtrain._cluster.history_rules import attempt_starts, branches_of_commands, replaced_mask, superseded_mask
+
+ROW_IDENTITY = "nbtrain_row"  # the result key a trial's row (run, attempt, step, time) reaches the table under
+
+
+@dataclass(frozen=True)
+class Point:
+    iteration: int
+    value: float
+    run: str | None = None     # None: a result without its row (Tune's duplicate of the last one): it counts
+    attempt: int = 1
+    step: int = 0
+    time: float = math.inf
+
+
+class TrialCurve:
+    """The points Tune reported for one trial, and which of them count (worked out again only when asked after a
+    change)."""
+
+    def __init__(self) -> None:
+        self._points: list[Point] = []
+        self._rewinds: dict[str, list[dict[str, Any]]] = {}
+        self._counted: list[Point] | None = []
+
+    def add(self, iteration: int, value: float, row: Mapping[str, Any] | None) -> None:
+        """One Tune result: its iteration, the metric's value and the row's identity (:data:`ROW_IDENTITY`)."""
+        if isinstance(row, Mapping) and isinstance(row.get("step"), int):
+            attempt = row.get("attempt")
+            when = row.get("time")
+            point = Point(iteration, value, str(row.get("run")), attempt if isinstance(attempt, int) else 1,
+                          row["step"], float(when) if isinstance(when, (int, float)) else math.inf)
+        else:
+            point = Point(iteration, value)
+        self._points.append(point)
+        self._counted = None
+
+    def note_rewinds(self, run: str, commands: Sequence[Mapping[str, Any]]) -> None:
+        """The rewinds ``run`` records as of now (its summary's ``changes`` of a kind that goes back)."""
+        self._rewinds[run] = [dict(command) for command in commands]
+        self._counted = None
+
+    def points(self) -> list[tuple[int, float]]:
+        """``(iteration, value)`` of each point that counts, in Tune's order."""
+        return [(point.iteration, point.value) for point in self._counting()]
+
+    def breaks(self) -> list[float]:
+        """Where the curve's line breaks: midway between the two points that count on either side of points left
+        out (a line across them would join values from two branches of the run)."""
+        found, before, skipped = [], None, False
+        counted = {id(point) for point in self._counting()}
+        for point in self._points:
+            if id(point) not in counted:
+                skipped = True
+                continue
+            if skipped and before is not None:
+                found.append((before + point.iteration) / 2)
+            before, skipped = point.iteration, False
+        return found
+
+    def last(self) -> float | None:
+        counted = self._counting()
+        return counted[-1].value if counted else None
+
+    def best(self, mode: str) -> float | None:
+        """The best finite value that counts (``mode``: ``"min"`` or ``"max"``)."""
+        finite = [point.value for point in self._counting() if math.isfinite(point.value)]
+        if not finite:
+            return None
+        return min(finite) if mode == "min" else max(finite)
+
+    def _counting(self) -> list[Point]:
+        if self._counted is None:
+            left: set[int] = set()
+            for run in {point.run for point in self._points if point.run is not None}:
+                where = [index for index, point in enumerate(self._points) if point.run == run]
+                of_run = [self._points[index] for index in where]
+                steps = np.array([point.step for point in of_run])
+                attempts = np.array([point.attempt for point in of_run])
+                times = np.array([point.time for point in of_run])
+                gone = replaced_mask(attempts, steps, attempt_starts(attempts, steps)) | superseded_mask(
+                    branches_of_commands(self._rewinds.get(run, [])), np.zeros(len(of_run), dtype=np.int64),
+                    steps, times)
+                left.update(index for index, out in zip(where, gone.tolist()) if out)
+            self._counted = [point for index, point in enumerate(self._points) if index not in left]
+        return self._counted
