@@ -43,7 +43,7 @@ class TrialCurve:
     def __init__(self) -> None:
         self._points: list[Point] = []
         self._rewinds: dict[str, list[dict[str, Any]]] = {}
-        self._counted: list[Point] | None = []
+        self._counted: tuple[list[Point], list[float]] | None = ([], [])
 
     def add(self, iteration: int, value: float, row: Mapping[str, Any] | None) -> None:
         """One Tune result: its iteration, the metric's value and the row's identity (:data:`ROW_IDENTITY`)."""
@@ -64,45 +64,44 @@ class TrialCurve:
 
     def points(self) -> list[tuple[int, float]]:
         """``(iteration, value)`` of each point that counts, in Tune's order."""
-        return [(point.iteration, point.value) for point in self._counting()]
+        return [(point.iteration, point.value) for point in self._counting()[0]]
 
     def breaks(self) -> list[float]:
         """Where the curve's line breaks: midway between the two points that count on either side of points left
         out (a line across them would join values from two branches of the run)."""
-        found, before, skipped = [], None, False
-        counted = {id(point) for point in self._counting()}
-        for point in self._points:
-            if id(point) not in counted:
-                skipped = True
-                continue
-            if skipped and before is not None:
-                found.append((before + point.iteration) / 2)
-            before, skipped = point.iteration, False
-        return found
+        return list(self._counting()[1])
 
     def last(self) -> float | None:
-        counted = self._counting()
+        counted = self._counting()[0]
         return counted[-1].value if counted else None
 
     def best(self, mode: str) -> float | None:
         """The best finite value that counts (``mode``: ``"min"`` or ``"max"``)."""
-        finite = [point.value for point in self._counting() if math.isfinite(point.value)]
+        finite = [point.value for point in self._counting()[0] if math.isfinite(point.value)]
         if not finite:
             return None
         return min(finite) if mode == "min" else max(finite)
 
-    def _counting(self) -> list[Point]:
+    def _counting(self) -> tuple[list[Point], list[float]]:
+        """The points that count, and the breaks between them."""
         if self._counted is None:
-            left: set[int] = set()
+            left = np.zeros(len(self._points), dtype=bool)
             for run in {point.run for point in self._points if point.run is not None}:
-                where = [index for index, point in enumerate(self._points) if point.run == run]
-                of_run = [self._points[index] for index in where]
-                steps = np.array([point.step for point in of_run])
-                attempts = np.array([point.attempt for point in of_run])
-                times = np.array([point.time for point in of_run])
-                gone = replaced_mask(attempts, steps, attempt_starts(attempts, steps)) | superseded_mask(
-                    branches_of_commands(self._rewinds.get(run, [])), np.zeros(len(of_run), dtype=np.int64),
+                where = np.array([index for index, point in enumerate(self._points) if point.run == run])
+                steps = np.array([self._points[index].step for index in where])
+                attempts = np.array([self._points[index].attempt for index in where])
+                times = np.array([self._points[index].time for index in where])
+                left[where] = replaced_mask(attempts, steps, attempt_starts(attempts, steps)) | superseded_mask(
+                    branches_of_commands(self._rewinds.get(run, [])), np.zeros(len(where), dtype=np.int64),
                     steps, times)
-                left.update(index for index, out in zip(where, gone.tolist()) if out)
-            self._counted = [point for index, point in enumerate(self._points) if index not in left]
+            counted, breaks, before, skipped = [], [], None, False
+            for point, out in zip(self._points, left.tolist()):
+                if out:
+                    skipped = True
+                    continue
+                if skipped and before is not None:
+                    breaks.append((before + point.iteration) / 2)
+                counted.append(point)
+                before, skipped = point.iteration, False
+            self._counted = (counted, breaks)
         return self._counted
