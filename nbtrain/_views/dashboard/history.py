@@ -13,8 +13,8 @@ that resumes from an earlier step (or a late batch) replaces the overlapping
 tail, so the curve shows the attempt that counts. (A tail that reaches back into
 the buckets is cut at the nearest kept point; the band forgets the steps from
 where a new attempt resumes.) Which rows a rewind (``run.rewind()`` or a guard)
-superseded is the run's history model's decision
-(:mod:`nbtrain._client.run.run_history`), the one ``run.metrics_frame()`` makes:
+superseded is the run history's rule (:mod:`nbtrain._cluster.history_rules`), the one
+``run.metrics_frame()`` and the head's reading of a run's files apply:
 once a rank has gone back, what was drawn past the rewind's step becomes the
 branch's own band (:meth:`MetricHistory.left_branches`, drawn faded; the last
 ``KEPT_BRANCHES``), and rows past that step of a rank that has not gone back yet
