@@ -12,9 +12,9 @@ import pytest
 
 from nbtrain._client.run.run_history import Mark
 from nbtrain._cluster.commands import Heartbeat, SteeringBeat
-from nbtrain._cluster.history_rules import Branch
 from nbtrain._cluster.rank.data.counted_shard import CountedShard
 from nbtrain._cluster.rank.data.loading import batch_size_of
+from nbtrain._cluster.storage.history_rules import Branch
 from nbtrain._cluster.supervisor.worker_table import WorkerTable
 from nbtrain._views.dashboard.chart import Chart, Trace
 from nbtrain._views.dashboard.dashboard import WidgetDashboard

@@ -24,7 +24,7 @@ from nbtrain._client.run.run_history import (
     marks_of,
 )
 from nbtrain._cluster.commands import GUARD, SteeringBeat
-from nbtrain._cluster.history_rules import Branch, branches_of
+from nbtrain._cluster.storage.history_rules import Branch, branches_of
 from nbtrain._cluster.supervisor.run_steering import RunSteering
 from nbtrain._guards import checked_guard
 from nbtrain._views.dashboard.history import MetricHistory

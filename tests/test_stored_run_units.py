@@ -1,5 +1,5 @@
 """The step a run's files say it reached, decided where the files are read (``step_reached`` in
-``nbtrain/_cluster/supervisor/stored_run.py``, by the history model's rules in ``nbtrain/_cluster/history_rules.py``):
+``nbtrain/_cluster/supervisor/stored_run.py``, by the history rules of ``nbtrain/_cluster/storage/history_rules.py``):
 what ``nbtrain runs`` and the JupyterLab sidebar show for a run whose supervisor is not answering. That a run lost
 with its cluster shows its last step, end to end: ``test_cli_runs.py``."""
 

@@ -14,7 +14,7 @@ from typing import Any
 from nbtrain._client.run.control import applied
 from nbtrain._client.run.reader import RunReader
 from nbtrain._cluster.commands import GUARD, REWIND
-from nbtrain._cluster.history_rules import branches_of
+from nbtrain._cluster.storage.history_rules import branches_of
 from nbtrain._exceptions import InvalidOptionError
 from nbtrain._guards import checked_guard
 from nbtrain._registry import is_whole

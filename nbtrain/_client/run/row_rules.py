@@ -21,7 +21,7 @@ from typing import Any
 
 from nbtrain._client.run.following import LONG_POLL_S
 from nbtrain._client.run.reader import RunReader
-from nbtrain._cluster.history_rules import branches_of
+from nbtrain._cluster.storage.history_rules import branches_of
 from nbtrain._exceptions import InvalidOptionError
 from nbtrain._states import RunState
 

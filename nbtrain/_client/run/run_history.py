@@ -13,7 +13,7 @@ knows how a curve is drawn.
 - **Rows**: ``rank``, ``step``, ``attempt``, ``time`` and one column per metric (:class:`RunHistory` holds
   them as a DataFrame; the dashboard feeds them in batches to its bounded buffer instead).
 - **Branches** and **replaced rows**: which rows a rewind superseded and which a later attempt replaced, decided
-  by :mod:`nbtrain._cluster.history_rules` (the rules every process that reads a run's rows shares: the head
+  by :mod:`nbtrain._cluster.storage.history_rules` (the rules every process that reads a run's rows shares: the head
   reading a run's files, a sweep's trial table).
 - **Marks** (:class:`Mark`): typed, at a step, with nbtrain's label.
 - **Counters**: a metric that only counts (``epoch`` beside the loss: whole numbers that never go down) is
@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from nbtrain._cluster.command_kinds.table import command_kind
-from nbtrain._cluster.history_rules import (
+from nbtrain._cluster.storage.history_rules import (
     Bools,
     Branch,
     attempt_starts,

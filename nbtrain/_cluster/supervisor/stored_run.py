@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from nbtrain._cluster.history_rules import attempt_starts, branches_of_commands, replaced_mask, superseded_mask
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.storage import post_mortems, storage_uri
 from nbtrain._cluster.storage.history_log import HistoryLog, last_written
+from nbtrain._cluster.storage.history_rules import attempt_starts, branches_of_commands, replaced_mask, superseded_mask
 from nbtrain._cluster.storage.run_storage import SPEC_FILE, RunStorage, checkpoint_for_fork
 from nbtrain._cluster.supervisor.feed import RESERVED_KEYS, RunFeed
 from nbtrain._exceptions import StorageError
@@ -109,7 +109,7 @@ def write_final(directory: Path, summary: dict[str, Any], results: list[bytes] |
 def step_reached(rows: list[dict[str, Any]], commands: list[dict[str, Any]]) -> int | None:
     """The step a run's rows say it reached: each rank's last row that counts, the furthest of them (a rank that
     reports less often does not hold it back). Which rows count is the history model's rule
-    (:mod:`nbtrain._cluster.history_rules`, fed the run's recorded ``commands``): not a row a rewind in place
+    (:mod:`nbtrain._cluster.storage.history_rules`, fed the run's recorded ``commands``): not a row a rewind in place
     superseded, nor one a later attempt replaced. A rank's last row is its newest, so a rewind still under way
     (its ranks' going back not recorded yet) shows where the ranks report now. None before the first row."""
     counted = [row for row in rows if isinstance(row.get("step"), int) and isinstance(row.get("rank"), int)]

@@ -5,7 +5,7 @@ Tune counts every row of rank 0 that carries the sweep's metric as an iteration,
 those values. A trial's run may go back over steps it already reported, though: a restart resumes from the
 latest checkpoint (``max_failures``), a guard or ``run.rewind()`` goes back in place. The rows it left no longer
 count in the run's history (``run.metrics_frame()``, the run's dashboard, ``sweep.figure()``); here they leave the
-sweep's curve too, decided by the same rules (:mod:`nbtrain._cluster.history_rules`) from what each point's row
+sweep's curve too, decided by the same rules (:mod:`nbtrain._cluster.storage.history_rules`) from what each point's row
 was (its run, attempt, step and time, which the trial hands Tune under :data:`ROW_IDENTITY`) and the rewinds
 the trial saw its run record. The x axis stays Tune's iteration (what ASHA's rungs are in): a trial that went
 back shows a gap where the iterations it replaced were, its line broken there (:meth:`TrialCurve.breaks`). A PBT
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from nbtrain._cluster.history_rules import attempt_starts, branches_of_commands, replaced_mask, superseded_mask
+from nbtrain._cluster.storage.history_rules import attempt_starts, branches_of_commands, replaced_mask, superseded_mask
 
 ROW_IDENTITY = "nbtrain_row"  # the result key a trial's row (run, attempt, step, time) reaches the table under
 

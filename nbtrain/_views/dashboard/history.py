@@ -13,7 +13,7 @@ that resumes from an earlier step (or a late batch) replaces the overlapping
 tail, so the curve shows the attempt that counts. (A tail that reaches back into
 the buckets is cut at the nearest kept point; the band forgets the steps from
 where a new attempt resumes.) Which rows a rewind (``run.rewind()`` or a guard)
-superseded is the run history's rule (:mod:`nbtrain._cluster.history_rules`), the one
+superseded is the run history's rule (:mod:`nbtrain._cluster.storage.history_rules`), the one
 ``run.metrics_frame()`` and the head's reading of a run's files apply:
 once a rank has gone back, what was drawn past the rewind's step becomes the
 branch's own band (:meth:`MetricHistory.left_branches`, drawn faded; the last
@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from nbtrain._client.run.run_history import RESERVED, CountWatch
-from nbtrain._cluster.history_rules import Branch, branch_of_rows, branches_of
+from nbtrain._cluster.storage.history_rules import Branch, branch_of_rows, branches_of
 from nbtrain._states import RunState
 from nbtrain._views.dashboard.band import RankBand
 from nbtrain._views.dashboard.downsample import Array, downsample
@@ -313,9 +313,9 @@ class MetricHistory:
 
     def add(self, rows: list[dict[str, Any]], branches: Sequence[Branch] = ()) -> None:
         """Take a batch of metric rows (as ``run.reader.rows_since`` gives them), a column at a time, with the
-        run's rewinds as of them (:func:`~nbtrain._cluster.history_rules.branches_of`): which rows a rewind
-        superseded is the history model's decision (:class:`~nbtrain._cluster.history_rules.Branch`); rows it may
-        yet supersede (a rank that has not gone back yet) wait here until it says."""
+        run's rewinds as of them (:func:`~nbtrain._cluster.storage.history_rules.branches_of`): which rows a
+        rewind superseded is the history rules' decision (:class:`~nbtrain._cluster.storage.history_rules.Branch`);
+        rows it may yet supersede (a rank that has not gone back yet) wait here until it says."""
         self.rows_seen += len(rows)
         self._learn(tuple(branches))
         self._take(self._held + rows)
