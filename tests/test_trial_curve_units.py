@@ -56,7 +56,7 @@ def test_each_run_of_a_trial_is_judged_alone_and_a_result_without_its_row_counts
     # PBT's exploit: a new run from another trial's step-2 checkpoint; its rows replace nothing of the first run
     for step in range(3, 5):
         curve.add(step + 3, float(step), row(step, run="s-t0-i5", time=50.0 + step))
-    curve.add(8, 4.0, None)  # Tune repeats a trial's last result as its end
+    curve.add(8, 4.0, None)  # a trial restored at the end of training repeats its last result: no row of its own
     assert [x for x, _y in curve.points()] == [1, 2, 3, 4, 5, 6, 7, 8]
 
 

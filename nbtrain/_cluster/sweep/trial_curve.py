@@ -30,7 +30,7 @@ ROW_IDENTITY = "nbtrain_row"  # the result key a trial's row (run, attempt, step
 class Point:
     iteration: int
     value: float
-    run: str | None = None     # None: a result without its row (Tune's duplicate of the last one): it counts
+    run: str | None = None     # None: a result without a row (a trial restored at its end repeats its last): it counts
     attempt: int = 1
     step: int = 0
     time: float = math.inf
