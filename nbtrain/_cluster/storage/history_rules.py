@@ -124,3 +124,10 @@ def replaced_mask(attempts: npt.NDArray[Any], steps: npt.NDArray[Any], starts: M
     for attempt, start in starts.items():
         replaced |= (attempts < attempt) & (steps >= start)
     return replaced
+
+
+def left_out(branches: Sequence[Branch], ranks: npt.NDArray[Any], steps: npt.NDArray[Any],
+             attempts: npt.NDArray[Any], times: npt.NDArray[Any]) -> Bools:
+    """Which rows no longer count: a rewind superseded them, or a later attempt replaced them."""
+    return superseded_mask(branches, ranks, steps, times) | replaced_mask(attempts, steps,
+                                                                          attempt_starts(attempts, steps))

@@ -35,7 +35,7 @@ import numpy as np
 from nbtrain._cluster.names import NAMESPACE, actor_name
 from nbtrain._cluster.storage import post_mortems, storage_uri
 from nbtrain._cluster.storage.history_log import HistoryLog, last_written
-from nbtrain._cluster.storage.history_rules import attempt_starts, branches_of_commands, replaced_mask, superseded_mask
+from nbtrain._cluster.storage.history_rules import branches_of_commands, left_out
 from nbtrain._cluster.storage.run_storage import SPEC_FILE, RunStorage, checkpoint_for_fork
 from nbtrain._cluster.supervisor.feed import RESERVED_KEYS, RunFeed
 from nbtrain._exceptions import StorageError
@@ -119,8 +119,7 @@ def step_reached(rows: list[dict[str, Any]], commands: list[dict[str, Any]]) -> 
     steps = np.array([row["step"] for row in counted])
     attempts = np.array([row.get("attempt") if isinstance(row.get("attempt"), int) else 1 for row in counted])
     times = np.array([float(row.get("time", math.inf)) for row in counted])
-    left = superseded_mask(branches_of_commands(commands), ranks, steps, times) \
-        | replaced_mask(attempts, steps, attempt_starts(attempts, steps))
+    left = left_out(branches_of_commands(commands), ranks, steps, attempts, times)
     last: dict[int, int] = {}
     for rank, step, gone in zip(ranks.tolist(), steps.tolist(), left.tolist()):
         if not gone:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from nbtrain._cluster.storage.history_rules import attempt_starts, branches_of_commands, replaced_mask, superseded_mask
+from nbtrain._cluster.storage.history_rules import branches_of_commands, left_out
 
 ROW_IDENTITY = "nbtrain_row"  # the result key a trial's row (run, attempt, step, time) reaches the table under
 
@@ -91,9 +91,8 @@ class TrialCurve:
                 steps = np.array([self._points[index].step for index in where])
                 attempts = np.array([self._points[index].attempt for index in where])
                 times = np.array([self._points[index].time for index in where])
-                left[where] = replaced_mask(attempts, steps, attempt_starts(attempts, steps)) | superseded_mask(
-                    branches_of_commands(self._rewinds.get(run, [])), np.zeros(len(where), dtype=np.int64),
-                    steps, times)
+                left[where] = left_out(branches_of_commands(self._rewinds.get(run, [])),
+                                       np.zeros(len(where), dtype=np.int64), steps, attempts, times)
             counted, breaks, before, skipped = [], [], None, False
             for point, out in zip(self._points, left.tolist()):
                 if out:
