@@ -16,11 +16,23 @@ import nbtrain
 from _train_fns import elastic_train
 
 
-def _wait_for(condition, timeout: float, what: str) -> None:
+def _wait_for(condition, timeout: float, what: str, picture=lambda: "") -> None:
+    """``picture``: what the cluster and the run looked like, said when the wait times out."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{picture()}")
         time.sleep(0.2)
+
+
+def _picture(run) -> str:
+    """The run's state, workers and events, and the cluster's free resources: what a timed-out wait needs to be
+    understood (it once timed out in a full run and passed alone)."""
+    events = "\n".join(f"  {e['time']:.1f} {e['kind']}: {e['message']}" for e in run.events)
+    groups = [(g["name"], g["state"], g["bundles"]) for g in ray.util.placement_group_table().values()
+              if g["state"] != "REMOVED"]
+    return (f"run {run.name}: {run.state.value}, workers {run.workers}\nfree: {ray.available_resources()}\n"
+            f"placement groups: {groups}\nevents:\n{events}")
 
 
 @ray.remote(num_cpus=0)
@@ -40,7 +52,7 @@ def test_starts_with_what_fits_and_grows_at_a_checkpoint_when_resources_free_up(
         run = nbtrain.launch(elastic_train, config={"steps": 80, "step_time": 0.1, "every": 1000},
                              workers=(1, 2), resize_interval_s=1, name="elastic-grow")
         _wait_for(lambda: any(w["step"] >= 3 for w in run.workers) and run.state == nbtrain.RunState.RUNNING,
-                  90, "the run stepping on 1 rank")
+                  90, "the run stepping on 1 rank", lambda: _picture(run))
         assert run.summary()["world_size"] == 1
         # below max, it asks an autoscaling cluster for room for max ranks (what the autoscaler reads)
         assert ray.get(_standing_request.remote()) == [{"CPU": 1.0}] * 2
