@@ -26,7 +26,7 @@ from nbtrain._cluster.elastic.policy import Resize, SizingPolicy
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage.run_storage import RunStorage
 from nbtrain._cluster.supervisor import missing_rows
-from nbtrain._cluster.supervisor.attempt import AttemptStart
+from nbtrain._cluster.supervisor.attempt import AttemptStart, NotPlaced, StartGroup
 from nbtrain._cluster.supervisor.controller import RunController
 from nbtrain._cluster.supervisor.controller_callback import ControllerCallback, RunView
 from nbtrain._cluster.supervisor.controller_parts import callbacks_for
@@ -148,9 +148,11 @@ def until_interrupted(then: Callable[[FakeAttempt], None] = lambda attempt: None
 
 def make_controller(tmp_path: Path, groups: FakeWorkerGroups, cluster: FakeCluster | None = None,
                     callbacks: list[ControllerCallback] | None = None, failures: FailurePolicy | None = None,
-                    sizing: SizingPolicy | None = None, **options: Any) -> tuple[RunController, threading.Event]:
+                    sizing: SizingPolicy | None = None, start_group: StartGroup | None = None,
+                    **options: Any) -> tuple[RunController, threading.Event]:
     """A controller with the supervisor's callbacks (or ``callbacks``), a failure budget of ``max_failures`` (or
-    ``failures``) and a sizing policy reading ``cluster`` (a fixed size reads none), or ``sizing``."""
+    ``failures``) and a sizing policy reading ``cluster`` (a fixed size reads none), or ``sizing``; its attempts
+    start in ``groups`` (or through ``start_group``, which may hand them on to ``groups``)."""
     lock = threading.RLock()
     storage = RunStorage(tmp_path, "unit")
     spec = RunSpec(RunOptions(name="unit", **options), fn_bytes=b"", fn_takes_config=False, launch_folder=None)
@@ -160,7 +162,7 @@ def make_controller(tmp_path: Path, groups: FakeWorkerGroups, cluster: FakeClust
                                       lambda kind, message: made[0].feed.event(kind, message, made[0].attempt))
     controller = RunController(spec, None, RunFeed(storage, lock), storage, WorkerTable(lock), supervisor=None,
                                on_end=ended.set, failure_policy=failures or FailurePolicy(spec.options.max_failures),
-                               sizing=sizing, start_group=groups.start,
+                               sizing=sizing, start_group=start_group or groups.start,
                                callbacks=callbacks_for(spec, tmp_path) if callbacks is None else callbacks)
     made.append(controller)
     controller.recover()
@@ -332,6 +334,86 @@ def test_a_drained_node_s_ranks_leave_at_the_next_checkpoint(tmp_path):
     assert groups.sizes == [2, 1]
     assert "node 10.0.0.2 draining: ranks 1 leave at the next checkpoint (2 → 1 ranks)" in events(controller, "resize")
     assert controller.failures == []
+
+
+def test_an_elastic_run_not_placed_at_its_size_starts_with_min_in_the_same_attempt_and_grows_later(tmp_path):
+    """The room a run's size was read from went to another job as it asked (or Ray's free resources were read a
+    moment behind): instead of waiting out placement_timeout_s and failing, the attempt starts with min."""
+    cluster = FakeCluster(free=2)
+
+    def taken_as_it_asks(start: AttemptStart) -> FakeAttempt:
+        if not refused:
+            refused.append(start.world_size)
+            cluster.free = 0
+            raise NotPlaced(start.world_size, 5.0)
+        return groups.start(start)
+
+    def room_again(attempt: FakeAttempt) -> None:
+        cluster.free = 1
+        if controller.checkpoint_wanted(attempt.number) and controller.checkpoint is None:
+            controller.checkpoint = {"time": time.time() - 60}
+
+    refused: list[int] = []
+    groups = FakeWorkerGroups(until_interrupted(room_again), succeed)
+    controller, ended = make_controller(tmp_path, groups, cluster, start_group=taken_as_it_asks, workers=(1, 2),
+                                        max_failures=0, resize_interval_s=0.05)
+    assert run_to_end(controller, ended) == RunState.SUCCEEDED, controller.error
+    assert refused == [2]
+    assert [(a.number, a.size) for a in groups.attempts] == [(1, 1), (2, 2)], "attempt 1 ran with min, then grew"
+    assert events(controller, "resize") == [
+        "2 ranks were not placed within 5 s (the room counted a moment before was taken, or the placement strategy "
+        "cannot use it): starting with 1, growing when more room appears",
+        "room for 2 ranks (now 1): growing at the next checkpoint",
+        "1 → 2 ranks: resources freed up"]
+    resized = [(e["attempt"], e["from_size"], e["to_size"]) for e in controller.feed.events if "to_size" in e]
+    assert resized == [(1, 2, 1), (1, 1, 2)]
+    assert controller.failures == [], "starting smaller is not a failure"
+    assert cluster.asked == [1], "at min, the run asked the autoscaler for room for max"
+
+
+def test_a_size_not_placed_is_not_grown_to_again_while_the_room_is_what_it_was(tmp_path):
+    """STRICT_SPREAD over fewer nodes than ranks: the CPUs are there, the strategy cannot use them. The run goes on
+    with min instead of growing, waiting and starting smaller at every checkpoint; more room than that lets it grow."""
+    cluster = FakeCluster(free=2)
+
+    def strict_spread_on_one_node(start: AttemptStart) -> FakeAttempt:
+        if start.world_size == 2 and cluster.free < 3:
+            raise NotPlaced(start.world_size, 5.0)
+        return groups.start(start)
+
+    def same_room_then_more(attempt: FakeAttempt, interrupt: Callable[[], Outcome | None]) -> Outcome:
+        cluster.free = 1  # the run's rank holds one of the two CPUs
+        for _ in range(30):  # many looks for growth (every 0.05 s) with nothing new, a checkpoint whenever asked
+            checkpoint_when_asked(attempt)
+            assert interrupt() is None, "the run tried to grow with no more room than when 2 ranks were not placed"
+            time.sleep(0.01)
+        cluster.free = 3  # a second node joins: room the run did not have when 2 ranks were not placed
+        return until_interrupted(checkpoint_when_asked)(attempt, interrupt)
+
+    def checkpoint_when_asked(attempt: FakeAttempt) -> None:
+        if controller.checkpoint_wanted(attempt.number) and controller.checkpoint is None:
+            controller.checkpoint = {"time": time.time() - 60}
+
+    groups = FakeWorkerGroups(same_room_then_more, succeed)
+    controller, ended = make_controller(tmp_path, groups, cluster, start_group=strict_spread_on_one_node,
+                                        workers=(1, 2), resize_interval_s=0.05)
+    assert run_to_end(controller, ended) == RunState.SUCCEEDED, controller.error
+    assert groups.sizes == [1, 2]
+    assert [m.split(":")[0] for m in events(controller, "resize")] == [
+        "2 ranks were not placed within 5 s (the room counted a moment before was taken, or the placement strategy "
+        "cannot use it)", "room for 2 ranks (now 1)", "1 → 2 ranks"]
+
+
+def test_only_an_elastic_run_above_its_min_starts_smaller_when_not_placed():
+    def elastic(workers: tuple[int, int]) -> SizingPolicy:
+        return policy.for_run(RunOptions(name="unit", workers=workers), FakeCluster(free=0), lambda *said: None)
+
+    assert elastic((2, 4)).not_placed(4, 5.0) == Resize(2, "4 ranks were not placed within 5 s (the room counted a "
+                                                           "moment before was taken, or the placement strategy cannot "
+                                                           "use it): starting with 2, growing when more room appears")
+    assert elastic((2, 4)).not_placed(2, 5.0) is None, "at min there is nothing smaller to start with"
+    assert policy.for_run(RunOptions(name="unit", workers=2), FakeCluster(free=0), lambda *said: None).not_placed(
+        2, 5.0) is None, "a fixed size waits for its ranks (placement_timeout_s)"
 
 
 def test_a_lost_node_with_too_little_room_left_counts_as_a_failure(tmp_path):
@@ -583,6 +665,9 @@ def test_the_sizing_policy_handed_in_sizes_each_attempt(tmp_path):
             return None
 
         def after_failure(self, died_on: dict[str, str]) -> Resize | None:
+            return None
+
+        def not_placed(self, size: int, waited_s: float) -> Resize | None:
             return None
 
         def resize(self, resize: Resize) -> None:

@@ -115,6 +115,8 @@ class SizingPolicy(Protocol):
 
     def after_failure(self, died_on: dict[str, str]) -> Resize | None: ...
 
+    def not_placed(self, size: int, waited_s: float) -> Resize | None: ...
+
     def resize(self, resize: Resize) -> None: ...
 
     def drain(self, node_id: str, deadline_s: float, ranks: Ranks) -> str: ...
@@ -143,6 +145,9 @@ class FixedSize:
 
     def after_failure(self, died_on: dict[str, str]) -> Resize | None:
         return None
+
+    def not_placed(self, size: int, waited_s: float) -> Resize | None:
+        return None  # a fixed size waits out placement_timeout_s for its ranks
 
     def resize(self, resize: Resize) -> None:
         msg = f"a run of fixed size ({self.options.max_workers} ranks) does not resize"
@@ -177,6 +182,7 @@ class ElasticPolicy:
         self._next_drain_look = 0.0
         self._said_unreadable = False              # said once that Ray's node state cannot be read
         self._asked: list[dict[str, float]] = []   # this run's standing request to the autoscaler
+        self._unplaced: tuple[int, int] | None = None  # a size that was not placed, and the room counted then
 
     def attempt_size(self, attempt: int) -> int:
         size = self._next_size or self._cluster.starting_size(self.options)
@@ -201,6 +207,18 @@ class ElasticPolicy:
             return None
         names = ", ".join(sorted({died_on[node] for node in lost}))
         return Resize(size, f"{self._size} → {size} ranks: lost node {names}")
+
+    def not_placed(self, size: int, waited_s: float) -> Resize | None:
+        """The attempt's ``size`` was not placed within ``waited_s``: the room it was read from went to someone
+        else (two runs asking at once would each wait for the other's). It starts with ``min``, which is what
+        the run asks to be sure of, and grows at a checkpoint when room appears."""
+        low = self.options.min_workers
+        if size <= low:
+            return None
+        self._unplaced = (size, self._cluster.room(self.options, 0, self._leaving()))
+        return Resize(low, f"{size} ranks were not placed within {waited_s:.0f} s (the room counted a moment before "
+                           "was taken, or the placement strategy cannot use it): starting with "
+                           f"{low}, growing when more room appears")
 
     def drain(self, node_id: str, deadline_s: float, ranks: Ranks) -> str:
         """Preemption notice for ``node_id``: Ray stops placing work there, the ranks are asked for a
@@ -230,7 +248,7 @@ class ElasticPolicy:
         if growth is None:
             return None
         self._drain_check(growth, checkpoint, ranks)
-        target = growth.look(checkpoint, lambda: self._cluster.room(self.options, growth.size, self._leaving()))
+        target = growth.look(checkpoint, lambda: self._room_to_grow(growth.size))
         if target is not None:
             self._say("resize", f"room for {target} ranks (now {growth.size}): growing at the next checkpoint")
         if growth.target is not None and checkpoint is not None and growth.ready(checkpoint) and \
@@ -256,6 +274,15 @@ class ElasticPolicy:
         growth.request(target, checkpoint, f"{growth.size} → {target} ranks: node {nodes} draining")
         self._say("resize", f"node {nodes} draining: ranks {', '.join(str(w['rank']) for w in going)} "
                             f"leave at the next checkpoint ({growth.size} → {target} ranks)")
+
+    def _room_to_grow(self, held: int) -> int:
+        """The room a look for growth counts: none beyond ``held`` while the cluster has no more room than when a
+        size it could not place was asked for (a placement strategy the room does not fit, say ``STRICT_SPREAD``
+        over fewer nodes than ranks, would otherwise grow, wait and start smaller again at every checkpoint)."""
+        room = self._cluster.room(self.options, held, self._leaving())
+        if self._unplaced is not None and room >= self._unplaced[0] and room <= self._unplaced[1]:
+            return held
+        return room
 
     def _leaving(self) -> set[str]:
         """The nodes this attempt's ranks must leave: drained with ``run.drain()``, or draining as Ray says.

@@ -34,7 +34,7 @@ from nbtrain._cluster.launch_phases import LaunchPhases
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.storage import profiles
 from nbtrain._cluster.storage.run_storage import RunStorage, drop_checkpoints_after, kept_checkpoint
-from nbtrain._cluster.supervisor.attempt import AttemptStart, StartGroup
+from nbtrain._cluster.supervisor.attempt import AttemptGroup, AttemptStart, NotPlaced, StartGroup
 from nbtrain._cluster.supervisor.controller_callback import ControllerCallback
 from nbtrain._cluster.supervisor.failure_policy import (
     Failed,
@@ -339,13 +339,7 @@ class RunController:
         for callback in self.callbacks:
             callback.on_attempt_start(self)
         try:
-            group = self._start_group(AttemptStart(
-                spec=self.spec, attempt=self.attempt, world_size=self.world_size, supervisor=self._supervisor,
-                datasets=self.datasets, table=self.table, commands=self.steering.all(),
-                stop_requested=self._stop.is_set, on_placed=lambda: self.transition(RunState.STARTING),
-                run_dir=self._storage.dir, say=lambda said: self._say("startup", said),
-                on_assigned=lambda warm: self.phases.ranks_assigned(self.attempt, self.world_size, warm,
-                                                                    time.time())))
+            group = self._start_placed_group()
         except StopRequested:
             return Stopped()
         except StartFailed as failed:
@@ -363,6 +357,27 @@ class RunController:
             return outcome
         finally:
             group.shutdown(self.table)
+
+    def _start_placed_group(self) -> AttemptGroup:
+        """The attempt's ranks, started; an elastic attempt whose size could not be placed starts again at the
+        size its policy falls back to (same attempt, no failure counted), said as a resize."""
+        while True:
+            try:
+                return self._start_group(AttemptStart(
+                    spec=self.spec, attempt=self.attempt, world_size=self.world_size, supervisor=self._supervisor,
+                    datasets=self.datasets, table=self.table, commands=self.steering.all(),
+                    stop_requested=self._stop.is_set, on_placed=lambda: self.transition(RunState.STARTING),
+                    run_dir=self._storage.dir, say=lambda said: self._say("startup", said),
+                    on_assigned=lambda warm: self.phases.ranks_assigned(self.attempt, self.world_size, warm,
+                                                                        time.time())))
+            except NotPlaced as unplaced:
+                smaller = self.sizing.not_placed(unplaced.size, unplaced.waited_s)
+                if smaller is None:  # a policy that keeps its size: as a placement that timed out
+                    raise StartFailed(Failure(None, "resources", f"{unplaced}: the cluster has no room for them now",
+                                              retriable=False)) from unplaced
+                self.feed.event("resize", smaller.why, self.attempt, from_size=self.world_size, to_size=smaller.size)
+                self.sizing.resize(smaller)
+                self.world_size = self.sizing.attempt_size(self.attempt)
 
     def _interrupt(self) -> Outcome | None:
         """Checked every watch tick: the user's stop (once the ranks had their time to end at its step), then each

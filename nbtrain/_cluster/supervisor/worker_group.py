@@ -39,7 +39,7 @@ from nbtrain._cluster.rank.payload import (
 from nbtrain._cluster.relay.push_relay import PushRelay, wants_relays
 from nbtrain._cluster.spec import RunSpec
 from nbtrain._cluster.supervisor import failure_policy, rank_logs
-from nbtrain._cluster.supervisor.attempt import AttemptStart
+from nbtrain._cluster.supervisor.attempt import AttemptStart, NotPlaced
 from nbtrain._cluster.supervisor.failure_policy import Failed, Failure, Outcome, Succeeded
 from nbtrain._cluster.supervisor.rank_layout import layout_ranks
 from nbtrain._cluster.supervisor.worker_table import WorkerTable
@@ -53,6 +53,9 @@ START_RETRIES = 2        # times a rank process lost while starting is started a
 FAILURE_GATHER_S = 1.0   # after a first failure, how long to wait for the other ranks' (to tell cause from consequence)
 WATCH_TICK_S = 0.2
 GIVE_BACK_TIMEOUT_S = 10.0
+# how long an elastic attempt above its minimum waits to be placed before it starts smaller (see NotPlaced): the
+# size was read from the room free a moment before, which takes well under a second to place when it is still there
+ELASTIC_PLACEMENT_GRACE_S = 5.0
 
 
 class StopRequested(Exception):
@@ -116,11 +119,26 @@ class WorkerGroup:
         # Detached: the notebook's Ray Client job ending must not take the workers' resources with it.
         self._group = placement_group(bundles, strategy=options.placement_strategy,
                                       name=group_name(self.spec.name, self.attempt), lifetime="detached")
+        if options.elastic and self.world_size > options.min_workers:
+            grace = min(ELASTIC_PLACEMENT_GRACE_S, options.placement_timeout_s)
+            if not self._placed_within(grace, stop_requested):
+                raise NotPlaced(self.world_size, grace)  # start() removes the group
+            return
         self._wait(self._group.ready(), options.placement_timeout_s, stop_requested, lambda: Failure(
             None, "resources",
             f"the cluster could not place {self.world_size} workers with {options.cpus_per_worker:g} CPU"
             f" and {options.gpus_per_worker:g} GPU each within {options.placement_timeout_s:.0f} s: "
             f"{_resource_picture()}. Stop other runs, ask for fewer workers, or add nodes.", retriable=False))
+
+    def _placed_within(self, timeout: float, stop_requested: Callable[[], bool]) -> bool:
+        ready = self._group.ready()
+        deadline = time.monotonic() + timeout
+        while not ray.wait([ready], timeout=0.25)[0]:
+            if stop_requested():
+                raise StopRequested()
+            if time.monotonic() > deadline:
+                return False
+        return True
 
     def _start_actors(self, stop_requested: Callable[[], bool]) -> list[dict[str, Any]]:
         if not (self.spec.warm_pool and self._lease_warm(stop_requested)):
