@@ -210,8 +210,9 @@ class ElasticPolicy:
 
     def not_placed(self, size: int, waited_s: float) -> Resize | None:
         """The attempt's ``size`` was not placed within ``waited_s``: the room it was read from went to someone
-        else (two runs asking at once would each wait for the other's). It starts with ``min``, which is what
-        the run asks to be sure of, and grows at a checkpoint when room appears."""
+        else (two runs asking at once would each wait for the other's), or the placement strategy cannot use it.
+        It starts with ``min``, which is what the run asks to be sure of, and grows at a checkpoint once the
+        cluster has more room than it counts now (see ``_room_to_grow``)."""
         low = self.options.min_workers
         if size <= low:
             return None

@@ -40,7 +40,7 @@ class AttemptStart:
 class NotPlaced(Exception):
     """An elastic attempt above its minimum size was not placed within its grace (``waited_s``): the room its
     size was read from is gone (another job took it as the run asked, or Ray's picture of free resources was a
-    moment behind). Its group is removed; the controller starts the attempt again at the size its sizing policy
+    moment behind), or its placement strategy cannot use that room. Its group is removed; the controller starts the attempt again at the size its sizing policy
     falls back to, rather than wait out ``placement_timeout_s`` and fail."""
 
     def __init__(self, size: int, waited_s: float) -> None:
