@@ -122,7 +122,8 @@ class RunOptions:
                                    "--precision", choices=PRECISION_CHOICES)
     placement_strategy: str = option("PACK", "how Ray places the workers' bundles on nodes",
                                      "--placement-strategy", choices=PLACEMENT_STRATEGIES)
-    placement_timeout_s: float = option(60.0, "seconds to wait for the cluster to place every worker",
+    placement_timeout_s: float = option(60.0, "seconds to wait for the cluster to place every worker (an elastic "
+                                        "run waits at most 5 s for more than min, then starts with min)",
                                         "--placement-timeout", parse=float, metavar="SECONDS")
     collective_timeout_s: float = option(300.0, "seconds before a stuck collective (all-reduce) fails",
                                          "--collective-timeout", parse=float, metavar="SECONDS")
