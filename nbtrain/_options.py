@@ -37,6 +37,9 @@ NAME_PATTERN = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NAME_MAX_LENGTH - 1}
 ON_STALL_CHOICES = ("warn", "fail", "restart")
 BACKEND_CHOICES = ("gloo", "nccl")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# how long an elastic attempt above its min waits to be placed before it starts with min (see supervisor.attempt's
+# NotPlaced): its size was read from the room free a moment before, placed in well under a second if still there
+ELASTIC_PLACEMENT_GRACE_S = 5.0
 FEED_RELAY_CHOICES = ("auto", "always", "never")
 LOGGER_CHOICES = ("tensorboard", "mlflow")
 SCALE_LR_CHOICES = ("linear", "sqrt")
@@ -123,7 +126,8 @@ class RunOptions:
     placement_strategy: str = option("PACK", "how Ray places the workers' bundles on nodes",
                                      "--placement-strategy", choices=PLACEMENT_STRATEGIES)
     placement_timeout_s: float = option(60.0, "seconds to wait for the cluster to place every worker (an elastic "
-                                        "run waits at most 5 s for more than min, then starts with min)",
+                                        f"run waits at most {ELASTIC_PLACEMENT_GRACE_S:g} s for more than min, then "
+                                        "starts with min)",
                                         "--placement-timeout", parse=float, metavar="SECONDS")
     collective_timeout_s: float = option(300.0, "seconds before a stuck collective (all-reduce) fails",
                                          "--collective-timeout", parse=float, metavar="SECONDS")

@@ -45,6 +45,7 @@ from nbtrain._cluster.supervisor.rank_layout import layout_ranks
 from nbtrain._cluster.supervisor.worker_table import WorkerTable
 from nbtrain._cluster.warm.warm_pool import shape_of
 from nbtrain._cluster.working_folder import RankFolder
+from nbtrain._options import ELASTIC_PLACEMENT_GRACE_S
 from nbtrain._packing.runtime_env import for_ranks
 from nbtrain._states import WorkerState
 
@@ -53,9 +54,6 @@ START_RETRIES = 2        # times a rank process lost while starting is started a
 FAILURE_GATHER_S = 1.0   # after a first failure, how long to wait for the other ranks' (to tell cause from consequence)
 WATCH_TICK_S = 0.2
 GIVE_BACK_TIMEOUT_S = 10.0
-# how long an elastic attempt above its minimum waits to be placed before it starts smaller (see NotPlaced): the
-# size was read from the room free a moment before, which takes well under a second to place when it is still there
-ELASTIC_PLACEMENT_GRACE_S = 5.0
 
 
 class StopRequested(Exception):
