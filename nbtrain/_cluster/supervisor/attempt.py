@@ -40,8 +40,9 @@ class AttemptStart:
 class NotPlaced(Exception):
     """An elastic attempt above its minimum size was not placed within its grace (``waited_s``): the room its
     size was read from is gone (another job took it as the run asked, or Ray's picture of free resources was a
-    moment behind), or its placement strategy cannot use that room. Its group is removed; the controller starts the attempt again at the size its sizing policy
-    falls back to, rather than wait out ``placement_timeout_s`` and fail."""
+    moment behind), or its placement strategy cannot use that room. Its group is removed; the controller starts
+    the attempt again at the size its sizing policy falls back to, rather than wait out ``placement_timeout_s``
+    and fail."""
 
     def __init__(self, size: int, waited_s: float) -> None:
         super().__init__(f"{size} ranks not placed within {waited_s:.0f} s")
